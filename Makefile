@@ -1,0 +1,20 @@
+# One command installs, one runs the tests (see README.md).
+PYTHON ?= python
+# The CPU build of torch; set TORCH_SPEC="torch" (or a CUDA index) on a GPU machine.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: install test test-slow lint bench demo
+
+install:
+	$(PYTHON) -m pip install "$(TORCH_SPEC)"
+	$(PYTHON) -m pip install -e ".[dev,deepspeed,math,plot]"
+
+test:
+	$(PYTHON) -m pytest -m "not slow" -q $(PYTEST_ARGS)
+
+test-slow:
+	$(PYTHON) -m pytest -m slow -q $(PYTEST_ARGS)
+
+lint:
+	$(PYTHON) -m ruff check trl_dllm tests
