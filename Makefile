@@ -13,8 +13,9 @@ install:
 test:
 	$(PYTHON) -m pytest -m "not slow" -q $(PYTEST_ARGS)
 
+# Multi-process tests; pytest's exit code 5 (none collected) is not a failure.
 test-slow:
-	$(PYTHON) -m pytest -m slow -q $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -m slow -q $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint:
 	$(PYTHON) -m ruff check trl_dllm tests

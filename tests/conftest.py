@@ -1,0 +1,15 @@
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLED", "true")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory):
+    """A tiny random bidirectional dLLM + offline tokenizer saved like a real checkpoint."""
+    from trl_dllm.testing import save_tiny_dllm
+
+    return save_tiny_dllm(tmp_path_factory.mktemp("tiny-dllm"))

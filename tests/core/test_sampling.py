@@ -1,0 +1,327 @@
+"""Tests for `trl_dllm.core.sampling` on a toy bidirectional logits function and a tiny bidirectional Llama."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from trl_dllm.core.sampling import (
+    REMASKING,
+    GenerationOutput,
+    filter_logits,
+    generate,
+    sample_tokens,
+    sampling_log_probs,
+    transfer_schedule,
+)
+
+VOCAB = 16
+MASK = VOCAB - 1
+
+
+class ToyDenoiser:
+    """Bidirectional toy: ``logits[b, p] = (E[x_p] + Pos[p] + mean_{visible q} E[x_q]) @ W``; records every call."""
+
+    def __init__(self, seed: int = 0, dim: int = 8):
+        g = torch.Generator().manual_seed(seed)
+        self.emb = torch.randn(VOCAB, dim, generator=g)
+        self.pos = torch.randn(64, dim, generator=g)
+        self.out = 2 * torch.randn(dim, VOCAB, generator=g)
+        self.calls = []  # (input_ids, attention_mask, positions) of every call
+
+    def compute(self, input_ids, attention_mask=None, positions=None):
+        h = self.emb[input_ids]
+        w = torch.ones(input_ids.shape, dtype=h.dtype) if attention_mask is None else attention_mask.to(h.dtype)
+        context = (h * w[..., None]).sum(1) / w.sum(1, keepdim=True)
+        if positions is None:
+            positions = torch.arange(input_ids.shape[1])
+        return (h[:, positions] + self.pos[positions] + context[:, None]) @ self.out
+
+    def __call__(self, input_ids, attention_mask=None, positions=None):
+        self.calls.append((input_ids.clone(), attention_mask, positions))
+        return self.compute(input_ids, attention_mask, positions)
+
+
+def prompts(batch=3, length=4, seed=0):
+    return torch.randint(0, MASK, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def run(fn, input_ids=None, attention_mask=None, **kwargs) -> GenerationOutput:
+    defaults = dict(mask_token_id=MASK, gen_length=8, block_length=4, diffusion_steps=6, return_trajectory=True)
+    input_ids = prompts() if input_ids is None else input_ids
+    return generate(fn, input_ids, attention_mask, **{**defaults, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def llama():
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.5,  # peaked logits: no near-ties for argmax to flip on
+    )
+    config.is_causal = False  # bidirectional attention
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+# ---------------------------------------------------------------------------------------------------- schedule
+
+
+def test_transfer_schedule_by_hand():
+    # 7 over 3: 7 // 3 = 2 each, remainder 1 to step 0 -> [3, 2, 2]; 4 -> [2, 1, 1]; 2 -> [1, 1, 0]; 0 -> zeros
+    schedule = transfer_schedule(torch.tensor([7, 4, 2, 0]), 3)
+    assert schedule.tolist() == [[3, 2, 2], [2, 1, 1], [1, 1, 0], [0, 0, 0]]
+
+
+@pytest.mark.parametrize("remasking", sorted(REMASKING))
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize(
+    "gen_length, block_length, diffusion_steps, expected",
+    [
+        (8, 4, 6, [2, 1, 1, 2, 1, 1]),  # 4 tokens over 3 steps per block
+        (14, 7, 6, [3, 2, 2, 3, 2, 2]),  # 7 tokens over 3 steps per block
+        (4, 2, 6, [1, 1, 0, 1, 1, 0]),  # more steps than tokens: empty steps
+    ],
+)
+def test_each_step_commits_scheduled_count(
+    remasking, temperature, gen_length, block_length, diffusion_steps, expected
+):
+    fn = ToyDenoiser()
+    out = run(
+        fn,
+        gen_length=gen_length,
+        block_length=block_length,
+        diffusion_steps=diffusion_steps,
+        remasking=remasking,
+        temperature=temperature,
+        generator=torch.Generator().manual_seed(0),
+    )
+    counts = (out.unmask_step[:, :, None] == torch.arange(diffusion_steps)).sum(dim=1)
+    assert counts.tolist() == [expected] * 3
+    assert out.num_forwards == sum(n > 0 for n in expected) == len(fn.calls)  # empty steps make no forward
+    assert not (out.completion_ids == MASK).any()
+    assert out.sequences.shape == (3, 4 + gen_length) and out.logprobs.dtype == torch.float32
+
+
+# ---------------------------------------------------------------------------------------------------- invariants
+
+
+def test_committed_tokens_never_change_and_blocks_in_order():
+    fn = ToyDenoiser()
+    out = run(fn, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    canvases = [ids for ids, _, _ in fn.calls] + [out.sequences]
+    for before, after in zip(canvases, canvases[1:]):
+        committed = before != MASK
+        assert torch.equal(after[committed], before[committed])
+    assert torch.equal(out.sequences[:, :4], prompts())
+    # while block b is decoded, earlier blocks are complete and later blocks untouched
+    for ids, _, positions in fn.calls:
+        lo, hi = int(positions[0]), int(positions[-1]) + 1
+        assert not (ids[:, :lo] == MASK).any() and (ids[:, hi:] == MASK).all()
+    # global steps of block 0 are 0..2 and all precede those of block 1 (3..5)
+    assert out.unmask_step[:, :4].max() < out.unmask_step[:, 4:].min()
+    assert out.unmask_step[:, :4].min() >= 0 and out.unmask_step[:, 4:].max() <= 5
+
+
+def test_positions_always_passed():
+    fn = ToyDenoiser()
+    run(fn)
+    for _, _, positions in fn.calls:
+        assert positions is not None and positions.shape == (4,)
+
+
+def test_module_gets_logits_to_keep(llama):
+    class Spy(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model, self.kept = model, []
+
+        def forward(self, **kwargs):
+            self.kept.append(kwargs.get("logits_to_keep"))
+            return self.model(**kwargs)
+
+    spy = Spy(llama)
+    out = generate(spy, prompts(), mask_token_id=31, gen_length=8, block_length=4, diffusion_steps=4)
+    assert out.num_forwards == len(spy.kept) == 4
+    assert all(torch.is_tensor(k) and k.shape == (4,) for k in spy.kept)
+
+
+def test_mask_token_never_sampled():
+    toy = ToyDenoiser()
+
+    def mask_loving(input_ids, attention_mask=None, positions=None):
+        return toy(input_ids, attention_mask, positions).index_fill(-1, torch.tensor([MASK]), 1e4)
+
+    out = run(mask_loving, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert not (out.completion_ids == MASK).any() and torch.isfinite(out.logprobs).all()
+
+
+# ---------------------------------------------------------------------------------------------------- determinism
+
+
+def test_greedy_is_deterministic():
+    first, second = run(ToyDenoiser()), run(ToyDenoiser(), generator=torch.Generator().manual_seed(5))
+    assert torch.equal(first.sequences, second.sequences) and torch.equal(first.unmask_step, second.unmask_step)
+
+
+def test_seeded_sampling_is_reproducible_and_leaves_global_rng_alone():
+    state = torch.get_rng_state()
+    outs = [run(ToyDenoiser(), temperature=1.0, generator=torch.Generator().manual_seed(s)) for s in (0, 0, 1)]
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(outs[0].sequences, outs[1].sequences) and torch.equal(outs[0].logprobs, outs[1].logprobs)
+    assert not torch.equal(outs[0].sequences, outs[2].sequences)
+
+
+def test_left_padding_does_not_change_completion(llama):
+    gen = dict(mask_token_id=31, gen_length=8, block_length=4, diffusion_steps=8)
+    short = torch.tensor([[3, 7, 11]])
+    alone = generate(llama, short, torch.ones_like(short), **gen)
+    batch = torch.tensor([[0, 0, 0, 3, 7, 11], [5, 9, 2, 14, 6, 1]])
+    attention_mask = torch.tensor([[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    padded = generate(llama, batch, attention_mask, **gen)
+    assert torch.equal(padded.completion_ids[0], alone.completion_ids[0])
+
+
+# ---------------------------------------------------------------------------------------------------- guidance
+
+
+def test_cfg_scale_zero_equals_no_cfg():
+    fn = ToyDenoiser()
+    assert torch.equal(run(fn, cfg_scale=0.0).sequences, run(ToyDenoiser()).sequences)
+    assert all(ids.shape[0] == 3 for ids, _, _ in fn.calls)  # no unconditional copy
+
+
+def test_cfg_batches_unconditional_copy_and_combines_logits():
+    fn, scale = ToyDenoiser(), 1.5
+    input_ids, attention_mask = prompts(), torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 1, 1]])
+    out = run(fn, input_ids, attention_mask, cfg_scale=scale, temperature=0.8, generator=torch.Generator())
+    assert out.num_forwards == len(fn.calls) == 6
+    for step, (ids, mask, positions) in enumerate(fn.calls):
+        cond, uncond = ids.chunk(2)
+        prompt_visible = attention_mask.bool()
+        assert (uncond[:, :4][prompt_visible] == MASK).all()
+        assert torch.equal(uncond[:, :4][~prompt_visible], input_ids[~prompt_visible])
+        assert torch.equal(uncond[:, 4:], cond[:, 4:])
+        assert torch.equal(mask, torch.cat([attention_mask, torch.ones(3, 8, dtype=torch.long)], 1).repeat(2, 1))
+        c, u = fn.compute(cond, mask[:3], positions), fn.compute(uncond, mask[:3], positions)
+        guided = (u + (scale + 1) * (c - u)).double().index_fill(-1, torch.tensor([MASK]), -math.inf)
+        check_step_logprobs(out, step, positions, torch.log_softmax(guided / 0.8, -1))
+
+
+# ---------------------------------------------------------------------------------------------------- distribution
+
+
+def check_step_logprobs(out, step, positions, expected_log_probs):
+    """Tokens committed at ``step`` carry ``expected_log_probs`` (B, K, V) of themselves."""
+    window = slice(int(positions[0]) - 4, int(positions[-1]) - 3)
+    committed = out.unmask_step[:, window] == step
+    tokens = out.completion_ids[:, window]
+    expected = expected_log_probs.gather(-1, tokens[..., None]).squeeze(-1).float()
+    assert committed.any()
+    torch.testing.assert_close(out.logprobs[:, window][committed], expected[committed], rtol=1e-5, atol=1e-5)
+
+
+def reference_log_probs(logits, temperature, top_k, top_p):
+    """Row-by-row reference of temperature, mask suppression, top-k and top-p (no vectorisation tricks)."""
+    z = logits.double() / temperature if temperature > 0 else logits.double()
+    z[..., MASK] = -math.inf
+    flat = z.reshape(-1, z.shape[-1])
+    for row in flat:
+        order = sorted(range(len(row)), key=lambda v: -row[v].item())
+        keep = set(order[:top_k])
+        probs = torch.softmax(torch.tensor([row[v].item() if v in keep else -math.inf for v in order]), 0)
+        mass = 0.0
+        for v, p in zip(order, probs.tolist()):
+            if v not in keep or mass >= top_p:
+                row[v] = -math.inf
+            mass += p
+    return z.log_softmax(-1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_logprobs_match_recomputed_from_recorded_canvas(temperature):
+    fn = ToyDenoiser()
+    out = run(fn, temperature=temperature, top_k=6, top_p=0.8, generator=torch.Generator().manual_seed(0))
+    for step, (ids, mask, positions) in enumerate(fn.calls):
+        expected = reference_log_probs(fn.compute(ids, mask, positions), temperature, 6, 0.8)
+        check_step_logprobs(out, step, positions, expected)
+        assert torch.isfinite(out.logprobs).all()
+
+
+def test_top_k_one_equals_greedy():
+    fn = ToyDenoiser()
+    out = run(fn, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(0))
+    for step, (ids, mask, positions) in enumerate(fn.calls):
+        greedy = fn.compute(ids, mask, positions).index_fill(-1, torch.tensor([MASK]), -math.inf).argmax(-1)
+        window = slice(int(positions[0]) - 4, int(positions[-1]) - 3)
+        committed = out.unmask_step[:, window] == step
+        assert torch.equal(out.completion_ids[:, window][committed], greedy[committed])
+    assert (out.logprobs == 0).all()  # probability 1 under the truncated distribution
+
+
+def test_filter_logits_by_hand():
+    logits = torch.tensor([0.15, 0.5, 0.05, 0.3]).log()
+    kept = lambda **kw: torch.isfinite(filter_logits(logits, **kw)).nonzero().flatten().tolist()  # noqa: E731
+    assert kept(top_k=2) == [1, 3]
+    assert kept(top_p=0.75) == [1, 3]  # mass before 0.15 is 0.8 >= 0.75
+    assert kept(top_p=0.85) == [0, 1, 3]  # mass before 0.05 is 0.95
+    assert kept(top_p=0.4) == [1]  # the most likely token is always kept
+    assert kept(top_p=0.6) == [1, 3]  # mass before 0.3 is 0.5 < 0.6
+    assert kept(top_k=2, top_p=0.6) == [1]  # top-p sees the renormalised top-2: mass before 0.3 is 0.5 / 0.8 >= 0.6
+    assert kept(top_k=10, top_p=1.0) == [0, 1, 2, 3]
+
+
+def test_sampling_log_probs_temperature_and_mask():
+    logits = torch.tensor([[1.0, 2.0, 3.0, 9.0]])
+    log_q = sampling_log_probs(logits, temperature=2.0, mask_token_id=3)
+    assert log_q.dtype == torch.float64 and log_q[0, 3] == -math.inf
+    torch.testing.assert_close(log_q[0, :3], torch.log_softmax(torch.tensor([0.5, 1.0, 1.5], dtype=torch.float64), 0))
+    assert sampling_log_probs(logits).dtype == torch.float32
+
+
+def test_gumbel_sampling_matches_distribution():
+    probs = torch.tensor([0.6, 0.3, 0.1, 0.0])
+    log_q = probs.log().double().expand(20000, 4)
+    tokens = sample_tokens(log_q, 1.0, torch.Generator().manual_seed(0))
+    freq = torch.bincount(tokens, minlength=4).double() / 20000
+    torch.testing.assert_close(freq, probs.double(), atol=0.015, rtol=0)
+    assert torch.equal(sample_tokens(log_q[:2], 0.0), torch.zeros(2, dtype=torch.long))
+
+
+def test_confidences_by_hand():
+    q = torch.tensor([[[0.7, 0.2, 0.1, 0.0]]])
+    log_q, tokens = q.log(), torch.tensor([[1]])
+    torch.testing.assert_close(REMASKING["low_confidence"](log_q, tokens, None), torch.tensor([[0.2]]))
+    neg_entropy = 0.7 * math.log(0.7) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1)  # 0 log 0 = 0
+    torch.testing.assert_close(REMASKING["entropy"](log_q, tokens, None), torch.tensor([[neg_entropy]]))
+    torch.testing.assert_close(REMASKING["margin"](log_q, tokens, None), torch.tensor([[0.5]]))
+    random = REMASKING["random"](log_q, tokens, torch.Generator().manual_seed(0))
+    assert random.shape == (1, 1) and 0 <= random.item() < 1
+
+
+# ---------------------------------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(gen_length=10, block_length=4), r"gen_length=10 must be divisible by block_length=4"),
+        (dict(gen_length=8, block_length=4, diffusion_steps=3), r"diffusion_steps=3 .* 2"),
+        (dict(block_length=0), r"block_length must be >= 1"),
+        (dict(diffusion_steps=0), r"diffusion_steps must be >= 1"),
+        (dict(gen_length=0), r"gen_length must be >= 1"),
+        (dict(remasking="confident"), r"remasking='confident'"),
+        (dict(top_p=0.0), r"top_p"),
+        (dict(top_k=0), r"top_k"),
+        (dict(temperature=-1.0), r"temperature"),
+    ],
+)
+def test_bad_arguments_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        run(ToyDenoiser(), **kwargs)

@@ -1,0 +1,58 @@
+"""DiffusionGRPOConfig: defaults, documentation of every field, and clear errors for bad input."""
+
+import dataclasses
+import re
+
+import pytest
+from trl import GRPOConfig
+
+from trl_dllm import DiffusionGRPOConfig
+
+
+def make(**kwargs):
+    base = dict(output_dir="/tmp/trl_dllm_cfg", report_to="none", use_cpu=True, per_device_train_batch_size=4,
+                num_generations=4, max_completion_length=16)
+    base.update(kwargs)
+    return DiffusionGRPOConfig(**base)
+
+
+OUR_FIELDS = [f for f in dataclasses.fields(DiffusionGRPOConfig) if f.name not in {g.name for g in dataclasses.fields(GRPOConfig)}]
+
+
+def test_our_fields_have_help_and_docstring_entries():
+    assert len(OUR_FIELDS) >= 12
+    for f in OUR_FIELDS:
+        assert f.metadata.get("help", "").strip(), f"{f.name} has no help string"
+        assert re.search(rf"^\s+{f.name} \(`", DiffusionGRPOConfig.__doc__, re.M), f"{f.name} missing from docstring"
+
+
+def test_defaults_span_the_completion():
+    args = make()
+    assert args.block_length == 16 and args.diffusion_steps == 16 and args.num_blocks == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (dict(block_length=5), r"block_length=5 must be a positive divisor of max_completion_length=16"),
+        (dict(block_length=4, diffusion_steps=6), r"diffusion_steps=6 must be a positive multiple of the number of blocks"),
+        (dict(block_length=4, diffusion_steps=2), r"diffusion_steps=2 .* number of blocks"),
+        (dict(mc_samples=0), r"mc_samples=0 must be >= 1"),
+        (dict(loss_type="espo", estimator="mean_field"), r"loss_type='espo' cannot use estimator='mean_field'"),
+        (dict(estimator="exact"), r"estimator='exact' is not one of"),
+        (dict(loss_type="ppo"), r"loss_type='ppo' is unknown"),
+        (dict(remasking="best"), r"remasking='best' is not one of"),
+        (dict(kl_estimator="k4"), r"kl_estimator='k4'"),
+        (dict(stabledrl_clip_low=2.0, stabledrl_clip_high=1.0), r"stabledrl_clip_low < stabledrl_clip_high"),
+        (dict(p_mask_prompt=1.0), r"p_mask_prompt=1.0 must be in \[0, 1\)"),
+        (dict(max_completion_length=None), r"max_completion_length=None"),
+    ],
+)
+def test_bad_input_raises_clear_error(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        make(**kwargs)
+
+
+def test_num_generations_below_two_is_rejected():
+    with pytest.raises(ValueError, match="num_generations"):
+        make(num_generations=1, per_device_train_batch_size=1)

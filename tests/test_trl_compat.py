@@ -1,0 +1,60 @@
+"""Guards against silent renames in TRL: the hooks we override exist with the parameters we rely on, and TRL's own
+loss path really calls our likelihood hook."""
+
+import inspect
+
+import pytest
+import torch
+from datasets import Dataset
+from trl import GRPOTrainer
+
+from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
+
+# hook -> parameters (after self) that our override relies on, in order
+HOOKS = {
+    "_generate_single_turn": ["prompt_ids", "images", "multimodal_fields", "num_generations"],
+    "_generate_and_score_completions": ["inputs"],
+    "_get_per_token_logps_and_entropies": [
+        "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy", "compute_aux_loss",
+    ],
+    "_compute_loss": ["model", "inputs"],
+}
+
+
+@pytest.mark.parametrize("hook", sorted(HOOKS))
+def test_trl_hook_exists_with_expected_signature(hook):
+    assert hasattr(GRPOTrainer, hook), f"TRL removed GRPOTrainer.{hook}; our override would never be called"
+    params = list(inspect.signature(getattr(GRPOTrainer, hook)).parameters)[1:]
+    assert params[: len(HOOKS[hook])] == HOOKS[hook], f"GRPOTrainer.{hook} signature changed: {params}"
+    assert hook in DiffusionGRPOTrainer.__dict__, f"DiffusionGRPOTrainer no longer overrides {hook}"
+
+
+def test_trl_state_we_rely_on_exists():
+    source = inspect.getsource(GRPOTrainer)
+    for attribute in ("self._step", "self.num_iterations", "self.eos_token_ids", "self._metrics", "self._dist",
+                      "self.mask_truncated_completions", "self.num_generations_eval"):
+        assert attribute in source, f"GRPOTrainer no longer has {attribute}"
+    # the inner-iteration index we compute must follow TRL's buffer reuse rule
+    assert "self._step % generate_every" in inspect.getsource(GRPOTrainer._prepare_inputs)
+
+
+def test_trl_loss_path_calls_our_likelihood_hook(tmp_path, tiny_model_path, monkeypatch):
+    args = DiffusionGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
+                               max_completion_length=4, max_steps=1, loss_type="bnpo", report_to="none",
+                               use_cpu=True)
+    trainer = DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=lambda completions, **kw: [1.0, 0.0],
+                                   args=args, train_dataset=Dataset.from_dict({"prompt": ["add 1 and 2 ."] * 2}))
+    calls = []
+    original = DiffusionGRPOTrainer._get_per_token_logps_and_entropies
+
+    def spy(self, *a, **kw):
+        out = original(self, *a, **kw)
+        calls.append((self._estimation_context is not None, out[0] is not None))
+        return out
+
+    monkeypatch.setattr(DiffusionGRPOTrainer, "_get_per_token_logps_and_entropies", spy)
+    batch = trainer._generate_and_score_completions([{"prompt": "add 1 and 2 ."}] * 2)
+    calls.clear()
+    loss = trainer._compute_loss(trainer.model, batch)
+    assert torch.isfinite(loss)
+    assert calls == [(True, True)], "TRL's _compute_loss did not score through our estimator"

@@ -1,0 +1,201 @@
+"""`DiffusionGRPOConfig`: TRL's `GRPOConfig` plus the knobs of masked-diffusion RL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from .core.likelihood import ESTIMATORS
+from .core.objectives import KL_ESTIMATORS, OBJECTIVES
+from .core.sampling import REMASKING
+
+# TRL's own loss types run through TRL's `_compute_loss`, fed with estimated per-token log-probs.
+TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "luspo", "sapo", "vespo")
+
+
+
+@dataclass
+class DiffusionGRPOConfig(GRPOConfig):
+    r"""
+    Configuration class for [`DiffusionGRPOTrainer`]: every field of TRL's [`~trl.GRPOConfig`] plus the fields below.
+
+    `max_completion_length` is the generation canvas length (`gen_length` in LLaDA's code). With none of the fields
+    below set, generation uses one block spanning the completion and one token per step, the likelihood is a one-sample
+    antithetic ELBO, and `loss_type` keeps TRL's default — an existing TRL GRPO script runs unchanged.
+
+    Parameters:
+        > Parameters that control diffusion generation
+
+        mask_token_id (`int` or `None`, *optional*, defaults to `None`):
+            Id of the mask token. `None` takes it from the model family (LLaDA 126336, Dream 151666), then
+            `model.config.mask_token_id`, then the tokenizer's `mask_token`.
+        diffusion_steps (`int` or `None`, *optional*, defaults to `None`):
+            Number of denoising steps over the whole completion (`steps` in LLaDA's code). Must be a multiple of the
+            number of blocks. `None` means `max_completion_length` (one token per step).
+        block_length (`int` or `None`, *optional*, defaults to `None`):
+            Length of a semi-autoregressive block. Must divide `max_completion_length`. `None` means one block spanning
+            the whole completion.
+        remasking (`str`, *optional*, defaults to `"low_confidence"`):
+            Which masked positions to commit at each step: `"low_confidence"` (highest probability of the sampled token
+            first), `"random"`, `"entropy"` or `"margin"`. Sampling itself uses TRL's `temperature`, `top_k`, `top_p`.
+        cfg_scale (`float`, *optional*, defaults to `0.0`):
+            Classifier-free guidance scale `s`: logits `u + (s + 1)(c - u)` with `u` the prompt-masked logits. `0`
+            disables guidance (one forward per step).
+        generation_chunk_size (`int` or `None`, *optional*, defaults to `None`):
+            Rows generated per batched call of the sampler. `None` generates the whole local generation batch at once.
+
+        > Parameters that control likelihood estimation
+
+        estimator (`str`, *optional*, defaults to `"elbo"`):
+            Sequence log-likelihood estimator: `"mean_field"` (d1's one-step estimate), `"elbo"` (Monte Carlo ELBO,
+            LLaDA/ESPO) or `"coupled"` (DiffuCoder's complementary masks). See `docs/estimators.md`.
+        mc_samples (`int`, *optional*, defaults to `1`):
+            Monte Carlo samples per sequence for `"elbo"` and `"coupled"` (an antithetic or coupled pair counts as one).
+        antithetic (`bool`, *optional*, defaults to `True`):
+            For `"elbo"`: also score the complement of each mask, so every token is scored once per pair (ESPO).
+        p_mask_prompt (`float`, *optional*, defaults to `0.0`):
+            Probability of masking each prompt token in the likelihood passes (d1 uses `0.15`).
+        mc_batch_size (`int`, *optional*, defaults to `1`):
+            Masked views stacked into one forward pass. Larger is faster on GPUs and uses more memory.
+        independent_mc_noise (`bool`, *optional*, defaults to `False`):
+            Draw fresh masks for every evaluation instead of sharing them between the old, reference and current
+            policy (common random numbers). `True` reproduces the noisy-ratio regime studied by StableDRL.
+        score_padding_eos (`bool`, *optional*, defaults to `False`):
+            Score the EOS tokens that fill the canvas after the answer. They are generated and decide the length;
+            `False` scores the completion up to and including its first EOS, like TRL.
+
+        > Parameters that control the objective
+
+        stabledrl_clip_low (`float`, *optional*, defaults to `0.0`):
+            Lower bound of StableDRL's unconditional ratio clip. `0` clips only above, as the authors' code does.
+        stabledrl_clip_high (`float`, *optional*, defaults to `5.0`):
+            Upper bound of StableDRL's unconditional ratio clip (the authors' code uses 5).
+        kl_estimator (`str`, *optional*, defaults to `"k2"`):
+            Sequence-level KL estimator of the `"espo"` and `"stabledrl"` objectives: `"k1"`, `"k2"` (ESPO's choice,
+            `½(S - S_ref)²`) or `"k3"`. TRL's own loss types keep TRL's per-token `k3`.
+    """
+
+    mask_token_id: int | None = field(
+        default=None,
+        metadata={"help": "Id of the mask token. None: from the model family, model.config or the tokenizer."},
+    )
+    diffusion_steps: int | None = field(
+        default=None,
+        metadata={"help": "Denoising steps over the whole completion. None: max_completion_length (one token/step)."},
+    )
+    block_length: int | None = field(
+        default=None,
+        metadata={"help": "Semi-autoregressive block length; must divide max_completion_length. None: one block."},
+    )
+    remasking: str = field(
+        default="low_confidence",
+        metadata={"help": "Positions to commit per step: low_confidence, random, entropy or margin."},
+    )
+    cfg_scale: float = field(
+        default=0.0, metadata={"help": "Classifier-free guidance scale; 0 disables guidance."}
+    )
+    generation_chunk_size: int | None = field(
+        default=None, metadata={"help": "Rows per batched sampler call. None: the whole local generation batch."}
+    )
+    estimator: str = field(
+        default="elbo", metadata={"help": "Likelihood estimator: mean_field, elbo or coupled."}
+    )
+    mc_samples: int = field(default=1, metadata={"help": "Monte Carlo samples per sequence (elbo, coupled)."})
+    antithetic: bool = field(
+        default=True, metadata={"help": "elbo: also score the complement of each mask (ESPO's antithetic pass)."}
+    )
+    p_mask_prompt: float = field(
+        default=0.0, metadata={"help": "Probability of masking each prompt token in likelihood passes (d1: 0.15)."}
+    )
+    mc_batch_size: int = field(default=1, metadata={"help": "Masked views stacked into one forward pass."})
+    independent_mc_noise: bool = field(
+        default=False,
+        metadata={"help": "Fresh masks for old/ref/current passes instead of common random numbers."},
+    )
+    score_padding_eos: bool = field(
+        default=False, metadata={"help": "Score the EOS tokens that fill the canvas after the first EOS."}
+    )
+    stabledrl_clip_low: float = field(
+        default=0.0, metadata={"help": "StableDRL: lower bound of the unconditional ratio clip (0: clip above only)."}
+    )
+    stabledrl_clip_high: float = field(
+        default=5.0, metadata={"help": "StableDRL: upper bound of the unconditional ratio clip."}
+    )
+    kl_estimator: str = field(
+        default="k2", metadata={"help": "Sequence-level KL estimator for espo/stabledrl: k1, k2 or k3."}
+    )
+
+    def __post_init__(self):
+        if self.num_generations is not None and self.num_generations < 2:
+            raise ValueError(
+                f"num_generations={self.num_generations}: group advantages need at least 2 completions per prompt. "
+                "Set num_generations >= 2 (and a batch size divisible by it)."
+            )
+        super().__post_init__()
+        self._check_generation()
+        self._check_estimation()
+
+    @property
+    def num_blocks(self) -> int:
+        return self.max_completion_length // self.block_length
+
+    def _check_generation(self):
+        if self.max_completion_length is None or self.max_completion_length < 1:
+            raise ValueError(
+                f"max_completion_length={self.max_completion_length!r}: a diffusion model generates on a canvas of "
+                "fixed length, so set max_completion_length to a positive integer (e.g. 256)."
+            )
+        gen_length = self.max_completion_length
+        if self.block_length is None:
+            self.block_length = gen_length
+        if self.diffusion_steps is None:
+            self.diffusion_steps = gen_length
+        if self.block_length < 1 or gen_length % self.block_length != 0:
+            raise ValueError(
+                f"block_length={self.block_length} must be a positive divisor of max_completion_length={gen_length}; "
+                f"e.g. block_length={_largest_divisor_at_most(gen_length, self.block_length)}."
+            )
+        if self.diffusion_steps < self.num_blocks or self.diffusion_steps % self.num_blocks != 0:
+            raise ValueError(
+                f"diffusion_steps={self.diffusion_steps} must be a positive multiple of the number of blocks "
+                f"(max_completion_length / block_length = {gen_length} / {self.block_length} = {self.num_blocks}), "
+                f"e.g. diffusion_steps={self.num_blocks * max(1, self.diffusion_steps // self.num_blocks)}."
+            )
+        if self.remasking not in REMASKING:
+            raise ValueError(f"remasking={self.remasking!r} is not one of {sorted(REMASKING)}.")
+        if self.generation_chunk_size is not None and self.generation_chunk_size < 1:
+            raise ValueError(f"generation_chunk_size={self.generation_chunk_size} must be >= 1 or None.")
+
+    def _check_estimation(self):
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"estimator={self.estimator!r} is not one of {sorted(ESTIMATORS)}.")
+        if self.mc_samples < 1:
+            raise ValueError(f"mc_samples={self.mc_samples} must be >= 1 (Monte Carlo samples per sequence).")
+        if self.mc_batch_size < 1:
+            raise ValueError(f"mc_batch_size={self.mc_batch_size} must be >= 1.")
+        if not 0.0 <= self.p_mask_prompt < 1.0:
+            raise ValueError(f"p_mask_prompt={self.p_mask_prompt} must be in [0, 1).")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"kl_estimator={self.kl_estimator!r} is not one of {list(KL_ESTIMATORS)}.")
+        if self.loss_type in OBJECTIVES:
+            allowed = OBJECTIVES[self.loss_type].estimators
+            if self.estimator not in allowed:
+                raise ValueError(
+                    f"loss_type={self.loss_type!r} cannot use estimator={self.estimator!r}: it needs one of "
+                    f"{list(allowed)}. Set estimator={allowed[0]!r}."
+                )
+        elif self.loss_type not in TRL_LOSS_TYPES:
+            raise ValueError(
+                f"loss_type={self.loss_type!r} is unknown. Diffusion objectives: {sorted(OBJECTIVES)}; "
+                f"TRL loss types (run on estimated log-probs): {list(TRL_LOSS_TYPES)}."
+            )
+        if not 0.0 <= self.stabledrl_clip_low < self.stabledrl_clip_high:
+            raise ValueError(
+                f"StableDRL clip bounds must satisfy 0 <= stabledrl_clip_low < stabledrl_clip_high, got "
+                f"{self.stabledrl_clip_low} and {self.stabledrl_clip_high}."
+            )
+
+
+def _largest_divisor_at_most(n: int, bound: int) -> int:
+    return max(d for d in range(1, max(1, min(n, bound)) + 1) if n % d == 0)

@@ -1,0 +1,329 @@
+"""Sequence log-likelihood estimators for masked diffusion language models.
+
+A masked diffusion model's likelihood ``log π(x | prompt)`` is intractable; each estimator here returns *per-token
+contributions* ``c`` of shape `(B, L)` over the completion whose row sum estimates it, so TRL's token-level machinery
+runs unchanged and sequence-level objectives just sum. Notation (shared by every estimator):
+
+- ``x = completion_ids`` (length ``L``, the whole generated canvas), ``m = score_mask``;
+- a *view* ``x̃`` is the canvas ``[prompt' ; x with a set S of positions replaced by the mask id]``, where ``prompt'``
+  is the prompt with each real token masked independently with probability ``p_mask_prompt``;
+- ``ℓ_i(x̃) = log p_θ(x_i | x̃)`` at a masked position ``i ∈ S`` (float32 log-softmax of the model's logits);
+- the attention mask is ``cat(prompt_mask, ones(B, L))``: the whole completion is visible, only ``m`` restricts which
+  contributions are kept. The forward process masks positions among all ``L`` completion positions.
+
+Randomness: row ``b`` draws every mask from a CPU ``torch.Generator`` seeded with ``int(seeds[b])``, so a row's result
+depends only on its own seed and data (chunking or reordering the batch changes nothing), and old / reference /
+current evaluations with the same seeds see the same masks (common random numbers). The global RNG is never used.
+
+Memory: views are stacked along the batch dimension ``mc_batch_size`` at a time and the results accumulated, so under
+``torch.no_grad()`` peak memory does not grow with the number of MC samples. Everything is differentiable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .logits import as_logits_fn
+from .masks import apply_mask, bernoulli_masks, prompt_noise_masks, random_subsets, row_generators, stratified_counts
+
+
+@dataclass
+class LikelihoodOutput:
+    """Output of a likelihood estimator.
+
+    Args:
+        logps (`torch.Tensor` of shape `(B, L)`): per-token contributions ``c_i``; 0 where not scored. The row sum is the
+            sequence log-likelihood estimate (the mean of ``sample_estimates`` over its ``K`` samples).
+        entropies (`torch.Tensor` of shape `(B, L)`): predictive entropy ``-Σ_v p_v log p_v`` (nats) at each scored
+            position, averaged over the views in which it was scored; 0 where never scored.
+        sample_estimates (`torch.Tensor` of shape `(B, K)`): the sequence estimate of each MC sample (an antithetic or
+            coupled pair counts as one sample: the pair's estimate), for logging the MC variance.
+    """
+
+    logps: torch.Tensor
+    entropies: torch.Tensor
+    sample_estimates: torch.Tensor
+
+
+@dataclass
+class _Views:
+    """The noised canvases an estimator scores: ``M`` views per row, grouped into ``K`` MC samples.
+
+    ``completion`` `(B, M, L)` and ``prompt`` `(B, M, P)` are the masked positions (bool, CPU); ``weights`` `(B, M)` is
+    the weight of a view's contributions in its sample's estimate; ``sample_index`` `(M,)` maps views to samples.
+    """
+
+    completion: torch.Tensor
+    prompt: torch.Tensor
+    weights: torch.Tensor
+    sample_index: torch.Tensor
+    num_samples: int
+
+
+def _draw_views(seeds, prompt_mask, p_mask_prompt, num_samples, draw_completion) -> _Views:
+    """Draw every row's views from its own generator: completion masks first, then one prompt mask per sample."""
+    completions, prompts, weights = [], [], []
+    for b, generator in enumerate(row_generators(seeds.cpu())):
+        masked, weight, sample_index = draw_completion(generator)
+        prompt = prompt_noise_masks(prompt_mask[b], p_mask_prompt, num_samples, generator=generator)
+        completions.append(masked)
+        prompts.append(prompt[sample_index])  # the views of one sample share its prompt mask
+        weights.append(weight.float())
+    return _Views(torch.stack(completions), torch.stack(prompts), torch.stack(weights), sample_index, num_samples)
+
+
+def _score_views(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, mask_token_id, mc_batch_size):
+    """Run the model on the views, ``mc_batch_size`` views per forward, and accumulate contributions and entropies.
+
+    ``c_i = (1/K) Σ_views w_view · 1[i ∈ S_view] · m_i · ℓ_i(x̃_view)``; the log-softmax is computed only at the kept
+    (masked and scored) positions.
+    """
+    logits_fn = as_logits_fn(logits_fn)
+    (batch_size, prompt_length), length = prompt_ids.shape, completion_ids.shape[1]
+    device, num_views = completion_ids.device, views.completion.shape[1]
+    positions = torch.arange(prompt_length, prompt_length + length, device=device)
+    attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids, dtype=prompt_mask.dtype)], dim=1)
+    scored = score_mask.bool()
+    logps = torch.zeros(batch_size, length, device=device)
+    entropy_sum, counts, per_view = torch.zeros_like(logps), torch.zeros_like(logps), []
+    for start in range(0, num_views, mc_batch_size):
+        chunk = slice(start, min(start + mc_batch_size, num_views))
+        # View-major layout (c, B, ...): canvas row j * B + b is view j of row b.
+        masked = views.completion[:, chunk].transpose(0, 1).to(device)
+        num_chunk = masked.shape[0]
+        prompt = apply_mask(
+            prompt_ids.expand(num_chunk, -1, -1), views.prompt[:, chunk].transpose(0, 1).to(device), mask_token_id
+        )
+        completion = apply_mask(completion_ids.expand(num_chunk, -1, -1), masked, mask_token_id)
+        canvas = torch.cat([prompt, completion], dim=2).reshape(num_chunk * batch_size, prompt_length + length)
+        logits = logits_fn(canvas, attention_mask=attention_mask.repeat(num_chunk, 1), positions=positions)
+        if logits.shape[:2] != (num_chunk * batch_size, length):
+            raise ValueError(f"logits_fn returned {tuple(logits.shape)}; expected ({canvas.shape[0]}, {length}, V).")
+        keep = masked & scored
+        logp = logits.reshape(num_chunk, batch_size, length, -1)[keep].float().log_softmax(-1)  # (n_kept, V)
+        token_logp = logp.gather(-1, completion_ids.expand(num_chunk, -1, -1)[keep].unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        weight = views.weights[:, chunk].t().to(device).unsqueeze(-1)  # (c, B, 1)
+        contrib = torch.zeros(keep.shape, device=device).masked_scatter(keep, token_logp) * weight
+        logps = logps + contrib.sum(0)
+        per_view.append(contrib.sum(-1).t())  # (B, c)
+        entropy_sum = entropy_sum + torch.zeros(keep.shape, device=device).masked_scatter(keep, entropy).sum(0)
+        counts = counts + keep.sum(0)
+    per_view = torch.cat(per_view, dim=1)
+    sample_estimates = per_view.new_zeros(batch_size, views.num_samples)
+    sample_estimates = sample_estimates.index_add(1, views.sample_index.to(device), per_view)
+    return LikelihoodOutput(logps / views.num_samples, entropy_sum / counts.clamp(min=1), sample_estimates)
+
+
+def _check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_mask_prompt, mc_batch_size=1):
+    batch_size = prompt_ids.shape[0]
+    if prompt_mask.shape != prompt_ids.shape:
+        raise ValueError(
+            f"`prompt_mask` {tuple(prompt_mask.shape)} must match `prompt_ids` {tuple(prompt_ids.shape)}."
+        )
+    if completion_ids.dim() != 2 or completion_ids.shape[0] != batch_size or completion_ids.shape[1] < 1:
+        raise ValueError(
+            f"`completion_ids` must have shape (B={batch_size}, L>=1), got {tuple(completion_ids.shape)}."
+        )
+    if score_mask.shape != completion_ids.shape:
+        raise ValueError(
+            f"`score_mask` {tuple(score_mask.shape)} must match `completion_ids` {tuple(completion_ids.shape)}."
+        )
+    if seeds.shape != (batch_size,):
+        raise ValueError(f"`seeds` must be an int64 tensor of shape (B={batch_size},), got {tuple(seeds.shape)}.")
+    if not 0.0 <= p_mask_prompt <= 1.0:
+        raise ValueError(f"`p_mask_prompt` must be in [0, 1], got {p_mask_prompt}.")
+    if mc_batch_size < 1:
+        raise ValueError(f"`mc_batch_size` must be >= 1, got {mc_batch_size}.")
+
+
+def mean_field(
+    logits_fn,
+    prompt_ids,
+    prompt_mask,
+    completion_ids,
+    score_mask,
+    *,
+    mask_token_id,
+    seeds,
+    p_mask_prompt=0.0,
+    **kwargs,
+) -> LikelihoodOutput:
+    """Mean-field one-step estimate (d1 / diffu-GRPO): mask the whole completion, one forward pass.
+
+    ``c_i = m_i · log p_θ(x_i | prompt', [MASK] × L)``, where ``prompt'`` has each real prompt token masked with
+    probability ``p_mask_prompt`` (d1 uses 0.15). Cost: 1 forward. Exact for a model whose prediction at a position
+    ignores the other completion tokens; otherwise biased (it only sees the fully-masked conditional). ``K = 1``.
+
+    Args:
+        logits_fn (`nn.Module` or logits function): the denoiser, see :mod:`trl_dllm.core.logits`.
+        prompt_ids (`torch.LongTensor` of shape `(B, P)`): left-padded prompts.
+        prompt_mask (`torch.Tensor` of shape `(B, P)`): 1 for real prompt tokens, 0 for padding.
+        completion_ids (`torch.LongTensor` of shape `(B, L)`): the full generated canvas (EOS filler included).
+        score_mask (`torch.Tensor` of shape `(B, L)`): 1 where a token's contribution is kept.
+        mask_token_id (`int`): the mask token id.
+        seeds (`torch.LongTensor` of shape `(B,)`): one seed per row (drives the prompt masking).
+        p_mask_prompt (`float`, *optional*, defaults to `0.0`): probability of masking each real prompt token.
+        **kwargs: ignored (the trainer passes one option dict to every estimator).
+
+    Returns:
+        [`LikelihoodOutput`] with ``sample_estimates`` of shape `(B, 1)`.
+    """
+    _check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_mask_prompt)
+    length = completion_ids.shape[1]
+
+    def draw(generator):
+        return torch.ones(1, length, dtype=torch.bool), torch.ones(1), torch.zeros(1, dtype=torch.long)
+
+    views = _draw_views(seeds, prompt_mask, p_mask_prompt, 1, draw)
+    return _score_views(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, mask_token_id, 1)
+
+
+def elbo(
+    logits_fn,
+    prompt_ids,
+    prompt_mask,
+    completion_ids,
+    score_mask,
+    *,
+    mask_token_id,
+    seeds,
+    mc_samples=1,
+    antithetic=False,
+    p_mask_prompt=0.0,
+    mc_batch_size=1,
+    **kwargs,
+) -> LikelihoodOutput:
+    """Monte Carlo ELBO (LLaDA, ESPO): mask ``n`` random positions, weight their log-probs by ``L / n``.
+
+    For each MC sample ``k`` of ``K = mc_samples``, draw a stratified count ``u_k = (k + U_k) / K``, ``U_k ~ U(0, 1)``,
+    ``n_k = clamp(ceil(u_k · N), 1, N)`` with ``N = L``, mask a uniformly random subset ``S_k`` of exactly ``n_k`` of the
+    ``L`` completion positions, and average over samples:
+
+        ``c_i = (1/K) Σ_k 1[i ∈ S_k] · (L / n_k) · m_i · ℓ_i(x̃_k)``
+
+    (LLaDA's low-variance ELBO, ``n ~ U{1..L}``). Unbiased: ``E[c_i] = E_n[(L/n) · (n/L)] · ℓ_i = ℓ_i`` for a model whose
+    prediction at a position ignores the other tokens; for a real model it estimates the ELBO ``≤ log π(x)``.
+
+    With ``antithetic=True`` each sample is a pair of complementary views: ``n_k`` is drawn as above over ``{1..L-1}``
+    (``N = L - 1``), and both ``S_k`` and its complement ``S̄_k`` (``L - n_k`` positions, also in ``{1..L-1}``) are
+    scored, each half weighted by ``L / |view|``:
+
+        ``c_i = (1/K) Σ_k ½ [1[i ∈ S_k] · L/n_k + 1[i ∈ S̄_k] · L/(L - n_k)] · m_i · ℓ_i``
+
+    Every token is scored exactly once per pair, and each half is unbiased on its own (``P(i ∈ S) = n/L`` and
+    ``E_n[(L/n)(n/L)] = 1`` over ``n ~ U{1..L-1}``, symmetrically for the complement). Drawing ``n`` from ``{1..L-1}``
+    rather than ``{1..L}`` avoids the empty complement at ``n = L``. For a model that uses context, the pair's
+    expectation is the ELBO with its fully-masked term replaced by the mean of the other ``L - 1`` terms (an
+    ``O(1/L)`` difference). If ``L == 1`` no pair exists: every sample falls back to the single full-mask view.
+
+    Cost: ``K`` forwards (``2K`` with ``antithetic``), run ``mc_batch_size`` views per forward.
+
+    Args:
+        logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, mask_token_id, seeds, p_mask_prompt:
+            as in [`mean_field`]; ``seeds`` drive the counts, subsets and prompt masks (one prompt mask per sample).
+        mc_samples (`int`, *optional*, defaults to `1`): number of MC samples ``K``.
+        antithetic (`bool`, *optional*, defaults to `False`): score each subset and its complement (ESPO).
+        mc_batch_size (`int`, *optional*, defaults to `1`): views stacked along the batch dim per forward.
+        **kwargs: ignored.
+
+    Returns:
+        [`LikelihoodOutput`] with ``sample_estimates`` of shape `(B, K)` (a pair's estimate is the mean of its halves).
+    """
+    _check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_mask_prompt, mc_batch_size)
+    if mc_samples < 1:
+        raise ValueError(f"`mc_samples` must be >= 1, got {mc_samples}.")
+    length = completion_ids.shape[1]
+    antithetic = antithetic and length > 1
+
+    def draw(generator):
+        counts = stratified_counts(mc_samples, length - 1 if antithetic else length, generator=generator)
+        subsets = random_subsets(counts, length, generator=generator)
+        if not antithetic:
+            return subsets, length / counts, torch.arange(mc_samples)
+        # Views interleaved [S_0, S̄_0, S_1, S̄_1, ...] so that a pair shares a forward when mc_batch_size is even.
+        views = torch.stack([subsets, ~subsets], dim=1).flatten(0, 1)
+        weights = torch.stack([0.5 * length / counts, 0.5 * length / (length - counts)], dim=1).flatten()
+        return views, weights, torch.arange(mc_samples).repeat_interleave(2)
+
+    views = _draw_views(seeds, prompt_mask, p_mask_prompt, mc_samples, draw)
+    return _score_views(
+        logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, mask_token_id, mc_batch_size
+    )
+
+
+def coupled(
+    logits_fn,
+    prompt_ids,
+    prompt_mask,
+    completion_ids,
+    score_mask,
+    *,
+    mask_token_id,
+    seeds,
+    mc_samples=1,
+    t_min=0.2,
+    t_max=0.8,
+    p_mask_prompt=0.0,
+    mc_batch_size=1,
+    **kwargs,
+) -> LikelihoodOutput:
+    """Coupled complementary views (DiffuCoder coupled-GRPO): each token scored exactly once per pair.
+
+    For each MC sample ``k`` of ``K = mc_samples``, draw ``t_k ~ U(t_min, t_max)``, mask each completion position
+    independently with probability ``t_k`` (view ``A_k``) and score the complementary view ``B_k = Ā_k`` too:
+
+        ``c_i = (1/K) Σ_k m_i · ℓ_i(x̃ of the view of pair k in which i is masked)``
+
+    No ``1/t`` weighting (DiffuCoder's estimator): for a model whose prediction at a position ignores the other tokens
+    every pair gives the exact log-likelihood; for a real model it is a sum of per-token log-probs at a random
+    masking rate, not the ELBO. A view may be empty (probability ``t^L`` or ``(1-t)^L``); it still costs its forward.
+
+    Cost: ``2K`` forwards, run ``mc_batch_size`` views per forward.
+
+    Args:
+        logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, mask_token_id, seeds, p_mask_prompt:
+            as in [`mean_field`]; ``seeds`` drive ``t``, the views and the prompt masks (one per pair).
+        mc_samples (`int`, *optional*, defaults to `1`): number of pairs ``K``.
+        t_min (`float`, *optional*, defaults to `0.2`): lower bound of the masking rate.
+        t_max (`float`, *optional*, defaults to `0.8`): upper bound of the masking rate.
+        mc_batch_size (`int`, *optional*, defaults to `1`): views stacked along the batch dim per forward.
+        **kwargs: ignored.
+
+    Returns:
+        [`LikelihoodOutput`] with ``sample_estimates`` of shape `(B, K)` (one estimate per pair).
+    """
+    _check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_mask_prompt, mc_batch_size)
+    if mc_samples < 1:
+        raise ValueError(f"`mc_samples` must be >= 1, got {mc_samples}.")
+    if not 0.0 <= t_min <= t_max <= 1.0:
+        raise ValueError(f"Need 0 <= t_min <= t_max <= 1, got t_min={t_min}, t_max={t_max}.")
+    length = completion_ids.shape[1]
+
+    def draw(generator):
+        t = t_min + (t_max - t_min) * torch.rand(mc_samples, dtype=torch.float64, generator=generator)
+        view_a = bernoulli_masks(t, length, generator=generator)
+        views = torch.stack([view_a, ~view_a], dim=1).flatten(0, 1)
+        return views, torch.ones(2 * mc_samples), torch.arange(mc_samples).repeat_interleave(2)
+
+    views = _draw_views(seeds, prompt_mask, p_mask_prompt, mc_samples, draw)
+    return _score_views(
+        logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, mask_token_id, mc_batch_size
+    )
+
+
+ESTIMATORS: dict[str, Callable[..., LikelihoodOutput]] = {"mean_field": mean_field, "elbo": elbo, "coupled": coupled}
+
+
+def estimate(name: str, logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, **options) -> LikelihoodOutput:
+    """Run the estimator registered as ``name`` in [`ESTIMATORS`]; ``options`` are passed through (unused ones ignored).
+
+    Raises:
+        `ValueError`: if ``name`` is not a known estimator (the message lists the known ones).
+    """
+    if name not in ESTIMATORS:
+        raise ValueError(f"Unknown estimator {name!r}. Known estimators: {', '.join(sorted(ESTIMATORS))}.")
+    return ESTIMATORS[name](logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, **options)

@@ -1,0 +1,214 @@
+"""Model adapters: which mask id, EOS ids, logit shift and attention switch a model family needs.
+
+Known families live in one explicit dict, :data:`~trl_dllm.models.specs.MODEL_SPECS`, keyed by ``config.model_type``.
+Any other Hugging Face model is the `"generic"` family: it becomes a denoiser once its attention is bidirectional
+(:func:`make_bidirectional`) and it has a mask token. See ``docs/models.md``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import replace
+from typing import Any
+
+from torch import nn
+
+from ..core.logits import LogitsFn, module_logits_fn
+from .specs import MODEL_SPECS, ModelSpec
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MODEL_SPECS", "ModelSpec", "make_bidirectional", "model_logits_fn", "resolve_model_spec"]
+
+
+def _base_model(model: Any) -> Any:
+    """Look through PEFT (`PeftModel.get_base_model`) and DDP / DeepSpeed (`.module`) wrappers to the model proper."""
+    for _ in range(8):  # wrappers nest a few levels at most; the bound guards against self-returning accessors
+        if not hasattr(model, "config") and isinstance(getattr(model, "module", None), nn.Module):
+            model = model.module
+        elif callable(getattr(model, "get_base_model", None)):
+            inner = model.get_base_model()
+            if inner is model:
+                break
+            model = inner
+        else:
+            break
+    if getattr(model, "config", None) is None:
+        raise TypeError(f"Expected a Hugging Face model with a `.config`, got {type(model).__name__}.")
+    return model
+
+
+def _text_config(config: Any) -> Any:
+    """The decoder's text config of a composite (e.g. vision-language) config, else the config itself."""
+    try:
+        return config.get_text_config(decoder=True)
+    except (AttributeError, ValueError):  # not a transformers config, or ambiguous text configs
+        return config
+
+
+def _config_value(config: Any, name: str) -> Any:
+    value = getattr(config, name, None)
+    if value is None:
+        value = getattr(_text_config(config), name, None)
+    return value
+
+
+def _ids(value: Any) -> set[int]:
+    """An id, a list of ids or `None`, as a set of ints."""
+    if value is None:
+        return set()
+    if isinstance(value, (list, tuple, set)):
+        return {int(v) for v in value if v is not None}
+    return {int(value)}
+
+
+def _inner_tokenizer(tokenizer: Any) -> Any:
+    """A processor (vision-language models) carries its tokenizer as ``.tokenizer``."""
+    if tokenizer is not None and not hasattr(tokenizer, "mask_token_id") and hasattr(tokenizer, "tokenizer"):
+        return tokenizer.tokenizer
+    return tokenizer
+
+
+def _vocab_size(model: Any) -> int | None:
+    size = _config_value(model.config, "vocab_size")
+    if size is None:
+        try:
+            size = model.get_input_embeddings().num_embeddings
+        except (AttributeError, NotImplementedError):
+            return None
+    return int(size)
+
+
+def _is_transformers_native(model: Any) -> bool:
+    return type(model).__module__.startswith("transformers.")
+
+
+def _generic_spec(model: Any) -> ModelSpec:
+    """Spec of a model outside :data:`MODEL_SPECS`, from what its class can do.
+
+    transformers-native models take ``logits_to_keep`` (when their ``forward`` names it) and pass a 4-D attention
+    mask through ``masking_utils`` unchanged; remote code gets the safe answer (slice logits, no 4-D mask).
+    """
+    try:
+        keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        keeps = False
+    return ModelSpec(
+        family="generic",
+        mask_token_id=None,
+        accepts_logits_to_keep=keeps,
+        accepts_4d_mask=_is_transformers_native(model),
+    )
+
+
+def _missing_mask_error(model: Any) -> ValueError:
+    config = model.config
+    name = getattr(config, "name_or_path", None) or type(model).__name__
+    model_type = getattr(config, "model_type", None)
+    return ValueError(
+        f"Model {name!r} (model_type={model_type!r}) has no mask token: neither its config nor the tokenizer defines "
+        f"`mask_token_id`, and {model_type!r} is not a known diffusion family ({', '.join(sorted(MODEL_SPECS))}). "
+        "A masked diffusion model needs one. Supply it with `DiffusionGRPOConfig(mask_token_id=...)`, or pass a "
+        "tokenizer with a `mask_token`, e.g. `tokenizer.add_special_tokens({'mask_token': '<|mask|>'})` followed by "
+        "`model.resize_token_embeddings(len(tokenizer))`. A causal LM also needs bidirectional attention "
+        "(`trl_dllm.models.make_bidirectional`) and masked-diffusion training before RL is meaningful."
+    )
+
+
+def resolve_model_spec(model: Any, tokenizer: Any = None, mask_token_id: int | None = None) -> ModelSpec:
+    """Return the :class:`ModelSpec` of ``model`` with its mask id and EOS ids filled in.
+
+    The family comes from ``config.model_type`` (:data:`MODEL_SPECS`); any other model is `"generic"`.
+
+    The mask id is the first one found among: the ``mask_token_id`` argument, ``model.config.mask_token_id``, the
+    family default, ``tokenizer.mask_token_id``. The checkpoint's own config comes before the family default because
+    checkpoints that reuse a family's code can change the id (Dream-architecture conversions of other base models
+    declare ``model_type="Dream"`` with their own ``mask_token_id``); for the released LLaDA and Dream checkpoints
+    both agree.
+
+    The EOS ids are the union of the family's ids, ``tokenizer.eos_token_id``, ``config.eos_token_id`` and
+    ``generation_config.eos_token_id`` (ints or lists), deduplicated and sorted.
+
+    Args:
+        model (`transformers.PreTrainedModel`):
+            The model, possibly wrapped by PEFT (`PeftModel`) or DDP / DeepSpeed; the base model's config is used.
+        tokenizer (`transformers.PreTrainedTokenizerBase` or `ProcessorMixin`, *optional*):
+            Tokenizer (or processor) supplying a mask token and an EOS id.
+        mask_token_id (`int`, *optional*):
+            Explicit mask id; overrides every other source.
+
+    Raises:
+        ValueError: no mask id can be found, the mask id is outside the vocabulary, or it is also an EOS id.
+    """
+    base = _base_model(model)
+    config = base.config
+    family = MODEL_SPECS.get(getattr(config, "model_type", None))
+    tokenizer = _inner_tokenizer(tokenizer)
+    tokenizer_mask = getattr(tokenizer, "mask_token_id", None)
+
+    candidates = (
+        mask_token_id,
+        _config_value(config, "mask_token_id"),
+        family and family.mask_token_id,
+        tokenizer_mask,
+    )
+    mask = next((int(c) for c in candidates if c is not None), None)
+    if mask is None:
+        raise _missing_mask_error(base)
+    if mask_token_id is None and tokenizer_mask is not None and int(tokenizer_mask) != mask:
+        logger.warning(
+            f"Using mask_token_id={mask} from the model; the tokenizer's mask token has id {tokenizer_mask}."
+        )
+
+    vocab_size = _vocab_size(base)
+    if mask < 0 or (vocab_size is not None and mask >= vocab_size):
+        raise ValueError(
+            f"mask_token_id={mask} is outside the vocabulary of {getattr(config, 'name_or_path', '') or 'the model'} "
+            f"(vocab_size={vocab_size}). If you added a mask token to the tokenizer, resize the embeddings with "
+            "`model.resize_token_embeddings(len(tokenizer))`; otherwise pass the right `mask_token_id`."
+        )
+
+    eos = _ids(family.eos_token_ids if family else None) | _ids(getattr(tokenizer, "eos_token_id", None))
+    eos |= _ids(_config_value(config, "eos_token_id"))
+    eos |= _ids(getattr(getattr(base, "generation_config", None), "eos_token_id", None))
+    if mask in eos:
+        raise ValueError(
+            f"mask_token_id={mask} is also an EOS id ({sorted(eos)}); the mask token must be its own token."
+        )
+
+    spec = family if family is not None else _generic_spec(base)
+    return replace(spec, mask_token_id=mask, eos_token_ids=tuple(sorted(eos)))
+
+
+def make_bidirectional(model: Any) -> None:
+    """Switch a Hugging Face decoder to bidirectional attention, in place.
+
+    transformers >= 5.2 builds the attention mask from ``config.is_causal``: with ``False`` every position attends to
+    every non-padding position (checked on Llama and Qwen3 with `sdpa` and `eager` attention). This sets it on the base
+    model's config, on its decoder text config and on every sub-config that already has ``is_causal``. The value is
+    saved in ``config.json``, so a model reloaded with ``from_pretrained`` stays bidirectional. Families in
+    :data:`MODEL_SPECS` (LLaDA, Dream) are bidirectional already: no-op.
+
+    Args:
+        model (`transformers.PreTrainedModel`): the model, possibly wrapped by PEFT or DDP / DeepSpeed.
+    """
+    base = _base_model(model)
+    config = base.config
+    if getattr(config, "model_type", None) in MODEL_SPECS:
+        return
+    if not _is_transformers_native(base):
+        logger.warning(
+            f"{type(base).__name__} runs remote code, which may ignore `config.is_causal`; check that a later token "
+            "changes an earlier position's logits before training."
+        )
+    targets = [config, _text_config(config)]
+    targets += [sub for sub in vars(config).values() if hasattr(sub, "to_dict") and hasattr(sub, "is_causal")]
+    for target in targets:
+        target.is_causal = False
+
+
+def model_logits_fn(model: nn.Module, spec: ModelSpec) -> LogitsFn:
+    """The :data:`~trl_dllm.core.logits.LogitsFn` of ``model`` (PEFT wrapper included), with the family's logit shift
+    undone and ``logits_to_keep`` used where the model accepts it."""
+    return module_logits_fn(model, shift_logits=spec.shift_logits, logits_to_keep=spec.accepts_logits_to_keep)

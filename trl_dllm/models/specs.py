@@ -1,0 +1,75 @@
+"""One frozen spec per masked-diffusion model family, in one explicit dict keyed by ``config.model_type``.
+
+Adding a family is one :class:`ModelSpec` plus one line in :data:`MODEL_SPECS`; nothing registers itself at import
+time. Every id below is documented, with its source, in ``docs/models.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the trainer and the cores need to know about one model family.
+
+    Args:
+        family (`str`):
+            Family name: `"llada"`, `"dream"` or `"generic"` (any Hugging Face decoder run with bidirectional attention).
+        mask_token_id (`int` or `None`):
+            Id of the mask token. In :data:`MODEL_SPECS` this is the family default; :func:`resolve_model_spec` returns
+            a spec with the id actually used by the model.
+        eos_token_ids (`tuple[int, ...]`, *optional*, defaults to `()`):
+            Ids that end a completion (end-of-text and end-of-turn).
+        shift_logits (`bool`, *optional*, defaults to `False`):
+            The model predicts position ``i + 1`` at ``i`` (Dream, adapted from an autoregressive model); the cores
+            read the prediction for position ``p`` at ``max(p - 1, 0)``.
+        trust_remote_code (`bool`, *optional*, defaults to `False`):
+            The checkpoint ships its own modelling code (load it with ``trust_remote_code=True``).
+        accepts_logits_to_keep (`bool`, *optional*, defaults to `True`):
+            ``forward`` accepts ``logits_to_keep`` as a 1-D tensor of positions, so the LM head runs on those rows only.
+            Remote-code models (LLaDA, Dream) do not; their logits are sliced after the forward.
+        accepts_4d_mask (`bool`, *optional*, defaults to `False`):
+            ``forward`` honours a 4-D additive float attention mask of shape `(B, 1, N, N)` (0 = visible, -inf =
+            blocked), needed by block-causal and staircase layouts.
+        block_length (`int` or `None`, *optional*, defaults to `None`):
+            Native block size of block-diffusion families; `None` for full-canvas models.
+    """
+
+    family: str
+    mask_token_id: int | None
+    eos_token_ids: tuple[int, ...] = ()
+    shift_logits: bool = False
+    trust_remote_code: bool = False
+    accepts_logits_to_keep: bool = True
+    accepts_4d_mask: bool = False
+    block_length: int | None = None
+
+
+# GSAI-ML/LLaDA-8B-{Base,Instruct} and LLaDA-1.5: config.json has model_type "llada", mask_token_id 126336 and
+# eos_token_id 126081 (<|endoftext|>); 126348 is <|eot_id|>, which ends an assistant turn in the Instruct chat template.
+LLADA = ModelSpec(
+    family="llada",
+    mask_token_id=126336,
+    eos_token_ids=(126081, 126348),
+    trust_remote_code=True,
+    accepts_logits_to_keep=False,
+)
+
+# Dream-org/Dream-v0-{Base,Instruct}-7B: config.json has model_type "Dream", mask_token_id 151666 (<|mask|>) and
+# eos_token_id 151643 (<|endoftext|>); 151645 is Qwen2.5's <|im_end|>, which ends a turn in the Instruct chat template.
+# Dream was initialised from Qwen2.5 and keeps its autoregressive logit shift.
+DREAM = ModelSpec(
+    family="dream",
+    mask_token_id=151666,
+    eos_token_ids=(151643, 151645),
+    shift_logits=True,
+    trust_remote_code=True,
+    accepts_logits_to_keep=False,
+)
+
+MODEL_SPECS: dict[str, ModelSpec] = {
+    "llada": LLADA,
+    "Dream": DREAM,  # the spelling in Dream's config.json
+    "dream": DREAM,
+}

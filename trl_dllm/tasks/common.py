@@ -1,0 +1,143 @@
+"""What every task builder shares: loading from a local file or the Hub, and building TRL prompts."""
+
+from __future__ import annotations
+
+import csv
+import glob
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+# d1's answer format, which `xml_format_reward` scores and every correctness reward reads the answer from.
+XML_SYSTEM_PROMPT = """Think through the problem step by step, then reply in exactly this format:
+<reasoning>
+...
+</reasoning>
+<answer>
+...
+</answer>"""
+
+DataFiles = str | Sequence[str] | dict[str, str | Sequence[str]]
+_BUILDERS_BY_SUFFIX = {".csv": "csv", ".parquet": "parquet"}  # anything else is read as JSON / JSON Lines
+
+
+def _paths(data_files: DataFiles) -> list[str]:
+    if isinstance(data_files, str):
+        return [data_files]
+    if isinstance(data_files, dict):
+        return [p for value in data_files.values() for p in _paths(value)]
+    return [p for value in data_files for p in _paths(value)]
+
+
+def _csv_string_features(path: str) -> datasets.Features:
+    with open(path, newline="", encoding="utf-8") as f:
+        header = next(csv.reader(f), [])
+    return datasets.Features({name: datasets.Value("string") for name in header})
+
+
+def _load_local(data_files: DataFiles, split: str) -> datasets.Dataset:
+    for path in _paths(data_files):
+        remote = "://" in path
+        pattern = any(c in path for c in "*?[")
+        if not remote and not (glob.glob(path) if pattern else Path(path).exists()):
+            raise FileNotFoundError(f"Task data file not found: {path}")
+    first = _paths(data_files)[0]
+    builder = _BUILDERS_BY_SUFFIX.get(Path(first).suffix.lower(), "json")
+    # CSV columns stay strings: pandas would read the puzzle "0140432014020000" as an int and drop its zero.
+    options = {"features": _csv_string_features(first)} if builder == "csv" else {}
+    file_split = split if isinstance(data_files, dict) else "train"  # `datasets` names a lone file's split "train"
+    return datasets.load_dataset(builder, data_files=data_files, split=file_split, **options)
+
+
+def _load_hub(hub_id: str, hub_config: str | None, split: str, required_columns: Sequence[str]) -> datasets.Dataset:
+    try:
+        return datasets.load_dataset(hub_id, hub_config, split=split)
+    except Exception as err:  # offline, unknown id, gated, no such split: all mean "use a local file"
+        config = f" (config {hub_config!r})" if hub_config else ""
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        raise RuntimeError(
+            f"Could not load dataset {hub_id!r}{config}, split {split!r}, from the Hugging Face Hub "
+            f"({type(err).__name__}: {reason}); pass a local JSON/JSONL file with data_files=... "
+            f"(columns: {', '.join(required_columns)})."
+        ) from err
+
+
+def load_source(
+    hub_id: str,
+    hub_config: str | None,
+    split: str,
+    data_files: DataFiles | None,
+    required_columns: Sequence[str],
+    rename: dict[str, str] | None = None,
+) -> datasets.Dataset:
+    """
+    The raw dataset of a task: from `data_files` if given, else from the Hub.
+
+    Args:
+        hub_id (`str`):
+            Hub dataset id, used only when `data_files` is `None`.
+        hub_config (`str` or `None`):
+            Hub configuration name (`"main"` for GSM8K).
+        split (`str`):
+            Split to load from the Hub, or the key of `data_files` when it is a dict. A single file (or list of
+            files) is the whole dataset, whatever `split` says.
+        data_files (`str`, `list[str]`, `dict[str, str]` or `None`):
+            Local JSON / JSON Lines files (`.csv` and `.parquet` are read as such).
+        required_columns (`Sequence[str]`):
+            Columns the task builder reads; a missing one raises `ValueError`.
+        rename (`dict[str, str]`, *optional*):
+            Source column names to rename before the check (d1's sudoku CSV says `Puzzle`, we say `puzzle`).
+
+    Raises:
+        `FileNotFoundError`: a local path does not exist.
+        `RuntimeError`: the Hub dataset could not be loaded (offline, unknown id, …); the message says to pass a
+            local file instead.
+        `ValueError`: a required column is missing.
+    """
+    if data_files is not None:
+        dataset, source = _load_local(data_files, split), f"data_files={data_files!r}"
+    else:
+        dataset, source = _load_hub(hub_id, hub_config, split, required_columns), repr(hub_id)
+    renames = {old: new for old, new in (rename or {}).items() if old in dataset.column_names}
+    renames = {old: new for old, new in renames.items() if new not in dataset.column_names}
+    if renames:
+        dataset = dataset.rename_columns(renames)
+    missing = [c for c in required_columns if c not in dataset.column_names]
+    if missing:
+        raise ValueError(
+            f"Dataset {source} lacks column(s) {', '.join(missing)}; it has: {', '.join(dataset.column_names)}."
+        )
+    return dataset
+
+
+def make_prompt(user_content: str, system_prompt: str | None, conversational: bool) -> str | list[dict[str, str]]:
+    """
+    A prompt in TRL's conversational format (`[{"role": "system", ...}, {"role": "user", ...}]`, the system message
+    only if `system_prompt` is non-empty) or, with `conversational=False`, one string: system prompt, blank line,
+    user content.
+    """
+    if conversational:
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        return messages + [{"role": "user", "content": user_content}]
+    return f"{system_prompt}\n\n{user_content}" if system_prompt else user_content
+
+
+def build_prompts(
+    raw: datasets.Dataset,
+    to_example: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]],
+    system_prompt: str | None,
+    conversational: bool,
+) -> datasets.Dataset:
+    """
+    Map each raw row to `{"prompt": ..., **reward_columns}` and drop the raw columns.
+
+    `to_example(row)` returns the user message and the columns the task's rewards read.
+    """
+
+    def convert(row: dict[str, Any]) -> dict[str, Any]:
+        user_content, columns = to_example(row)
+        return {"prompt": make_prompt(user_content, system_prompt, conversational), **columns}
+
+    return raw.map(convert, remove_columns=raw.column_names)

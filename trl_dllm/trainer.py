@@ -1,0 +1,333 @@
+"""`DiffusionGRPOTrainer`: TRL's `GRPOTrainer` with diffusion generation, estimated likelihoods and dLLM objectives.
+
+Only TRL's override points live here; the math is in `trl_dllm.core`. Overridden (TRL 1.16):
+
+- `_generate_single_turn`: iterative unmasking (`core.sampling.generate`) instead of `model.generate`.
+- `_generate_and_score_completions`: `super()`, then the full canvas, per-iteration MC seeds, group ids, and the old
+  and reference likelihood estimates for *every* inner iteration with the same seeds (common random numbers).
+- `_get_per_token_logps_and_entropies`: a likelihood estimator (`core.likelihood`) instead of TRL's fused, shifted
+  autoregressive head.
+- `_compute_loss`: the `espo` / `stabledrl` objectives (`core.objectives`), or TRL's own loss on estimated log-probs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from trl import GRPOTrainer
+from trl.models import unwrap_model_for_generation
+from trl.trainer.utils import pad, use_adapter
+
+from .config import DiffusionGRPOConfig
+from .core.likelihood import LikelihoodOutput, estimate
+from .core.objectives import OBJECTIVES
+from .core.sampling import generate
+from .models import make_bidirectional, model_logits_fn, resolve_model_spec
+
+
+@dataclass
+class _EstimationContext:
+    """What TRL's likelihood hook cannot be given through its signature: the masks' seeds of this pass."""
+
+    seeds: torch.Tensor  # (B,) int64
+    output: LikelihoodOutput | None = None  # filled by the hook, read back for logging
+
+
+class DiffusionGRPOTrainer(GRPOTrainer):
+    """[`~trl.GRPOTrainer`] for masked diffusion language models. Same arguments; `args` is a
+    [`DiffusionGRPOConfig`]. See `docs/quickstart.md`."""
+
+    _tag_names = ["trl", "grpo", "trl_dllm", "diffusion"]
+
+    def __init__(self, model, reward_funcs=None, args: DiffusionGRPOConfig | None = None, *pargs, **kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = DiffusionGRPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-DiffusionGRPO")
+        if not isinstance(args, DiffusionGRPOConfig):
+            raise TypeError(
+                f"args must be a DiffusionGRPOConfig, got {type(args).__name__}. Replace GRPOConfig(...) with "
+                "DiffusionGRPOConfig(...): it accepts the same arguments."
+            )
+        for name in ("tools", "rollout_func", "environment_factory"):
+            if kwargs.get(name) is not None:
+                raise ValueError(f"DiffusionGRPOTrainer does not support `{name}` yet: diffusion rollouts are single-turn.")
+        if args.use_vllm:
+            raise ValueError("use_vllm=True: vLLM cannot run diffusion decoding. Set use_vllm=False.")
+        if getattr(args, "use_transformers_paged", False) or getattr(args, "use_transformers_continuous_batching", False):
+            raise ValueError("Continuous-batching generation is autoregressive; disable it for diffusion models.")
+        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        if self.aux_loss_enabled:
+            raise ValueError("MoE load-balancing loss is not supported yet: set router_aux_loss_coef=0.0.")
+        self.model_spec = resolve_model_spec(self.model, self._tokenizer, args.mask_token_id)
+        make_bidirectional(self.accelerator.unwrap_model(self.model))
+        if self.ref_model is not None:
+            make_bidirectional(self.accelerator.unwrap_model(self.ref_model))
+        self.eos_token_ids = sorted(set(self.eos_token_ids) | set(self.model_spec.eos_token_ids))
+        self._estimation_context: _EstimationContext | None = None
+        self._deferring_scoring = False
+        self._pending_canvas: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ generation
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """Diffusion rollouts. Returns TRL's completion id lists cut after the first EOS; keeps the full canvas
+        (including the EOS filler) for `_generate_and_score_completions`."""
+        if images is not None or multimodal_fields:
+            raise ValueError("DiffusionGRPOTrainer supports text prompts only.")
+        device = self.accelerator.device
+        rows = [torch.tensor(ids) for ids in prompt_ids]
+        input_ids = pad(rows, padding_value=self._tokenizer.pad_token_id, padding_side="left").to(device)
+        attention_mask = pad([torch.ones_like(r) for r in rows], padding_value=0, padding_side="left").to(device)
+        chunk = self.args.generation_chunk_size or input_ids.size(0)
+        noise = torch.Generator(device=device).manual_seed(int(torch.randint(0, 2**62, (1,))))
+        with (
+            unwrap_model_for_generation(
+                self.model_wrapped,
+                self.accelerator,
+                gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+            ) as unwrapped_model,
+            torch.no_grad(),
+            self._dist.summon_full_params(self.model_wrapped, recurse=False),
+        ):
+            logits_fn = model_logits_fn(unwrapped_model, self.model_spec)
+            canvases, forwards = [], 0
+            for start in range(0, input_ids.size(0), chunk):
+                out = generate(
+                    logits_fn,
+                    input_ids[start : start + chunk],
+                    attention_mask[start : start + chunk],
+                    generator=noise,
+                    **self._sampling_options(),
+                )
+                canvases.append(out.completion_ids)
+                forwards += out.num_forwards
+        canvas = torch.cat(canvases)
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["generation/forwards_per_token"].append(forwards / max(1, canvas.numel()))
+        self._pending_canvas = canvas
+        keep = self._completion_mask(canvas, upto_first_eos=True).bool().cpu()
+        return [row[m].tolist() for row, m in zip(canvas.cpu(), keep)], None
+
+    def _sampling_options(self) -> dict:
+        args = self.args
+        return {
+            "mask_token_id": self.model_spec.mask_token_id,
+            "gen_length": args.max_completion_length,
+            "diffusion_steps": args.diffusion_steps,
+            "block_length": args.block_length,
+            "temperature": args.temperature,
+            "top_k": args.top_k or None,
+            "top_p": args.top_p if args.top_p is not None and args.top_p < 1.0 else None,
+            "remasking": args.remasking,
+            "cfg_scale": args.cfg_scale,
+        }
+
+    def _completion_mask(self, canvas: torch.Tensor, upto_first_eos: bool) -> torch.Tensor:
+        """(B, L) long: 1 on positions up to and including the first EOS (everything if no EOS, or if not cutting)."""
+        if not upto_first_eos:
+            return torch.ones_like(canvas)
+        is_eos = torch.isin(canvas, torch.tensor(self.eos_token_ids, device=canvas.device))
+        after_eos = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0  # strictly after the first EOS
+        return (~after_eos).long()
+
+    # ------------------------------------------------------------------ batch preparation
+    def _generate_and_score_completions(self, inputs):
+        """`super()`, then replace TRL's completion by the full canvas and add what the estimators need.
+
+        TRL's own generation-time scoring (old log-probs when steps are misaligned, reference log-probs when
+        `beta > 0`) is deferred — the hook returns `None`, which TRL treats as "not computed" — because an estimated
+        likelihood needs per-iteration seeds TRL does not know about. Both are computed here for every inner
+        iteration, with the seeds the current policy will use."""
+        self._deferring_scoring = True
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            self._deferring_scoring = False
+        canvas, self._pending_canvas = self._pending_canvas, None
+        mask = self._completion_mask(canvas, upto_first_eos=not self.args.score_padding_eos)
+        if self.mask_truncated_completions:
+            has_eos = torch.isin(canvas, torch.tensor(self.eos_token_ids, device=canvas.device)).any(dim=1)
+            mask = mask * has_eos.unsqueeze(1).long()
+        output["completion_ids"], output["completion_mask"] = canvas, mask
+        output["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
+
+        mode = "train" if self.model.training else "eval"
+        batch, iterations = canvas.size(0), self.num_iterations if mode == "train" else 1
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        rows = torch.arange(batch, device=canvas.device) + self.accelerator.process_index * batch
+        output["group_ids"] = rows // num_generations
+        output["mc_seeds"] = torch.randint(0, 2**62, (batch, iterations), device=canvas.device)
+        self._add_old_and_ref_estimates(output, iterations)
+        return output
+
+    def _add_old_and_ref_estimates(self, output: dict, iterations: int) -> None:
+        """`old_logps` / `ref_logps` of shape (B, iterations, L), one slice per inner iteration."""
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        need_old = (
+            iterations > 1
+            or self.args.gradient_accumulation_steps % generate_every != 0
+            or self.args.independent_mc_noise
+        )
+        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        width, batch_size = output["completion_ids"].size(1), self.args.per_device_train_batch_size
+        olds, refs = [], []
+        with torch.no_grad():
+            for it in range(iterations):
+                seeds = output["mc_seeds"][:, it]
+                if need_old:
+                    with self._estimation(self._pass_seeds(seeds, salt=1)):
+                        olds.append(self._get_per_token_logps_and_entropies(
+                            self.model, input_ids, attention_mask, width, batch_size)[0])
+                if self.beta != 0.0:
+                    with self._estimation(self._pass_seeds(seeds, salt=2)), self._reference_model() as ref:
+                        refs.append(self._get_per_token_logps_and_entropies(
+                            ref, input_ids, attention_mask, width, batch_size)[0])
+        if olds:
+            output["old_logps"] = torch.stack(olds, dim=1)
+        if refs:
+            output["ref_logps"] = torch.stack(refs, dim=1)
+
+    @contextlib.contextmanager
+    def _reference_model(self):
+        """TRL's reference: the separate `ref_model`, or the PEFT base with adapters disabled (or the "ref" adapter)."""
+        if self.ref_model is not None:
+            yield self.ref_model
+            return
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
+            yield self.model
+
+    def _pass_seeds(self, seeds: torch.Tensor, salt: int) -> torch.Tensor:
+        """Common random numbers: every pass uses the sample's seed; with `independent_mc_noise` each pass draws its
+        own (`salt` only keeps old and reference apart when drawn in the same step)."""
+        if not self.args.independent_mc_noise:
+            return seeds
+        return torch.randint(0, 2**62, seeds.shape, device=seeds.device) + salt
+
+    # ------------------------------------------------------------------ likelihood hook
+    @contextlib.contextmanager
+    def _estimation(self, seeds: torch.Tensor):
+        previous, self._estimation_context = self._estimation_context, _EstimationContext(seeds=seeds)
+        try:
+            yield self._estimation_context
+        finally:
+            self._estimation_context = previous
+
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+        compute_aux_loss=False, **multimodal_inputs,
+    ):
+        """Estimated per-token log-likelihood contributions of the last `logits_to_keep` tokens (see
+        `core.likelihood`), replacing TRL's autoregressive scoring. The completion is fully visible to the model; the
+        completion part of `attention_mask` says which contributions are kept."""
+        context = self._estimation_context
+        if context is None:
+            if self._deferring_scoring:
+                return None, None, None  # recomputed per inner iteration in _generate_and_score_completions
+            raise RuntimeError("Diffusion likelihoods need per-sample seeds: call inside `self._estimation(seeds)`.")
+        if compute_aux_loss or any(v is not None for v in multimodal_inputs.values()):
+            raise ValueError("DiffusionGRPOTrainer scores text-only, non-MoE models.")
+        prompt_length = input_ids.size(1) - logits_to_keep
+        logits_fn = model_logits_fn(model, self.model_spec)
+        batch_size = batch_size or input_ids.size(0)
+        outputs = []
+        for start in range(0, input_ids.size(0), batch_size):
+            rows = slice(start, start + batch_size)
+            with self.accelerator.autocast():
+                outputs.append(estimate(
+                    self.args.estimator,
+                    logits_fn,
+                    input_ids[rows, :prompt_length],
+                    attention_mask[rows, :prompt_length],
+                    input_ids[rows, prompt_length:],
+                    attention_mask[rows, prompt_length:],
+                    mask_token_id=self.model_spec.mask_token_id,
+                    seeds=context.seeds[rows],
+                    **self._estimator_options(),
+                ))
+        context.output = LikelihoodOutput(*(torch.cat(parts) for parts in zip(*(
+            (o.logps, o.entropies, o.sample_estimates) for o in outputs))))
+        entropies = context.output.entropies if compute_entropy else None
+        return context.output.logps, entropies, None
+
+    def _estimator_options(self) -> dict:
+        args = self.args
+        return {
+            "mc_samples": args.mc_samples,
+            "antithetic": args.antithetic,
+            "p_mask_prompt": args.p_mask_prompt,
+            "mc_batch_size": args.mc_batch_size,
+        }
+
+    # ------------------------------------------------------------------ loss
+    def _inner_iteration(self) -> int:
+        if not self.model.training:
+            return 0
+        return (self._step // self.args.steps_per_generation) % self.num_iterations
+
+    def _compute_loss(self, model, inputs):
+        iteration = self._inner_iteration()
+        seeds = self._pass_seeds(inputs["mc_seeds"][:, iteration], salt=0)
+        old = inputs["old_logps"][:, iteration] if "old_logps" in inputs else None
+        ref = inputs["ref_logps"][:, iteration] if "ref_logps" in inputs else None
+        if self.loss_type not in OBJECTIVES:
+            inputs = {**inputs, "old_per_token_logps": old, "ref_per_token_logps": ref}
+            inputs = {k: v for k, v in inputs.items() if v is not None}
+            with self._estimation(seeds) as context:
+                loss = super()._compute_loss(model, inputs)
+            self._log_estimation(context, old, inputs["completion_mask"])
+            return loss
+        return self._compute_objective_loss(model, inputs, seeds, old, ref)
+
+    def _compute_objective_loss(self, model, inputs, seeds, old, ref):
+        completion_ids, mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], mask], dim=1)
+        with self._estimation(seeds) as context:
+            logps, entropies, _ = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True)
+        objective = OBJECTIVES[self.loss_type]
+        out = objective.fn(
+            logps,
+            logps.detach() if old is None else old,
+            ref,
+            mask,
+            inputs["advantages"],
+            group_ids=inputs["group_ids"],
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            clip_low=self.args.stabledrl_clip_low,
+            clip_high=self.args.stabledrl_clip_high,
+            beta=self.beta,
+            kl_estimator=self.args.kl_estimator,
+        )
+        mode = "train" if self.model.training else "eval"
+        for name, value in out.metrics.items():
+            self._log_scalar(name, value)
+        self._log_scalar("entropy", (entropies * mask).sum() / mask.sum().clamp(min=1))
+        self._log_estimation(context, None, mask)
+        if not torch.isfinite(out.loss):
+            raise FloatingPointError(f"Non-finite {self.loss_type} loss; metrics: {out.metrics}")
+        return out.loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
+
+    # ------------------------------------------------------------------ logging
+    def _log_scalar(self, name: str, value: torch.Tensor) -> None:
+        mode = "train" if self.model.training else "eval"
+        gathered = self.accelerator.gather(value.detach().float().reshape(1))
+        reduce = torch.max if name.endswith("max") else torch.min if name.endswith("min") else torch.mean
+        self._metrics[mode][name].append(reduce(gathered).item())
+
+    def _log_estimation(self, context: _EstimationContext, old, mask) -> None:
+        """MC variance of the sequence estimate and, for TRL's loss types, sequence-level ratio statistics."""
+        samples = context.output.sample_estimates
+        if samples.size(1) > 1:
+            self._log_scalar("estimator/mc_variance", samples.var(dim=1).mean())
+        if old is not None and self.loss_type not in OBJECTIVES:
+            lengths = mask.sum(-1).clamp(min=1)
+            ratio = torch.exp(((context.output.logps.detach() - old) * mask).sum(-1) / lengths)
+            self._log_scalar("ratio/mean", ratio.mean())
+            self._log_scalar("ratio/std", ratio.std() if ratio.numel() > 1 else torch.zeros(()))
+            self._log_scalar("ratio/max", ratio.max())
