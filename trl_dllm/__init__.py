@@ -2,28 +2,39 @@
 
 Swap two names in a TRL GRPO script — ``GRPOTrainer`` → ``DiffusionGRPOTrainer``, ``GRPOConfig`` →
 ``DiffusionGRPOConfig`` — and it trains a diffusion model.
+
+Names are imported on first use, so ``import trl_dllm.core`` or ``trl_dllm.rewards`` does not pay for importing TRL.
 """
 
-from .config import DiffusionGRPOConfig
-from .core.likelihood import ESTIMATORS, LikelihoodOutput, estimate
-from .core.objectives import OBJECTIVES, ObjectiveOutput
-from .core.sampling import GenerationOutput, generate
-from .models import MODEL_SPECS, ModelSpec, resolve_model_spec
-from .trainer import DiffusionGRPOTrainer
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "DiffusionGRPOConfig",
-    "DiffusionGRPOTrainer",
-    "ESTIMATORS",
-    "GenerationOutput",
-    "LikelihoodOutput",
-    "MODEL_SPECS",
-    "ModelSpec",
-    "OBJECTIVES",
-    "ObjectiveOutput",
-    "estimate",
-    "generate",
-    "resolve_model_spec",
-]
+_EXPORTS = {
+    "DiffusionGRPOConfig": "config",
+    "DiffusionGRPOTrainer": "trainer",
+    "ESTIMATORS": "core.likelihood",
+    "LikelihoodOutput": "core.likelihood",
+    "estimate": "core.likelihood",
+    "OBJECTIVES": "core.objectives",
+    "ObjectiveOutput": "core.objectives",
+    "GenerationOutput": "core.sampling",
+    "generate": "core.sampling",
+    "MODEL_SPECS": "models",
+    "ModelSpec": "models",
+    "resolve_model_spec": "models",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'trl_dllm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)
