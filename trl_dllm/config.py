@@ -44,18 +44,31 @@ class DiffusionGRPOConfig(GRPOConfig):
             disables guidance (one forward per step).
         generation_chunk_size (`int` or `None`, *optional*, defaults to `None`):
             Rows generated per batched call of the sampler. `None` generates the whole local generation batch at once.
+        confidence_threshold (`float` or `None`, *optional*, defaults to `None`):
+            Threshold parallel decoding (Fast-dLLM): at each step commit every masked position of the current block
+            whose confidence exceeds the threshold, at least one. Must be in `(0, 1]`; `None` follows the fixed
+            schedule.
+        eos_early_exit (`bool`, *optional*, defaults to `False`):
+            Finish a row once its first EOS is committed and nothing before it is masked: fill the rest with EOS and
+            stop computing it. An approximation of the full rollout (LLaDA-style models fill the tail with EOS).
 
         > Parameters that control likelihood estimation
 
         estimator (`str`, *optional*, defaults to `"elbo"`):
             Sequence log-likelihood estimator: `"mean_field"` (d1's one-step estimate), `"elbo"` (Monte Carlo ELBO,
-            LLaDA/ESPO) or `"coupled"` (DiffuCoder's complementary masks). See `docs/estimators.md`.
+            LLaDA/ESPO), `"coupled"` (DiffuCoder's complementary masks) or `"trajectory"` (AGRPO: replays sampled
+            steps of the recorded rollout; `loss_type="agrpo"` only). See `docs/estimators.md`.
         mc_samples (`int`, *optional*, defaults to `1`):
             Monte Carlo samples per sequence for `"elbo"` and `"coupled"` (an antithetic or coupled pair counts as one).
         antithetic (`bool`, *optional*, defaults to `True`):
             For `"elbo"`: also score the complement of each mask, so every token is scored once per pair (ESPO).
         p_mask_prompt (`float`, *optional*, defaults to `0.0`):
             Probability of masking each prompt token in the likelihood passes (d1 uses `0.15`).
+        step_samples (`int`, *optional*, defaults to `8`):
+            For the `"trajectory"` estimator (AGRPO): denoising steps sampled per sequence from its rollout.
+        step_sampling (`str`, *optional*, defaults to `"stratified"`):
+            How the `"trajectory"` estimator samples steps: `"stratified"` over the real steps, or `"entropy"`
+            (proportional to the entropy of the tokens revealed at each step, with importance weights).
         mc_batch_size (`int`, *optional*, defaults to `1`):
             Masked views stacked into one forward pass. Larger is faster on GPUs and uses more memory.
         independent_mc_noise (`bool`, *optional*, defaults to `False`):
@@ -98,6 +111,12 @@ class DiffusionGRPOConfig(GRPOConfig):
     generation_chunk_size: int | None = field(
         default=None, metadata={"help": "Rows per batched sampler call. None: the whole local generation batch."}
     )
+    confidence_threshold: float | None = field(
+        default=None, metadata={"help": "Threshold parallel decoding: commit every position above it, in (0, 1]."}
+    )
+    eos_early_exit: bool = field(
+        default=False, metadata={"help": "Finish a row once its first EOS is committed; fill the rest with EOS."}
+    )
     estimator: str = field(
         default="elbo", metadata={"help": "Likelihood estimator: mean_field, elbo or coupled."}
     )
@@ -107,6 +126,10 @@ class DiffusionGRPOConfig(GRPOConfig):
     )
     p_mask_prompt: float = field(
         default=0.0, metadata={"help": "Probability of masking each prompt token in likelihood passes (d1: 0.15)."}
+    )
+    step_samples: int = field(default=8, metadata={"help": "trajectory estimator: steps sampled per sequence."})
+    step_sampling: str = field(
+        default="stratified", metadata={"help": "trajectory estimator: stratified or entropy step sampling."}
     )
     mc_batch_size: int = field(default=1, metadata={"help": "Masked views stacked into one forward pass."})
     independent_mc_noise: bool = field(
@@ -137,6 +160,12 @@ class DiffusionGRPOConfig(GRPOConfig):
         self._check_estimation()
 
     @property
+    def records_trajectory(self) -> bool:
+        """Whether rollouts must record their trajectory (the objective replays denoising steps)."""
+        objective = OBJECTIVES.get(self.loss_type)
+        return bool(getattr(objective, "needs_trajectory", False))
+
+    @property
     def num_blocks(self) -> int:
         return self.max_completion_length // self.block_length
 
@@ -164,6 +193,8 @@ class DiffusionGRPOConfig(GRPOConfig):
             )
         if self.remasking not in REMASKING:
             raise ValueError(f"remasking={self.remasking!r} is not one of {sorted(REMASKING)}.")
+        if self.confidence_threshold is not None and not 0.0 < self.confidence_threshold <= 1.0:
+            raise ValueError(f"confidence_threshold={self.confidence_threshold} must be in (0, 1] or None.")
         if self.generation_chunk_size is not None and self.generation_chunk_size < 1:
             raise ValueError(f"generation_chunk_size={self.generation_chunk_size} must be >= 1 or None.")
 
@@ -178,6 +209,15 @@ class DiffusionGRPOConfig(GRPOConfig):
             raise ValueError(f"p_mask_prompt={self.p_mask_prompt} must be in [0, 1).")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"kl_estimator={self.kl_estimator!r} is not one of {list(KL_ESTIMATORS)}.")
+        if self.step_samples < 1:
+            raise ValueError(f"step_samples={self.step_samples} must be >= 1.")
+        if self.step_sampling not in ("stratified", "entropy"):
+            raise ValueError(f"step_sampling={self.step_sampling!r} is not one of ['stratified', 'entropy'].")
+        if self.estimator == "trajectory" and not self.records_trajectory:
+            raise ValueError(
+                f"estimator='trajectory' replays the rollout's denoising steps and only works with loss_type='agrpo' "
+                f"(got loss_type={self.loss_type!r}). Use loss_type='agrpo', or another estimator."
+            )
         if self.loss_type in OBJECTIVES:
             allowed = OBJECTIVES[self.loss_type].estimators
             if self.estimator not in allowed:

@@ -13,7 +13,7 @@ Only TRL's override points live here; the math is in `trl_dllm.core`. Overridden
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 from trl import GRPOTrainer
@@ -32,7 +32,8 @@ class _EstimationContext:
     """What TRL's likelihood hook cannot be given through its signature: the masks' seeds of this pass."""
 
     seeds: torch.Tensor  # (B,) int64
-    output: LikelihoodOutput | None = None  # filled by the hook, read back for logging
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)  # per-row estimator inputs, e.g. unmask_step (B, L)
+    output: LikelihoodOutput | None = None  # filled by the hook, read back for the objective and logging
 
 
 class DiffusionGRPOTrainer(GRPOTrainer):
@@ -67,7 +68,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         self.eos_token_ids = sorted(set(self.eos_token_ids) | set(self.model_spec.eos_token_ids))
         self._estimation_context: _EstimationContext | None = None
         self._deferring_scoring = False
-        self._pending_canvas: torch.Tensor | None = None
+        self._pending_rollout: dict[str, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------ generation
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -92,21 +93,18 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             self._dist.summon_full_params(self.model_wrapped, recurse=False),
         ):
             logits_fn = model_logits_fn(unwrapped_model, self.model_spec)
-            canvases, forwards = [], 0
-            for start in range(0, input_ids.size(0), chunk):
-                out = generate(
-                    logits_fn,
-                    input_ids[start : start + chunk],
-                    attention_mask[start : start + chunk],
-                    generator=noise,
-                    **self._sampling_options(),
-                )
-                canvases.append(out.completion_ids)
-                forwards += out.num_forwards
-        canvas = torch.cat(canvases)
+            outputs = [
+                generate(logits_fn, input_ids[start : start + chunk], attention_mask[start : start + chunk],
+                         generator=noise, **self._sampling_options())
+                for start in range(0, input_ids.size(0), chunk)
+            ]
+        canvas = torch.cat([out.completion_ids for out in outputs])
         mode = "train" if self.model.training else "eval"
+        forwards = sum(out.num_forwards for out in outputs)
         self._metrics[mode]["generation/forwards_per_token"].append(forwards / max(1, canvas.numel()))
-        self._pending_canvas = canvas
+        self._pending_rollout = {"completion_ids": canvas}
+        if self.args.records_trajectory:
+            self._pending_rollout["unmask_step"] = torch.cat([out.unmask_step for out in outputs])
         keep = self._completion_mask(canvas, upto_first_eos=True).bool().cpu()
         return [row[m].tolist() for row, m in zip(canvas.cpu(), keep)], None
 
@@ -117,10 +115,21 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             "gen_length": args.max_completion_length,
             "diffusion_steps": args.diffusion_steps,
             "block_length": args.block_length,
+            "remasking": args.remasking,
+            **self._sampling_distribution(),
+            "confidence_threshold": args.confidence_threshold,
+            "eos_token_ids": self.eos_token_ids,
+            "eos_early_exit": args.eos_early_exit,
+            "return_trajectory": args.records_trajectory,
+        }
+
+    def _sampling_distribution(self) -> dict:
+        """What defines the distribution tokens are sampled from: TRL's temperature / top-k / top-p, and CFG."""
+        args = self.args
+        return {
             "temperature": args.temperature,
             "top_k": args.top_k or None,
             "top_p": args.top_p if args.top_p is not None and args.top_p < 1.0 else None,
-            "remasking": args.remasking,
             "cfg_scale": args.cfg_scale,
         }
 
@@ -145,7 +154,10 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             output = super()._generate_and_score_completions(inputs)
         finally:
             self._deferring_scoring = False
-        canvas, self._pending_canvas = self._pending_canvas, None
+        rollout, self._pending_rollout = self._pending_rollout, None
+        canvas = rollout["completion_ids"]
+        if "unmask_step" in rollout:
+            output["unmask_step"] = rollout["unmask_step"]
         mask = self._completion_mask(canvas, upto_first_eos=not self.args.score_padding_eos)
         if self.mask_truncated_completions:
             has_eos = torch.isin(canvas, torch.tensor(self.eos_token_ids, device=canvas.device)).any(dim=1)
@@ -178,11 +190,11 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             for it in range(iterations):
                 seeds = output["mc_seeds"][:, it]
                 if need_old:
-                    with self._estimation(self._pass_seeds(seeds, salt=1)):
+                    with self._estimation(self._pass_seeds(seeds, salt=1), output):
                         olds.append(self._get_per_token_logps_and_entropies(
                             self.model, input_ids, attention_mask, width, batch_size)[0])
                 if self.beta != 0.0:
-                    with self._estimation(self._pass_seeds(seeds, salt=2)), self._reference_model() as ref:
+                    with self._estimation(self._pass_seeds(seeds, salt=2), output), self._reference_model() as ref:
                         refs.append(self._get_per_token_logps_and_entropies(
                             ref, input_ids, attention_mask, width, batch_size)[0])
         if olds:
@@ -208,9 +220,12 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         return torch.randint(0, 2**62, seeds.shape, device=seeds.device) + salt
 
     # ------------------------------------------------------------------ likelihood hook
+    ROW_INPUTS = ("unmask_step",)  # batch tensors the estimators read, beside the ids and masks
+
     @contextlib.contextmanager
-    def _estimation(self, seeds: torch.Tensor):
-        previous, self._estimation_context = self._estimation_context, _EstimationContext(seeds=seeds)
+    def _estimation(self, seeds: torch.Tensor, batch: dict | None = None):
+        rows = {k: batch[k] for k in self.ROW_INPUTS if batch is not None and k in batch}
+        previous, self._estimation_context = self._estimation_context, _EstimationContext(seeds=seeds, rows=rows)
         try:
             yield self._estimation_context
         finally:
@@ -246,10 +261,10 @@ class DiffusionGRPOTrainer(GRPOTrainer):
                     attention_mask[rows, prompt_length:],
                     mask_token_id=self.model_spec.mask_token_id,
                     seeds=context.seeds[rows],
+                    **{name: value[rows] for name, value in context.rows.items()},
                     **self._estimator_options(),
                 ))
-        context.output = LikelihoodOutput(*(torch.cat(parts) for parts in zip(*(
-            (o.logps, o.entropies, o.sample_estimates) for o in outputs))))
+        context.output = _concat_outputs(outputs)
         entropies = context.output.entropies if compute_entropy else None
         return context.output.logps, entropies, None
 
@@ -260,6 +275,9 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             "antithetic": args.antithetic,
             "p_mask_prompt": args.p_mask_prompt,
             "mc_batch_size": args.mc_batch_size,
+            "step_samples": args.step_samples,
+            "step_sampling": args.step_sampling,
+            **self._sampling_distribution(),  # the trajectory estimator replays the rollout's distribution
         }
 
     # ------------------------------------------------------------------ loss
@@ -276,7 +294,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         if self.loss_type not in OBJECTIVES:
             inputs = {**inputs, "old_per_token_logps": old, "ref_per_token_logps": ref}
             inputs = {k: v for k, v in inputs.items() if v is not None}
-            with self._estimation(seeds) as context:
+            with self._estimation(seeds, inputs) as context:
                 loss = super()._compute_loss(model, inputs)
             self._log_estimation(context, old, inputs["completion_mask"])
             return loss
@@ -286,7 +304,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         completion_ids, mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], mask], dim=1)
-        with self._estimation(seeds) as context:
+        with self._estimation(seeds, inputs) as context:
             logps, entropies, _ = self._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True)
         objective = OBJECTIVES[self.loss_type]
@@ -303,6 +321,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             clip_high=self.args.stabledrl_clip_high,
             beta=self.beta,
             kl_estimator=self.args.kl_estimator,
+            step_weights=getattr(context.output, "step_weights", None),
         )
         mode = "train" if self.model.training else "eval"
         for name, value in out.metrics.items():
@@ -331,3 +350,9 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             self._log_scalar("ratio/mean", ratio.mean())
             self._log_scalar("ratio/std", ratio.std() if ratio.numel() > 1 else torch.zeros(()))
             self._log_scalar("ratio/max", ratio.max())
+
+
+def _concat_outputs(outputs: list[LikelihoodOutput]) -> LikelihoodOutput:
+    """Concatenate row chunks of an estimator's output (any `LikelihoodOutput` subclass) along the batch."""
+    first = outputs[0]
+    return type(first)(**{f.name: torch.cat([getattr(o, f.name) for o in outputs]) for f in fields(first)})
