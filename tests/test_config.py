@@ -42,10 +42,17 @@ def test_defaults_span_the_completion():
         (dict(estimator="exact"), r"estimator='exact' is not one of"),
         (dict(loss_type="ppo"), r"loss_type='ppo' is unknown"),
         (dict(remasking="best"), r"remasking='best' is not one of"),
-        (dict(kl_estimator="k4"), r"kl_estimator='k4'"),
+        (dict(kl_estimator="k4"), r"kl_estimator=.k4."),
         (dict(stabledrl_clip_low=2.0, stabledrl_clip_high=1.0), r"stabledrl_clip_low < stabledrl_clip_high"),
         (dict(p_mask_prompt=1.0), r"p_mask_prompt=1.0 must be in \[0, 1\)"),
         (dict(max_completion_length=None), r"max_completion_length=None"),
+        (dict(loss_type="agrpo", estimator="elbo"), r"loss_type='agrpo' cannot use estimator='elbo'"),
+        (dict(loss_type="stabledrl", estimator="trajectory"), r"estimator='trajectory' .* loss_type='agrpo'"),
+        (dict(loss_type="bnpo", estimator="trajectory"), r"estimator='trajectory' .* loss_type='agrpo'"),
+        (dict(confidence_threshold=0.0), r"confidence_threshold=0.0 must be in \(0, 1\]"),
+        (dict(confidence_threshold=1.5), r"confidence_threshold=1.5 must be in \(0, 1\]"),
+        (dict(step_samples=0), r"step_samples=0 must be >= 1"),
+        (dict(step_sampling="uniform"), r"step_sampling='uniform'"),
     ],
 )
 def test_bad_input_raises_clear_error(kwargs, pattern):

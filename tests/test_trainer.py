@@ -145,3 +145,36 @@ def test_model_instance_and_default_config(tmp_path, tiny_model_path):
                                    train_dataset=make_dataset(4))
     trainer.train()
     assert any("loss" in log for log in trainer.state.log_history)
+
+
+@pytest.mark.parametrize("num_iterations", [1, 2])
+def test_agrpo_trains_on_recorded_trajectories(tmp_path, tiny_model_path, num_iterations):
+    args = make_args(tmp_path, loss_type="agrpo", estimator="trajectory", step_samples=2, num_iterations=num_iterations)
+    trainer = DiffusionGRPOTrainer(
+        model=tiny_model_path, reward_funcs=distinct_tokens_reward, args=args, train_dataset=make_dataset()
+    )
+    history = train_and_check(trainer)
+    first = next(log for log in history if "ratio/max" in log)
+    assert first["ratio/max"] == pytest.approx(1.0) and first["ratio/min"] == pytest.approx(1.0)
+
+
+def test_fast_rollout_options_train(tmp_path, tiny_model_path):
+    args = make_args(tmp_path, loss_type="stabledrl", confidence_threshold=0.5, eos_early_exit=True)
+    trainer = DiffusionGRPOTrainer(
+        model=tiny_model_path, reward_funcs=distinct_tokens_reward, args=args, train_dataset=make_dataset()
+    )
+    history = train_and_check(trainer)
+    assert any("generation/forwards_per_token" in log for log in history)
+
+
+def test_agrpo_entropy_step_sampling(tmp_path, tiny_model_path):
+    args = make_args(tmp_path, loss_type="agrpo", estimator="trajectory", step_samples=2, step_sampling="entropy",
+                     num_iterations=2, max_steps=1)
+    trainer = DiffusionGRPOTrainer(
+        model=tiny_model_path, reward_funcs=distinct_tokens_reward, args=args, train_dataset=make_dataset()
+    )
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([{"prompt": "add 1 and 2 ."}] * 3)
+    revealed = batch["unmask_step"] >= 0
+    assert (batch["token_entropies"][revealed] > 0).all() and (batch["token_entropies"][~revealed] == 0).all()
+    train_and_check(trainer)

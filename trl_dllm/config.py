@@ -84,9 +84,10 @@ class DiffusionGRPOConfig(GRPOConfig):
             Lower bound of StableDRL's unconditional ratio clip. `0` clips only above, as the authors' code does.
         stabledrl_clip_high (`float`, *optional*, defaults to `5.0`):
             Upper bound of StableDRL's unconditional ratio clip (the authors' code uses 5).
-        kl_estimator (`str`, *optional*, defaults to `"k2"`):
-            Sequence-level KL estimator of the `"espo"` and `"stabledrl"` objectives: `"k1"`, `"k2"` (ESPO's choice,
-            `½(S - S_ref)²`) or `"k3"`. TRL's own loss types keep TRL's per-token `k3`.
+        kl_estimator (`str` or `None`, *optional*, defaults to `None`):
+            KL estimator of the diffusion objectives: `"k1"`, `"k2"` (`½(S - S_ref)²`) or `"k3"`. `None` takes each
+            objective's own: `k2` at sequence level for `"espo"` and `"stabledrl"` (ESPO's choice), per-token `k3` for
+            `"agrpo"` (AGRPO's code). TRL's own loss types keep TRL's per-token `k3`.
     """
 
     mask_token_id: int | None = field(
@@ -145,8 +146,9 @@ class DiffusionGRPOConfig(GRPOConfig):
     stabledrl_clip_high: float = field(
         default=5.0, metadata={"help": "StableDRL: upper bound of the unconditional ratio clip."}
     )
-    kl_estimator: str = field(
-        default="k2", metadata={"help": "Sequence-level KL estimator for espo/stabledrl: k1, k2 or k3."}
+    kl_estimator: str | None = field(
+        default=None,
+        metadata={"help": "KL estimator of espo/stabledrl/agrpo: k1, k2 or k3. None: the objective's own (k2; agrpo k3)."},
     )
 
     def __post_init__(self):
@@ -207,7 +209,7 @@ class DiffusionGRPOConfig(GRPOConfig):
             raise ValueError(f"mc_batch_size={self.mc_batch_size} must be >= 1.")
         if not 0.0 <= self.p_mask_prompt < 1.0:
             raise ValueError(f"p_mask_prompt={self.p_mask_prompt} must be in [0, 1).")
-        if self.kl_estimator not in KL_ESTIMATORS:
+        if self.kl_estimator is not None and self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"kl_estimator={self.kl_estimator!r} is not one of {list(KL_ESTIMATORS)}.")
         if self.step_samples < 1:
             raise ValueError(f"step_samples={self.step_samples} must be >= 1.")

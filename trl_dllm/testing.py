@@ -140,3 +140,46 @@ def save_tiny_dllm(path: str | os.PathLike, *, extra_words: Sequence[str] = (), 
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+# --- Block-diffusion (block-causal) tiny model ---
+
+
+def build_tiny_block_model(
+    tokenizer: PreTrainedTokenizerFast, block_length: int = 4, **model_kwargs
+) -> PreTrainedModel:
+    """A tiny block-diffusion model: :func:`build_tiny_model` marked as a block-causal family.
+
+    The config records ``dllm_family="block"`` and ``block_length``, so :func:`trl_dllm.models.resolve_model_spec`
+    returns the `"block"` spec; ``model_type`` stays the architecture's (`"llama"` / `"qwen3"`), so it loads with
+    ``AutoModelForCausalLM`` and no remote code. ``is_causal`` is left ``True`` (like the autoregressive checkpoints
+    SDAR / TraDo start from): the library drives it with explicit 4-D block-causal masks
+    (:func:`trl_dllm.core.masks.block_causal_mask`), and a plain 2-D call is causal.
+
+    Args:
+        tokenizer (`PreTrainedTokenizerFast`): as for :func:`build_tiny_model`.
+        block_length (`int`): native block size, saved as ``config.block_length``.
+        **model_kwargs: passed to :func:`build_tiny_model` (size, seed, architecture).
+    """
+    if block_length < 1:
+        raise ValueError(f"block_length must be >= 1, got {block_length}.")
+    model = build_tiny_model(tokenizer, **model_kwargs)
+    model.config.is_causal = True  # read at every forward by transformers' mask creation
+    model.config.dllm_family = "block"  # the marker of trl_dllm.models.specs.MARKED_SPECS
+    model.config.block_length = block_length
+    return model
+
+
+def save_tiny_block_dllm(
+    path: str | os.PathLike, block_length: int = 4, *, extra_words: Sequence[str] = (), **model_kwargs
+) -> str:
+    """Build :func:`build_tokenizer` + :func:`build_tiny_block_model` and ``save_pretrained`` both to ``path``.
+
+    ``AutoModelForCausalLM.from_pretrained(path)`` gives back the same model with ``config.dllm_family == "block"``
+    and ``config.block_length``. Returns ``str(path)``.
+    """
+    tokenizer = build_tokenizer(extra_words)
+    model = build_tiny_block_model(tokenizer, block_length, **model_kwargs)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

@@ -24,6 +24,7 @@ from .config import DiffusionGRPOConfig
 from .core.likelihood import LikelihoodOutput, estimate
 from .core.objectives import OBJECTIVES
 from .core.sampling import generate
+from .core.trajectory import trajectory_entropies
 from .models import make_bidirectional, model_logits_fn, resolve_model_spec
 
 
@@ -158,6 +159,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         canvas = rollout["completion_ids"]
         if "unmask_step" in rollout:
             output["unmask_step"] = rollout["unmask_step"]
+            if self.args.step_sampling == "entropy":
+                output["token_entropies"] = self._rollout_entropies(output)
         mask = self._completion_mask(canvas, upto_first_eos=not self.args.score_padding_eos)
         if self.mask_truncated_completions:
             has_eos = torch.isin(canvas, torch.tensor(self.eos_token_ids, device=canvas.device)).any(dim=1)
@@ -173,6 +176,20 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         output["mc_seeds"] = torch.randint(0, 2**62, (batch, iterations), device=canvas.device)
         self._add_old_and_ref_estimates(output, iterations)
         return output
+
+    @torch.no_grad()
+    def _rollout_entropies(self, output: dict) -> torch.Tensor:
+        """(B, L) entropy of the sampling distribution at each revealed token, for entropy-weighted step sampling
+        (one replay of every step: as many forwards as the rollout)."""
+        return trajectory_entropies(
+            model_logits_fn(self.model, self.model_spec),
+            output["prompt_ids"],
+            output["prompt_mask"],
+            output["completion_ids"],
+            mask_token_id=self.model_spec.mask_token_id,
+            unmask_step=output["unmask_step"],
+            **self._sampling_distribution(),
+        )
 
     def _add_old_and_ref_estimates(self, output: dict, iterations: int) -> None:
         """`old_logps` / `ref_logps` of shape (B, iterations, L), one slice per inner iteration."""
@@ -220,7 +237,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         return torch.randint(0, 2**62, seeds.shape, device=seeds.device) + salt
 
     # ------------------------------------------------------------------ likelihood hook
-    ROW_INPUTS = ("unmask_step",)  # batch tensors the estimators read, beside the ids and masks
+    ROW_INPUTS = ("unmask_step", "token_entropies")  # batch tensors the estimators read, beside the ids and masks
 
     @contextlib.contextmanager
     def _estimation(self, seeds: torch.Tensor, batch: dict | None = None):
@@ -320,8 +337,9 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             clip_low=self.args.stabledrl_clip_low,
             clip_high=self.args.stabledrl_clip_high,
             beta=self.beta,
-            kl_estimator=self.args.kl_estimator,
             step_weights=getattr(context.output, "step_weights", None),
+            num_steps=getattr(context.output, "num_steps", None),
+            **({"kl_estimator": self.args.kl_estimator} if self.args.kl_estimator else {}),
         )
         mode = "train" if self.model.training else "eval"
         for name, value in out.metrics.items():

@@ -305,6 +305,140 @@ def test_confidences_by_hand():
     assert random.shape == (1, 1) and 0 <= random.item() < 1
 
 
+# ---------------------------------------------------------------------------------------------------- threshold decoding
+
+
+def peaked(scale=10.0):
+    """A toy whose logits are ``scale`` times sharper: most positions are predicted with probability ~1."""
+    fn = ToyDenoiser()
+    fn.out = fn.out * scale
+    return fn
+
+
+@pytest.mark.parametrize("remasking", ["low_confidence", "margin", "random"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_threshold_one_is_one_token_per_step(remasking, temperature):
+    # No confidence exceeds 1 (strict >), so tau = 1 commits only the most confident position: the schedule with
+    # diffusion_steps = gen_length. Same draws in the same order, so identical outputs, even on a peaked model.
+    kw = dict(remasking=remasking, temperature=temperature)
+    scheduled = run(peaked(), diffusion_steps=8, generator=torch.Generator().manual_seed(0), **kw)
+    fn = peaked()
+    threshold = run(fn, diffusion_steps=2, confidence_threshold=1.0, generator=torch.Generator().manual_seed(0), **kw)
+    assert torch.equal(threshold.sequences, scheduled.sequences)
+    assert torch.equal(threshold.unmask_step, scheduled.unmask_step)
+    assert torch.equal(threshold.logprobs, scheduled.logprobs)
+    assert threshold.num_forwards == scheduled.num_forwards == len(fn.calls) == 8
+    assert threshold.forwards_per_token == 1.0
+
+
+@pytest.mark.parametrize("threshold", [0.3, 0.9])
+def test_threshold_commits_every_position_above_and_at_least_one(threshold):
+    fn = peaked(3.0)
+    out = run(fn, confidence_threshold=threshold)
+    assert out.num_forwards == len(fn.calls) and not (out.completion_ids == MASK).any()
+    for step, (ids, mask, positions) in enumerate(fn.calls):
+        # rows whose block is full are not forwarded: find the forwarded rows by their (distinct) prompts
+        rows = [int((prompts() == row[:4]).all(-1).nonzero()) for row in ids]
+        prob = torch.softmax(fn.compute(ids, mask, positions).index_fill(-1, torch.tensor([MASK]), -math.inf), -1)
+        confidence = prob.max(-1).values  # greedy: the probability of the sampled token
+        masked = ids[:, positions] == MASK
+        scores = confidence.masked_fill(~masked, -1.0)
+        best = torch.zeros_like(masked).scatter_(-1, scores.argmax(-1, keepdim=True), True)
+        expected = ((confidence > threshold) | best) & masked
+        window = slice(int(positions[0]) - 4, int(positions[-1]) - 3)
+        assert torch.equal(out.unmask_step[rows, window] == step, expected)  # steps numbered by a running counter
+        assert (out.unmask_step[:, window] == step).sum() == expected.sum()  # nothing committed in the other rows
+
+
+def test_lower_threshold_makes_fewer_forwards_on_a_peaked_model():
+    forwards = {tau: run(peaked(), confidence_threshold=tau) for tau in (1.0, 0.99, 0.9, 0.5)}
+    counts = [out.num_forwards for out in forwards.values()]
+    assert counts[0] == 8 and counts == sorted(counts, reverse=True) and counts[-1] < counts[0]
+    for out in forwards.values():
+        assert not (out.completion_ids == MASK).any()
+        assert sorted(out.unmask_step.unique().tolist()) == list(range(out.num_forwards))
+        assert out.forwards_per_token <= out.num_forwards / 8  # rows with a full block wait without a forward
+    assert forwards[0.5].forwards_per_token < 1.0
+
+
+def test_threshold_terminates_when_nothing_is_confident():
+    def flat(input_ids, attention_mask=None, positions=None):
+        return torch.zeros(input_ids.shape[0], len(positions), VOCAB)
+
+    out = run(flat, confidence_threshold=0.5)
+    assert out.num_forwards == 8 and not (out.completion_ids == MASK).any()  # one per step, each block ends full
+
+
+# ---------------------------------------------------------------------------------------------------- EOS early exit
+
+EOS, OTHER_EOS = 1, 12
+
+
+class EosToy(ToyDenoiser):
+    """Prefers EOS (by far) at every completion index ``>= k`` and never predicts it before; ``k`` is the row's first
+    prompt token. The tail after ``k`` is therefore EOS with or without early exit. Never predicts ``OTHER_EOS``."""
+
+    def compute(self, input_ids, attention_mask=None, positions=None):
+        logits = super().compute(input_ids, attention_mask, positions)
+        tail = (positions[None, :] - 4) >= input_ids[:, :1]  # prompt length 4
+        logits[..., EOS] = torch.where(tail, 100.0, -100.0)
+        logits[..., OTHER_EOS] = -100.0
+        return logits
+
+
+def eos_prompts(ks=(2, 5, 6)):
+    ids = prompts(len(ks))
+    ids[:, 0] = torch.tensor(ks)
+    return ids
+
+
+@pytest.mark.parametrize("threshold", [None, 0.9])
+def test_eos_early_exit_equals_full_run_with_fewer_forwards(threshold):
+    # 12 tokens in 3 blocks of 4, one token per step. Row k=2 is finished after block 0, rows k=5, 6 after block 1:
+    # the rest is filled. Row forwards: 4 + 8 + 8 = 20 instead of 36, calls 8 instead of 12.
+    ids, attention_mask = eos_prompts(), torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1]])
+    kw = dict(gen_length=12, block_length=4, diffusion_steps=12, confidence_threshold=threshold)
+    full = run(EosToy(), ids, attention_mask, **kw)
+    fn = EosToy()
+    fast = run(fn, ids, attention_mask, eos_token_ids=[EOS, OTHER_EOS], eos_early_exit=True, **kw)
+    assert torch.equal(fast.sequences, full.sequences)
+    filled = torch.arange(12)[None, :] >= torch.tensor([[4], [8], [8]])
+    assert torch.equal(fast.unmask_step == -1, filled) and (fast.logprobs[filled] == 0).all()
+    assert torch.equal(fast.unmask_step[~filled], full.unmask_step[~filled])
+    assert torch.equal(fast.logprobs[~filled], full.logprobs[~filled])
+    assert (full.unmask_step >= 0).all()
+    if threshold is None:
+        assert (full.num_forwards, full.num_row_forwards) == (12, 36)
+        assert (fast.num_forwards, fast.num_row_forwards) == (8, 20)
+    assert fast.num_forwards == len(fn.calls) < full.num_forwards
+    assert fast.num_row_forwards == sum(ids.shape[0] for ids, _, _ in fn.calls) < full.num_row_forwards
+    assert all(ids.shape[0] == 2 for ids, _, _ in fn.calls[4:])  # row 0 is no longer forwarded
+
+
+def test_eos_early_exit_fills_with_the_first_eos_id_and_waits_for_the_prefix():
+    # EOS committed at index 2 while index 0 or 1 is still masked does not finish the row.
+    ids = eos_prompts((2,))
+    out = run(
+        EosToy(), ids, gen_length=12, block_length=12, diffusion_steps=12, eos_token_ids=[EOS], eos_early_exit=True
+    )
+    assert out.completion_ids[0, 2:].eq(EOS).all() and out.num_forwards == 12  # tail committed before the prefix
+    out = run(
+        EosToy(),
+        ids,
+        gen_length=12,
+        block_length=4,
+        diffusion_steps=12,
+        eos_token_ids=[OTHER_EOS, EOS],
+        eos_early_exit=True,
+    )
+    assert out.completion_ids[0, 4:].eq(OTHER_EOS).all() and out.num_forwards == 4  # filled with eos_token_ids[0]
+
+
+def test_forwards_per_token_counts_row_forwards():
+    assert run(ToyDenoiser(), diffusion_steps=4).forwards_per_token == 0.5  # 2 tokens per step
+    assert run(ToyDenoiser(), diffusion_steps=8).forwards_per_token == 1.0
+
+
 # ---------------------------------------------------------------------------------------------------- validation
 
 
@@ -320,6 +454,11 @@ def test_confidences_by_hand():
         (dict(top_p=0.0), r"top_p"),
         (dict(top_k=0), r"top_k"),
         (dict(temperature=-1.0), r"temperature"),
+        (dict(confidence_threshold=0.0), r"confidence_threshold must be in \(0, 1\]"),
+        (dict(confidence_threshold=1.5), r"confidence_threshold must be in \(0, 1\]"),
+        (dict(confidence_threshold=-0.1), r"confidence_threshold must be in \(0, 1\]"),
+        (dict(confidence_threshold=0.9, remasking="entropy"), r"remasking='entropy'"),
+        (dict(eos_early_exit=True), r"eos_early_exit=True needs eos_token_ids"),
     ],
 )
 def test_bad_arguments_raise(kwargs, match):

@@ -315,7 +315,14 @@ def coupled(
     )
 
 
-ESTIMATORS: dict[str, Callable[..., LikelihoodOutput]] = {"mean_field": mean_field, "elbo": elbo, "coupled": coupled}
+from .trajectory import trajectory  # noqa: E402  (here, not at the top: trajectory.py subclasses LikelihoodOutput)
+
+ESTIMATORS: dict[str, Callable[..., LikelihoodOutput]] = {
+    "mean_field": mean_field,
+    "elbo": elbo,
+    "coupled": coupled,
+    "trajectory": trajectory,
+}
 
 
 def estimate(name: str, logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, **options) -> LikelihoodOutput:

@@ -120,3 +120,78 @@ def prompt_noise_masks(
 def apply_mask(input_ids: torch.Tensor, masked: torch.Tensor, mask_token_id: int) -> torch.Tensor:
     """Return ``input_ids`` with the positions where ``masked`` is ``True`` replaced by ``mask_token_id``."""
     return torch.where(masked, torch.full_like(input_ids, mask_token_id), input_ids)
+
+
+# --- Block-causal attention (block-diffusion models: SDAR / TraDo / Fast-dLLM v2) ---
+
+
+def block_ids(seq_len: int, block_length: int, prefix_len: int = 0, *, device=None) -> torch.Tensor:
+    """Block index of every position: ``0`` for the prefix (the prompt, one block), ``1 + (i - P) // block_length``
+    after it.
+
+    Args:
+        seq_len (`int`): ``N``, prefix included.
+        block_length (`int`): completion block size; the last block may be shorter.
+        prefix_len (`int`): ``P``, length of the (left-padded) prompt.
+
+    Returns:
+        `torch.LongTensor` of shape `(N,)`.
+    """
+    if block_length < 1 or not 0 <= prefix_len <= seq_len:
+        raise ValueError(f"Need block_length >= 1 and 0 <= prefix_len <= seq_len, got {block_length}, {prefix_len}.")
+    positions = torch.arange(seq_len, device=device)
+    completion_block = 1 + (positions - prefix_len).div(block_length, rounding_mode="floor")
+    return torch.where(positions < prefix_len, 0, completion_block)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A boolean "may attend" mask as the additive float mask transformers expects: ``0`` allowed, ``-inf`` blocked.
+
+    Pass custom 4-D masks to Hugging Face models in this form: in transformers 5.23 a boolean 4-D mask is honoured by
+    `sdpa` but silently mis-applied by `eager` attention (added as 0 / 1 to the scores).
+    """
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+
+
+def block_causal_mask(
+    seq_len: int,
+    block_length: int,
+    prefix_len: int = 0,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    query_start: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device=None,
+) -> torch.Tensor:
+    """Additive 4-D block-causal attention mask: causal across blocks, bidirectional inside a block.
+
+    Convention (SDAR / TraDo): the prompt prefix ``[0, P)`` is one block that attends the whole prompt; completion
+    block ``b`` attends the prompt and completion blocks ``<= b``. So query ``i`` may attend key ``j`` iff
+    ``block_ids[j] <= block_ids[i]`` (:func:`block_ids`) and ``j`` is not padding. Every position always attends
+    itself, so no row is fully blocked (a padding query would otherwise produce NaNs that leak through the values).
+
+    Args:
+        seq_len (`int`): ``N``, prompt included.
+        block_length (`int`): completion block size.
+        prefix_len (`int`): ``P``, prompt length (padding included).
+        attention_mask (`torch.Tensor` of shape `(B, N)`, *optional*): 2-D padding mask (1 = token, 0 = padding);
+            padding keys are blocked.
+        query_start (`int`): return only the rows of queries ``query_start .. N - 1`` (a KV-cache step whose first
+            ``query_start`` positions are cached).
+        dtype (`torch.dtype`): dtype of the model's attention scores (e.g. `torch.bfloat16`).
+        device: device of the mask (defaults to that of ``attention_mask``).
+
+    Returns:
+        `torch.Tensor` of shape `(B or 1, 1, N - query_start, N)`: ``0`` allowed, ``-inf`` blocked.
+    """
+    if device is None and attention_mask is not None:
+        device = attention_mask.device
+    ids = block_ids(seq_len, block_length, prefix_len, device=device)
+    queries = torch.arange(query_start, seq_len, device=device)
+    allowed = ids[None, :] <= ids[queries, None]  # (Q, N)
+    if attention_mask is not None:
+        if attention_mask.shape[-1] != seq_len:
+            raise ValueError(f"attention_mask has {attention_mask.shape[-1]} positions, expected seq_len={seq_len}.")
+        allowed = allowed[None] & attention_mask.bool()[:, None, :]  # (B, Q, N)
+    itself = queries[:, None] == torch.arange(seq_len, device=device)[None, :]
+    return additive_mask((allowed | itself).reshape(-1, 1, len(queries), seq_len), dtype)

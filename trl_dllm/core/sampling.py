@@ -2,23 +2,34 @@
 
 The canvas starts as ``[left-padded prompt ; [MASK] * gen_length]``. The completion is split into ``num_blocks`` blocks
 of ``block_length`` tokens decoded left to right (semi-autoregressive decoding, LLaDA §2.4 / App. B.3); inside a block,
-each of ``steps_per_block`` steps predicts every position of the block, samples a token for each, scores each masked
-position with a *remasking* confidence and commits the most confident ones. Committed tokens are never changed.
+each step predicts every position of the block, samples a token for each, scores each masked position with a
+*remasking* confidence and commits the most confident ones (a scheduled count, or every one above a threshold).
+Committed tokens are never changed.
 
 Only the current block can be committed, so logits, softmax and noise are computed on the block's positions alone
-(``positions`` of the logits function), never on the whole canvas.
+(``positions`` of the logits function), never on the whole canvas. The step loop (:func:`_decode_blocks`) takes the
+block logits from a *source*, so block-causal models with a KV cache (:mod:`trl_dllm.core.block_sampling`) reuse it.
 
 See ``docs/generation.md`` for the options, formulas and trajectory fields.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from trl_dllm.core.logits import LogitsFn, as_logits_fn
+from trl_dllm.core.remasking import (
+    REMASKING,
+    filter_logits,
+    sample_tokens,
+    sampling_log_probs,
+    select_above,
+    select_top,
+    transfer_schedule,
+)
 
 __all__ = [
     "REMASKING",
@@ -33,7 +44,7 @@ __all__ = [
 
 @dataclass
 class GenerationOutput:
-    """Result of :func:`generate`.
+    """Result of :func:`generate` and :func:`~trl_dllm.core.block_sampling.generate_block_causal`.
 
     Args:
         sequences (`torch.LongTensor` of shape `(B, P + L)`):
@@ -41,15 +52,21 @@ class GenerationOutput:
         completion_ids (`torch.LongTensor` of shape `(B, L)`):
             The completion, ``sequences[:, P:]``.
         unmask_step (`torch.LongTensor` of shape `(B, L)` or `None`):
-            Global step index (0-based, counted over all blocks: ``block * steps_per_block + step``) at which each
-            completion token was committed. Only when ``return_trajectory=True``.
+            Global step index (0-based, counted over all blocks) at which each completion token was committed:
+            ``block * steps_per_block + step`` with the schedule; the running count of forward steps with threshold
+            decoding. ``-1`` on positions filled by EOS early exit (never sampled). Only when
+            ``return_trajectory=True``.
         logprobs (`torch.FloatTensor` of shape `(B, L)` or `None`):
             Log-probability (float32) of each committed token under the distribution it was sampled from (CFG,
-            mask-token suppression, temperature, top-k, top-p applied; see :func:`sampling_log_probs`). Only when
-            ``return_trajectory=True``.
+            mask-token suppression, temperature, top-k, top-p applied; see :func:`sampling_log_probs`); ``0`` on
+            EOS-filled positions. Only when ``return_trajectory=True``.
         num_forwards (`int`):
             Number of calls of the logits function. With classifier-free guidance the conditional and unconditional
             canvases are batched into **one** call of ``2B`` rows, counted once.
+        num_row_forwards (`int`):
+            Sum over those calls of the number of rows whose logits were used (``B`` per call unless rows had nothing
+            to commit in the block or were finished by EOS early exit; CFG's copy is not counted). The KV-cache path
+            of block-causal generation also forwards unfinished rows that wait for the others; they are not counted.
     """
 
     sequences: torch.Tensor
@@ -57,162 +74,16 @@ class GenerationOutput:
     unmask_step: torch.Tensor | None
     logprobs: torch.Tensor | None
     num_forwards: int
+    num_row_forwards: int = 0
+
+    @property
+    def forwards_per_token(self) -> float:
+        """Row forwards per generated token, ``num_row_forwards / (B * L)``: ``1.0`` when every step commits one token
+        per row, ``1 / k`` when it commits ``k``; parallel decoding and early exit lower it."""
+        return self.num_row_forwards / max(1, self.completion_ids.numel())
 
 
-# --- Schedule ---
-
-
-def transfer_schedule(masked_count: torch.Tensor, steps: int) -> torch.Tensor:
-    """Number of tokens to commit at each step of a block: the masked count split evenly, remainder to the earliest.
-
-    ``n[b, s] = masked_count[b] // steps + (s < masked_count[b] % steps)``, so ``n[b].sum() == masked_count[b]``.
-    Example: 7 tokens over 3 steps gives ``[3, 2, 2]``.
-
-    Args:
-        masked_count (`torch.LongTensor` of shape `(B,)`): masked tokens of each row in the block.
-        steps (`int`): steps per block.
-
-    Returns:
-        `torch.LongTensor` of shape `(B, steps)`.
-    """
-    base = masked_count // steps
-    remainder = masked_count % steps
-    step = torch.arange(steps, device=masked_count.device)
-    return base[:, None] + (step[None, :] < remainder[:, None]).long()
-
-
-# --- The distribution sampled from ---
-
-
-def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
-    """Top-k then top-p (nucleus) filtering over the last dimension: removed entries are set to ``-inf``.
-
-    Top-k keeps exactly ``min(top_k, V)`` entries per row (ties broken by ``torch.topk``). Top-p keeps the smallest set
-    of highest-probability tokens whose mass reaches ``top_p``: token ``i`` (sorted by decreasing probability) is kept
-    iff the mass of the tokens before it is ``< top_p``, so the most likely token is always kept. Vectorised over
-    every leading dimension.
-
-    Args:
-        logits (`torch.Tensor` of shape `(..., V)`): unnormalised log-probabilities (already temperature-scaled:
-            top-p depends on the temperature).
-        top_k (`int`, *optional*): keep the ``top_k`` largest logits. ``None`` disables.
-        top_p (`float`, *optional*): nucleus mass in ``(0, 1]``. ``None`` or ``1.0`` disables.
-
-    Returns:
-        `torch.Tensor` of the same shape and dtype.
-    """
-    if top_k is not None and top_k < logits.shape[-1]:
-        keep = torch.zeros_like(logits, dtype=torch.bool)
-        keep.scatter_(-1, logits.topk(top_k, dim=-1).indices, True)
-        logits = logits.masked_fill(~keep, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs
-        remove_sorted = mass_before >= top_p
-        remove = torch.zeros_like(remove_sorted).scatter_(-1, order, remove_sorted)
-        logits = logits.masked_fill(remove, float("-inf"))
-    return logits
-
-
-def sampling_log_probs(
-    logits: torch.Tensor,
-    *,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    mask_token_id: int | None = None,
-) -> torch.Tensor:
-    """Log-probabilities of the distribution :func:`generate` samples from, given the (CFG-combined) logits.
-
-    ``log q = log_softmax(filter(z / T))`` with ``z`` the logits, ``z[mask_token_id] = -inf`` (the mask token is never
-    a valid output: committing it would leave a "committed" position that the model reads as masked), ``T`` the
-    temperature (``T = 0``: no scaling, and sampling is greedy) and ``filter`` top-k then top-p
-    (:func:`filter_logits`). Computed in float64 when ``T > 0`` (see :func:`sample_tokens`), float32 otherwise.
-    The likelihood estimators use this function to score trajectories under the rollout's own distribution.
-
-    Args:
-        logits (`torch.Tensor` of shape `(..., V)`): logits, any float dtype.
-        temperature (`float`): sampling temperature ``T >= 0``.
-        top_k (`int`, *optional*): top-k filter.
-        top_p (`float`, *optional*): top-p filter.
-        mask_token_id (`int`, *optional*): token whose probability is forced to 0.
-
-    Returns:
-        `torch.Tensor` of shape `(..., V)`, float64 if ``temperature > 0`` else float32.
-    """
-    z = logits.double() / temperature if temperature > 0 else logits.float().clone()  # a copy: written below
-    if mask_token_id is not None:
-        z[..., mask_token_id] = float("-inf")
-    return filter_logits(z, top_k, top_p).log_softmax(dim=-1)
-
-
-def sample_tokens(
-    log_probs: torch.Tensor, temperature: float, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """Draw one token per position: greedy at ``T = 0``, else Gumbel-max ``argmax(log q + g)``, ``g ~ Gumbel(0, 1)``.
-
-    ``log q`` already holds ``z / T`` up to a per-row constant, so this is ``argmax(z / T + g)``. Noise and sum are in
-    float64: with low-precision Gumbel noise, near-equal perturbed logits collapse to the same value and sampling
-    loses diversity (LLaDA's ``add_gumbel_noise``; Zheng et al. 2024, "Masked diffusion models are secretly
-    time-agnostic masked models and exploit inaccurate categorical sampling").
-
-    Args:
-        log_probs (`torch.Tensor` of shape `(..., V)`): from :func:`sampling_log_probs`.
-        temperature (`float`): ``0`` for greedy.
-        generator (`torch.Generator`, *optional*): source of the uniform noise; ``None`` uses the global RNG.
-
-    Returns:
-        `torch.LongTensor` of shape `(...)`.
-    """
-    if temperature <= 0:
-        return log_probs.argmax(dim=-1)
-    uniform = torch.rand(log_probs.shape, generator=generator, device=log_probs.device, dtype=torch.float64)
-    gumbel = uniform.clamp_(min=torch.finfo(torch.float64).tiny).log_().neg_().log_().neg_()  # -log(-log u)
-    return (log_probs.double() + gumbel).argmax(dim=-1)
-
-
-# --- Remasking strategies: confidence of each block position; the most confident masked positions are committed. ---
-# A strategy is ``fn(log_probs (B, K, V), tokens (B, K), generator) -> confidence (B, K)``.
-
-ConfidenceFn = Callable[[torch.Tensor, torch.Tensor, "torch.Generator | None"], torch.Tensor]
-
-
-def low_confidence(log_probs: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """``q(x̂_i)``: probability of the sampled token under the distribution sampled from (LLaDA's default)."""
-    return log_probs.gather(-1, tokens[..., None]).squeeze(-1).exp()
-
-
-def random_confidence(
-    log_probs: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator | None
-) -> torch.Tensor:
-    """``u_i ~ U(0, 1)``: commit positions in random order (the MDM reverse process taken literally)."""
-    return torch.rand(tokens.shape, generator=generator, device=tokens.device, dtype=torch.float64)
-
-
-def negative_entropy(log_probs: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """``Σ_v q_v log q_v = −H(q_i)``: commit the positions whose predictive distribution is the most peaked."""
-    probs = log_probs.exp()
-    return (probs * log_probs.masked_fill(probs == 0, 0.0)).sum(dim=-1)  # 0 · log 0 = 0 on filtered entries
-
-
-def margin_confidence(
-    log_probs: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator | None
-) -> torch.Tensor:
-    """``q_(1) − q_(2)``: gap between the two most likely tokens (Kim et al. 2025, top-probability margin)."""
-    top2 = log_probs.topk(2, dim=-1).values.exp()
-    return top2[..., 0] - top2[..., 1]
-
-
-REMASKING: dict[str, ConfidenceFn] = {
-    "low_confidence": low_confidence,
-    "random": random_confidence,
-    "entropy": negative_entropy,
-    "margin": margin_confidence,
-}
-
-
-# --- One denoising step ---
+# --- One denoising step: logits of the block -> sampled tokens -> positions to commit ---
 
 
 @dataclass(frozen=True)
@@ -222,14 +93,15 @@ class _Options:
     top_k: int | None
     top_p: float | None
     remasking: str
-    cfg_scale: float
+    cfg_scale: float = 0.0
+    confidence_threshold: float | None = None
 
 
 @dataclass
 class _StepResult:
-    tokens: torch.Tensor  # (B, K) sampled token at every block position
-    commit: torch.Tensor  # (B, K) bool, positions committed this step (a subset of the masked ones)
-    logprobs: torch.Tensor  # (B, K) float32, log q(tokens)
+    tokens: torch.Tensor  # (b, K) sampled token at every block position
+    commit: torch.Tensor  # (b, K) bool, positions committed this step (a subset of the masked ones)
+    logprobs: torch.Tensor  # (b, K) float32, log q(tokens)
 
 
 def _block_logits(
@@ -255,46 +127,136 @@ def _block_logits(
     return uncond + (opts.cfg_scale + 1) * (cond - uncond)
 
 
-def _select(confidence: torch.Tensor, masked: torch.Tensor, num_transfer: torch.Tensor) -> torch.Tensor:
-    """Bool `(B, K)`: the ``num_transfer[b]`` most confident masked positions of each row.
-
-    Unmasked positions get ``-inf``; masked ones are clamped to finite values so a ``-inf`` / NaN confidence can never
-    lose against an already committed position. ``num_transfer[b] <= masked[b].sum()`` is guaranteed by the schedule.
-    """
-    finite = confidence.double().nan_to_num(nan=-1e300, posinf=1e300, neginf=-1e300)
-    scores = finite.masked_fill(~masked, float("-inf"))
-    top = scores.topk(int(num_transfer.max()), dim=-1).indices
-    chosen = torch.arange(top.shape[-1], device=top.device)[None, :] < num_transfer[:, None]
-    return torch.zeros_like(masked).scatter_(-1, top, chosen) & masked
-
-
-def _denoise_step(
-    logits_fn: LogitsFn,
-    canvas: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    prompt_length: int,
-    positions: torch.Tensor,
+def _choose(
+    logits: torch.Tensor,
     masked: torch.Tensor,
-    num_transfer: torch.Tensor,
+    num_transfer: torch.Tensor | None,
     opts: _Options,
     generator: torch.Generator | None,
 ) -> _StepResult:
-    """Predict the block, sample a token per position, pick the positions to commit (does not modify ``canvas``)."""
-    logits = _block_logits(logits_fn, canvas, attention_mask, prompt_length, positions, opts)
+    """Sample a token per block position and pick the positions to commit: the ``num_transfer`` most confident, or
+    (threshold decoding, ``num_transfer is None``) those above ``opts.confidence_threshold``."""
     log_probs = sampling_log_probs(
         logits, temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, mask_token_id=opts.mask_token_id
     )
     tokens = sample_tokens(log_probs, opts.temperature, generator)
     confidence = REMASKING[opts.remasking](log_probs, tokens, generator)
-    commit = _select(confidence, masked, num_transfer)
+    if num_transfer is None:
+        commit = select_above(confidence, masked, opts.confidence_threshold)
+    else:
+        commit = select_top(confidence, masked, num_transfer)
     token_logprobs = log_probs.gather(-1, tokens[..., None]).squeeze(-1).float()
     return _StepResult(tokens=tokens, commit=commit, logprobs=token_logprobs)
+
+
+# --- The decoding loop, shared by `generate` and `block_sampling.generate_block_causal` ---
+
+Rows = slice | torch.Tensor  # all rows (``slice(None)``: views, no copies) or a LongTensor of row indices
+
+
+class _Rollout:
+    """Canvas, trajectory and forward counts of one generation call; the step loop mutates it in place."""
+
+    def __init__(self, input_ids, gen_length, mask_token_id, eos_token_ids=None, eos_early_exit=False):
+        batch, self.prompt_length = input_ids.shape
+        self.mask_token_id = mask_token_id
+        self.canvas = torch.cat([input_ids, input_ids.new_full((batch, gen_length), mask_token_id)], dim=1)
+        self.unmask_step = torch.full((batch, gen_length), -1, dtype=torch.long, device=input_ids.device)
+        self.logprobs = torch.zeros((batch, gen_length), dtype=torch.float32, device=input_ids.device)
+        self.eos = torch.tensor(list(eos_token_ids), device=input_ids.device) if eos_early_exit else None
+        self.num_forwards = self.num_row_forwards = 0
+
+    @property
+    def completion(self) -> torch.Tensor:
+        return self.canvas[:, self.prompt_length :]  # a view: writing it writes the canvas
+
+    def masked(self, start: int, end: int) -> torch.Tensor:
+        return self.completion[:, start:end] == self.mask_token_id
+
+    def commit(self, rows: Rows, start: int, end: int, result: _StepResult, step: int) -> None:
+        lo, hi = self.prompt_length + start, self.prompt_length + end
+        self.canvas[rows, lo:hi] = torch.where(result.commit, result.tokens, self.canvas[rows, lo:hi])
+        self.unmask_step[rows, start:end] = self.unmask_step[rows, start:end].masked_fill(result.commit, step)
+        self.logprobs[rows, start:end] = torch.where(result.commit, result.logprobs, self.logprobs[rows, start:end])
+
+    def exit_finished_rows(self) -> None:
+        """EOS early exit: a row whose first EOS is committed with nothing masked before it is finished; its masked
+        positions are filled with ``eos[0]`` (``unmask_step`` stays ``-1``, ``logprobs`` 0: nothing was sampled)."""
+        if self.eos is None:
+            return
+        completion = self.completion
+        length = completion.shape[1]
+        is_eos = torch.isin(completion, self.eos)
+        has_eos = is_eos.any(dim=1)
+        first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), length)  # argmax returns the first maximum
+        masked = completion == self.mask_token_id
+        before = torch.arange(length, device=completion.device)[None, :] < first_eos[:, None]
+        finished = has_eos & ~(masked & before).any(dim=1)
+        completion.masked_fill_(finished[:, None] & masked, int(self.eos[0]))
+
+    def output(self, return_trajectory: bool) -> GenerationOutput:
+        return GenerationOutput(
+            sequences=self.canvas,
+            completion_ids=self.completion,
+            unmask_step=self.unmask_step if return_trajectory else None,
+            logprobs=self.logprobs if return_trajectory else None,
+            num_forwards=self.num_forwards,
+            num_row_forwards=self.num_row_forwards,
+        )
+
+
+BlockLogits = Callable[[torch.Tensor, Rows, int, int], torch.Tensor]
+"""``source(canvas (B, N), rows, start, end) -> logits (b, end - start, V)`` for completion positions
+``[start, end)`` of the canvas rows ``rows``: the only part of the loop that differs between model kinds."""
+
+
+def _as_rows(active: torch.Tensor) -> Rows:
+    return slice(None) if bool(active.all()) else active.nonzero().squeeze(1)
+
+
+def _decode_blocks(
+    rollout: _Rollout,
+    source: BlockLogits,
+    opts: _Options,
+    block_length: int,
+    steps_per_block: int,
+    generator: torch.Generator | None,
+) -> None:
+    """Decode the completion block by block, left to right, until every position is committed.
+
+    Only rows with something to commit in the current block are forwarded. Scheduled decoding runs
+    ``steps_per_block`` steps per block and numbers them ``block * steps_per_block + step``; threshold decoding runs
+    until the block is full (each step commits at least one position per row, so at most ``block_length`` steps) and
+    numbers the steps by a running counter.
+    """
+    threshold = opts.confidence_threshold is not None
+    for start in range(0, rollout.completion.shape[1], block_length):
+        end = start + block_length
+        masked = rollout.masked(start, end)
+        schedule = transfer_schedule(masked.sum(dim=1), steps_per_block)
+        step = 0
+        while masked.any() and (threshold or step < steps_per_block):
+            num_transfer = None if threshold else torch.minimum(schedule[:, step], masked.sum(dim=1))
+            active = masked.any(dim=1) if threshold else num_transfer > 0
+            if active.any():
+                rows = _as_rows(active)
+                step_id = rollout.num_forwards if threshold else start // block_length * steps_per_block + step
+                logits = source(rollout.canvas, rows, start, end)
+                rollout.num_forwards += 1
+                rollout.num_row_forwards += logits.shape[0]
+                chosen = None if threshold else num_transfer[rows]
+                rollout.commit(rows, start, end, _choose(logits, masked[rows], chosen, opts, generator), step_id)
+                rollout.exit_finished_rows()
+                masked = rollout.masked(start, end)
+            step += 1
 
 
 # --- generate ---
 
 
-def _validate(gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking) -> tuple[int, int]:
+def _validate(
+    gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking, confidence_threshold=None
+) -> tuple[int, int]:
     """Check the arguments of :func:`generate`; return ``(num_blocks, steps_per_block)``."""
     for name, value in dict(gen_length=gen_length, block_length=block_length, diffusion_steps=diffusion_steps).items():
         if value < 1:
@@ -320,7 +282,20 @@ def _validate(gen_length, block_length, diffusion_steps, temperature, top_k, top
         raise ValueError(f"top_p must be in (0, 1] or None, got top_p={top_p}.")
     if remasking not in REMASKING:
         raise ValueError(f"Unknown remasking={remasking!r}; expected one of {sorted(REMASKING)}.")
+    if confidence_threshold is not None:
+        if not 0 < confidence_threshold <= 1:
+            raise ValueError(f"confidence_threshold must be in (0, 1] or None, got {confidence_threshold}.")
+        if remasking == "entropy":
+            raise ValueError(
+                "confidence_threshold needs a confidence in [0, 1], but remasking='entropy' scores -H <= 0: use "
+                "remasking='low_confidence' (Fast-dLLM) or 'margin' with threshold decoding."
+            )
     return num_blocks, diffusion_steps // num_blocks
+
+
+def _validate_eos(eos_token_ids, eos_early_exit) -> None:
+    if eos_early_exit and not eos_token_ids:
+        raise ValueError("eos_early_exit=True needs eos_token_ids (the ids that end a completion; the first fills).")
 
 
 @torch.no_grad()
@@ -338,6 +313,9 @@ def generate(
     top_p: float | None = None,
     remasking: str = "low_confidence",
     cfg_scale: float = 0.0,
+    confidence_threshold: float | None = None,
+    eos_token_ids: Sequence[int] | None = None,
+    eos_early_exit: bool = False,
     generator: torch.Generator | None = None,
     return_trajectory: bool = False,
 ) -> GenerationOutput:
@@ -351,9 +329,15 @@ def generate(
        computed with the prompt replaced by mask tokens;
     2. ``log q = log_softmax(filter(z / T))`` (:func:`sampling_log_probs`; mask token excluded);
     3. ``x̂ = argmax log q`` at ``T = 0``, else ``argmax(log q + Gumbel)`` in float64 (:func:`sample_tokens`);
-    4. confidence ``REMASKING[remasking](log q, x̂)`` on the masked block positions; commit the ``n_s`` highest.
+    4. confidence ``REMASKING[remasking](log q, x̂)`` on the masked block positions; commit the ``n_s`` highest —
+       or, with ``confidence_threshold = τ`` (Fast-dLLM parallel decoding), every masked position with confidence
+       ``> τ`` and at least the most confident one; the block then takes as many steps as it needs (``<=
+       block_length``) and ``diffusion_steps`` only has to pass validation.
 
-    Steps that commit nothing (``steps_per_block > block_length``) are skipped without a forward pass.
+    Steps that commit nothing (``steps_per_block > block_length``) are skipped without a forward pass. With
+    ``eos_early_exit``, a row is finished once its first EOS is committed and nothing before it is masked: its masked
+    positions are filled with ``eos_token_ids[0]`` and it is no longer forwarded (an approximation of the full
+    rollout, exact when the model would have decoded EOS there anyway; opt-in).
 
     Args:
         model (`nn.Module` or logits function): denoiser; modules are wrapped by
@@ -370,48 +354,31 @@ def generate(
         remasking (`str`): a key of :data:`REMASKING` — ``"low_confidence"``, ``"random"``, ``"entropy"``,
             ``"margin"``.
         cfg_scale (`float`): classifier-free guidance scale; ``0`` disables it (one forward per step).
+        confidence_threshold (`float`, *optional*): threshold ``τ ∈ (0, 1]`` of parallel decoding; ``None`` keeps
+            the schedule. ``τ = 1`` commits one token per step. Not with ``remasking="entropy"``.
+        eos_token_ids (`Sequence[int]`, *optional*): ids that end a completion; the first one fills finished rows.
+        eos_early_exit (`bool`): stop decoding rows that are finished (see above); needs ``eos_token_ids``.
         generator (`torch.Generator`, *optional*): source of all randomness; ``None`` uses the global RNG.
         return_trajectory (`bool`): also return ``unmask_step`` and ``logprobs``.
 
     Returns:
         [`GenerationOutput`].
     """
-    num_blocks, steps_per_block = _validate(
-        gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking
+    _, steps_per_block = _validate(
+        gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking, confidence_threshold
     )
-    opts = _Options(mask_token_id, temperature, top_k, top_p, remasking, cfg_scale)
+    _validate_eos(eos_token_ids, eos_early_exit)
+    opts = _Options(mask_token_id, temperature, top_k, top_p, remasking, cfg_scale, confidence_threshold)
     logits_fn = as_logits_fn(model)
-    batch, prompt_length = input_ids.shape
-    device = input_ids.device
-    canvas = torch.cat([input_ids, input_ids.new_full((batch, gen_length), mask_token_id)], dim=1)
+    rollout = _Rollout(input_ids, gen_length, mask_token_id, eos_token_ids, eos_early_exit)
+    prompt_length = input_ids.shape[1]
     if attention_mask is not None:
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, gen_length))], dim=1)
-    unmask_step = torch.full((batch, gen_length), -1, dtype=torch.long, device=device)
-    logprobs = torch.zeros((batch, gen_length), dtype=torch.float32, device=device)
-    num_forwards = 0
-    completion = canvas[:, prompt_length:]  # a view: writing it writes the canvas
-    for block in range(num_blocks):
-        start, end = block * block_length, (block + 1) * block_length
-        positions = torch.arange(prompt_length + start, prompt_length + end, device=device)
-        masked = completion[:, start:end] == mask_token_id  # all True: nothing of this block is committed yet
-        schedule = transfer_schedule(masked.sum(dim=1), steps_per_block)
-        for step in range(steps_per_block):
-            num_transfer = schedule[:, step]
-            if int(num_transfer.max()) == 0:
-                continue
-            result = _denoise_step(
-                logits_fn, canvas, attention_mask, prompt_length, positions, masked, num_transfer, opts, generator
-            )
-            num_forwards += 1
-            commit = result.commit
-            completion[:, start:end] = torch.where(commit, result.tokens, completion[:, start:end])
-            masked &= ~commit
-            unmask_step[:, start:end].masked_fill_(commit, block * steps_per_block + step)
-            logprobs[:, start:end] = torch.where(commit, result.logprobs, logprobs[:, start:end])
-    return GenerationOutput(
-        sequences=canvas,
-        completion_ids=completion,
-        unmask_step=unmask_step if return_trajectory else None,
-        logprobs=logprobs if return_trajectory else None,
-        num_forwards=num_forwards,
-    )
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(input_ids), gen_length))], dim=1)
+
+    def source(canvas, rows, start, end):
+        positions = torch.arange(prompt_length + start, prompt_length + end, device=canvas.device)
+        mask = None if attention_mask is None else attention_mask[rows]
+        return _block_logits(logits_fn, canvas[rows], mask, prompt_length, positions, opts)
+
+    _decode_blocks(rollout, source, opts, block_length, steps_per_block, generator)
+    return rollout.output(return_trajectory)

@@ -1,6 +1,8 @@
 """Model adapters: which mask id, EOS ids, logit shift and attention switch a model family needs.
 
-Known families live in one explicit dict, :data:`~trl_dllm.models.specs.MODEL_SPECS`, keyed by ``config.model_type``.
+Known families live in one explicit dict, :data:`~trl_dllm.models.specs.MODEL_SPECS`, keyed by ``config.model_type``;
+block-diffusion checkpoints on native architectures are marked by ``config.dllm_family``
+(:data:`~trl_dllm.models.specs.MARKED_SPECS`).
 Any other Hugging Face model is the `"generic"` family: it becomes a denoiser once its attention is bidirectional
 (:func:`make_bidirectional`) and it has a mask token. See ``docs/models.md``.
 """
@@ -15,11 +17,19 @@ from typing import Any
 from torch import nn
 
 from ..core.logits import LogitsFn, module_logits_fn
-from .specs import MODEL_SPECS, ModelSpec
+from .specs import FAMILY_MARKER, MARKED_SPECS, MODEL_SPECS, ModelSpec
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MODEL_SPECS", "ModelSpec", "make_bidirectional", "model_logits_fn", "resolve_model_spec"]
+__all__ = [
+    "MARKED_SPECS",
+    "MODEL_SPECS",
+    "ModelSpec",
+    "make_bidirectional",
+    "model_logits_fn",
+    "require_4d_mask",
+    "resolve_model_spec",
+]
 
 
 def _base_model(model: Any) -> Any:
@@ -102,6 +112,27 @@ def _generic_spec(model: Any) -> ModelSpec:
     )
 
 
+def _family_spec(model: Any) -> ModelSpec | None:
+    """The family spec of ``model``: by ``config.model_type`` (:data:`MODEL_SPECS`), else by the ``config.dllm_family``
+    marker (:data:`MARKED_SPECS`; block families take ``block_length`` from the config and ``logits_to_keep`` support
+    from the class), else `None` (generic)."""
+    config = model.config
+    family = MODEL_SPECS.get(getattr(config, "model_type", None))
+    marked = MARKED_SPECS.get(_config_value(config, FAMILY_MARKER))
+    if family is not None or marked is None:
+        return family
+    block_length = _config_value(config, "block_length")
+    if block_length is None or int(block_length) < 1:
+        raise ValueError(
+            f"{getattr(config, 'name_or_path', '') or type(model).__name__} is marked {FAMILY_MARKER}="
+            f"{_config_value(config, FAMILY_MARKER)!r} but its config has no valid `block_length` "
+            f"({block_length!r}): set `config.block_length` to the block size the model was trained with."
+        )
+    return replace(
+        marked, accepts_logits_to_keep=_generic_spec(model).accepts_logits_to_keep, block_length=int(block_length)
+    )
+
+
 def _missing_mask_error(model: Any) -> ValueError:
     config = model.config
     name = getattr(config, "name_or_path", None) or type(model).__name__
@@ -119,7 +150,9 @@ def _missing_mask_error(model: Any) -> ValueError:
 def resolve_model_spec(model: Any, tokenizer: Any = None, mask_token_id: int | None = None) -> ModelSpec:
     """Return the :class:`ModelSpec` of ``model`` with its mask id and EOS ids filled in.
 
-    The family comes from ``config.model_type`` (:data:`MODEL_SPECS`); any other model is `"generic"`.
+    The family comes from ``config.model_type`` (:data:`MODEL_SPECS`) or from the ``config.dllm_family`` marker
+    (:data:`MARKED_SPECS`: `"block"`, with ``block_length`` from ``config.block_length``); any other model is
+    `"generic"`.
 
     The mask id is the first one found among: the ``mask_token_id`` argument, ``model.config.mask_token_id``, the
     family default, ``tokenizer.mask_token_id``. The checkpoint's own config comes before the family default because
@@ -139,11 +172,12 @@ def resolve_model_spec(model: Any, tokenizer: Any = None, mask_token_id: int | N
             Explicit mask id; overrides every other source.
 
     Raises:
-        ValueError: no mask id can be found, the mask id is outside the vocabulary, or it is also an EOS id.
+        ValueError: no mask id can be found, the mask id is outside the vocabulary, or it is also an EOS id; or a
+            block family's config has no ``block_length``.
     """
     base = _base_model(model)
     config = base.config
-    family = MODEL_SPECS.get(getattr(config, "model_type", None))
+    family = _family_spec(base)
     tokenizer = _inner_tokenizer(tokenizer)
     tokenizer_mask = getattr(tokenizer, "mask_token_id", None)
 
@@ -188,14 +222,15 @@ def make_bidirectional(model: Any) -> None:
     every non-padding position (checked on Llama and Qwen3 with `sdpa` and `eager` attention). This sets it on the base
     model's config, on its decoder text config and on every sub-config that already has ``is_causal``. The value is
     saved in ``config.json``, so a model reloaded with ``from_pretrained`` stays bidirectional. Families in
-    :data:`MODEL_SPECS` (LLaDA, Dream) are bidirectional already: no-op.
+    :data:`MODEL_SPECS` (LLaDA, Dream) are bidirectional already, and block families (:data:`MARKED_SPECS`) are
+    driven with explicit 4-D block-causal masks: no-op.
 
     Args:
         model (`transformers.PreTrainedModel`): the model, possibly wrapped by PEFT or DDP / DeepSpeed.
     """
     base = _base_model(model)
     config = base.config
-    if getattr(config, "model_type", None) in MODEL_SPECS:
+    if getattr(config, "model_type", None) in MODEL_SPECS or _config_value(config, FAMILY_MARKER) in MARKED_SPECS:
         return
     if not _is_transformers_native(base):
         logger.warning(
@@ -212,3 +247,18 @@ def model_logits_fn(model: nn.Module, spec: ModelSpec) -> LogitsFn:
     """The :data:`~trl_dllm.core.logits.LogitsFn` of ``model`` (PEFT wrapper included), with the family's logit shift
     undone and ``logits_to_keep`` used where the model accepts it."""
     return module_logits_fn(model, shift_logits=spec.shift_logits, logits_to_keep=spec.accepts_logits_to_keep)
+
+
+def require_4d_mask(spec: ModelSpec, what: str = "the block estimator") -> None:
+    """Raise a clear error when ``what`` (a layout needing a custom 4-D attention mask: block-causal generation, the
+    staircase `block` estimator) is used with a model whose spec says it cannot take one.
+
+    Raises:
+        ValueError: ``spec.accepts_4d_mask`` is `False`.
+    """
+    if not spec.accepts_4d_mask:
+        raise ValueError(
+            f"{what} needs a model that accepts a 4-D attention mask; {spec.family} does not "
+            "(ModelSpec.accepts_4d_mask is False: remote-code models are not trusted to honour one). Use a "
+            "transformers-native architecture (the 'generic' or 'block' family) or a method that needs no 4-D mask."
+        )

@@ -1,7 +1,8 @@
-"""One frozen spec per masked-diffusion model family, in one explicit dict keyed by ``config.model_type``.
+"""One frozen spec per masked-diffusion model family, in explicit dicts: :data:`MODEL_SPECS` keyed by
+``config.model_type``, :data:`MARKED_SPECS` keyed by ``config.dllm_family``.
 
-Adding a family is one :class:`ModelSpec` plus one line in :data:`MODEL_SPECS`; nothing registers itself at import
-time. Every id below is documented, with its source, in ``docs/models.md``.
+Adding a family is one :class:`ModelSpec` plus one line in one of the dicts; nothing registers itself at import time.
+Every id below is documented, with its source, in ``docs/models.md``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ class ModelSpec:
 
     Args:
         family (`str`):
-            Family name: `"llada"`, `"dream"` or `"generic"` (any Hugging Face decoder run with bidirectional attention).
+            Family name: `"llada"`, `"dream"`, `"block"` (block-causal diffusion) or `"generic"` (any Hugging Face
+            decoder run with bidirectional attention).
         mask_token_id (`int` or `None`):
             Id of the mask token. In :data:`MODEL_SPECS` this is the family default; :func:`resolve_model_spec` returns
             a spec with the id actually used by the model.
@@ -72,4 +74,15 @@ MODEL_SPECS: dict[str, ModelSpec] = {
     "llada": LLADA,
     "Dream": DREAM,  # the spelling in Dream's config.json
     "dream": DREAM,
+}
+
+# Block-diffusion models (SDAR / TraDo / Fast-dLLM v2 style: causal across blocks, bidirectional inside a block)
+# built on a transformers-native architecture keep that architecture's model_type, so they load without remote code,
+# and mark themselves in config.json with `dllm_family` and `block_length` (`trl_dllm.testing.build_tiny_block_model`).
+# transformers-native classes pass a 4-D additive float mask through `masking_utils` unchanged (sdpa and eager).
+FAMILY_MARKER = "dllm_family"
+BLOCK = ModelSpec(family="block", mask_token_id=None, accepts_4d_mask=True)
+
+MARKED_SPECS: dict[str, ModelSpec] = {
+    "block": BLOCK,  # config.dllm_family == "block"; block_length from config.block_length
 }

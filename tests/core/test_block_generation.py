@@ -1,0 +1,231 @@
+"""Block-causal attention masks and block-causal generation (uncached and with the exact KV cache) on a tiny model."""
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from trl_dllm.core.block_sampling import generate_block_causal
+from trl_dllm.core.masks import additive_mask, block_causal_mask, block_ids
+from trl_dllm.core.sampling import generate
+from trl_dllm.testing import build_tiny_block_model, build_tokenizer
+
+BLOCK = 4
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    model = build_tiny_block_model(tokenizer, block_length=BLOCK, seed=0)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)  # peaked logits: no near-ties for argmax to flip on, confident positions
+    return model
+
+
+class Spy(nn.Module):
+    """Records the keyword arguments and logits of every forward of the wrapped model."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.inputs, self.logits = model, [], []
+
+    def forward(self, **kwargs):
+        out = self.model(**kwargs)
+        self.inputs.append(kwargs)
+        self.logits.append(out.logits)
+        return out
+
+
+def batch():
+    """Three left-padded prompts (P = 5) of real tokens (ids >= 5)."""
+    input_ids = torch.randint(5, 60, (3, 5), generator=torch.Generator().manual_seed(0))
+    attention_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
+    return input_ids.masked_fill(attention_mask == 0, 0), attention_mask
+
+
+def options(tokenizer, **kwargs):
+    defaults = dict(mask_token_id=tokenizer.mask_token_id, gen_length=12, block_length=BLOCK, diffusion_steps=6)
+    return {**defaults, "return_trajectory": True, **kwargs}
+
+
+# ---------------------------------------------------------------------------------------------------- masks
+
+
+def test_block_causal_mask_by_hand():
+    # P = 3 (one block, id 0), then blocks of 2: ids [0 0 0 1 1 2 2]; i sees j iff id[j] <= id[i]; key 0 is padding.
+    assert block_ids(7, 2, 3).tolist() == [0, 0, 0, 1, 1, 2, 2]
+    mask = block_causal_mask(7, 2, 3, attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1, 1]]))
+    expected = [
+        [1, 1, 1, 0, 0, 0, 0],  # the padding query sees itself (no fully blocked row) and the prompt
+        [0, 1, 1, 0, 0, 0, 0],
+        [0, 1, 1, 0, 0, 0, 0],
+        [0, 1, 1, 1, 1, 0, 0],
+        [0, 1, 1, 1, 1, 0, 0],
+        [0, 1, 1, 1, 1, 1, 1],
+        [0, 1, 1, 1, 1, 1, 1],
+    ]
+    assert mask.shape == (1, 1, 7, 7) and mask.dtype == torch.float32
+    assert torch.equal(mask[0, 0] == 0, torch.tensor(expected, dtype=torch.bool))
+    assert set(mask.unique().tolist()) == {0.0, -math.inf}
+    sliced = block_causal_mask(7, 2, 3, attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1, 1]]), query_start=5)
+    assert torch.equal(sliced, mask[:, :, 5:])
+    no_padding = block_causal_mask(7, 2, 3, dtype=torch.bfloat16)
+    assert no_padding.shape == (1, 1, 7, 7) and no_padding.dtype == torch.bfloat16
+    assert torch.equal(additive_mask(torch.tensor([True, False])), torch.tensor([0.0, -math.inf]))
+
+
+def test_block_causal_mask_bad_arguments():
+    with pytest.raises(ValueError, match="block_length"):
+        block_causal_mask(6, 0, 2)
+    with pytest.raises(ValueError, match="expected seq_len=6"):
+        block_causal_mask(6, 2, 2, attention_mask=torch.ones(1, 5))
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_model_honours_the_float_mask(model, attn_implementation):
+    # The DESIGN trap: a boolean 4-D mask is mis-applied under eager; the additive float mask works under both.
+    model = copy.deepcopy(model)
+    model.set_attn_implementation(attn_implementation)
+    ids = torch.randint(5, 60, (2, 13), generator=torch.Generator().manual_seed(1))  # P = 5, blocks 5-8, 9-12
+    mask = block_causal_mask(13, BLOCK, 5)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        later = ids.clone()
+        later[:, 11] = 7  # a token of the last block
+        moved = model(input_ids=later, attention_mask=mask).logits
+        causal = model(input_ids=ids, attention_mask=block_causal_mask(13, 1)).logits  # block 1, no prefix = causal
+        reference = model(input_ids=ids).logits  # config.is_causal is True: plain causal attention
+    torch.testing.assert_close(moved[:, :9], logits[:, :9], rtol=0, atol=0)  # prompt and block 0 cannot see it
+    assert not torch.allclose(moved[:, 9], logits[:, 9])  # position 9 sees position 11: same block
+    torch.testing.assert_close(causal, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_sdpa_and_eager_agree(model):
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    ids, attention_mask = batch()
+    kwargs = options(build_tokenizer(), use_cache=False)
+    sdpa_out = generate_block_causal(model, ids, attention_mask, **kwargs)
+    eager_out = generate_block_causal(eager, ids, attention_mask, **kwargs)
+    assert torch.equal(sdpa_out.sequences, eager_out.sequences)
+
+
+# ---------------------------------------------------------------------------------------------------- generation
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_uncached_equals_full_canvas_reference(model, tokenizer, temperature):
+    """The reference runs the whole canvas (later blocks still masked) under the block-causal mask through the
+    bidirectional ``generate``: truncating to the current block must not change anything."""
+    ids, attention_mask = batch()
+
+    def full_canvas(input_ids, attention_mask, positions):
+        mask = block_causal_mask(input_ids.shape[1], BLOCK, 5, attention_mask=attention_mask)
+        return model(input_ids=input_ids, attention_mask=mask).logits[:, positions]
+
+    kwargs = options(tokenizer, temperature=temperature)
+    reference = generate(full_canvas, ids, attention_mask, generator=torch.Generator().manual_seed(0), **kwargs)
+    out = generate_block_causal(
+        model, ids, attention_mask, use_cache=False, generator=torch.Generator().manual_seed(0), **kwargs
+    )
+    assert torch.equal(out.sequences, reference.sequences)
+    assert torch.equal(out.unmask_step, reference.unmask_step)
+    torch.testing.assert_close(out.logprobs, reference.logprobs, rtol=1e-5, atol=1e-5)
+    assert out.num_forwards == reference.num_forwards == 6
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(temperature=0.0),
+        dict(temperature=1.0, top_k=5),
+        dict(temperature=0.0, confidence_threshold=0.9),
+        dict(temperature=0.0, diffusion_steps=12, remasking="margin"),
+    ],
+)
+def test_cache_is_exact(model, tokenizer, kwargs):
+    ids, attention_mask = batch()
+    cached_spy, uncached_spy = Spy(model), Spy(model)
+    kwargs = options(tokenizer, **kwargs)
+    cached = generate_block_causal(
+        cached_spy, ids, attention_mask, use_cache=True, generator=torch.Generator().manual_seed(0), **kwargs
+    )
+    uncached = generate_block_causal(
+        uncached_spy, ids, attention_mask, use_cache=False, generator=torch.Generator().manual_seed(0), **kwargs
+    )
+    assert torch.equal(cached.sequences, uncached.sequences)
+    assert torch.equal(cached.unmask_step, uncached.unmask_step)
+    torch.testing.assert_close(cached.logprobs, uncached.logprobs, rtol=1e-5, atol=1e-5)
+    assert cached.num_forwards == uncached.num_forwards == len(cached_spy.logits)
+    for cached_logits, uncached_logits in zip(cached_spy.logits, uncached_spy.logits):
+        if cached_logits.shape == uncached_logits.shape:  # threshold decoding forwards fewer rows uncached
+            torch.testing.assert_close(cached_logits, uncached_logits, rtol=1e-5, atol=1e-5)
+    # The cache carries the prompt and committed blocks: after the first call (prompt + block 0), a call forwards the
+    # current block, plus the block committed just before it on the first step of a block.
+    lengths = [inputs["input_ids"].shape[1] for inputs in cached_spy.inputs]
+    assert lengths[0] == 5 + BLOCK and set(lengths[1:]) <= {BLOCK, 2 * BLOCK}
+    assert lengths.count(2 * BLOCK) == 2  # blocks 1 and 2
+    assert all(inputs["attention_mask"].dtype == torch.float32 for inputs in cached_spy.inputs)
+
+
+def test_cache_and_early_exit_drop_finished_rows(model, tokenizer):
+    ids, attention_mask = batch()
+    full = generate_block_causal(model, ids, attention_mask, **options(tokenizer, diffusion_steps=12))
+    eos = int(full.completion_ids[0, 5])  # a token the model emits: rows that commit it finish early
+    kwargs = options(tokenizer, diffusion_steps=12, eos_token_ids=[eos], eos_early_exit=True)
+    cached = generate_block_causal(model, ids, attention_mask, use_cache=True, **kwargs)
+    uncached = generate_block_causal(model, ids, attention_mask, use_cache=False, **kwargs)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    assert torch.equal(cached.unmask_step, uncached.unmask_step)
+    assert (cached.unmask_step == -1).any() and (cached.completion_ids[cached.unmask_step == -1] == eos).all()
+    assert cached.num_row_forwards == uncached.num_row_forwards < full.num_row_forwards
+
+
+def test_left_padding_does_not_change_completion(model, tokenizer):
+    ids, attention_mask = batch()
+    kwargs = options(tokenizer)
+    padded = generate_block_causal(model, ids, attention_mask, **kwargs)
+    alone = generate_block_causal(model, ids[:1, 2:], attention_mask[:1, 2:], **kwargs)
+    assert torch.equal(padded.completion_ids[0], alone.completion_ids[0])
+
+
+def test_logits_function_without_cache(model, tokenizer):
+    ids, attention_mask = batch()
+    calls = []
+
+    def logits_fn(input_ids, mask, positions):
+        calls.append((input_ids.shape, mask.shape))
+        return model(input_ids=input_ids, attention_mask=mask, logits_to_keep=positions).logits
+
+    out = generate_block_causal(logits_fn, ids, attention_mask, use_cache=False, **options(tokenizer))
+    reference = generate_block_causal(model, ids, attention_mask, **options(tokenizer))
+    assert torch.equal(out.sequences, reference.sequences)
+    # the canvas is cut after the current block, and the mask is the (B, 1, N, N) block-causal mask of that prefix
+    assert [shape for shape, _ in calls] == [(3, 5 + BLOCK)] * 2 + [(3, 5 + 2 * BLOCK)] * 2 + [(3, 5 + 3 * BLOCK)] * 2
+    assert all(mask == (3, 1, n, n) for (_, n), mask in calls)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(gen_length=10), ValueError, r"gen_length=10 must be divisible by block_length=4"),
+        (dict(confidence_threshold=0.0), ValueError, r"confidence_threshold"),
+        (dict(eos_early_exit=True), ValueError, r"eos_token_ids"),
+    ],
+)
+def test_bad_arguments_raise(model, tokenizer, kwargs, error, match):
+    ids, attention_mask = batch()
+    with pytest.raises(error, match=match):
+        generate_block_causal(model, ids, attention_mask, **options(tokenizer, **kwargs))
+
+
+def test_cache_needs_the_module(model, tokenizer):
+    ids, attention_mask = batch()
+    with pytest.raises(TypeError, match="use_cache=False"):
+        generate_block_causal(lambda *a: None, ids, attention_mask, use_cache=True, **options(tokenizer))

@@ -1,0 +1,67 @@
+"""`trl-dllm` (also `python -m trl_dllm`): train, evaluate and demo diffusion LMs from the command line.
+
+    trl-dllm grpo --config recipes/tiny/stabledrl_gsm8k.yaml --model_name_or_path tiny-dllm
+    trl-dllm eval --model_name_or_path out --task gsm8k --data_files test.jsonl
+    trl-dllm demo
+
+Unlike `trl grpo`, which wraps `accelerate launch` itself, `trl-dllm grpo` trains in the current process, so it runs
+under any launcher: `accelerate launch [--config_file ...] -m trl_dllm grpo ...` or `torchrun -m trl_dllm grpo ...`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+USAGE = """usage: trl-dllm {grpo,eval,demo} [--help] [args ...]
+
+  grpo   train with DiffusionGRPOTrainer from a YAML recipe: trl-dllm grpo --config recipe.yaml [--field value ...]
+  eval   accuracy of a model or checkpoint on a task, with diffusion decoding (greedy by default); writes JSON
+  demo   the CPU demo (trl_dllm.demo)
+
+Several processes: accelerate launch --config_file recipes/accelerate/zero2.yaml -m trl_dllm grpo --config ...
+See docs/cli.md and docs/recipes.md."""
+
+
+def _grpo(argv: Sequence[str]) -> int | None:
+    from .scripts.grpo import main
+
+    return main(argv)
+
+
+def _eval(argv: Sequence[str]) -> int | None:
+    from .scripts.eval import main
+
+    return main(argv)
+
+
+def _demo(argv: Sequence[str]) -> int | None:
+    from .demo import main
+
+    return main(list(argv))
+
+
+COMMANDS = {"grpo": _grpo, "eval": _eval, "demo": _demo}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `trl-dllm <command> [args]`; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if argv[0] == "--version":
+        from . import __version__
+
+        print(f"trl-dllm {__version__}")
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"trl-dllm: error: unknown command {command!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    status = COMMANDS[command](rest)
+    return status if isinstance(status, int) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,156 @@
+"""Synthetic tasks for the CPU demo: exact, cheap rewards in [0, 1] that a tiny masked-diffusion model can learn.
+
+Every task draws problems from a seeded `random.Random`, renders a plain-string prompt, a gold completion (for the
+warm start) and the dataset columns its reward reads. Rewards follow TRL's signature
+``f(completions, **columns) -> list[float]`` with completions as plain strings or chat message lists.
+
+Tokens are space-separated (the demo's word-level tokenizer splits digits: ``"85"`` → ``8 5``, and decodes with one
+space between tokens), so a completion such as ``"1 2 3 4 7 9"`` is read token by token.
+
+Splits are by *problem identity*, not by row: a problem's canonical key (the digit multiset for `sort`, the unordered
+pair for `add`, numbers + target for `countdown`) is hashed (CRC-32, stable across runs and machines) into ten
+buckets: bucket 0 is the held-out **test** split, bucket 1 the **val** split (checkpoint selection), the rest
+**train**. Prompts of different splits therefore never share a problem, whatever the digit order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..rewards.countdown import countdown_score
+from ..rewards.extract import completions_to_texts
+
+SPLITS = ("train", "val", "test")
+EXTRA_WORDS = ("countdown", "to")  # words the prompts use beyond `trl_dllm.testing.WORDS`
+
+
+def split_of(key: str) -> str:
+    """The split a problem belongs to, from a stable hash of its canonical key: 10% test, 10% val, 80% train."""
+    bucket = zlib.crc32(key.encode()) % 10
+    return "test" if bucket == 0 else "val" if bucket == 1 else "train"
+
+
+# --------------------------------------------------------------------------- scoring helpers
+def positional_credit(predicted: list[str], target: list[str], align: str = "left") -> float:
+    """Fraction of positions where the two token lists agree, over the longer length (extra or missing tokens count as
+    wrong). ``align="right"`` compares from the last token (digits of a number)."""
+    if not predicted and not target:
+        return 1.0
+    if align == "right":
+        predicted, target = predicted[::-1], target[::-1]
+    hits = sum(p == t for p, t in zip(predicted, target))
+    return hits / max(len(predicted), len(target))
+
+
+def sort_score(text: str, target: str) -> float:
+    """Sorting: positional credit of the completion's tokens against the sorted digits (1.0 iff exactly sorted)."""
+    return positional_credit(text.split(), target.split())
+
+
+def add_score(text: str, target: str) -> float:
+    """Addition: digit credit, right-aligned (units against units), so a correct last digit earns partial credit."""
+    return positional_credit(text.split(), list(target.replace(" ", "")), align="right")
+
+
+def countdown_lite_score(text: str, target: int, nums: list[int]) -> float:
+    """Countdown over three numbers: 1.0 if the expression uses each number once and hits `target`; 0.1 if
+    well-formed but wrong; 0.0 if malformed (`trl_dllm.rewards.countdown.countdown_score`). Adjacent digit tokens are
+    read as one number (``"1 2 + 3"`` is ``12+3``)."""
+    expression = re.sub(r"(?<=\d) +(?=\d)", "", text.strip())
+    return countdown_score(expression, target, nums) or 0.0
+
+
+def sort_reward(completions: list[Any], target: list[str], **kwargs: Any) -> list[float]:
+    """TRL reward for `sort`: see [`sort_score`]; reads the dataset's `target` column."""
+    return [sort_score(t, g) for t, g in zip(completions_to_texts(completions), target)]
+
+
+def add_reward(completions: list[Any], target: list[str], **kwargs: Any) -> list[float]:
+    """TRL reward for `add`: see [`add_score`]; reads the dataset's `target` column."""
+    return [add_score(t, g) for t, g in zip(completions_to_texts(completions), target)]
+
+
+def countdown_lite_reward(completions: list[Any], target: list[int], nums: list[list[int]], **kwargs: Any) -> list[float]:
+    """TRL reward for `countdown`: see [`countdown_lite_score`]; reads the `target` and `nums` columns."""
+    texts = completions_to_texts(completions)
+    return [countdown_lite_score(t, g, n) for t, g, n in zip(texts, target, nums)]
+
+
+# --------------------------------------------------------------------------- problem generators
+def _sort_problem(rng: random.Random, length: int = 6) -> dict:
+    digits = [rng.randrange(10) for _ in range(length)]
+    ordered = " ".join(str(d) for d in sorted(digits))
+    return {"key": ordered, "prompt": f"sort {' '.join(map(str, digits))} =", "target": ordered, "answer": ordered}
+
+
+def _add_problem(rng: random.Random) -> dict:
+    a, b = rng.randrange(10, 100), rng.randrange(10, 100)
+    total = " ".join(str(a + b))
+    return {"key": f"{min(a, b)}+{max(a, b)}", "prompt": f"add {a} and {b} =", "target": total, "answer": total}
+
+
+_OPS = ("+", "-", "*")
+
+
+def _countdown_problem(rng: random.Random) -> dict:
+    """Three digits 1-9 and the value of a random expression over them (any order, `+ - *`, Python precedence)."""
+    while True:
+        nums = [rng.randrange(1, 10) for _ in range(3)]
+        order = rng.sample(nums, 3)
+        expression = f"{order[0]} {rng.choice(_OPS)} {order[1]} {rng.choice(_OPS)} {order[2]}"
+        target = eval(expression)  # noqa: S307 — our own string of digits and + - *
+        if target > 0:
+            break
+    key = f"{sorted(nums)}->{target}"
+    return {"key": key, "prompt": f"countdown {' '.join(map(str, nums))} to {target} =", "target": target,
+            "nums": nums, "answer": expression}
+
+
+@dataclass(frozen=True)
+class Task:
+    """A synthetic task: problem generator, TRL reward, and the completion length its answers need (with EOS)."""
+
+    name: str
+    make_problem: Callable[[random.Random], dict]
+    reward: Callable[..., list[float]]
+    columns: tuple[str, ...]  # dataset columns the reward reads
+    completion_length: int  # canvas length: longest gold answer + at least one EOS
+
+    def problems(self, split: str, n: int, seed: int = 0, unique: bool = False) -> list[dict]:
+        """`n` problems of `split` (`"train"`, `"val"` or `"test"`), drawn with `random.Random(seed)`. With `unique`,
+        no two share a key (raises if the split has fewer than `n` distinct problems reachable in a bounded search)."""
+        if split not in SPLITS:
+            raise ValueError(f"split={split!r} is not one of {SPLITS}.")
+        rng, seen, out = random.Random(f"{self.name}-{split}-{seed}"), set(), []
+        for _ in itertools.repeat(None, 1000 * n + 10_000):
+            problem = self.make_problem(rng)
+            if split_of(problem["key"]) != split or (unique and problem["key"] in seen):
+                continue
+            seen.add(problem["key"])
+            out.append(problem)
+            if len(out) == n:
+                return out
+        raise ValueError(f"task {self.name!r}: could not draw {n} {'distinct ' if unique else ''}{split} problems.")
+
+    def score(self, completions: list[str], problems: list[dict]) -> list[float]:
+        """The reward of each completion, called exactly as the trainer calls it (columns as keyword lists)."""
+        return self.reward(completions, **{c: [p[c] for p in problems] for c in self.columns})
+
+
+TASKS: dict[str, Task] = {
+    "sort": Task("sort", _sort_problem, sort_reward, ("target",), completion_length=8),
+    "add": Task("add", _add_problem, add_reward, ("target",), completion_length=4),
+    "countdown": Task("countdown", _countdown_problem, countdown_lite_reward, ("target", "nums"), completion_length=8),
+}
+
+
+def get_task(name: str) -> Task:
+    if name not in TASKS:
+        raise ValueError(f"Unknown demo task {name!r}; choose one of {sorted(TASKS)}.")
+    return TASKS[name]

@@ -1,0 +1,238 @@
+"""`trl-dllm eval`: accuracy of a model or checkpoint on a task, with diffusion decoding; writes a JSON report.
+
+    trl-dllm eval --model_name_or_path outputs/run/checkpoint-100 --task gsm8k --eval_data_files gsm8k_test.jsonl
+    trl-dllm eval --config recipes/llada/stabledrl_gsm8k.yaml --model_name_or_path outputs/run   # recipe's decoding
+
+Takes the same fields as `trl-dllm grpo` (so a training recipe gives the decoding settings: `max_completion_length`,
+`block_length`, `diffusion_steps`, `remasking`, `cfg_scale`) plus `EvalArguments`. Decoding is greedy unless
+`eval_temperature > 0`. A sample is correct when the first reward (the task's correctness reward) is 1.
+The model may be a full model directory, a trainer checkpoint, a LoRA adapter directory (merged into its base model
+for decoding) or a Hub id. One process; `accelerate launch` is not needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .grpo import GRPOScriptArguments, check_model_path, load_dataset_for, model_init_kwargs, resolve_reward_funcs
+from .parsing import ScriptParser, UsageError, exit_on_bad_input
+
+
+@dataclass
+class EvalArguments(GRPOScriptArguments):
+    """
+    Fields of `trl-dllm eval` besides those of `trl-dllm grpo`.
+
+    Args:
+        eval_split (`str`, *optional*, defaults to `"test"`):
+            Split to evaluate (the Hub split, or the key of a `data_files` mapping).
+        eval_data_files (`str` or `None`, *optional*, defaults to `None`):
+            Local evaluation data; `None` uses `data_files`.
+        max_samples (`int` or `None`, *optional*, defaults to `None`):
+            Evaluate the first `max_samples` examples only.
+        eval_batch_size (`int`, *optional*, defaults to `8`):
+            Prompts decoded together.
+        eval_temperature (`float`, *optional*, defaults to `0.0`):
+            Sampling temperature; `0` is greedy decoding (the recipe's `temperature` is for training rollouts).
+        report_file (`str` or `None`, *optional*, defaults to `None`):
+            Where to write the JSON report. `None`: `eval_<task>_<split>.json` in the model directory if it is local,
+            else in the working directory.
+    """
+
+    eval_split: str = field(default="test", metadata={"help": "Split to evaluate."})
+    eval_data_files: str | None = field(
+        default=None, metadata={"help": "Local evaluation data (default: data_files)."}
+    )
+    max_samples: int | None = field(default=None, metadata={"help": "Evaluate the first max_samples examples only."})
+    eval_batch_size: int = field(default=8, metadata={"help": "Prompts decoded together."})
+    eval_temperature: float = field(default=0.0, metadata={"help": "Sampling temperature; 0 is greedy."})
+    report_file: str | None = field(default=None, metadata={"help": "Path of the JSON report."})
+
+
+def make_parser(prog: str = "trl-dllm eval") -> ScriptParser:
+    from trl import ModelConfig
+
+    from ..config import DiffusionGRPOConfig
+
+    return ScriptParser((EvalArguments, DiffusionGRPOConfig, ModelConfig), prog=prog)
+
+
+def load_model_and_tokenizer(name_or_path: str, init_kwargs: dict):
+    """The model the trainer would load (`create_model_from_path`); a LoRA adapter is merged into its base model."""
+    from transformers import AutoTokenizer
+    from trl.trainer.utils import create_model_from_path
+
+    adapter_config = os.path.join(name_or_path, "adapter_config.json")
+    try:
+        if os.path.isfile(adapter_config):
+            from peft import PeftModel
+
+            with open(adapter_config, encoding="utf-8") as f:
+                base = json.load(f)["base_model_name_or_path"]
+            model = create_model_from_path(base, **init_kwargs)
+            model = PeftModel.from_pretrained(model, name_or_path).merge_and_unload()
+            has_tokenizer = os.path.isfile(os.path.join(name_or_path, "tokenizer_config.json"))
+            tokenizer_source = name_or_path if has_tokenizer else base
+        else:
+            model, tokenizer_source = create_model_from_path(name_or_path, **init_kwargs), name_or_path
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_source, trust_remote_code=init_kwargs["trust_remote_code"])
+    except OSError as err:
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise UsageError(f"model_name_or_path: cannot load {name_or_path!r} ({first})") from err
+    return model.eval(), tokenizer
+
+
+def prompt_texts(prompts, tokenizer) -> list[str]:
+    """Prompts as text, the way TRL renders them: chat messages through the chat template with a generation prompt."""
+    if prompts and isinstance(prompts[0], list):
+        return [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in prompts]
+    return list(prompts)
+
+
+def decode_batch(model, tokenizer, spec, args, eval_args, texts: list[str], generator) -> list[str]:
+    """Diffusion-decode the completions of `texts`, cut after the first EOS, as text."""
+    from ..core.sampling import generate
+    from ..models import model_logits_fn
+
+    rows = [torch.tensor(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else spec.eos_token_ids[0]
+    input_ids = torch.stack([torch.cat([r.new_full((width - len(r),), pad), r]) for r in rows])  # left padding
+    attention_mask = torch.stack([torch.cat([torch.zeros(width - len(r)), torch.ones(len(r))]) for r in rows]).long()
+    device = next(model.parameters()).device
+    out = generate(
+        model_logits_fn(model, spec),
+        input_ids.to(device),
+        attention_mask.to(device),
+        mask_token_id=spec.mask_token_id,
+        gen_length=args.max_completion_length,
+        diffusion_steps=args.diffusion_steps,
+        block_length=args.block_length,
+        temperature=eval_args.eval_temperature,
+        top_k=args.top_k or None,
+        top_p=args.top_p if args.top_p is not None and args.top_p < 1.0 else None,
+        remasking=args.remasking,
+        cfg_scale=args.cfg_scale,
+        generator=generator,
+    )
+    eos = torch.tensor(sorted(set(spec.eos_token_ids)), device=out.completion_ids.device)
+    texts = []
+    for row in out.completion_ids:
+        hits = torch.isin(row, eos).nonzero()
+        end = int(hits[0]) if len(hits) else row.numel()
+        texts.append(tokenizer.decode(row[:end].tolist(), skip_special_tokens=True))
+    return texts
+
+
+@dataclass
+class EvalSetup:
+    """What `trl-dllm eval` loads before decoding; building it is where bad input fails."""
+
+    dataset: object
+    reward_funcs: list
+    model: torch.nn.Module
+    tokenizer: object
+    spec: object
+
+
+def prepare(eval_args: EvalArguments, args, model_args) -> EvalSetup:
+    """Rewards, data, then the model (fastest failures first), ready for decoding."""
+    from ..models import make_bidirectional, resolve_model_spec
+
+    reward_funcs = resolve_reward_funcs(eval_args.reward_funcs, eval_args.task)
+    dataset = load_dataset_for(eval_args, eval_args.eval_split, data_files=eval_args.eval_data_files)
+    if eval_args.max_samples is not None:
+        dataset = dataset.select(range(min(eval_args.max_samples, len(dataset))))
+    name = check_model_path(model_args.model_name_or_path)
+    model, tokenizer = load_model_and_tokenizer(name, model_init_kwargs(args, model_args))
+    if torch.cuda.is_available() and not args.use_cpu:
+        model.to("cuda")
+    spec = resolve_model_spec(model, tokenizer, args.mask_token_id)
+    make_bidirectional(model)
+    return EvalSetup(dataset, reward_funcs, model, tokenizer, spec)
+
+
+def evaluate(setup: EvalSetup, eval_args: EvalArguments, args, model_args) -> dict:
+    """Decode every prompt, score it with the rewards and return the report (fields in docs/cli.md)."""
+    dataset, reward_funcs, spec = setup.dataset, setup.reward_funcs, setup.spec
+    generator = torch.Generator(device=next(setup.model.parameters()).device).manual_seed(args.seed)
+    columns = [c for c in dataset.column_names if c != "prompt"]
+    names = [f.__name__ for f in reward_funcs]
+    samples, start = [], time.perf_counter()
+    for begin in range(0, len(dataset), eval_args.eval_batch_size):
+        batch = dataset[begin : begin + eval_args.eval_batch_size]
+        prompts = prompt_texts(batch["prompt"], setup.tokenizer)
+        texts = decode_batch(setup.model, setup.tokenizer, spec, args, eval_args, prompts, generator)
+        chat = isinstance(batch["prompt"][0], list)
+        completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
+        extra = {c: batch[c] for c in columns}
+        scores = [f(prompts=batch["prompt"], completions=completions, **extra) for f in reward_funcs]
+        for i, text in enumerate(texts):
+            rewards = {n: s[i] for n, s in zip(names, scores)}
+            samples.append(
+                {
+                    "prompt": batch["prompt"][i],
+                    "completion": text,
+                    "rewards": rewards,
+                    "correct": rewards[names[0]] == 1.0,
+                }
+            )
+    means = {}
+    for n in names:
+        values = [s["rewards"][n] for s in samples if s["rewards"][n] is not None]
+        means[n] = sum(values) / len(values) if values else None
+    return {
+        "model": model_args.model_name_or_path,
+        "task": eval_args.task or eval_args.dataset_name,
+        "split": eval_args.eval_split,
+        "data_files": eval_args.eval_data_files or eval_args.data_files,
+        "num_samples": len(samples),
+        "accuracy": sum(s["correct"] for s in samples) / max(1, len(samples)),
+        "accuracy_reward": names[0],
+        "mean_rewards": means,
+        "decoding": {
+            "max_completion_length": args.max_completion_length,
+            "block_length": args.block_length,
+            "diffusion_steps": args.diffusion_steps,
+            "remasking": args.remasking,
+            "temperature": eval_args.eval_temperature,
+            "cfg_scale": args.cfg_scale,
+            "mask_token_id": spec.mask_token_id,
+        },
+        "seconds": round(time.perf_counter() - start, 3),
+        "samples": samples,
+    }
+
+
+def default_report_file(eval_args: EvalArguments, model_path: str) -> str:
+    name = f"eval_{eval_args.task or os.path.basename(str(eval_args.dataset_name))}_{eval_args.eval_split}.json"
+    return os.path.join(model_path if os.path.isdir(model_path) else ".", name)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    with exit_on_bad_input("trl-dllm eval"):
+        # Mixed-precision flags of a training recipe are for training (bf16 on a CPU-only machine is an error there);
+        # eval casts the model with `dtype` instead.
+        eval_args, args, model_args = make_parser().parse(argv, defaults={"bf16": False, "fp16": False})
+        if eval_args.eval_batch_size < 1:
+            raise UsageError(f"eval_batch_size={eval_args.eval_batch_size} must be >= 1")
+        setup = prepare(eval_args, args, model_args)
+    report = evaluate(setup, eval_args, args, model_args)
+    path = eval_args.report_file or default_report_file(eval_args, str(model_args.model_name_or_path))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2)
+    print(f"{report['task']} {report['split']}: accuracy {report['accuracy']:.4f} on {report['num_samples']} samples")
+    print(f"Report written to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""`trl-dllm grpo`: train a diffusion LM with `DiffusionGRPOTrainer` from a YAML recipe, like `trl grpo`.
+
+    accelerate launch --config_file recipes/accelerate/zero2.yaml -m trl_dllm grpo \
+        --config recipes/llada/diffu_grpo_gsm8k.yaml [--field value ...]
+
+The recipe and flags fill three dataclasses: `GRPOScriptArguments` (data and rewards), `DiffusionGRPOConfig` and
+TRL's `ModelConfig` (model path, dtype, LoRA). The model is loaded by the trainer from its path with
+`model_init_kwargs`, and LoRA comes from `trl.get_peft_config(model_args)` — the same path as a Python script.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..config import DiffusionGRPOConfig
+from .parsing import ScriptParser, UsageError, exit_on_bad_input
+
+# A Hub id is `name` or `org/name`; anything else (absolute, ./relative, nested) can only be a local path.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+@dataclass
+class GRPOScriptArguments:
+    """
+    Data and rewards of `trl-dllm grpo` (and `trl-dllm eval`).
+
+    Args:
+        task (`str` or `None`, *optional*, defaults to `None`):
+            A task of `trl_dllm.tasks` (`gsm8k`, `math`, `countdown`, `sudoku`): builds the prompts and the columns
+            its rewards read. Without it, `dataset_name` is loaded as is and must have a `prompt` column.
+        data_files (`str` or `None`, *optional*, defaults to `None`):
+            Local data file(s). A path on the command line; in a recipe also a list of paths or a `{split: path}`
+            mapping. Relative paths are relative to the working directory.
+        dataset_name (`str` or `None`, *optional*, defaults to `None`):
+            Without `task`: a Hub dataset id or a `datasets` builder (`json`, `csv`, `parquet`) for `data_files`.
+        dataset_config (`str` or `None`, *optional*, defaults to `None`):
+            Configuration name of `dataset_name`.
+        dataset_split (`str`, *optional*, defaults to `"train"`):
+            Split to train on (the key of a `data_files` mapping; a single local file is the whole dataset).
+        reward_funcs (`list[str]` or `None`, *optional*, defaults to `None`):
+            Names in `trl_dllm.rewards.REWARD_FUNCS` or dotted import paths (`my_pkg.rewards.my_reward`). `None`:
+            the task's defaults (`trl_dllm.tasks.TASK_REWARDS`).
+        system_prompt (`str` or `None`, *optional*, defaults to `None`):
+            System prompt of task prompts. `None`: d1's `<reasoning>/<answer>` instruction; `""`: none.
+        conversational (`bool`, *optional*, defaults to `True`):
+            Task prompts as chat messages (rendered with the tokenizer's chat template) rather than plain strings.
+    """
+
+    task: str | None = field(default=None, metadata={"help": "Task: gsm8k, math, countdown or sudoku."})
+    data_files: str | None = field(
+        default=None, metadata={"help": "Local data file(s); in a recipe also a list or a {split: path} mapping."}
+    )
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "Without task: Hub dataset id or builder (json, csv) with a prompt column."}
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Configuration name of dataset_name."})
+    dataset_split: str = field(default="train", metadata={"help": "Split to train on."})
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={"help": "Reward names (trl_dllm.rewards.REWARD_FUNCS) or dotted import paths. None: task defaults."},
+    )
+    system_prompt: str | None = field(
+        default=None, metadata={"help": "System prompt of task prompts. None: d1's XML instruction; '': none."}
+    )
+    conversational: bool = field(default=True, metadata={"help": "Task prompts as chat messages."})
+
+
+def make_parser(prog: str = "trl-dllm grpo") -> ScriptParser:
+    from trl import ModelConfig
+
+    return ScriptParser((GRPOScriptArguments, DiffusionGRPOConfig, ModelConfig), prog=prog)
+
+
+def resolve_reward_funcs(names: Sequence[str] | None, task: str | None) -> list[Callable]:
+    """Reward functions by registry name or dotted import path; the task's defaults when `names` is empty."""
+    from ..rewards import REWARD_FUNCS
+    from ..tasks import TASK_REWARDS
+
+    if not names:
+        if task is None:
+            raise UsageError("reward_funcs is not set and there is no task to take default rewards from")
+        names = TASK_REWARDS[task]
+    funcs = []
+    for name in names:
+        if name in REWARD_FUNCS:
+            funcs.append(REWARD_FUNCS[name])
+        elif "." in name:
+            module_name, attr = name.rsplit(".", 1)
+            sys.path.insert(0, os.getcwd())  # like `trl grpo`: modules next to the recipe's working directory
+            try:
+                funcs.append(getattr(importlib.import_module(module_name), attr))
+            except (ImportError, AttributeError) as err:
+                raise UsageError(f"reward_funcs: cannot import {name!r} ({type(err).__name__}: {err})") from None
+        else:
+            raise UsageError(
+                f"reward_funcs: unknown reward {name!r}; known: {', '.join(sorted(REWARD_FUNCS))}, or a dotted path"
+            )
+    return funcs
+
+
+def load_dataset_for(args: GRPOScriptArguments, split: str, data_files=None):
+    """The prompts dataset of `args.task` (or `args.dataset_name`) for `split`."""
+    from ..tasks import TASKS, load_task
+
+    data_files = args.data_files if data_files is None else data_files
+    if args.task is not None:
+        if args.task not in TASKS:
+            raise UsageError(f"task: unknown task {args.task!r}; known: {', '.join(sorted(TASKS))}")
+        options = {} if args.system_prompt is None else {"system_prompt": args.system_prompt}
+        try:
+            return load_task(args.task, split, data_files=data_files, conversational=args.conversational, **options)
+        except FileNotFoundError as err:
+            raise UsageError(f"data_files: {err}") from None
+    if args.dataset_name is None:
+        raise UsageError("no data: set task (gsm8k, math, countdown, sudoku) or dataset_name")
+    import datasets
+
+    for path in [data_files] if isinstance(data_files, str) else list(data_files or []):
+        if isinstance(path, str) and not os.path.exists(path):
+            raise UsageError(f"data_files: no such file: {path}")
+    dataset = datasets.load_dataset(args.dataset_name, args.dataset_config, data_files=data_files, split=split)
+    if "prompt" not in dataset.column_names:
+        raise UsageError(f"dataset {args.dataset_name!r} has no 'prompt' column; it has {dataset.column_names}")
+    return dataset
+
+
+def check_model_path(name_or_path: str | None) -> str:
+    """Fail early, naming the path, when the model is neither a local directory nor a possible Hub id."""
+    if not name_or_path:
+        raise UsageError("model_name_or_path is not set: pass --model_name_or_path or set it in the recipe")
+    path = os.path.expanduser(name_or_path)
+    if os.path.isdir(path):
+        return path
+    if os.path.exists(path):
+        raise UsageError(f"model_name_or_path: {name_or_path} is a file, not a model directory")
+    if not _HUB_ID.match(name_or_path):
+        raise UsageError(f"model_name_or_path: no such directory: {name_or_path}")
+    return name_or_path
+
+
+def model_init_kwargs(training_args: DiffusionGRPOConfig, model_args) -> dict:
+    """`from_pretrained` keyword arguments, as `trl grpo` builds them: ModelConfig's, then the recipe's."""
+    kwargs = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": training_args.trust_remote_code,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+    }
+    kwargs.update(training_args.model_init_kwargs or {})
+    return kwargs
+
+
+def build_trainer(script_args: GRPOScriptArguments, training_args: DiffusionGRPOConfig, model_args):
+    """Everything that can fail on bad input, in the order that fails fastest: rewards, data, model path, trainer."""
+    from trl import get_peft_config, get_quantization_config
+
+    from ..trainer import DiffusionGRPOTrainer
+
+    reward_funcs = resolve_reward_funcs(script_args.reward_funcs, script_args.task)
+    train_dataset = load_dataset_for(script_args, script_args.dataset_split)
+    model = check_model_path(model_args.model_name_or_path)
+    training_args.model_init_kwargs = model_init_kwargs(training_args, model_args)
+    try:
+        return DiffusionGRPOTrainer(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=training_args,
+            train_dataset=train_dataset,
+            peft_config=get_peft_config(model_args),
+            quantization_config=get_quantization_config(model_args),
+        )
+    except OSError as err:  # from_pretrained: not on the Hub, offline, no config.json, ...
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise UsageError(f"model_name_or_path: cannot load {model_args.model_name_or_path!r} ({first})") from err
+
+
+def resume_checkpoint(value):
+    """`resume_from_checkpoint` as `Trainer.train` takes it: a path, `True` (the last checkpoint in `output_dir`) or
+    `None`. Recipes and flags give strings; d1's recipes write `false`."""
+    if isinstance(value, str) and value.lower() in ("true", "false", ""):
+        value = value.lower() == "true"
+    if value is True:
+        return True
+    if not value:
+        return None
+    if not os.path.isdir(value):
+        raise UsageError(f"resume_from_checkpoint: no such checkpoint directory: {value}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    with exit_on_bad_input("trl-dllm grpo"):
+        script_args, training_args, model_args = make_parser().parse(argv)
+        resume = resume_checkpoint(training_args.resume_from_checkpoint)
+        trainer = build_trainer(script_args, training_args, model_args)
+    trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model(training_args.output_dir)
+    trainer.save_state()  # trainer_state.json: the log history, next to the model
+    processes = trainer.accelerator.num_processes
+    trainer.accelerator.print(f"Model saved to {training_args.output_dir} (trained on {processes} process(es))")
+    trainer.end()  # finishes the trackers and destroys the process group of multi-process runs
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Recipes and flags → dataclasses, with TRL's `TrlParser` and one-line errors that name the field or path.
+
+A recipe is TRL's YAML config: a flat mapping of field names of the script's dataclasses, plus an optional `env:`
+mapping of environment variables to set. On top of `TrlParser` this adds:
+
+- `${VAR}` in a string value is replaced by the environment variable `VAR` (tiny recipes read the model path from
+  `$TRL_DLLM_TINY_MODEL`); an unset variable is an error unless the field is also given on the command line;
+- an unknown field (in the recipe or as a flag) is an error naming it, with the closest known field;
+- argparse's errors (bad values) raise instead of printing the multi-hundred-line usage of `GRPOConfig`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import re
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import yaml
+from trl import TrlParser
+
+_ENV_VAR = re.compile(r"\$\{(\w+)\}")
+
+
+class UsageError(Exception):
+    """Bad input from the user (recipe, flag, path, name). `trl-dllm` prints it on one line and exits with status 2."""
+
+
+# Errors that mean "bad input" while a script sets up (parsing, data, rewards, model path, config checks). Errors
+# raised later, during training, keep their traceback.
+SETUP_ERRORS = (UsageError, ValueError, FileNotFoundError, RuntimeError)
+
+
+@contextlib.contextmanager
+def exit_on_bad_input(prog: str) -> Iterator[None]:
+    """Turn a setup error into one line on stderr, `<prog>: error: <message>`, and exit status 2.
+
+    Set `TRL_DLLM_TRACEBACK=1` to get the traceback instead.
+    """
+    try:
+        yield
+    except SETUP_ERRORS as err:
+        if os.environ.get("TRL_DLLM_TRACEBACK") == "1":
+            raise
+        message = " ".join(str(err).split()) or type(err).__name__
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+class ScriptParser(TrlParser):
+    """`TrlParser` whose argparse errors raise `UsageError` (the default prints the full usage, then exits)."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+    def field_names(self) -> set[str]:
+        return {action.dest for action in self._actions if action.dest != "help"}
+
+    def parse(self, argv: Sequence[str], defaults: dict[str, Any] | None = None) -> tuple[Any, ...]:
+        """Parse `[--config recipe.yaml] [--field value ...]` into one instance per dataclass type.
+
+        Flags override `defaults`, which override the recipe, which overrides the dataclass defaults.
+        """
+        argv = list(argv)
+        config, source = {}, None
+        if "--config" in argv:
+            index = argv.index("--config")
+            if index + 1 >= len(argv):
+                raise UsageError("--config needs a path to a YAML recipe")
+            source = argv[index + 1]
+            del argv[index : index + 2]
+            config = load_recipe(source, overridden=_flag_names(argv))
+        known = self.field_names()
+        for key in config:
+            if key not in known:
+                raise UsageError(f"{source}: unknown field {key!r}{_suggestion(key, known)}")
+        self.set_defaults_with_config(**{**config, **(defaults or {})})
+        *outputs, remaining = self.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+        if remaining:
+            flag = next((a for a in remaining if a.startswith("-")), remaining[0])
+            name = flag.lstrip("-").split("=")[0]
+            raise UsageError(f"unknown argument {flag!r}{_suggestion(name, known, prefix='--')}")
+        return tuple(outputs)
+
+
+def load_recipe(path: str, overridden: Iterable[str] = ()) -> dict[str, Any]:
+    """The recipe at `path` as a dict, after setting its `env:` variables and expanding `${VAR}` in its values.
+
+    Fields in `overridden` (given as flags) are dropped from the recipe when they refer to an unset variable.
+    """
+    if not os.path.isfile(path):
+        raise UsageError(f"--config {path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = yaml.safe_load(f)
+    except yaml.YAMLError as err:
+        first = str(err).strip().splitlines()[0]
+        raise UsageError(f"{path}: not valid YAML ({first})") from err
+    config = {} if config is None else config
+    if not isinstance(config, dict):
+        raise UsageError(f"{path}: a recipe is a YAML mapping of field: value, got {type(config).__name__}")
+    env = config.pop("env", None) or {}
+    if not isinstance(env, dict):
+        raise UsageError(f"{path}: `env` must be a mapping of VARIABLE: value")
+    for key, value in env.items():
+        os.environ[str(key)] = str(value)
+    expanded = {}
+    overridden = set(overridden)
+    for key, value in config.items():
+        try:
+            expanded[key] = _expand(value)
+        except KeyError as err:
+            if key in overridden:
+                continue
+            raise UsageError(
+                f"{path}: field {key!r} refers to ${{{err.args[0]}}}, which is not set; export it or pass --{key}"
+            ) from None
+    return expanded
+
+
+def _expand(value: Any) -> Any:
+    if isinstance(value, str):
+        return _ENV_VAR.sub(lambda m: os.environ[m.group(1)], value)
+    if isinstance(value, list):
+        return [_expand(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _expand(v) for k, v in value.items()}
+    return value
+
+
+def _flag_names(argv: Sequence[str]) -> set[str]:
+    return {a[2:].split("=")[0] for a in argv if a.startswith("--")}
+
+
+def _suggestion(name: str, known: Iterable[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""
