@@ -13,3 +13,11 @@ def tiny_model_path(tmp_path_factory):
     from trl_dllm.testing import save_tiny_dllm
 
     return save_tiny_dllm(tmp_path_factory.mktemp("tiny-dllm"))
+
+
+@pytest.fixture(scope="session")
+def tiny_block_model_path(tmp_path_factory):
+    """A tiny block-diffusion model (block-causal attention, blocks of 4) saved like a real checkpoint."""
+    from trl_dllm.testing import save_tiny_block_dllm
+
+    return save_tiny_block_dllm(tmp_path_factory.mktemp("tiny-block-dllm"), block_length=4)

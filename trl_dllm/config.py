@@ -48,6 +48,9 @@ class DiffusionGRPOConfig(GRPOConfig):
             Threshold parallel decoding (Fast-dLLM): at each step commit every masked position of the current block
             whose confidence exceeds the threshold, at least one. Must be in `(0, 1]`; `None` follows the fixed
             schedule.
+        block_kv_cache (`bool`, *optional*, defaults to `True`):
+            Block-diffusion models: reuse an exact KV cache of the prompt and the committed blocks while denoising the
+            next block.
         eos_early_exit (`bool`, *optional*, defaults to `False`):
             Finish a row once its first EOS is committed and nothing before it is masked: fill the rest with EOS and
             stop computing it. An approximation of the full rollout (LLaDA-style models fill the tail with EOS).
@@ -114,6 +117,9 @@ class DiffusionGRPOConfig(GRPOConfig):
     )
     confidence_threshold: float | None = field(
         default=None, metadata={"help": "Threshold parallel decoding: commit every position above it, in (0, 1]."}
+    )
+    block_kv_cache: bool = field(
+        default=True, metadata={"help": "Block-diffusion models: exact KV cache of the prompt and committed blocks."}
     )
     eos_early_exit: bool = field(
         default=False, metadata={"help": "Finish a row once its first EOS is committed; fill the rest with EOS."}
@@ -197,6 +203,11 @@ class DiffusionGRPOConfig(GRPOConfig):
             raise ValueError(f"remasking={self.remasking!r} is not one of {sorted(REMASKING)}.")
         if self.confidence_threshold is not None and not 0.0 < self.confidence_threshold <= 1.0:
             raise ValueError(f"confidence_threshold={self.confidence_threshold} must be in (0, 1] or None.")
+        if self.confidence_threshold is not None and self.remasking == "entropy":
+            raise ValueError(
+                "confidence_threshold needs a confidence in [0, 1], but remasking='entropy' scores -H <= 0: use "
+                "remasking='low_confidence' or 'margin' with a threshold."
+            )
         if self.generation_chunk_size is not None and self.generation_chunk_size < 1:
             raise ValueError(f"generation_chunk_size={self.generation_chunk_size} must be >= 1 or None.")
 

@@ -23,9 +23,10 @@ from trl.trainer.utils import pad, use_adapter
 from .config import DiffusionGRPOConfig
 from .core.likelihood import LikelihoodOutput, estimate
 from .core.objectives import OBJECTIVES
+from .core.block_sampling import generate_block_causal
 from .core.sampling import generate
 from .core.trajectory import trajectory_entropies
-from .models import make_bidirectional, model_logits_fn, resolve_model_spec
+from .models import make_bidirectional, model_logits_fn, require_4d_mask, resolve_model_spec
 
 
 @dataclass
@@ -66,10 +67,41 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         make_bidirectional(self.accelerator.unwrap_model(self.model))
         if self.ref_model is not None:
             make_bidirectional(self.accelerator.unwrap_model(self.ref_model))
-        self.eos_token_ids = sorted(set(self.eos_token_ids) | set(self.model_spec.eos_token_ids))
+        # TRL lists the tokenizer's EOS first; early exit fills with the first id, so keep that order.
+        self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *self.model_spec.eos_token_ids]))
+        self._check_block_layout()
         self._estimation_context: _EstimationContext | None = None
         self._deferring_scoring = False
         self._pending_rollout: dict[str, torch.Tensor] | None = None
+
+    @property
+    def _block_causal(self) -> bool:
+        return self.model_spec.family == "block"
+
+    def _check_block_layout(self) -> None:
+        """Block-diffusion models fix the block size and need 4-D masks; check the config against the model."""
+        args = self.args
+        if args.estimator == "block":
+            require_4d_mask(self.model_spec, "the block estimator")
+        if not self._block_causal:
+            return
+        require_4d_mask(self.model_spec, "block-causal generation")
+        block = self.model_spec.block_length
+        if args.block_length not in (block, args.max_completion_length):
+            raise ValueError(f"block_length={args.block_length}, but this block-diffusion model has blocks of {block}.")
+        if args.max_completion_length % block or args.diffusion_steps % (args.max_completion_length // block):
+            raise ValueError(
+                f"max_completion_length={args.max_completion_length} must be a multiple of the model's block length "
+                f"{block}, and diffusion_steps={args.diffusion_steps} a multiple of the number of blocks."
+            )
+        if args.cfg_scale:
+            raise ValueError("cfg_scale > 0 is not supported for block-causal generation; set cfg_scale=0.")
+        if args.estimator not in ("block", "trajectory"):
+            raise ValueError(
+                f"estimator={args.estimator!r} scores with bidirectional attention, which a block-causal model was not "
+                "trained for: use estimator='block' (staircase attention) or 'trajectory' (AGRPO)."
+            )
+        args.block_length = block
 
     # ------------------------------------------------------------------ generation
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -93,16 +125,22 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             torch.no_grad(),
             self._dist.summon_full_params(self.model_wrapped, recurse=False),
         ):
-            logits_fn = model_logits_fn(unwrapped_model, self.model_spec)
+            if self._block_causal:  # the module itself: the exact KV cache needs past_key_values
+                sampler, model, options = generate_block_causal, unwrapped_model, self._sampling_options()
+                options.pop("cfg_scale")
+                options["use_cache"] = self.args.block_kv_cache
+            else:
+                sampler, options = generate, self._sampling_options()
+                model = model_logits_fn(unwrapped_model, self.model_spec)
             outputs = [
-                generate(logits_fn, input_ids[start : start + chunk], attention_mask[start : start + chunk],
-                         generator=noise, **self._sampling_options())
+                sampler(model, input_ids[start : start + chunk], attention_mask[start : start + chunk],
+                        generator=noise, **options)
                 for start in range(0, input_ids.size(0), chunk)
             ]
         canvas = torch.cat([out.completion_ids for out in outputs])
         mode = "train" if self.model.training else "eval"
-        forwards = sum(out.num_forwards for out in outputs)
-        self._metrics[mode]["generation/forwards_per_token"].append(forwards / max(1, canvas.numel()))
+        row_forwards = sum(out.num_row_forwards for out in outputs)  # a forward of B rows counts B
+        self._metrics[mode]["generation/forwards_per_token"].append(row_forwards / max(1, canvas.numel()))
         self._pending_rollout = {"completion_ids": canvas}
         if self.args.records_trajectory:
             self._pending_rollout["unmask_step"] = torch.cat([out.unmask_step for out in outputs])
@@ -295,6 +333,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             "step_samples": args.step_samples,
             "step_sampling": args.step_sampling,
             **self._sampling_distribution(),  # the trajectory estimator replays the rollout's distribution
+            "block_length": self.args.block_length,  # the block estimator's blocks
+            "block_causal": self._block_causal,  # the trajectory estimator replays under the block-causal mask
         }
 
     # ------------------------------------------------------------------ loss

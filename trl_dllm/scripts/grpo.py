@@ -81,6 +81,8 @@ def resolve_reward_funcs(names: Sequence[str] | None, task: str | None) -> list[
     from ..rewards import REWARD_FUNCS
     from ..tasks import TASK_REWARDS
 
+    if task is not None and task not in TASK_REWARDS:
+        raise UsageError(f"task: unknown task {task!r}; known: {', '.join(sorted(TASK_REWARDS))}")
     if not names:
         if task is None:
             raise UsageError("reward_funcs is not set and there is no task to take default rewards from")

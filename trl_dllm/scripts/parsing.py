@@ -51,7 +51,11 @@ def exit_on_bad_input(prog: str) -> Iterator[None]:
 
 
 class ScriptParser(TrlParser):
-    """`TrlParser` whose argparse errors raise `UsageError` (the default prints the full usage, then exits)."""
+    """`TrlParser` whose argparse errors raise `UsageError` (the default prints the full usage, then exits), and
+    which takes no abbreviated flags (`--num_iteration` is a typo, not `--num_iterations`)."""
+
+    def __init__(self, dataclass_types, **kwargs):
+        super().__init__(dataclass_types, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):
         raise UsageError(message)

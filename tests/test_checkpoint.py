@@ -1,0 +1,98 @@
+"""Save and resume through TRL's `resume_from_checkpoint` on the tiny model (one process).
+
+With `num_iterations = 2` a generation cycle spans two optimizer steps: rollouts (with their old-policy estimates and
+Monte Carlo seeds) are made at steps 1 and 3 and reused at steps 2 and 4. TRL's checkpoint restores the weights,
+optimizer, scheduler, RNG and data position, so resuming at a cycle boundary replays the uninterrupted run exactly.
+The buffered rollouts and the step counter that picks the inner iteration live on the trainer (`_buffered_inputs`,
+`_step`) and are not saved: resuming inside a cycle regenerates and restarts at iteration 0.
+"""
+
+import json
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+
+from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
+from trl_dllm.scripts import grpo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def checksum_reward(completions, **kwargs):
+    return [zlib.crc32(str(c).encode()) % 1000 / 1000 for c in completions]
+
+
+def make_trainer(model_path, output_dir):
+    sizes = dict(per_device_train_batch_size=2, num_generations=2, max_completion_length=8, block_length=4)
+    run = dict(max_steps=4, learning_rate=1e-2, save_strategy="steps", save_steps=1, logging_steps=1, seed=0)
+    cpu = dict(report_to="none", use_cpu=True, bf16=False, activation_checkpointing=False)
+    args = DiffusionGRPOConfig(
+        output_dir=str(output_dir), diffusion_steps=4, loss_type="espo", num_iterations=2, **sizes, **run, **cpu
+    )
+    dataset = Dataset.from_dict({"prompt": [f"add {i} and {i + 1} ." for i in range(8)]})
+    return DiffusionGRPOTrainer(model=model_path, reward_funcs=checksum_reward, args=args, train_dataset=dataset)
+
+
+def weights(trainer):
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+
+def losses(trainer):
+    return [log["loss"] for log in trainer.state.log_history if "loss" in log]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_path, tmp_path_factory):
+    """Four steps, a checkpoint after each."""
+    output_dir = tmp_path_factory.mktemp("uninterrupted")
+    trainer = make_trainer(tiny_model_path, output_dir)
+    trainer.train()
+    return output_dir, weights(trainer), losses(trainer)
+
+
+def resume(tiny_model_path, tmp_path, checkpoint):
+    trainer = make_trainer(tiny_model_path, tmp_path)
+    trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert trainer.state.global_step == 4
+    return weights(trainer), losses(trainer)
+
+
+def assert_same_run(resumed, uninterrupted):
+    (resumed_weights, resumed_losses), (_, reference_weights, reference_losses) = resumed, uninterrupted
+    assert resumed_losses == pytest.approx(reference_losses, abs=1e-6)
+    for name, value in reference_weights.items():
+        torch.testing.assert_close(resumed_weights[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_checkpoint_holds_trl_state(uninterrupted):
+    checkpoint = uninterrupted[0] / "checkpoint-2"
+    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"):
+        assert (checkpoint / name).is_file(), name
+
+
+def test_resume_at_cycle_boundary_is_exact(tiny_model_path, tmp_path, uninterrupted):
+    assert_same_run(resume(tiny_model_path, tmp_path, uninterrupted[0] / "checkpoint-2"), uninterrupted)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="DiffusionGRPOTrainer does not checkpoint `_step` and `_buffered_inputs` yet: resuming inside a "
+    "generation cycle regenerates rollouts and restarts the inner iteration at 0 (see the module docstring).",
+)
+def test_resume_inside_cycle_is_exact(tiny_model_path, tmp_path, uninterrupted):
+    assert_same_run(resume(tiny_model_path, tmp_path, uninterrupted[0] / "checkpoint-1"), uninterrupted)
+
+
+def test_cli_resumes_from_last_checkpoint(tiny_model_path, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    argv = ["--config", "recipes/tiny/stabledrl_gsm8k.yaml", "--model_name_or_path", tiny_model_path]
+    argv += ["--output_dir", str(tmp_path), "--save_strategy", "steps", "--save_steps", "1"]
+    grpo.main([*argv, "--max_steps", "1"])
+    assert (tmp_path / "checkpoint-1").is_dir()
+    grpo.main([*argv, "--resume_from_checkpoint", "true"])  # the last checkpoint in output_dir
+    state = json.loads((tmp_path / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+    assert [log["step"] for log in state["log_history"] if "loss" in log] == [1, 2]

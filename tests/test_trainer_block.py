@@ -1,0 +1,42 @@
+"""DiffusionGRPOTrainer on a block-diffusion model: block-causal rollouts with a KV cache, AGRPO replay, and the
+staircase `block` estimator under StableDRL, ESPO and TRL's loss types."""
+
+import pytest
+from test_trainer import distinct_tokens_reward, make_args, make_dataset, train_and_check
+
+from trl_dllm import DiffusionGRPOTrainer
+
+
+def make_trainer(tmp_path, model_path, **overrides):
+    args = make_args(tmp_path, **overrides)
+    return DiffusionGRPOTrainer(model=model_path, reward_funcs=distinct_tokens_reward, args=args,
+                                train_dataset=make_dataset())
+
+
+def test_agrpo_on_block_model(tmp_path, tiny_block_model_path):
+    trainer = make_trainer(tmp_path, tiny_block_model_path, loss_type="agrpo", estimator="trajectory",
+                           step_samples=2, num_iterations=2, block_length=8)
+    assert trainer.args.block_length == 4  # the model's block size replaces the one-block default
+    train_and_check(trainer)
+
+
+def test_block_rollouts_cached_and_uncached_agree(tmp_path, tiny_block_model_path):
+    trainer = make_trainer(tmp_path, tiny_block_model_path, loss_type="agrpo", estimator="trajectory",
+                           temperature=0.0, max_steps=1)
+    prompts = [{"prompt": "add 1 and 2 ."}, {"prompt": "sort 3 1 2 ."}, {"prompt": "add 1 and 2 ."}]
+    completions = {}
+    for use_cache in (True, False):
+        trainer.args.block_kv_cache = use_cache
+        completions[use_cache] = trainer._generate_and_score_completions(prompts)["completion_ids"]
+    assert (completions[True] == completions[False]).all()
+
+
+def test_bidirectional_estimator_on_block_model_is_rejected(tmp_path, tiny_block_model_path):
+    with pytest.raises(ValueError, match="estimator='elbo' scores with bidirectional attention"):
+        make_trainer(tmp_path, tiny_block_model_path, loss_type="stabledrl", estimator="elbo")
+
+
+def test_block_length_must_match_the_model(tmp_path, tiny_block_model_path):
+    with pytest.raises(ValueError, match="block_length=2, but this block-diffusion model has blocks of 4"):
+        make_trainer(tmp_path, tiny_block_model_path, loss_type="agrpo", estimator="trajectory", block_length=2,
+                     diffusion_steps=4)

@@ -1,0 +1,277 @@
+"""The CPU demo: a tiny dLLM that visibly learns with `DiffusionGRPOTrainer`, and the StableDRL-vs-GRPO study.
+
+    python -m trl_dllm.demo                 # warm start + StableDRL, <= 10 min on 2 cores → demo_out/
+    python -m trl_dllm.demo --stability     # grpo vs stabledrl, noisy ratios, 3 seeds → demo_out/stability.png
+    python -m trl_dllm.demo --quick         # a few steps of a tiny model (what the tests run)
+
+Held-out numbers are greedy decodes (temperature 0, `trl_dllm.core.sampling.generate`) of the task's test split scored
+by the task's reward — the same function before and after training. The checkpoint kept is the best on a separate
+*val* split, so the test split never selects anything. See docs/demo.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+from ..config import DiffusionGRPOConfig
+from ..core.sampling import generate
+from ..models import model_logits_fn, resolve_model_spec
+from ..testing import build_tiny_model, build_tokenizer
+from ..trainer import DiffusionGRPOTrainer
+from .tasks import EXTRA_WORDS, Task, get_task
+from .warmstart import warm_start
+
+
+@dataclass
+class DemoConfig:
+    """Every knob of the demo; the defaults are what `make demo` runs."""
+
+    task: str = "sort"
+    out_dir: str = "demo_out"
+    seed: int = 0
+    # the model: a bidirectional Llama, 4 layers, hidden 128 (≈0.68M parameters)
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 256
+    # warm start: masked-diffusion SFT
+    sft_steps: int = 40
+    sft_batch_size: int = 64
+    sft_learning_rate: float = 1e-3
+    num_train_problems: int = 4000
+    # RL
+    max_steps: int = 600
+    max_minutes: float = 8.0  # wall-clock budget of the RL phase; training stops early when it is spent
+    prompts_per_step: int = 16
+    num_generations: int = 8
+    learning_rate: float = 2e-4
+    temperature: float = 1.0
+    trainer_overrides: dict = field(default_factory=dict)  # any other DiffusionGRPOConfig field
+    # evaluation
+    eval_every: int = 25
+    num_val: int = 128
+    num_test: int = 256
+
+
+QUICK = dict(hidden_size=32, num_layers=2, intermediate_size=64, sft_steps=5, num_train_problems=64, max_steps=3,
+             prompts_per_step=2, num_generations=4, eval_every=1, num_val=8, num_test=16)
+
+
+def _demo_trainer_args(cfg: DemoConfig, task: Task, output_dir: str) -> DiffusionGRPOConfig:
+    length = task.completion_length
+    kwargs = dict(
+        output_dir=output_dir, loss_type="stabledrl", estimator="elbo", mc_samples=2, scale_rewards="none",
+        beta=0.0, learning_rate=cfg.learning_rate, lr_scheduler_type="constant", temperature=cfg.temperature,
+        per_device_train_batch_size=cfg.prompts_per_step * cfg.num_generations, num_generations=cfg.num_generations,
+        max_completion_length=length, block_length=length, diffusion_steps=length, max_steps=cfg.max_steps,
+        logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=cfg.seed, disable_tqdm=True,
+    )
+    return DiffusionGRPOConfig(**{**kwargs, **cfg.trainer_overrides})
+
+
+# --------------------------------------------------------------------------- held-out evaluation
+def decode_completions(tokenizer, completion_ids: torch.Tensor) -> list[str]:
+    """Texts as TRL decodes them for the rewards: cut after the first EOS, special tokens skipped."""
+    texts = []
+    for row in completion_ids.tolist():
+        if tokenizer.eos_token_id in row:
+            row = row[: row.index(tokenizer.eos_token_id) + 1]
+        texts.append(tokenizer.decode(row, skip_special_tokens=True))
+    return texts
+
+
+@torch.no_grad()
+def greedy_eval(model, tokenizer, task: Task, problems: list[dict]) -> dict:
+    """Mean reward and exact-match accuracy (reward == 1) of greedy diffusion decodes of `problems`."""
+    was_training = model.training
+    model.eval()
+    spec = resolve_model_spec(model, tokenizer)
+    enc = tokenizer([p["prompt"] for p in problems], add_special_tokens=False, padding=True, padding_side="left",
+                    return_tensors="pt")
+    length = task.completion_length
+    out = generate(model_logits_fn(model, spec), enc["input_ids"], enc["attention_mask"],
+                   mask_token_id=spec.mask_token_id, gen_length=length, diffusion_steps=length, block_length=length)
+    rewards = task.score(decode_completions(tokenizer, out.completion_ids), problems)
+    model.train(was_training)
+    return {"reward": sum(rewards) / len(rewards), "accuracy": sum(r == 1.0 for r in rewards) / len(rewards)}
+
+
+class HeldOutCallback(TrainerCallback):
+    """Every `eval_every` steps: greedy val/test evaluation, best-on-val weights kept in memory, a rich progress bar,
+    and a wall-clock budget (`control.should_training_stop` once `max_minutes` are spent)."""
+
+    def __init__(self, tokenizer, task, val, test, eval_every, max_minutes, progress=None, label="RL"):
+        self.tokenizer, self.task, self.val, self.test = tokenizer, task, val, test
+        self.eval_every, self.budget_s = eval_every, 60.0 * max_minutes
+        self.curve: list[dict] = []
+        self.best: dict | None = None
+        self.best_state: dict | None = None
+        self.progress, self.label, self._bar, self._reward = progress, label, None, float("nan")
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.monotonic()
+        if self.progress is not None:
+            self._bar = self.progress.add_task(self.label, total=state.max_steps, info="")
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "reward" in logs:
+            self._reward = logs["reward"]
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        step = state.global_step
+        out_of_time = time.monotonic() - self.start > self.budget_s
+        if out_of_time:
+            control.should_training_stop = True
+        if self.val is not None and (step % self.eval_every == 0 or step == state.max_steps or out_of_time):
+            self.evaluate(model, step)
+        if self._bar is not None:
+            best = f" | best val {self.best['val_reward']:.2f} @ {self.best['step']}" if self.best else ""
+            self.progress.update(self._bar, completed=step, info=f"reward {self._reward:.2f}{best}")
+
+    def evaluate(self, model, step: int) -> dict:
+        val = greedy_eval(model, self.tokenizer, self.task, self.val)
+        test = greedy_eval(model, self.tokenizer, self.task, self.test)
+        point = {"step": step, "val_reward": val["reward"], "test_reward": test["reward"],
+                 "test_accuracy": test["accuracy"]}
+        self.curve.append(point)
+        if self.best is None or point["val_reward"] > self.best["val_reward"]:
+            self.best = point
+            self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return point
+
+
+def _quiet(trainer: DiffusionGRPOTrainer) -> DiffusionGRPOTrainer:
+    """Drop the Trainer's per-step log printing (the demo draws its own progress bar)."""
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    return trainer
+
+
+def _metric(history: list[dict], name: str) -> tuple[list[int], list[float]]:
+    rows = [(h["step"], h[name]) for h in history if name in h and "step" in h]
+    return [s for s, _ in rows], [float(v) for _, v in rows]
+
+
+# --------------------------------------------------------------------------- warm start
+def prepare(cfg: DemoConfig, console=None) -> dict:
+    """Build the tokenizer and model, warm-start it, save it under `out_dir/warmstart`; draw the three splits."""
+    task = get_task(cfg.task)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(EXTRA_WORDS)
+    model = build_tiny_model(tokenizer, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
+                             num_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size, seed=cfg.seed)
+    train = task.problems("train", cfg.num_train_problems, seed=cfg.seed)
+    val = task.problems("val", cfg.num_val, seed=cfg.seed, unique=True)
+    test = task.problems("test", cfg.num_test, seed=cfg.seed, unique=True)
+    start = time.monotonic()
+    losses = warm_start(model, tokenizer, [p["prompt"] for p in train], [p["answer"] for p in train],
+                        completion_length=task.completion_length, steps=cfg.sft_steps, batch_size=cfg.sft_batch_size,
+                        learning_rate=cfg.sft_learning_rate, seed=cfg.seed)
+    path = str(out / "warmstart")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    before, before_val = greedy_eval(model, tokenizer, task, test), greedy_eval(model, tokenizer, task, val)
+    if console is not None:
+        console.print(f"warm start: {cfg.sft_steps} SFT steps in {time.monotonic() - start:.1f} s, held-out reward "
+                      f"{before['reward']:.3f}, accuracy {before['accuracy']:.3f}")
+    columns = ("prompt", *task.columns)
+    dataset = Dataset.from_list([{c: p[c] for c in columns} for p in train])
+    return {"task": task, "tokenizer": tokenizer, "path": path, "dataset": dataset, "val": val, "test": test,
+            "before": before, "before_val": before_val, "sft_losses": losses, "sft_seconds": time.monotonic() - start}
+
+
+# --------------------------------------------------------------------------- the demo
+def run_demo(cfg: DemoConfig) -> dict:
+    """Warm start, then StableDRL on the task; writes `summary.json`, `reward.png` and the best model to `out_dir`."""
+    from rich.console import Console
+
+    torch.set_num_threads(int(os.environ.get("TRL_DLLM_DEMO_THREADS", 2)))
+    console, wall_start = Console(), time.monotonic()
+    prep = prepare(cfg, console)
+    task, tokenizer = prep["task"], prep["tokenizer"]
+    args = _demo_trainer_args(cfg, task, str(Path(cfg.out_dir) / "trainer"))
+    with _progress(console) as progress:
+        callback = HeldOutCallback(tokenizer, task, prep["val"], prep["test"], cfg.eval_every, cfg.max_minutes,
+                                   progress, label=f"StableDRL on {cfg.task}")
+        trainer = _quiet(DiffusionGRPOTrainer(model=prep["path"], reward_funcs=task.reward, args=args,
+                                              train_dataset=prep["dataset"], callbacks=[callback]))
+        rl_start = time.monotonic()
+        trainer.train()
+        rl_seconds = time.monotonic() - rl_start
+    last = callback.curve[-1]
+    trainer.model.load_state_dict(callback.best_state)
+    after = greedy_eval(trainer.model, tokenizer, task, prep["test"])
+    trainer.model.save_pretrained(Path(cfg.out_dir) / "best_model")
+    tokenizer.save_pretrained(Path(cfg.out_dir) / "best_model")
+    steps = trainer.state.global_step
+    summary = {
+        "task": cfg.task, "heldout_reward_before": prep["before"]["reward"], "heldout_reward_after": after["reward"],
+        "heldout_accuracy_before": prep["before"]["accuracy"], "heldout_accuracy_after": after["accuracy"],
+        "heldout_reward_last_step": last["test_reward"], "best_step": callback.best["step"],
+        "train_steps": steps, "wall_minutes": (time.monotonic() - wall_start) / 60,
+        "warmstart_minutes": prep["sft_seconds"] / 60, "rl_minutes": rl_seconds / 60,
+        "seconds_per_step": rl_seconds / max(steps, 1), "num_threads": torch.get_num_threads(),
+        "num_heldout": len(prep["test"]), "curve": [{"step": 0, **_zero_point(prep)}, *callback.curve],
+        "train_reward": dict(zip(("steps", "values"), _metric(trainer.state.log_history, "reward"))),
+        "config": asdict(cfg),
+    }
+    Path(cfg.out_dir, "summary.json").write_text(json.dumps(summary, indent=2))
+    plot_reward(summary, Path(cfg.out_dir) / "reward.png")
+    console.print(f"held-out reward {summary['heldout_reward_before']:.3f} → {summary['heldout_reward_after']:.3f} "
+                  f"(accuracy {summary['heldout_accuracy_before']:.3f} → {summary['heldout_accuracy_after']:.3f}; "
+                  f"best val at step {summary['best_step']} of {steps}) in {summary['wall_minutes']:.1f} min. "
+                  f"Wrote {cfg.out_dir}/summary.json and {cfg.out_dir}/reward.png")
+    return summary
+
+
+def _zero_point(prep: dict) -> dict:
+    return {"val_reward": prep["before_val"]["reward"], "test_reward": prep["before"]["reward"],
+            "test_accuracy": prep["before"]["accuracy"]}
+
+
+def _progress(console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[info]}"), console=console)
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_reward(summary: dict, path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    steps, rewards = summary["train_reward"]["steps"], summary["train_reward"]["values"]
+    ax.plot(steps, rewards, color="0.75", lw=0.8, label="train reward (rollouts, T=1)")
+    curve = summary["curve"]
+    xs = [p["step"] for p in curve]
+    ax.plot(xs, [p["test_reward"] for p in curve], "o-", color="C0", label="held-out reward (greedy)")
+    ax.plot(xs, [p["test_accuracy"] for p in curve], "s-", color="C2", label="held-out accuracy (exact)")
+    ax.plot(xs, [p["val_reward"] for p in curve], ":", color="C1", label="val reward (selects checkpoint)")
+    ax.axvline(summary["best_step"], color="C1", lw=0.8, ls="--")
+    ax.set(xlabel="RL step", ylabel="reward / accuracy", ylim=(0, 1),
+           title=f"StableDRL on '{summary['task']}': held-out {summary['heldout_reward_before']:.2f} → "
+                 f"{summary['heldout_reward_after']:.2f} in {summary['wall_minutes']:.1f} min")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
