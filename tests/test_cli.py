@@ -96,6 +96,17 @@ def test_eval_report_is_greedy_and_deterministic(in_repo, tmp_path):
     assert [s["completion"] for s in first["samples"]] == [s["completion"] for s in reports[1]["samples"]]
 
 
+def test_eval_block_diffusion_model(in_repo, tmp_path):
+    from trl_dllm.testing import save_tiny_block_dllm
+
+    model = save_tiny_block_dllm(tmp_path / "block", block_length=4)
+    options = "--task gsm8k --eval_data_files tests/fixtures/gsm8k.jsonl --max_completion_length 8 --diffusion_steps 4"
+    eval_script.main(["--model_name_or_path", model, *options.split(), "--report_file", str(tmp_path / "r.json")])
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["decoding"]["model_family"] == "block" and report["decoding"]["block_length"] == 4
+    assert report["num_samples"] == 4
+
+
 def test_resume_true_means_the_last_checkpoint(tmp_path):
     assert grpo.resume_checkpoint("true") is True and grpo.resume_checkpoint(False) is None
     assert grpo.resume_checkpoint(str(tmp_path)) == str(tmp_path)

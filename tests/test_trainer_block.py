@@ -40,3 +40,22 @@ def test_block_length_must_match_the_model(tmp_path, tiny_block_model_path):
     with pytest.raises(ValueError, match="block_length=2, but this block-diffusion model has blocks of 4"):
         make_trainer(tmp_path, tiny_block_model_path, loss_type="agrpo", estimator="trajectory", block_length=2,
                      diffusion_steps=4)
+
+
+@pytest.mark.parametrize("loss_type,beta", [("stabledrl", 0.0), ("espo", 0.04), ("bnpo", 0.04)])
+def test_staircase_block_estimator_trains(tmp_path, tiny_block_model_path, loss_type, beta):
+    trainer = make_trainer(tmp_path, tiny_block_model_path, loss_type=loss_type, estimator="block", beta=beta,
+                           num_iterations=2)
+    train_and_check(trainer)
+
+
+def test_block_estimator_needs_a_4d_mask_model(tmp_path, tiny_model_path, monkeypatch):
+    import dataclasses
+
+    import trl_dllm.trainer as trainer_module
+
+    real = trainer_module.resolve_model_spec
+    monkeypatch.setattr(trainer_module, "resolve_model_spec",
+                        lambda *a, **k: dataclasses.replace(real(*a, **k), accepts_4d_mask=False))
+    with pytest.raises(ValueError, match="the block estimator needs a model that accepts a 4-D attention mask"):
+        make_trainer(tmp_path, tiny_model_path, loss_type="stabledrl", estimator="block", block_length=4)

@@ -59,8 +59,9 @@ class DiffusionGRPOConfig(GRPOConfig):
 
         estimator (`str`, *optional*, defaults to `"elbo"`):
             Sequence log-likelihood estimator: `"mean_field"` (d1's one-step estimate), `"elbo"` (Monte Carlo ELBO,
-            LLaDA/ESPO), `"coupled"` (DiffuCoder's complementary masks) or `"trajectory"` (AGRPO: replays sampled
-            steps of the recorded rollout; `loss_type="agrpo"` only). See `docs/estimators.md`.
+            LLaDA/ESPO), `"coupled"` (DiffuCoder's complementary masks), `"block"` (staircase attention for
+            block-diffusion models, StableDRL) or `"trajectory"` (AGRPO: replays sampled steps of the recorded rollout;
+            `loss_type="agrpo"` only). See `docs/estimators.md`.
         mc_samples (`int`, *optional*, defaults to `1`):
             Monte Carlo samples per sequence for `"elbo"` and `"coupled"` (an antithetic or coupled pair counts as one).
         antithetic (`bool`, *optional*, defaults to `True`):
@@ -125,7 +126,7 @@ class DiffusionGRPOConfig(GRPOConfig):
         default=False, metadata={"help": "Finish a row once its first EOS is committed; fill the rest with EOS."}
     )
     estimator: str = field(
-        default="elbo", metadata={"help": "Likelihood estimator: mean_field, elbo or coupled."}
+        default="elbo", metadata={"help": "Likelihood estimator: mean_field, elbo, coupled, block (staircase) or trajectory (agrpo)."}
     )
     mc_samples: int = field(default=1, metadata={"help": "Monte Carlo samples per sequence (elbo, coupled)."})
     antithetic: bool = field(

@@ -415,9 +415,9 @@ def test_gradients_flow_to_model_parameters(llama, name, options):
 def test_unknown_estimator_and_bad_inputs():
     model = TableModel(4)
     batch = _batch(2, 2, 2)
-    with pytest.raises(ValueError, match="Known estimators: coupled, elbo, mean_field, trajectory"):
+    with pytest.raises(ValueError, match="Known estimators: block, coupled, elbo, mean_field, trajectory"):
         estimate("trajectoryy", model, *batch, mask_token_id=MASK, seeds=torch.arange(2))
-    assert set(ESTIMATORS) == {"mean_field", "elbo", "coupled", "trajectory"}
+    assert set(ESTIMATORS) == {"mean_field", "elbo", "coupled", "trajectory", "block"}
     with pytest.raises(ValueError, match="seeds"):
         elbo(model, *batch, mask_token_id=MASK, seeds=torch.arange(3))
     with pytest.raises(ValueError, match="mc_samples"):

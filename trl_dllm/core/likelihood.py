@@ -315,6 +315,7 @@ def coupled(
     )
 
 
+from .staircase import block  # noqa: E402  (here, not at the top: staircase.py uses LikelihoodOutput and _draw_views)
 from .trajectory import trajectory  # noqa: E402  (here, not at the top: trajectory.py subclasses LikelihoodOutput)
 
 ESTIMATORS: dict[str, Callable[..., LikelihoodOutput]] = {
@@ -322,6 +323,7 @@ ESTIMATORS: dict[str, Callable[..., LikelihoodOutput]] = {
     "elbo": elbo,
     "coupled": coupled,
     "trajectory": trajectory,
+    "block": block,
 }
 
 

@@ -2,13 +2,16 @@
 
 A *logits function* maps a canvas to per-position vocabulary logits::
 
-    logits_fn(input_ids, attention_mask=None, positions=None) -> logits
+    logits_fn(input_ids, attention_mask=None, positions=None, *, position_ids=None) -> logits
 
 - ``input_ids`` (`torch.LongTensor` of shape `(B, N)`): the canvas, with masked positions set to the mask id.
 - ``attention_mask`` (`torch.Tensor` of shape `(B, N)` or `(B, 1, N, N)`, *optional*): 2-D padding mask (1 = visible),
   or a 4-D additive float mask (0 = visible, -inf = blocked) for block-causal / staircase layouts.
 - ``positions`` (`torch.LongTensor` of shape `(K,)`, *optional*): the canvas positions whose logits are needed, shared
   by every row. ``None`` means all ``N`` positions.
+- ``position_ids`` (`torch.LongTensor` of shape `(B, N)`, *optional*, keyword only): explicit position ids, for layouts
+  where two canvas positions share a position id (the staircase layout of :mod:`trl_dllm.core.staircase`). Only
+  callers that need them pass them, so a logits function that never serves such a layout may omit the argument.
 
 It returns `torch.Tensor` of shape `(B, K, V)` (or `(B, N, V)`), where row ``k`` holds the prediction *for* canvas
 position ``positions[k]`` — any logit shift of the model family (Dream predicts position ``i + 1`` at ``i``) is already
@@ -28,6 +31,9 @@ LogitsFn = Callable[..., torch.Tensor]
 def module_logits_fn(model: nn.Module, *, shift_logits: bool = False, logits_to_keep: bool = True) -> LogitsFn:
     """Wrap a Hugging Face style module (``model(input_ids=..., attention_mask=...).logits``) as a logits function.
 
+    The returned function also takes an optional keyword ``position_ids`` `(B, N)`, forwarded to the module only when
+    given (the staircase layout needs it).
+
     Args:
         model (`nn.Module`): any module returning an object with ``.logits`` of shape `(B, N, V)`.
         shift_logits (`bool`): the model predicts position ``i + 1`` at ``i`` (Dream). The prediction for position
@@ -36,13 +42,15 @@ def module_logits_fn(model: nn.Module, *, shift_logits: bool = False, logits_to_
             by transformers' causal-LM heads) so the LM head runs on those rows only; otherwise slice afterwards.
     """
 
-    def logits_fn(input_ids, attention_mask=None, positions=None):
+    def logits_fn(input_ids, attention_mask=None, positions=None, *, position_ids=None):
         source = positions
         if positions is not None and shift_logits:
             source = (positions - 1).clamp(min=0)
         kwargs = {"input_ids": input_ids}
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask
+        if position_ids is not None:  # not passed otherwise: the model keeps its default 0..N-1
+            kwargs["position_ids"] = position_ids
         if source is not None and logits_to_keep:
             return model(**kwargs, logits_to_keep=source).logits
         logits = model(**kwargs).logits

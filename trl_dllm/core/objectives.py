@@ -456,7 +456,7 @@ def agrpo(
 
 
 OBJECTIVES: dict[str, Objective] = {
-    "espo": Objective(fn=espo, estimators=("elbo", "coupled")),
-    "stabledrl": Objective(fn=stabledrl, estimators=("elbo", "coupled", "mean_field"), needs_group_ids=True),
+    "espo": Objective(fn=espo, estimators=("elbo", "coupled", "block")),
+    "stabledrl": Objective(fn=stabledrl, estimators=("elbo", "coupled", "mean_field", "block"), needs_group_ids=True),
     "agrpo": Objective(fn=agrpo, estimators=("trajectory",), needs_trajectory=True),
 }

@@ -275,3 +275,105 @@ def plot_reward(summary: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+# --------------------------------------------------------------------------- the instability in miniature
+# Likelihood-noise levels of the study. Every level draws fresh masks for the old and current passes
+# (`independent_mc_noise=True`), so estimator noise enters the importance ratio; fewer views = more noise.
+NOISE_LEVELS: dict[str, dict] = {
+    "low": dict(mc_samples=4, antithetic=True),
+    "medium": dict(mc_samples=1, antithetic=True),
+    "high": dict(mc_samples=1, antithetic=False),
+}
+
+
+@dataclass
+class StabilityConfig:
+    """The study: each loss type × seed trains from the same warm start, in the noisy-ratio regime."""
+
+    loss_types: tuple[str, ...] = ("grpo", "stabledrl")
+    seeds: tuple[int, ...] = (0, 1, 2)
+    noise: str = "medium"
+    num_iterations: int = 4
+    max_steps: int = 80
+    max_minutes_per_run: float = 2.5
+
+
+def run_stability(cfg: DemoConfig, study: StabilityConfig) -> dict:
+    """Train every (loss type, seed) pair; write `stability.json` and `stability.png` to `cfg.out_dir`."""
+    from rich.console import Console
+
+    torch.set_num_threads(int(os.environ.get("TRL_DLLM_DEMO_THREADS", 2)))
+    console, wall_start = Console(), time.monotonic()
+    prep = prepare(replace(cfg, max_steps=study.max_steps), console)
+    runs = []
+    with _progress(console) as progress:
+        for loss_type in study.loss_types:
+            for seed in study.seeds:
+                runs.append(_stability_run(cfg, study, prep, loss_type, seed, progress))
+    result = {"noise": study.noise, "estimator": NOISE_LEVELS[study.noise], "study": asdict(study),
+              "wall_minutes": (time.monotonic() - wall_start) / 60, "runs": runs, "config": asdict(cfg)}
+    name = "stability" if study.noise == "medium" else f"stability_{study.noise}"
+    Path(cfg.out_dir, f"{name}.json").write_text(json.dumps(result, indent=2))
+    plot_stability(result, Path(cfg.out_dir) / f"{name}.png")
+    for run in runs:
+        console.print(_describe(run))
+    console.print(f"{len(runs)} runs in {result['wall_minutes']:.1f} min. Wrote {cfg.out_dir}/{name}.json and .png")
+    return result
+
+
+def _stability_run(cfg, study, prep, loss_type, seed, progress) -> dict:
+    overrides = dict(loss_type=loss_type, seed=seed, independent_mc_noise=True, num_iterations=study.num_iterations,
+                     max_steps=study.max_steps, **NOISE_LEVELS[study.noise])
+    run_cfg = replace(cfg, trainer_overrides={**cfg.trainer_overrides, **overrides})
+    args = _demo_trainer_args(run_cfg, prep["task"], str(Path(cfg.out_dir) / "trainer"))
+    callback = HeldOutCallback(prep["tokenizer"], prep["task"], None, None, 0, study.max_minutes_per_run, progress,
+                               label=f"{loss_type} seed {seed}")
+    trainer = _quiet(DiffusionGRPOTrainer(model=prep["path"], reward_funcs=prep["task"].reward, args=args,
+                                          train_dataset=prep["dataset"], callbacks=[callback]))
+    start = time.monotonic()
+    trainer.train()
+    history = trainer.state.log_history
+    run = {"loss_type": loss_type, "seed": seed, "seconds": time.monotonic() - start,
+           "after": greedy_eval(trainer.model, prep["tokenizer"], prep["task"], prep["test"])["reward"],
+           "before": prep["before"]["reward"]}
+    for name in ("grad_norm", "ratio/max", "reward"):
+        steps, values = _metric(history, name)
+        run["steps"], run[name] = steps, values
+    return run
+
+
+def _describe(run: dict) -> str:
+    grads = [g for g in run["grad_norm"] if g == g]  # drop NaN
+    finite = all(torch.isfinite(torch.tensor(run["grad_norm"])).tolist())
+    return (f"{run['loss_type']:>9} seed {run['seed']}: grad norm max {max(grads, default=float('nan')):.3g} "
+            f"(median {sorted(grads)[len(grads) // 2] if grads else float('nan'):.3g}{'' if finite else ', non-finite'}),"
+            f" ratio max {max(run['ratio/max'], default=float('nan')):.3g}, held-out reward "
+            f"{run['before']:.2f} → {run['after']:.2f}")
+
+
+def plot_stability(result: dict, path: Path) -> None:
+    plt = _plt()
+    loss_types = list(dict.fromkeys(r["loss_type"] for r in result["runs"]))
+    metrics = (("grad_norm", "gradient norm (before clipping)", True), ("ratio/max", "max importance ratio", True),
+               ("reward", "train reward", False))
+    fig, axes = plt.subplots(len(metrics), len(loss_types), figsize=(5 * len(loss_types), 7.5), dpi=110,
+                             sharex=True, sharey="row", squeeze=False)
+    for col, loss_type in enumerate(loss_types):
+        for run in (r for r in result["runs"] if r["loss_type"] == loss_type):
+            for row, (name, label, log) in enumerate(metrics):
+                ax = axes[row][col]
+                values = [v if v == v and abs(v) != float("inf") else float("nan") for v in run[name]]
+                ax.plot(run["steps"], values, lw=1, label=f"seed {run['seed']}")
+                ax.set_yscale("log" if log else "linear")
+                ax.set_ylabel(label if col == 0 else "")
+                ax.grid(alpha=0.3)
+        axes[0][col].set_title(f"{loss_type} ({'TRL loss' if loss_type != 'stabledrl' else 'trl_dllm'})")
+        axes[-1][col].set_xlabel("RL step")
+    axes[0][0].legend(fontsize=8)
+    est = result["estimator"]
+    fig.suptitle(f"independent MC noise, num_iterations={result['study']['num_iterations']}, "
+                 f"mc_samples={est['mc_samples']}, antithetic={est['antithetic']} (noise '{result['noise']}')")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -96,37 +96,53 @@ def prompt_texts(prompts, tokenizer) -> list[str]:
     return list(prompts)
 
 
-def decode_batch(model, tokenizer, spec, args, eval_args, texts: list[str], generator) -> list[str]:
-    """Diffusion-decode the completions of `texts`, cut after the first EOS, as text."""
+def eos_ids(tokenizer, spec) -> list[int]:
+    """The ids that end a completion, the tokenizer's first (it fills the canvas after an early exit), as the trainer."""
+    first = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    return list(dict.fromkeys([*first, *spec.eos_token_ids]))
+
+
+def sampler_for(model, spec, args, eval_args, eos_token_ids: list[int]):
+    """`(sampler, model or logits_fn, options)` for decoding, chosen as `DiffusionGRPOTrainer._generate_single_turn`
+    chooses them (block-causal models decode with their native blocks and a KV cache), with the eval temperature."""
+    from ..core.block_sampling import generate_block_causal
     from ..core.sampling import generate
     from ..models import model_logits_fn
 
+    options = {
+        "mask_token_id": spec.mask_token_id,
+        "gen_length": args.max_completion_length,
+        "diffusion_steps": args.diffusion_steps,
+        "block_length": args.block_length,
+        "remasking": args.remasking,
+        "temperature": eval_args.eval_temperature,
+        "top_k": args.top_k or None,
+        "top_p": args.top_p if args.top_p is not None and args.top_p < 1.0 else None,
+        "confidence_threshold": args.confidence_threshold,
+        "eos_token_ids": eos_token_ids,
+        "eos_early_exit": args.eos_early_exit,
+    }
+    if spec.family == "block":
+        options.update(block_length=spec.block_length, use_cache=args.block_kv_cache)
+        return generate_block_causal, model, options
+    return generate, model_logits_fn(model, spec), {**options, "cfg_scale": args.cfg_scale}
+
+
+def decode_batch(model, tokenizer, spec, args, eval_args, texts: list[str], generator) -> list[str]:
+    """Diffusion-decode the completions of `texts`, cut before the first EOS, as text."""
     rows = [torch.tensor(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
     width = max(len(r) for r in rows)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else spec.eos_token_ids[0]
+    eos = eos_ids(tokenizer, spec)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     input_ids = torch.stack([torch.cat([r.new_full((width - len(r),), pad), r]) for r in rows])  # left padding
     attention_mask = torch.stack([torch.cat([torch.zeros(width - len(r)), torch.ones(len(r))]) for r in rows]).long()
     device = next(model.parameters()).device
-    out = generate(
-        model_logits_fn(model, spec),
-        input_ids.to(device),
-        attention_mask.to(device),
-        mask_token_id=spec.mask_token_id,
-        gen_length=args.max_completion_length,
-        diffusion_steps=args.diffusion_steps,
-        block_length=args.block_length,
-        temperature=eval_args.eval_temperature,
-        top_k=args.top_k or None,
-        top_p=args.top_p if args.top_p is not None and args.top_p < 1.0 else None,
-        remasking=args.remasking,
-        cfg_scale=args.cfg_scale,
-        generator=generator,
-    )
-    eos = torch.tensor(sorted(set(spec.eos_token_ids)), device=out.completion_ids.device)
+    sampler, denoiser, options = sampler_for(model, spec, args, eval_args, eos)
+    out = sampler(denoiser, input_ids.to(device), attention_mask.to(device), generator=generator, **options)
+    is_eos = torch.isin(out.completion_ids, torch.tensor(eos, device=out.completion_ids.device))
     texts = []
-    for row in out.completion_ids:
-        hits = torch.isin(row, eos).nonzero()
-        end = int(hits[0]) if len(hits) else row.numel()
+    for row, hits in zip(out.completion_ids, is_eos):
+        end = int(hits.nonzero()[0]) if hits.any() else row.numel()
         texts.append(tokenizer.decode(row[:end].tolist(), skip_special_tokens=True))
     return texts
 
@@ -199,12 +215,13 @@ def evaluate(setup: EvalSetup, eval_args: EvalArguments, args, model_args) -> di
         "mean_rewards": means,
         "decoding": {
             "max_completion_length": args.max_completion_length,
-            "block_length": args.block_length,
+            "block_length": spec.block_length if spec.family == "block" else args.block_length,
             "diffusion_steps": args.diffusion_steps,
             "remasking": args.remasking,
             "temperature": eval_args.eval_temperature,
             "cfg_scale": args.cfg_scale,
             "mask_token_id": spec.mask_token_id,
+            "model_family": spec.family,
         },
         "seconds": round(time.perf_counter() - start, 3),
         "samples": samples,
@@ -219,9 +236,10 @@ def default_report_file(eval_args: EvalArguments, model_path: str) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     with exit_on_bad_input("trl-dllm eval"):
-        # Mixed-precision flags of a training recipe are for training (bf16 on a CPU-only machine is an error there);
-        # eval casts the model with `dtype` instead.
-        eval_args, args, model_args = make_parser().parse(argv, defaults={"bf16": False, "fp16": False})
+        # Mixed precision and checkpointing are training settings (bf16 on a CPU-only machine is an error there); eval
+        # casts the model with `dtype` instead.
+        no_training = {"bf16": False, "fp16": False, "activation_checkpointing": False}
+        eval_args, args, model_args = make_parser().parse(argv, defaults=no_training)
         if eval_args.eval_batch_size < 1:
             raise UsageError(f"eval_batch_size={eval_args.eval_batch_size} must be >= 1")
         setup = prepare(eval_args, args, model_args)

@@ -1,0 +1,136 @@
+"""Generation benchmark: what `generate` costs beyond its model forwards (DESIGN §8).
+
+    python -m bench.bench_generation [--quick] [--repeats 2] [--out bench_out]
+
+Reports, measured in one run (see docs/benchmarks.md):
+- ``overhead_ratio``: wall time of `generate` / (number of forwards it made × median time of one standalone forward of
+  the same batch and canvas, LM head on the current block only). Target <= 1.05. ``overhead_ratio_in_run`` divides by
+  the time actually spent inside those forwards instead (forward hooks), which is robust to machine load.
+- ``block_head``: the same generation through a logits function that runs the LM head on the whole canvas and slices
+  afterwards (``logits_to_keep=False``, the reference implementations' way): the speedup of the block-only head.
+- ``threshold``: forwards per generated token with Fast-dLLM threshold decoding (if `generate` has
+  ``confidence_threshold``), on a copy of the model whose LM head is scaled so that its predictions are confident.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import torch
+
+from bench.common import (
+    ForwardTimer,
+    Size,
+    build,
+    emit,
+    environment,
+    floor_ratios,
+    median,
+    parser,
+    random_ids,
+    ratio,
+    setup,
+    timed,
+)
+from trl_dllm.core.logits import module_logits_fn
+from trl_dllm.core.sampling import generate
+
+
+def _generate(model, timer, prompt, keep_positions: bool, **options):
+    """One seeded generation; returns ``((wall, cpu), (wall, cpu) inside forwards, output)``."""
+    timer.reset()
+    logits_fn = module_logits_fn(model, logits_to_keep=keep_positions)
+    generator = torch.Generator().manual_seed(1)
+    wall, cpu, out = timed(generate, logits_fn, prompt, torch.ones_like(prompt), generator=generator, **options)
+    return (wall, cpu), (timer.seconds, timer.cpu_seconds), out
+
+
+def _summary(runs, floor) -> dict:
+    out = runs[0][2]
+    result = floor_ratios([r[0] for r in runs], floor, out.num_forwards)
+    result["ratio_in_run"] = ratio(median(r[0][0] for r in runs), median(r[1][0] for r in runs))
+    result["seconds_per_forward_in_run"] = round(median(r[1][0] for r in runs) / out.num_forwards, 5)
+    result.update(num_forwards=out.num_forwards, forwards_per_token=round(out.forwards_per_token, 4))
+    return {"overhead_" + k if k.startswith("ratio") else k: v for k, v in result.items()}
+
+
+def _threshold(model, size: Size, prompt, threshold: float, sharpen: float, temperature: float) -> dict:
+    """Threshold decoding on one block, LM head scaled by ``sharpen`` (a random model is never confident)."""
+    sharp = copy.deepcopy(model)
+    sharp.lm_head.weight.data.mul_(sharpen)
+    timer = ForwardTimer(sharp)
+    options = dict(mask_token_id=sharp.config.mask_token_id, gen_length=size.block, block_length=size.block)
+    options.update(diffusion_steps=size.block, temperature=temperature, confidence_threshold=threshold)
+    (wall, _), (inside, _), out = _generate(sharp, timer, prompt, True, **options)
+    timer.close()
+    return {
+        "confidence_threshold": threshold,
+        "lm_head_scale": sharpen,
+        "gen_length": size.block,
+        "num_forwards": out.num_forwards,
+        "forwards_per_token": round(out.forwards_per_token, 4),
+        "forwards_per_token_one_token_per_step": 1.0,  # the schedule LLaDA's quality numbers use: L steps for L tokens
+        "overhead_ratio_in_run": ratio(wall, inside),
+    }
+
+
+def run(size: Size, repeats: int = 2, steps_per_block: int = 2, temperature: float = 1.0, threshold: float = 0.9,
+        sharpen: float = 32.0) -> dict:  # fmt: skip
+    tokenizer, model = build(size)
+    prompt = random_ids(size.batch, size.prompt, size.vocab, seed=0)
+    num_blocks = size.completion // size.block
+    options = dict(mask_token_id=tokenizer.mask_token_id, gen_length=size.completion, block_length=size.block)
+    options.update(diffusion_steps=num_blocks * steps_per_block, temperature=temperature)
+    canvas = torch.cat([prompt, prompt.new_full((size.batch, size.completion), tokenizer.mask_token_id)], dim=1)
+    block = torch.arange(size.prompt, size.prompt + size.block)
+
+    def forward(keep):  # one forward of the batch and canvas generate works on
+        return model(input_ids=canvas, attention_mask=torch.ones_like(canvas), logits_to_keep=keep)
+
+    timer = ForwardTimer(model)
+    floor, floor_full, runs = [], [], {"block": [], "full": []}
+    with torch.no_grad():
+        for _ in range(2):  # warm-up: allocator, kernels, one sampling step
+            forward(block)
+        _generate(model, timer, prompt, True, **{**options, "gen_length": size.block, "diffusion_steps": 1})
+        for _ in range(repeats):  # interleaved, so that load changes hit every measurement alike
+            floor.append(timed(forward, block)[:2])
+            floor_full.append(timed(forward, 0)[:2])
+            runs["block"].append(_generate(model, timer, prompt, True, **options))
+            runs["full"].append(_generate(model, timer, prompt, False, **options))
+            floor.append(timed(forward, block)[:2])
+    timer.close()
+    block_only, full = _summary(runs["block"], floor), _summary(runs["full"], floor_full)
+    result = {
+        "benchmark": "generation",
+        "environment": environment(size),
+        "settings": {**{k: v for k, v in options.items() if k != "mask_token_id"}, "repeats": repeats},
+        "forward_seconds": round(median(f[0] for f in floor), 5),
+        **block_only,
+        "target_overhead_ratio": 1.05,
+        "block_head": {
+            "full_canvas_head": full,
+            "speedup_generate": ratio(full["wall_seconds"], block_only["wall_seconds"]),
+            "speedup_per_forward_in_run": ratio(full["seconds_per_forward_in_run"], block_only["seconds_per_forward_in_run"]),
+            "speedup_per_forward_cpu": ratio(median(f[1] for f in floor_full), median(f[1] for f in floor)),
+        },
+    }
+    if "confidence_threshold" in inspect.signature(generate).parameters:
+        with torch.no_grad():
+            result["threshold"] = _threshold(model, size, prompt, threshold, sharpen, temperature)
+    else:
+        result["threshold"] = {"skipped": "generate() has no confidence_threshold argument"}
+    return result
+
+
+def main(argv=None) -> dict:
+    args = parser(__doc__.splitlines()[0]).parse_args(argv)
+    size = setup(args)
+    result = run(size, repeats=args.repeats or (1 if args.quick else 2))
+    emit("generation", result, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()

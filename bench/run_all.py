@@ -1,0 +1,41 @@
+"""Run every benchmark, write ``<out>/<name>.json`` and print them (what ``make bench`` runs).
+
+    python -m bench.run_all [--quick] [--repeats N] [--threads 2] [--out bench_out] [--only generation likelihood ...]
+
+Each benchmark reports ratios measured in one run on this machine (see docs/benchmarks.md): the machine may be
+shared, so absolute times move between runs, ratios much less.
+"""
+
+from __future__ import annotations
+
+import time
+
+from bench import bench_generation, bench_likelihood, bench_train_step
+from bench.common import emit, parser, setup
+
+BENCHMARKS = {
+    "generation": bench_generation.run,
+    "likelihood": bench_likelihood.run,
+    "train_step": bench_train_step.run,
+}
+
+
+def main(argv=None) -> dict:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), default=list(BENCHMARKS))
+    p.set_defaults(out="bench_out")
+    args = p.parse_args(argv)
+    size = setup(args)
+    repeats = args.repeats or (1 if args.quick else 2)
+    results = {}
+    for name in args.only:
+        start = time.perf_counter()
+        options = {"ks": (1, 2)} if args.quick and name == "likelihood" else {}
+        results[name] = BENCHMARKS[name](size, repeats=repeats, **options)
+        results[name]["benchmark_seconds"] = round(time.perf_counter() - start, 1)
+        emit(name, results[name], args.out)
+    return results
+
+
+if __name__ == "__main__":
+    main()
