@@ -13,10 +13,11 @@ Reports, measured in one run (see docs/benchmarks.md):
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
 import os
 import re
-import resource
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -91,7 +92,7 @@ def time_estimators(size: Size, ks, repeats: int) -> tuple[list, dict]:
     return floor, results
 
 
-# --- Peak memory, one fresh process per configuration ---
+# --- Peak memory, in a fresh process ---
 
 
 def _status_kb(field: str) -> int:
@@ -99,49 +100,58 @@ def _status_kb(field: str) -> int:
         return int(re.search(rf"^{field}:\s+(\d+)", f.read(), re.MULTILINE).group(1))
 
 
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # Linux >= 4.0: reset VmHWM to the current RSS
-        return True
-    except OSError:
-        return False
+def _reset_peak() -> None:
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed heap pages back, so RSS is the live memory again
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # Linux >= 4.0: reset VmHWM (peak RSS) to the current RSS
 
 
-def memory_child(spec: dict) -> dict:
-    """In a fresh process: peak RSS growth (MB) of one elbo estimate (+ backward) over the RSS just before it."""
-    size, k, grad = Size(**spec["size"]), spec["k"], spec["grad"]
+def memory_child(spec: dict) -> list[float]:
+    """In a fresh process: for each ``(k, grad)`` of ``spec["configs"]``, the peak RSS growth (MB) of one elbo estimate
+    (+ backward of its sum) over the RSS just before it."""
+    size = Size(**spec["size"])
     tokenizer, model = build(size)
     inputs = _inputs(size, tokenizer.mask_token_id)
     tiny = {key: value[:1, :4] if key.endswith(("_ids", "_mask")) else value for key, value in inputs.items()}
     tiny["seeds"] = inputs["seeds"][:1]
-    with torch.set_grad_enabled(grad):
-        estimate("elbo", model, **tiny).logps.sum()  # warm-up on 1 x 8 tokens: loads kernels, reuses ~no memory
-        before, exact = _status_kb("VmRSS"), _reset_peak()
-        before_max = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        out = estimate("elbo", model, **inputs, mc_samples=k, antithetic=False, mc_batch_size=1)
-        if grad:
-            out.logps.sum().backward()
-    peak = _status_kb("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"peak_mb": round((peak - (before if exact else before_max)) / 1024, 2), "exact": exact}
+    peaks = []
+    for k, grad in spec["configs"]:
+        with torch.set_grad_enabled(grad):
+            estimate("elbo", model, **tiny).logps.sum()  # warm-up on 1 x 8 tokens: loads kernels, holds ~no memory
+            _reset_peak()
+            before = _status_kb("VmRSS")
+            out = estimate("elbo", model, **inputs, mc_samples=k, antithetic=False, mc_batch_size=1)
+            if grad:
+                out.logps.sum().backward()
+            peaks.append(round((_status_kb("VmHWM") - before) / 1024, 2))
+        del out
+        model.zero_grad(set_to_none=True)
+    return peaks
 
 
-def _spawn(spec: dict, threads: int) -> dict:
-    # A fixed mmap threshold: glibc then returns every large tensor to the OS when freed, so RSS tracks live tensors.
+def _spawn(size: Size, configs: list, threads: int) -> list[float]:
+    # A fixed mmap threshold: glibc then maps every tensor >= 64 KiB on its own and unmaps it when freed.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "bench.bench_likelihood", "--threads", str(threads), "--memory-child", json.dumps(spec)]
+    spec = json.dumps({"size": asdict(size), "configs": configs})
+    cmd = [sys.executable, "-m", "bench.bench_likelihood", "--threads", str(threads), "--memory-child", spec]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure_memory(size: Size, ks, threads: int) -> dict:
-    specs = [{"size": asdict(size), "k": k, "grad": grad} for grad in (False, True) for k in ks]
-    with ThreadPoolExecutor(2) as pool:  # memory does not depend on load; two children at a time halve the wall time
-        peaks = list(pool.map(lambda spec: _spawn(spec, threads), specs))
-    method = "VmHWM after /proc/self/clear_refs" if all(p["exact"] for p in peaks) else "ru_maxrss delta"
-    result = {"estimator": "elbo", "antithetic": False, "mc_batch_size": 1, "method": method}
+def measure_memory(size: Size, ks, threads: int, per_process: bool = False) -> dict:
+    """Peak memory of elbo at each K, no_grad and grad: all in one child process, or one process per configuration."""
+    if not (sys.platform.startswith("linux") and os.access("/proc/self/clear_refs", os.W_OK)):
+        return {"skipped": "needs Linux /proc/self/clear_refs to reset the peak RSS"}
+    configs = [(k, grad) for grad in (False, True) for k in ks]
+    if per_process:
+        with ThreadPoolExecutor(2) as pool:  # memory does not depend on load: two children at a time
+            peaks = [p for ps in pool.map(lambda c: _spawn(size, [c], threads), configs) for p in ps]
+    else:
+        peaks = _spawn(size, configs, threads)
+    result = {"estimator": "elbo", "antithetic": False, "mc_batch_size": 1, "per_process": per_process}
     for grad in (False, True):
-        mb = {s["k"]: p["peak_mb"] for s, p in zip(specs, peaks) if s["grad"] == grad}
+        mb = {k: peak for (k, g), peak in zip(configs, peaks) if g == grad}
         result["grad" if grad else "no_grad"] = {
             "peak_mb": {f"k{k}": v for k, v in mb.items()},
             "peak_ratio_to_k1": {f"k{k}": ratio(v, mb[ks[0]]) for k, v in mb.items()},
@@ -149,7 +159,7 @@ def measure_memory(size: Size, ks, threads: int) -> dict:
     return result
 
 
-def run(size: Size, repeats: int = 2, ks=(1, 4, 8), memory: bool = True) -> dict:
+def run(size: Size, repeats: int = 2, ks=(1, 4, 8), memory: bool = True, per_process: bool = False) -> dict:
     floor, estimators = time_estimators(size, ks, repeats)
     result = {
         "benchmark": "likelihood",
@@ -161,20 +171,21 @@ def run(size: Size, repeats: int = 2, ks=(1, 4, 8), memory: bool = True) -> dict
         "target_ratio": "~1 (every forward is needed; the rest is bookkeeping)",
     }
     if memory:
-        result["memory"] = measure_memory(size, ks, torch.get_num_threads())
+        result["memory"] = measure_memory(size, ks, torch.get_num_threads(), per_process)
     return result
 
 
 def main(argv=None) -> dict:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)  # internal: one memory measurement
+    p.add_argument("--per-process", action="store_true", help="one process per memory configuration")
+    p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)  # internal: the memory measurements
     args = p.parse_args(argv)
     size = setup(args)
     if args.memory_child:
         print(json.dumps(memory_child(json.loads(args.memory_child))))
         return {}
     ks = (1, 2) if args.quick else (1, 4, 8)
-    result = run(size, repeats=args.repeats or (1 if args.quick else 2), ks=ks)
+    result = run(size, repeats=args.repeats or (1 if args.quick else 2), ks=ks, per_process=args.per_process)
     emit("likelihood", result, args.out)
     return result
 

@@ -80,10 +80,10 @@ def test_registry():
         assert ("trajectory" in objective.estimators) == objective.needs_trajectory, name
         if objective.needs_trajectory:
             assert objective.estimators == ("trajectory",), name
-    assert OBJECTIVES["espo"].fn is espo and OBJECTIVES["espo"].estimators == ("elbo", "coupled")
+    assert OBJECTIVES["espo"].fn is espo and OBJECTIVES["espo"].estimators == ("elbo", "coupled", "block")
     assert not OBJECTIVES["espo"].needs_group_ids
     assert OBJECTIVES["stabledrl"].fn is stabledrl
-    assert OBJECTIVES["stabledrl"].estimators == ("elbo", "coupled", "mean_field")
+    assert OBJECTIVES["stabledrl"].estimators == ("elbo", "coupled", "mean_field", "block")
     assert OBJECTIVES["stabledrl"].needs_group_ids
     with pytest.raises(AttributeError):  # frozen
         OBJECTIVES["espo"].needs_group_ids = True
