@@ -3,8 +3,8 @@
 With `num_iterations = 2` a generation cycle spans two optimizer steps: rollouts (with their old-policy estimates and
 Monte Carlo seeds) are made at steps 1 and 3 and reused at steps 2 and 4. TRL's checkpoint restores the weights,
 optimizer, scheduler, RNG and data position, so resuming at a cycle boundary replays the uninterrupted run exactly.
-The buffered rollouts and the step counter that picks the inner iteration live on the trainer (`_buffered_inputs`,
-`_step`) and are not saved: resuming inside a cycle regenerates and restarts at iteration 0.
+The buffered rollouts and the step counter that picks the inner iteration (`_buffered_inputs`, `_step`) are not part
+of TRL's checkpoint; DiffusionGRPOTrainer saves them per process, so resuming inside a cycle is exact too.
 """
 
 import json
@@ -77,11 +77,6 @@ def test_resume_at_cycle_boundary_is_exact(tiny_model_path, tmp_path, uninterrup
     assert_same_run(resume(tiny_model_path, tmp_path, uninterrupted[0] / "checkpoint-2"), uninterrupted)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DiffusionGRPOTrainer does not checkpoint `_step` and `_buffered_inputs` yet: resuming inside a "
-    "generation cycle regenerates rollouts and restarts the inner iteration at 0 (see the module docstring).",
-)
 def test_resume_inside_cycle_is_exact(tiny_model_path, tmp_path, uninterrupted):
     assert_same_run(resume(tiny_model_path, tmp_path, uninterrupted[0] / "checkpoint-1"), uninterrupted)
 

@@ -69,6 +69,15 @@ def test_grpo_trains_and_saves(in_repo, tmp_path):
     AutoModelForCausalLM.from_pretrained(out)  # the saved model loads
 
 
+def test_grpo_block_diffusion_model(in_repo, tmp_path, monkeypatch):
+    from trl_dllm.testing import save_tiny_block_dllm
+
+    monkeypatch.setenv("TRL_DLLM_TINY_BLOCK_MODEL", save_tiny_block_dllm(tmp_path / "block", block_length=4))
+    grpo.main(["--config", "recipes/tiny/stabledrl_gsm8k_block.yaml", "--output_dir", str(tmp_path / "out")])
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    assert len([log for log in state["log_history"] if "loss" in log]) == 2
+
+
 def test_grpo_lora_then_eval_the_adapter(in_repo, tmp_path):
     out = tmp_path / "lora"
     grpo.main(["--config", TINY_LORA, "--output_dir", str(out)])

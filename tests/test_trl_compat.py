@@ -18,6 +18,8 @@ HOOKS = {
         "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy", "compute_aux_loss",
     ],
     "_compute_loss": ["model", "inputs"],
+    "_save_optimizer_and_scheduler": ["output_dir"],
+    "_load_optimizer_and_scheduler": ["checkpoint"],
 }
 
 

@@ -13,6 +13,7 @@ Only TRL's override points live here; the math is in `trl_dllm.core`. Overridden
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -23,9 +24,8 @@ from trl.trainer.utils import pad, use_adapter
 from .config import DiffusionGRPOConfig
 from .core.likelihood import LikelihoodOutput, estimate
 from .core.objectives import OBJECTIVES
-from .core.block_sampling import generate_block_causal
-from .core.sampling import generate
 from .core.trajectory import trajectory_entropies
+from .decoding import decoding_plan, sampling_distribution
 from .models import make_bidirectional, model_logits_fn, require_4d_mask, resolve_model_spec
 
 
@@ -125,15 +125,12 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             torch.no_grad(),
             self._dist.summon_full_params(self.model_wrapped, recurse=False),
         ):
-            if self._block_causal:  # the module itself: the exact KV cache needs past_key_values
-                sampler, model, options = generate_block_causal, unwrapped_model, self._sampling_options()
-                options.pop("cfg_scale")
-                options["use_cache"] = self.args.block_kv_cache
-            else:
-                sampler, options = generate, self._sampling_options()
-                model = model_logits_fn(unwrapped_model, self.model_spec)
+            sampler, denoiser, options = decoding_plan(
+                unwrapped_model, self.model_spec, self.args, eos_token_ids=self.eos_token_ids,
+                return_trajectory=self.args.records_trajectory,
+            )
             outputs = [
-                sampler(model, input_ids[start : start + chunk], attention_mask[start : start + chunk],
+                sampler(denoiser, input_ids[start : start + chunk], attention_mask[start : start + chunk],
                         generator=noise, **options)
                 for start in range(0, input_ids.size(0), chunk)
             ]
@@ -146,31 +143,6 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             self._pending_rollout["unmask_step"] = torch.cat([out.unmask_step for out in outputs])
         keep = self._completion_mask(canvas, upto_first_eos=True).bool().cpu()
         return [row[m].tolist() for row, m in zip(canvas.cpu(), keep)], None
-
-    def _sampling_options(self) -> dict:
-        args = self.args
-        return {
-            "mask_token_id": self.model_spec.mask_token_id,
-            "gen_length": args.max_completion_length,
-            "diffusion_steps": args.diffusion_steps,
-            "block_length": args.block_length,
-            "remasking": args.remasking,
-            **self._sampling_distribution(),
-            "confidence_threshold": args.confidence_threshold,
-            "eos_token_ids": self.eos_token_ids,
-            "eos_early_exit": args.eos_early_exit,
-            "return_trajectory": args.records_trajectory,
-        }
-
-    def _sampling_distribution(self) -> dict:
-        """What defines the distribution tokens are sampled from: TRL's temperature / top-k / top-p, and CFG."""
-        args = self.args
-        return {
-            "temperature": args.temperature,
-            "top_k": args.top_k or None,
-            "top_p": args.top_p if args.top_p is not None and args.top_p < 1.0 else None,
-            "cfg_scale": args.cfg_scale,
-        }
 
     def _completion_mask(self, canvas: torch.Tensor, upto_first_eos: bool) -> torch.Tensor:
         """(B, L) long: 1 on positions up to and including the first EOS (everything if no EOS, or if not cutting)."""
@@ -226,7 +198,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             output["completion_ids"],
             mask_token_id=self.model_spec.mask_token_id,
             unmask_step=output["unmask_step"],
-            **self._sampling_distribution(),
+            **sampling_distribution(self.args),
         )
 
     def _add_old_and_ref_estimates(self, output: dict, iterations: int) -> None:
@@ -332,7 +304,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             "mc_batch_size": args.mc_batch_size,
             "step_samples": args.step_samples,
             "step_sampling": args.step_sampling,
-            **self._sampling_distribution(),  # the trajectory estimator replays the rollout's distribution
+            **sampling_distribution(self.args),  # the trajectory estimator replays the rollout's distribution
             "block_length": self.args.block_length,  # the block estimator's blocks
             "block_causal": self._block_causal,  # the trajectory estimator replays under the block-causal mask
         }
@@ -389,6 +361,26 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         if not torch.isfinite(out.loss):
             raise FloatingPointError(f"Non-finite {self.loss_type} loss; metrics: {out.metrics}")
         return out.loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _generation_state_path(self, checkpoint: str) -> str:
+        return os.path.join(checkpoint, f"diffusion_generation_state_{self.accelerator.process_index}.pt")
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        """TRL does not checkpoint the buffered rollouts (with their seeds and old estimates) and the step counter
+        that indexes the inner iteration; save them per process, so a resume inside a generation cycle is exact."""
+        super()._save_optimizer_and_scheduler(output_dir)
+        os.makedirs(output_dir, exist_ok=True)
+        state = {"step": self._step, "buffered_inputs": self._buffered_inputs}
+        torch.save(state, self._generation_state_path(output_dir))
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None or not os.path.isfile(self._generation_state_path(checkpoint)):
+            return
+        state = torch.load(self._generation_state_path(checkpoint), map_location=self.accelerator.device,
+                           weights_only=False)
+        self._step, self._buffered_inputs = state["step"], state["buffered_inputs"]
 
     # ------------------------------------------------------------------ logging
     def _log_scalar(self, name: str, value: torch.Tensor) -> None:

@@ -103,29 +103,11 @@ def eos_ids(tokenizer, spec) -> list[int]:
 
 
 def sampler_for(model, spec, args, eval_args, eos_token_ids: list[int]):
-    """`(sampler, model or logits_fn, options)` for decoding, chosen as `DiffusionGRPOTrainer._generate_single_turn`
-    chooses them (block-causal models decode with their native blocks and a KV cache), with the eval temperature."""
-    from ..core.block_sampling import generate_block_causal
-    from ..core.sampling import generate
-    from ..models import model_logits_fn
+    """`(sampler, model or logits_fn, options)` for decoding, exactly as the trainer decodes (`decoding_plan`), with
+    the eval temperature."""
+    from ..decoding import decoding_plan
 
-    options = {
-        "mask_token_id": spec.mask_token_id,
-        "gen_length": args.max_completion_length,
-        "diffusion_steps": args.diffusion_steps,
-        "block_length": args.block_length,
-        "remasking": args.remasking,
-        "temperature": eval_args.eval_temperature,
-        "top_k": args.top_k or None,
-        "top_p": args.top_p if args.top_p is not None and args.top_p < 1.0 else None,
-        "confidence_threshold": args.confidence_threshold,
-        "eos_token_ids": eos_token_ids,
-        "eos_early_exit": args.eos_early_exit,
-    }
-    if spec.family == "block":
-        options.update(block_length=spec.block_length, use_cache=args.block_kv_cache)
-        return generate_block_causal, model, options
-    return generate, model_logits_fn(model, spec), {**options, "cfg_scale": args.cfg_scale}
+    return decoding_plan(model, spec, args, eos_token_ids=eos_token_ids, temperature=eval_args.eval_temperature)
 
 
 def decode_batch(model, tokenizer, spec, args, eval_args, texts: list[str], generator) -> list[str]:

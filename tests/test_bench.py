@@ -1,0 +1,73 @@
+"""Smoke test of the benchmarks (bench/): every one runs at a tiny size and writes JSON with finite ratios.
+
+No timing assertions: the numbers of a tiny model on a shared machine mean nothing; docs/benchmarks.md has real ones.
+"""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+# bench/ is a top-level directory of the repository, not part of the installed package: make it importable under a
+# bare `pytest` too (`python -m pytest` already has the working directory on sys.path).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import run_all  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench_out")
+    run_all.main(["--quick", "--out", str(out)])
+    return {name: json.loads((out / f"{name}.json").read_text()) for name in run_all.BENCHMARKS}
+
+
+def numbers(tree, prefix=""):
+    """Every ``(path, value)`` leaf of a JSON tree whose key names a ratio or a speedup."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from numbers(value, f"{prefix}/{key}")
+    elif isinstance(tree, (int, float)) and not isinstance(tree, bool) and ("ratio" in prefix or "speedup" in prefix):
+        yield prefix, tree
+
+
+def assert_finite_ratios(result, expected_count):
+    found = dict(numbers(result))
+    assert len(found) >= expected_count, sorted(found)
+    bad = {path: value for path, value in found.items() if not math.isfinite(value) or value <= 0}
+    assert not bad, bad
+
+
+def test_generation(results):
+    result = results["generation"]
+    assert result["environment"]["threads"] == 2
+    assert result["num_forwards"] == result["settings"]["diffusion_steps"]
+    assert result["forwards_per_token"] == result["num_forwards"] / result["settings"]["gen_length"]
+    assert {"full_canvas_head", "speedup_generate", "speedup_per_forward_in_run"} <= set(result["block_head"])
+    assert "forwards_per_token" in result["threshold"] or "skipped" in result["threshold"]
+    assert_finite_ratios(result, expected_count=9)
+
+
+def test_likelihood(results):
+    result = results["likelihood"]
+    estimators = result["estimators"]
+    assert {"mean_field", "elbo_k1", "elbo_k2", "elbo_k2_antithetic", "coupled_k1"} <= set(estimators)
+    views = {"mean_field": 1, "elbo_k2": 2, "elbo_k2_antithetic": 4, "coupled_k1": 2}
+    assert {name: estimators[name]["num_forwards"] for name in views} == views  # one forward per view
+    memory = result["memory"]
+    if "skipped" not in memory:
+        for mode in ("no_grad", "grad"):
+            assert set(memory[mode]["peak_mb"]) == {"k1", "k2"}
+            assert all(math.isfinite(v) and v > 0 for v in memory[mode]["peak_mb"].values()), memory
+    assert_finite_ratios(result, expected_count=3 * len(estimators))
+
+
+def test_train_step(results):
+    result = results["train_step"]
+    for entry in [*result["diffusion"].values(), result["trl_causal"]]:
+        assert entry["num_forwards"] >= 1 and entry["plain_forward_backward_seconds"] > 0
+    assert result["trl_causal"]["num_forwards"] == 1
+    assert set(result["diffusion_over_trl_step"]) == set(result["diffusion"])
+    assert_finite_ratios(result, expected_count=8)

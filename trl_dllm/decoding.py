@@ -1,0 +1,49 @@
+"""How a config decodes: the one place that turns `DiffusionGRPOConfig` fields into a sampler call.
+
+Shared by the trainer's rollouts and `trl-dllm eval`, so evaluation decodes exactly as training does (only the
+temperature may differ).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from .core.block_sampling import generate_block_causal
+from .core.sampling import generate
+from .models import ModelSpec, model_logits_fn
+
+
+def sampling_distribution(args, temperature: float | None = None) -> dict:
+    """What defines the distribution tokens are sampled from: temperature, TRL's top-k / top-p, and CFG."""
+    return {
+        "temperature": args.temperature if temperature is None else temperature,
+        "top_k": args.top_k or None,
+        "top_p": args.top_p if args.top_p is not None and args.top_p < 1.0 else None,
+        "cfg_scale": args.cfg_scale,
+    }
+
+
+def decoding_plan(
+    model, spec: ModelSpec, args, *, eos_token_ids: Sequence[int], temperature: float | None = None,
+    return_trajectory: bool = False,
+) -> tuple[Callable, object, dict]:
+    """`(sampler, denoiser, options)` such that `sampler(denoiser, input_ids, attention_mask, generator=g, **options)`
+    decodes as `args` says. Block-diffusion models decode with their native blocks and an exact KV cache and get the
+    module itself (the cache needs `past_key_values`); the others get a logits function."""
+    options = {
+        "mask_token_id": spec.mask_token_id,
+        "gen_length": args.max_completion_length,
+        "diffusion_steps": args.diffusion_steps,
+        "block_length": args.block_length,
+        "remasking": args.remasking,
+        "confidence_threshold": args.confidence_threshold,
+        "eos_token_ids": list(eos_token_ids),
+        "eos_early_exit": args.eos_early_exit,
+        "return_trajectory": return_trajectory,
+        **sampling_distribution(args, temperature),
+    }
+    if spec.family == "block":
+        options.pop("cfg_scale")
+        options.update(block_length=spec.block_length, use_cache=args.block_kv_cache)
+        return generate_block_causal, model, options
+    return generate, model_logits_fn(model, spec), options
