@@ -4,7 +4,7 @@ PYTHON ?= python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow lint bench demo
+.PHONY: install test test-slow lint bench demo stability
 
 install:
 	$(PYTHON) -m pip install "$(TORCH_SPEC)"
@@ -19,3 +19,11 @@ test-slow:
 
 lint:
 	$(PYTHON) -m ruff check trl_dllm tests
+
+# The CPU demo (docs/demo.md): warm start + StableDRL on a synthetic task, <= 10 min on 2 cores → demo_out/
+demo:
+	$(PYTHON) -m trl_dllm.demo
+
+# grpo vs stabledrl with noisy likelihood ratios, 3 seeds → demo_out/stability.png (docs/demo.md)
+stability:
+	$(PYTHON) -m trl_dllm.demo --stability

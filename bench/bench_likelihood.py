@@ -138,25 +138,26 @@ def memory_child(spec: dict) -> list[float]:
     return peaks
 
 
-def _spawn(size: Size, configs: list, threads: int) -> list[float]:
-    # A fixed mmap threshold: glibc then maps every tensor >= 64 KiB on its own and unmaps it when freed.
+def _spawn(size: Size, configs: list) -> list[float]:
+    # A fixed mmap threshold: glibc then maps every tensor >= 64 KiB on its own and unmaps it when freed. One thread:
+    # memory does not depend on it, and a single thread does not spin-wait for a busy core on a shared machine.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "TOKENIZERS_PARALLELISM": "false"}
     spec = json.dumps({"size": asdict(size), "configs": configs})
-    cmd = [sys.executable, "-m", "bench.bench_likelihood", "--threads", str(threads), "--memory-child", spec]
+    cmd = [sys.executable, "-m", "bench.bench_likelihood", "--threads", "1", "--memory-child", spec]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure_memory(size: Size, ks, threads: int, per_process: bool = False) -> dict:
+def measure_memory(size: Size, ks, per_process: bool = False) -> dict:
     """Peak memory of elbo at each K, no_grad and grad: all in one child process, or one process per configuration."""
     if not (sys.platform.startswith("linux") and os.access("/proc/self/clear_refs", os.W_OK)):
         return {"skipped": "needs Linux /proc/self/clear_refs to reset the peak RSS"}
     configs = [(k, grad) for grad in (False, True) for k in ks]
     if per_process:
         with ThreadPoolExecutor(2) as pool:  # memory does not depend on load: two children at a time
-            peaks = [p for ps in pool.map(lambda c: _spawn(size, [c], threads), configs) for p in ps]
+            peaks = [p for ps in pool.map(lambda c: _spawn(size, [c]), configs) for p in ps]
     else:
-        peaks = _spawn(size, configs, threads)
+        peaks = _spawn(size, configs)
     result = {"estimator": "elbo", "antithetic": False, "mc_batch_size": 1, "per_process": per_process}
     for grad in (False, True):
         mb = {k: peak for (k, g), peak in zip(configs, peaks) if g == grad}
@@ -179,7 +180,7 @@ def run(size: Size, repeats: int = 2, ks=(1, 4, 8), memory: bool = True, per_pro
         "target_ratio": "~1 (every forward is needed; the rest is bookkeeping)",
     }
     if memory:
-        result["memory"] = measure_memory(size, ks, torch.get_num_threads(), per_process)
+        result["memory"] = measure_memory(size, ks, per_process)
     return result
 
 

@@ -87,7 +87,7 @@ def test_stabledrl_hyperparameters(path):
     assert args.max_completion_length == 256
     if path.parent.name != "sdar":  # SDAR decodes in its native blocks of 4
         assert (args.block_length, args.diffusion_steps) == (32, 128)
-    assert not model_args.use_peft
+    assert model_args.use_peft == path.stem.endswith("_lora")
 
 
 @pytest.mark.parametrize("path", [p for p in RECIPES if p.parent.name == "tiny"], ids=rel)

@@ -50,27 +50,29 @@ class DemoConfig:
     sft_learning_rate: float = 1e-3
     num_train_problems: int = 4000
     # RL
-    max_steps: int = 600
+    max_steps: int = 1000
     max_minutes: float = 8.0  # wall-clock budget of the RL phase; training stops early when it is spent
-    prompts_per_step: int = 16
+    prompts_per_step: int = 8
     num_generations: int = 8
     learning_rate: float = 2e-4
     temperature: float = 1.0
     trainer_overrides: dict = field(default_factory=dict)  # any other DiffusionGRPOConfig field
     # evaluation
-    eval_every: int = 25
+    mc_samples: int = 1  # one antithetic pair of masks per sequence
+    eval_every: int = 50
     num_val: int = 128
     num_test: int = 256
 
 
 QUICK = dict(hidden_size=32, num_layers=2, intermediate_size=64, sft_steps=5, num_train_problems=64, max_steps=3,
              prompts_per_step=2, num_generations=4, eval_every=1, num_val=8, num_test=16)
+QUICK_STABILITY = dict(seeds=(0,), num_iterations=2, max_steps=2)
 
 
 def _demo_trainer_args(cfg: DemoConfig, task: Task, output_dir: str) -> DiffusionGRPOConfig:
     length = task.completion_length
     kwargs = dict(
-        output_dir=output_dir, loss_type="stabledrl", estimator="elbo", mc_samples=2, scale_rewards="none",
+        output_dir=output_dir, loss_type="stabledrl", estimator="elbo", mc_samples=cfg.mc_samples, scale_rewards="none",
         beta=0.0, learning_rate=cfg.learning_rate, lr_scheduler_type="constant", temperature=cfg.temperature,
         per_device_train_batch_size=cfg.prompts_per_step * cfg.num_generations, num_generations=cfg.num_generations,
         max_completion_length=length, block_length=length, diffusion_steps=length, max_steps=cfg.max_steps,
@@ -258,11 +260,20 @@ def _plt():
     return plt
 
 
+def _smooth(values: list[float], window: int) -> list[float]:
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
 def plot_reward(summary: dict, path: Path) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     steps, rewards = summary["train_reward"]["steps"], summary["train_reward"]["values"]
-    ax.plot(steps, rewards, color="0.75", lw=0.8, label="train reward (rollouts, T=1)")
+    ax.plot(steps, rewards, color="0.8", lw=0.6)
+    ax.plot(steps, _smooth(rewards, 25), color="0.45", lw=1.2, label="train reward (rollouts, T=1; 25-step mean)")
     curve = summary["curve"]
     xs = [p["step"] for p in curve]
     ax.plot(xs, [p["test_reward"] for p in curve], "o-", color="C0", label="held-out reward (greedy)")

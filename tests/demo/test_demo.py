@@ -1,0 +1,80 @@
+"""The demo end to end, shortened: a tiny model, a few RL steps; it must write the figure and the summary."""
+
+import json
+
+import pytest
+
+from trl_dllm.demo import main, parse_args
+from trl_dllm.demo.run import DemoConfig, decode_completions, greedy_eval, prepare
+from trl_dllm.demo.warmstart import encode_examples, warm_start
+from trl_dllm.testing import build_tiny_model, build_tokenizer
+
+
+def test_quick_demo_writes_png_and_summary(tmp_path):
+    summary = main(["--quick", "--out", str(tmp_path)])
+    assert (tmp_path / "reward.png").stat().st_size > 10_000
+    written = json.loads((tmp_path / "summary.json").read_text())
+    for key in ("heldout_reward_before", "heldout_reward_after", "train_steps", "wall_minutes"):
+        assert key in written, key
+    assert written["train_steps"] == summary["train_steps"] == 3
+    assert 0.0 <= written["heldout_reward_before"] <= 1.0 and 0.0 <= written["heldout_reward_after"] <= 1.0
+    assert [p["step"] for p in written["curve"]] == [0, 1, 2, 3]
+    assert (tmp_path / "best_model" / "config.json").exists()
+
+
+def test_quick_stability_writes_png(tmp_path):
+    result = main(["--quick", "--stability", "--out", str(tmp_path), "--images-dir", str(tmp_path / "images")])
+    assert (tmp_path / "stability.png").stat().st_size > 10_000
+    assert (tmp_path / "images" / "demo_stability.png").exists()
+    assert {r["loss_type"] for r in result["runs"]} == {"grpo", "stabledrl"}
+    for run in result["runs"]:
+        assert len(run["grad_norm"]) == len(run["ratio/max"]) == len(run["reward"]) == 2
+
+
+def test_warm_start_is_seeded_and_lowers_the_loss():
+    tokenizer = build_tokenizer(("countdown", "to"))
+    prompts, answers = ["sort 3 1 2 ="] * 8, ["1 2 3"] * 8
+
+    def run(seed):
+        model = build_tiny_model(tokenizer, seed=0)
+        return warm_start(model, tokenizer, prompts, answers, completion_length=4, steps=30, batch_size=8, seed=seed)
+
+    first = run(0)
+    assert first == run(0)
+    assert first != run(1)
+    assert sum(first[-5:]) < sum(first[:5])
+
+
+def test_encode_examples_fills_with_eos_and_left_pads():
+    tokenizer = build_tokenizer()
+    batch = encode_examples(tokenizer, ["sort 2 1 =", "sort 3 2 1 ="], ["1 2", "1 2 3"], completion_length=4)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    assert batch.prompt_length == 5
+    assert batch.input_ids[0, 0].item() == pad and batch.attention_mask[0, 0].item() == 0
+    assert batch.input_ids[0, 5:].tolist()[2:] == [eos, eos]
+    with pytest.raises(ValueError, match="EOS"):
+        encode_examples(tokenizer, ["sort 3 2 1 ="], ["1 2 3 4"], completion_length=4)
+
+
+def test_decode_cuts_after_first_eos_like_trl():
+    tokenizer = build_tokenizer()
+    ids = tokenizer("1 2 [EOS] 3 [EOS]", add_special_tokens=False, return_tensors="pt")["input_ids"]
+    assert decode_completions(tokenizer, ids) == ["1 2"]
+
+
+def test_heldout_eval_is_deterministic(tmp_path):
+    from dataclasses import replace
+
+    from trl_dllm.demo.run import QUICK
+
+    prep = prepare(replace(DemoConfig(out_dir=str(tmp_path)), **QUICK))
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(prep["path"])
+    first = greedy_eval(model, prep["tokenizer"], prep["task"], prep["test"])
+    assert first == greedy_eval(model, prep["tokenizer"], prep["task"], prep["test"]) == prep["before"]
+
+
+def test_parse_args_defaults():
+    args = parse_args([])
+    assert (args.task, args.out, args.quick, args.stability, args.noise) == ("sort", "demo_out", False, False, "medium")
