@@ -27,3 +27,7 @@ demo:
 # grpo vs stabledrl with noisy likelihood ratios, 3 seeds → demo_out/stability.png (docs/demo.md)
 stability:
 	$(PYTHON) -m trl_dllm.demo --stability
+
+# Benchmarks (docs/benchmarks.md): ratios measured in one run; writes bench_out/*.json and prints them.
+bench:
+	$(PYTHON) -m bench.run_all --out bench_out

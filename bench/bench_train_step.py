@@ -1,12 +1,13 @@
 """Training-step benchmark: one optimizer step of DiffusionGRPOTrainer over its forward+backward floor, and the same
 step through TRL's own GRPOTrainer on an equally sized causal Llama, for scale.
 
-    python -m bench.bench_train_step [--quick] [--repeats 2] [--out bench_out]
+    python -m bench.bench_train_step [--quick] [--repeats 3] [--out bench_out]
 
 The step is ``compute_loss`` + backward + ``optimizer.step()`` on a batch prepared once by
 ``_generate_and_score_completions`` (generation, rewards and advantages are not timed). Its floor is the number of
-model forwards it makes (forward hooks) × the median time of one plain forward + cross-entropy + backward of the same
-rows and canvas (an SFT step without the optimizer). See docs/benchmarks.md.
+model forwards it makes (forward hooks) × the time of one plain forward + cross-entropy + backward of the same rows
+and canvas under the same autocast (an SFT step without the optimizer), measured right before and after each step.
+See docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -18,7 +19,20 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from bench.common import ForwardTimer, Size, build, emit, environment, floor_ratios, parser, ratio, save, setup, timed
+from bench.common import (
+    ForwardTimer,
+    Size,
+    build,
+    emit,
+    environment,
+    floor_ratios,
+    median,
+    parser,
+    ratio,
+    save,
+    setup,
+    timed,
+)
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 
 
@@ -54,32 +68,43 @@ def _measure(trainer, size: Size, repeats: int) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    def plain():  # the floor: one forward + cross-entropy + backward of the same rows and canvas
-        logits = model(input_ids=canvas, attention_mask=torch.ones_like(canvas), logits_to_keep=width).logits
+    def plain():  # the floor: one forward + cross-entropy + backward of the same rows and canvas, same autocast
+        with trainer.accelerator.autocast():  # both trainers score under it (bf16 on CPU by TRL's default bf16=True)
+            logits = model(input_ids=canvas, attention_mask=torch.ones_like(canvas), logits_to_keep=width).logits
         torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), inputs["completion_ids"].flatten()).backward()
         model.zero_grad(set_to_none=True)
 
     timer = ForwardTimer(model)
     step(), plain()  # warm-up (also creates the optimizer state)
     runs, floor, calls = [], [], []
-    for _ in range(repeats):
+    for repeat in range(repeats):
         floor.append(timed(plain)[:2])
         timer.reset()
-        runs.append(timed(step)[:2])
+        runs.append((*timed(step)[:2], repeat))
         calls.append(timer.calls)
+    floor.append(timed(plain)[:2])
     timer.close()
-    result = {"num_forwards": calls[0], "canvas": list(canvas.shape)}
+    result = {
+        "num_forwards": calls[0],
+        "canvas": list(canvas.shape),
+        "mixed_precision": trainer.accelerator.mixed_precision,
+    }
     result.update(floor_ratios(runs, floor, calls[0]))
-    result["plain_forward_backward_seconds"] = round(sorted(f[0] for f in floor)[len(floor) // 2], 4)
+    result["plain_forward_backward_seconds"] = round(median(f[0] for f in floor), 4)
     return result
 
 
 def _diffusion(size: Size, path: str, dataset, loss_type: str, repeats: int, tmp: str) -> dict:
     args = DiffusionGRPOConfig(
-        **_args(size, tmp), loss_type=loss_type, block_length=size.completion, diffusion_steps=1  # 1-step rollout
+        **_args(size, tmp),
+        loss_type=loss_type,
+        block_length=size.completion,
+        diffusion_steps=1,  # 1-step rollout
     )
     trainer = DiffusionGRPOTrainer(model=path, reward_funcs=checksum_reward, args=args, train_dataset=dataset)
-    settings = dict(loss_type=loss_type, estimator=args.estimator, mc_samples=args.mc_samples, antithetic=args.antithetic)
+    settings = dict(
+        loss_type=loss_type, estimator=args.estimator, mc_samples=args.mc_samples, antithetic=args.antithetic
+    )
     return {**settings, **_measure(trainer, size, repeats)}
 
 
@@ -92,7 +117,7 @@ def _causal(size: Size, dataset, repeats: int, tmp: str) -> dict:
     return {"loss_type": args.loss_type, **_measure(trainer, size, repeats)}
 
 
-def run(size: Size, repeats: int = 2, loss_types=("dapo", "stabledrl"), causal: bool = True) -> dict:
+def run(size: Size, repeats: int = 3, loss_types=("dapo", "stabledrl"), causal: bool = True) -> dict:
     dataset = Dataset.from_dict({"prompt": [_prompt(size)] * size.batch})
     result = {"benchmark": "train_step", "environment": environment(size), "repeats": repeats, "diffusion": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,7 +127,7 @@ def run(size: Size, repeats: int = 2, loss_types=("dapo", "stabledrl"), causal: 
         if causal:
             result["trl_causal"] = _causal(size, dataset, repeats, f"{tmp}/out")
     if causal:
-        result["diffusion_over_trl_step"] = {
+        result["diffusion_over_trl_step_ratio"] = {
             name: ratio(entry["wall_seconds"], result["trl_causal"]["wall_seconds"])
             for name, entry in result["diffusion"].items()
         }
@@ -112,7 +137,7 @@ def run(size: Size, repeats: int = 2, loss_types=("dapo", "stabledrl"), causal: 
 def main(argv=None) -> dict:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     size = setup(args)
-    result = run(size, repeats=args.repeats or (1 if args.quick else 2))
+    result = run(size, repeats=args.repeats or (1 if args.quick else 3))
     emit("train_step", result, args.out)
     return result
 

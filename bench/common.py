@@ -13,6 +13,7 @@ import os
 import statistics
 import string
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from itertools import product
 from pathlib import Path
@@ -48,7 +49,9 @@ def filler_words(size: Size) -> list[str]:
 
 
 def model_kwargs(size: Size) -> dict:
-    return dict(hidden_size=size.hidden, num_layers=size.layers, num_heads=size.heads, intermediate_size=size.intermediate)
+    return dict(
+        hidden_size=size.hidden, num_layers=size.layers, num_heads=size.heads, intermediate_size=size.intermediate
+    )
 
 
 def build(size: Size, seed: int = 0):
@@ -65,6 +68,18 @@ def save(size: Size, path: str | os.PathLike) -> str:
 def random_ids(batch: int, length: int, vocab: int, seed: int) -> torch.Tensor:
     """Random ordinary tokens (ids 0-4 are the special tokens, mask included)."""
     return torch.randint(5, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def likelihood_inputs(size: Size, mask_token_id: int) -> dict:
+    """Estimator inputs of ``size``: random prompts and completions, every position real and scored."""
+    return {
+        "prompt_ids": random_ids(size.batch, size.prompt, size.vocab, seed=0),
+        "prompt_mask": torch.ones(size.batch, size.prompt, dtype=torch.long),
+        "completion_ids": random_ids(size.batch, size.completion, size.vocab, seed=1),
+        "score_mask": torch.ones(size.batch, size.completion, dtype=torch.long),
+        "mask_token_id": mask_token_id,
+        "seeds": torch.arange(size.batch, dtype=torch.long),
+    }
 
 
 class ForwardTimer:
@@ -109,15 +124,23 @@ def ratio(numerator: float, denominator: float) -> float:
     return round(numerator / denominator, 3) if denominator > 0 else math.nan
 
 
-def floor_ratios(runs: list[tuple[float, float]], floor: list[tuple[float, float]], count: float) -> dict:
-    """Median wall time of ``runs`` (``(wall, cpu)`` pairs) and its ratios to ``count`` times the median ``floor``:
-    ``ratio`` in wall time, ``ratio_cpu`` in CPU time."""
-    walls, cpus = zip(*runs)
-    floor_walls, floor_cpus = zip(*floor)
+def floor_ratios(runs: list[tuple[float, float, int]], floors: list[tuple[float, float]], count: float) -> dict:
+    """Median wall time of ``runs`` and its ratios to ``count`` floors, in wall (``ratio``) and CPU time
+    (``ratio_cpu``).
+
+    ``floors`` is the chronological list of ``(wall, cpu)`` floor measurements and a run ``(wall, cpu, i)`` came
+    between ``floors[i]`` and ``floors[i + 1]``: each run is divided by the mean of its two neighbours, then the median
+    of the per-run ratios is taken. A shared machine changes speed from one second to the next (see
+    docs/benchmarks.md), so only measurements adjacent in time are compared.
+    """
+
+    def per_run(k):
+        return median(r[k] / (count * (floors[r[2]][k] + floors[r[2] + 1][k]) / 2) for r in runs)
+
     return {
-        "wall_seconds": round(median(walls), 4),
-        "ratio": ratio(median(walls), count * median(floor_walls)),
-        "ratio_cpu": ratio(median(cpus), count * median(floor_cpus)),
+        "wall_seconds": round(median(r[0] for r in runs), 4),
+        "ratio": round(per_run(0), 3),
+        "ratio_cpu": round(per_run(1), 3),
     }
 
 
@@ -148,8 +171,16 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 
 def setup(args) -> Size:
+    """Threads, quiet progress bars and warnings (the output is the JSON), and the size."""
+    import datasets
+    import transformers
+
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    warnings.filterwarnings("ignore", category=FutureWarning)
     return QUICK if args.quick else DEFAULT
 
 

@@ -26,7 +26,7 @@ def main(argv=None) -> dict:
     p.set_defaults(out="bench_out")
     args = p.parse_args(argv)
     size = setup(args)
-    repeats = args.repeats or (1 if args.quick else 2)
+    repeats = args.repeats or (1 if args.quick else 3)
     results = {}
     for name in args.only:
         start = time.perf_counter()
