@@ -37,6 +37,9 @@ def _status_kb(field: str) -> int:
         return int(re.search(rf"^{field}:\s+(\d+)", f.read(), re.MULTILINE).group(1))
 
 
+MODES = ("no_grad", "grad", "grad_checkpointed")  # the last: checkpoint_views=True (the trainer's mc_checkpointing)
+
+
 def _reset_peak() -> None:
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed heap pages back, so RSS is the live memory again
@@ -45,15 +48,17 @@ def _reset_peak() -> None:
 
 
 def memory_child(spec: dict) -> list[float]:
-    """In the child: for each ``(k, grad)`` of ``spec["configs"]``, the peak RSS growth (MB) of one elbo estimate
-    (+ backward of its sum) over the RSS just before it."""
+    """In the child: for each ``(k, mode)`` of ``spec["configs"]``, the peak RSS growth (MB) of one elbo estimate
+    (+ backward of its sum unless ``mode == "no_grad"``; each chunk recomputed in backward for ``"grad_checkpointed"``)
+    over the RSS just before it."""
     size = Size(**spec["size"])
     tokenizer, model = build(size)
     inputs = likelihood_inputs(size, tokenizer.mask_token_id)
     tiny = {key: value[:1, :4] if key.endswith(("_ids", "_mask")) else value for key, value in inputs.items()}
     tiny["seeds"] = inputs["seeds"][:1]
     peaks = []
-    for k, grad in spec["configs"]:
+    for k, mode in spec["configs"]:
+        grad = mode != "no_grad"
         with torch.set_grad_enabled(grad):
             warm_up = estimate("elbo", model, **tiny).logps.sum()  # 1 x 8 tokens: loads kernels, holds ~no memory
             if grad:
@@ -62,7 +67,8 @@ def memory_child(spec: dict) -> list[float]:
             model.zero_grad(set_to_none=True)
             _reset_peak()
             before = _status_kb("VmRSS")
-            out = estimate("elbo", model, **inputs, mc_samples=k, antithetic=False, mc_batch_size=1)
+            out = estimate("elbo", model, **inputs, mc_samples=k, antithetic=False, mc_batch_size=1,
+                           checkpoint_views=mode == "grad_checkpointed")
             if grad:
                 out.logps.sum().backward()
             peaks.append(round((_status_kb("VmHWM") - before) / 1024, 2))
@@ -84,16 +90,16 @@ def run(size: Size, ks=(1, 4, 8), per_process: bool = False) -> dict:
     """Peak memory of elbo at each K, no_grad and grad: all in one child process, or one process per configuration."""
     if not (sys.platform.startswith("linux") and os.access("/proc/self/clear_refs", os.W_OK)):
         return {"skipped": "needs Linux /proc/self/clear_refs to reset the peak RSS"}
-    configs = [(k, grad) for grad in (False, True) for k in ks]
+    configs = [(k, mode) for mode in MODES for k in ks]
     if per_process:
         with ThreadPoolExecutor(2) as pool:  # memory does not depend on load: two children at a time
             peaks = [p for ps in pool.map(lambda c: _spawn(size, [c]), configs) for p in ps]
     else:
         peaks = _spawn(size, configs)
     result = {"estimator": "elbo", "antithetic": False, "mc_batch_size": 1, "per_process": per_process}
-    for grad in (False, True):
-        mb = {k: peak for (k, g), peak in zip(configs, peaks) if g == grad}
-        result["grad" if grad else "no_grad"] = {
+    for mode in MODES:
+        mb = {k: peak for (k, m), peak in zip(configs, peaks) if m == mode}
+        result[mode] = {
             "peak_mb": {f"k{k}": v for k, v in mb.items()},
             "peak_ratio_to_k1": {f"k{k}": ratio(v, mb[ks[0]]) for k, v in mb.items()},
         }

@@ -73,7 +73,7 @@ def test_likelihood(results):
     assert {name: estimators[name]["num_forwards"] for name in views} == views  # one forward per view
     memory = result["memory"]
     if "skipped" not in memory:
-        for mode in ("no_grad", "grad"):
+        for mode in ("no_grad", "grad", "grad_checkpointed"):
             assert set(memory[mode]["peak_mb"]) == {"k1", "k2"}
             assert all(math.isfinite(v) and v > 0 for v in memory[mode]["peak_mb"].values()), memory
     assert_finite_ratios(result, expected_count=3 * len(estimators))

@@ -115,22 +115,28 @@ def test_score_padding_eos_changes_completion_mask(tmp_path, tiny_model_path):
                 assert m.tolist() == [1] * expected_len + [0] * (row.numel() - expected_len)
 
 
-def test_old_estimates_match_current_before_update(tmp_path, tiny_model_path):
-    """Common random numbers: before any update the old estimate equals the current one exactly (ratio 1)."""
-    args = make_args(tmp_path, loss_type="espo", num_iterations=2, max_steps=1)
+@pytest.mark.parametrize("misaligned", [False, True])
+def test_old_estimates_match_current_before_update(tmp_path, tiny_model_path, misaligned):
+    """Common random numbers: before any update the old estimate equals the current one exactly (ratio 1). The old
+    estimate of an on-policy first iteration is not computed at all (NaN slot; the loss uses the detached current)."""
+    schedule = dict(steps_per_generation=2, gradient_accumulation_steps=1) if misaligned else {}
+    args = make_args(tmp_path, loss_type="espo", num_iterations=2, max_steps=1, **schedule)
     trainer = DiffusionGRPOTrainer(
         model=tiny_model_path, reward_funcs=distinct_tokens_reward, args=args, train_dataset=make_dataset()
     )
+    assert trainer._first_iteration_on_policy is not misaligned
     trainer.model.train()  # in eval mode there is a single iteration
     batch = trainer._generate_and_score_completions([{"prompt": "add 1 and 2 ."}] * 3)
     assert batch["old_logps"].shape == (3, 2, 8) and batch["mc_seeds"].shape == (3, 2)
+    assert batch["old_logps"][:, 0].isnan().all() is not misaligned
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    for it in range(2):
+    for it in range(0 if misaligned else 1, 2):
         with torch.no_grad(), trainer._estimation(batch["mc_seeds"][:, it]):
             current, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, attention_mask, 8)
         torch.testing.assert_close(current, batch["old_logps"][:, it], rtol=0, atol=0)
-    assert not torch.equal(batch["old_logps"][:, 0], batch["old_logps"][:, 1])  # iterations draw their own masks
+    if misaligned:
+        assert not torch.equal(batch["old_logps"][:, 0], batch["old_logps"][:, 1])  # iterations draw their own masks
 
 
 def test_model_instance_and_default_config(tmp_path, tiny_model_path):

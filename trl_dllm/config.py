@@ -75,6 +75,10 @@ class DiffusionGRPOConfig(GRPOConfig):
             (proportional to the entropy of the tokens revealed at each step, with importance weights).
         mc_batch_size (`int`, *optional*, defaults to `1`):
             Masked views stacked into one forward pass. Larger is faster on GPUs and uses more memory.
+        mc_checkpointing (`bool`, *optional*, defaults to `True`):
+            Recompute each chunk of masked views in the backward pass of the current policy, so activation memory is
+            that of one chunk (`mc_batch_size` views) whatever `mc_samples` is, for one extra forward per chunk. Off:
+            every view's activations stay alive until `backward` (memory grows with `mc_samples`).
         independent_mc_noise (`bool`, *optional*, defaults to `False`):
             Draw fresh masks for every evaluation instead of sharing them between the old, reference and current
             policy (common random numbers). `True` reproduces the noisy-ratio regime studied by StableDRL.
@@ -140,6 +144,10 @@ class DiffusionGRPOConfig(GRPOConfig):
         default="stratified", metadata={"help": "trajectory estimator: stratified or entropy step sampling."}
     )
     mc_batch_size: int = field(default=1, metadata={"help": "Masked views stacked into one forward pass."})
+    mc_checkpointing: bool = field(
+        default=True,
+        metadata={"help": "Recompute each chunk of masked views in backward: memory independent of mc_samples."},
+    )
     independent_mc_noise: bool = field(
         default=False,
         metadata={"help": "Fresh masks for old/ref/current passes instead of common random numbers."},

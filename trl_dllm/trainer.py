@@ -201,14 +201,22 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             **sampling_distribution(self.args),
         )
 
-    def _add_old_and_ref_estimates(self, output: dict, iterations: int) -> None:
-        """`old_logps` / `ref_logps` of shape (B, iterations, L), one slice per inner iteration."""
-        generate_every = self.args.steps_per_generation * self.num_iterations
-        need_old = (
-            iterations > 1
-            or self.args.gradient_accumulation_steps % generate_every != 0
-            or self.args.independent_mc_noise
+    @property
+    def _first_iteration_on_policy(self) -> bool:
+        """Whether the first inner iteration runs with the very weights that generated: every generation falls on an
+        optimizer-step boundary and its first iteration's micro-steps end before the next one. Its old estimate is
+        then the current one, detached (same weights, same seeds), as in TRL."""
+        args, accumulation = self.args, self.args.gradient_accumulation_steps
+        generate_every = args.steps_per_generation * self.num_iterations
+        return (
+            generate_every % accumulation == 0 and args.steps_per_generation <= accumulation
+            and not args.independent_mc_noise
         )
+
+    def _add_old_and_ref_estimates(self, output: dict, iterations: int) -> None:
+        """`old_logps` / `ref_logps` of shape (B, iterations, L), one slice per inner iteration. The old slice of an
+        on-policy first iteration is not computed (NaN; `_compute_loss` uses the detached current estimate)."""
+        first_on_policy = self._first_iteration_on_policy or not self.model.training
         input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
         width, batch_size = output["completion_ids"].size(1), self.args.per_device_train_batch_size
@@ -216,7 +224,9 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         with torch.no_grad():
             for it in range(iterations):
                 seeds = output["mc_seeds"][:, it]
-                if need_old:
+                if it == 0 and first_on_policy:
+                    olds.append(torch.full(output["completion_ids"].shape, float("nan"), device=input_ids.device))
+                else:
                     with self._estimation(self._pass_seeds(seeds, salt=1), output):
                         olds.append(self._get_per_token_logps_and_entropies(
                             self.model, input_ids, attention_mask, width, batch_size)[0])
@@ -224,7 +234,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
                     with self._estimation(self._pass_seeds(seeds, salt=2), output), self._reference_model() as ref:
                         refs.append(self._get_per_token_logps_and_entropies(
                             ref, input_ids, attention_mask, width, batch_size)[0])
-        if olds:
+        if iterations > 1 or not first_on_policy:
             output["old_logps"] = torch.stack(olds, dim=1)
         if refs:
             output["ref_logps"] = torch.stack(refs, dim=1)
@@ -302,6 +312,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             "antithetic": args.antithetic,
             "p_mask_prompt": args.p_mask_prompt,
             "mc_batch_size": args.mc_batch_size,
+            "checkpoint_views": args.mc_checkpointing,
+            "entropy_grad": self._entropy_bonus_enabled,  # only TRL's entropy bonus back-propagates through it
             "step_samples": args.step_samples,
             "step_sampling": args.step_sampling,
             **sampling_distribution(self.args),  # the trajectory estimator replays the rollout's distribution
@@ -319,6 +331,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         iteration = self._inner_iteration()
         seeds = self._pass_seeds(inputs["mc_seeds"][:, iteration], salt=0)
         old = inputs["old_logps"][:, iteration] if "old_logps" in inputs else None
+        if iteration == 0 and (self._first_iteration_on_policy or not self.model.training):
+            old = None  # the weights that generated: old == current, detached
         ref = inputs["ref_logps"][:, iteration] if "ref_logps" in inputs else None
         if self.loss_type not in OBJECTIVES:
             inputs = {**inputs, "old_per_token_logps": old, "ref_per_token_logps": ref}

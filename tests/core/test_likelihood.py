@@ -424,3 +424,28 @@ def test_unknown_estimator_and_bad_inputs():
         elbo(model, *batch, mask_token_id=MASK, seeds=torch.arange(2), mc_samples=0)
     with pytest.raises(ValueError, match="t_min"):
         coupled(model, *batch, mask_token_id=MASK, seeds=torch.arange(2), t_min=0.9, t_max=0.1)
+
+
+@pytest.mark.parametrize("name,options", ALL)
+def test_checkpointed_views_give_identical_estimates_and_gradients(llama, name, options):
+    """Recomputing each chunk in backward (constant activation memory in the number of views) changes nothing."""
+    results = []
+    for checkpoint_views in (False, True):
+        llama.zero_grad()
+        out = estimate(name, llama, *_llama_batch(), mask_token_id=LLAMA_MASK, seeds=torch.arange(4),
+                       checkpoint_views=checkpoint_views, **options)  # fmt: skip
+        (out.logps * torch.linspace(0.5, 1.5, 6)).sum().backward()
+        results.append((out.logps.detach(), [p.grad.clone() for p in llama.parameters() if p.grad is not None]))
+    llama.zero_grad()
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=1e-6)
+    assert len(results[0][1]) == len(results[1][1])
+    for plain, recomputed in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(plain, recomputed, rtol=1e-5, atol=1e-6)
+
+
+def test_entropy_grad_false_keeps_entropies_out_of_the_graph(llama):
+    out = estimate("elbo", llama, *_llama_batch(), mask_token_id=LLAMA_MASK, seeds=torch.arange(4),
+                   entropy_grad=False)  # fmt: skip
+    assert out.logps.requires_grad and not out.entropies.requires_grad
+    reference = estimate("elbo", llama, *_llama_batch(), mask_token_id=LLAMA_MASK, seeds=torch.arange(4))
+    torch.testing.assert_close(out.entropies, reference.entropies.detach())

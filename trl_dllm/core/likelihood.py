@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from .logits import as_logits_fn
 from .masks import apply_mask, bernoulli_masks, prompt_noise_masks, random_subsets, row_generators, stratified_counts
@@ -75,38 +76,46 @@ def _draw_views(seeds, prompt_mask, p_mask_prompt, num_samples, draw_completion)
     return _Views(torch.stack(completions), torch.stack(prompts), torch.stack(weights), sample_index, num_samples)
 
 
-def _score_views(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, mask_token_id, mc_batch_size):
-    """Run the model on the views, ``mc_batch_size`` views per forward, and accumulate contributions and entropies.
+def score_view_chunks(chunk_logits, completion_ids, score_mask, views, mc_batch_size, *, checkpoint_views=False,
+                      entropy_grad=True) -> LikelihoodOutput:
+    """Accumulate contributions and entropies over the views, ``mc_batch_size`` views per forward.
 
-    ``c_i = (1/K) Σ_views w_view · 1[i ∈ S_view] · m_i · ℓ_i(x̃_view)``; the log-softmax is computed only at the kept
-    (masked and scored) positions.
+    ``c_i = (1/K) Σ_views w_view,i · 1[i ∈ S_view] · m_i · ℓ_i(x̃_view)``; ``views.weights`` is `(B, M)` (one weight
+    per view) or `(B, M, L)` (per position). ``chunk_logits(chunk)`` returns the logits `(c·B, L, V)` of the views
+    ``chunk`` (a slice), canvas row ``j·B + b`` being view ``j`` of row ``b``. The log-softmax is computed only at the
+    kept (masked and scored) positions.
+
+    Memory: with ``checkpoint_views`` and gradients enabled, each chunk's forward is recomputed in the backward pass
+    (`torch.utils.checkpoint`), so activation memory stays that of one chunk whatever the number of views, for one
+    extra forward per chunk. ``entropy_grad=False`` keeps the entropies out of the autograd graph (they are then only
+    logged), which saves a `(kept positions, V)` tensor per chunk.
     """
-    logits_fn = as_logits_fn(logits_fn)
-    (batch_size, prompt_length), length = prompt_ids.shape, completion_ids.shape[1]
-    device, num_views = completion_ids.device, views.completion.shape[1]
-    positions = torch.arange(prompt_length, prompt_length + length, device=device)
-    attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids, dtype=prompt_mask.dtype)], dim=1)
-    scored = score_mask.bool()
+    (batch_size, length), device = completion_ids.shape, completion_ids.device
+    num_views, scored = views.completion.shape[1], score_mask.bool()
     logps = torch.zeros(batch_size, length, device=device)
     entropy_sum, counts, per_view = torch.zeros_like(logps), torch.zeros_like(logps), []
+
+    def kept_scores(chunk, keep, targets):
+        logits = chunk_logits(chunk)
+        if logits.shape[:2] != (keep.shape[0] * batch_size, length):
+            raise ValueError(f"logits_fn returned {tuple(logits.shape)}; expected ({keep.shape[0] * batch_size}, "
+                             f"{length}, V).")
+        logp = logits.reshape(*keep.shape, -1)[keep].float().log_softmax(-1)  # (n_kept, V)
+        token_logp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        source = logp if entropy_grad else logp.detach()
+        return token_logp, -(source.exp() * source).sum(-1)
+
     for start in range(0, num_views, mc_batch_size):
         chunk = slice(start, min(start + mc_batch_size, num_views))
-        # View-major layout (c, B, ...): canvas row j * B + b is view j of row b.
-        masked = views.completion[:, chunk].transpose(0, 1).to(device)
-        num_chunk = masked.shape[0]
-        prompt = apply_mask(
-            prompt_ids.expand(num_chunk, -1, -1), views.prompt[:, chunk].transpose(0, 1).to(device), mask_token_id
-        )
-        completion = apply_mask(completion_ids.expand(num_chunk, -1, -1), masked, mask_token_id)
-        canvas = torch.cat([prompt, completion], dim=2).reshape(num_chunk * batch_size, prompt_length + length)
-        logits = logits_fn(canvas, attention_mask=attention_mask.repeat(num_chunk, 1), positions=positions)
-        if logits.shape[:2] != (num_chunk * batch_size, length):
-            raise ValueError(f"logits_fn returned {tuple(logits.shape)}; expected ({canvas.shape[0]}, {length}, V).")
+        masked = views.completion[:, chunk].transpose(0, 1).to(device)  # (c, B, L), view-major
         keep = masked & scored
-        logp = logits.reshape(num_chunk, batch_size, length, -1)[keep].float().log_softmax(-1)  # (n_kept, V)
-        token_logp = logp.gather(-1, completion_ids.expand(num_chunk, -1, -1)[keep].unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp.exp() * logp).sum(-1)
-        weight = views.weights[:, chunk].t().to(device).unsqueeze(-1)  # (c, B, 1)
+        targets = completion_ids.expand(masked.shape[0], -1, -1)[keep]
+        if checkpoint_views and torch.is_grad_enabled():
+            token_logp, entropy = checkpoint(kept_scores, chunk, keep, targets, use_reentrant=False)
+        else:
+            token_logp, entropy = kept_scores(chunk, keep, targets)
+        weight = views.weights[:, chunk].transpose(0, 1).to(device)
+        weight = weight.unsqueeze(-1) if weight.dim() == 2 else weight  # (c, B, 1) or (c, B, L)
         contrib = torch.zeros(keep.shape, device=device).masked_scatter(keep, token_logp) * weight
         logps = logps + contrib.sum(0)
         per_view.append(contrib.sum(-1).t())  # (B, c)
@@ -116,6 +125,32 @@ def _score_views(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask,
     sample_estimates = per_view.new_zeros(batch_size, views.num_samples)
     sample_estimates = sample_estimates.index_add(1, views.sample_index.to(device), per_view)
     return LikelihoodOutput(logps / views.num_samples, entropy_sum / counts.clamp(min=1), sample_estimates)
+
+
+def memory_options(options: dict) -> dict:
+    """The memory switches of :func:`score_view_chunks` found among an estimator's extra keyword arguments."""
+    return {key: options[key] for key in ("checkpoint_views", "entropy_grad") if key in options}
+
+
+def _score_views(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, mask_token_id, mc_batch_size,
+                 **memory):
+    """Score the views of a bidirectional model: each view is the canvas ``[prompt' ; x with S masked]`` with the whole
+    completion visible (see :func:`score_view_chunks`)."""
+    logits_fn = as_logits_fn(logits_fn)
+    prompt_length, length = prompt_ids.shape[1], completion_ids.shape[1]
+    positions = torch.arange(prompt_length, prompt_length + length, device=completion_ids.device)
+    attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids, dtype=prompt_mask.dtype)], dim=1)
+
+    def chunk_logits(chunk):
+        masked = views.completion[:, chunk].transpose(0, 1).to(completion_ids.device)
+        num_chunk = masked.shape[0]
+        noise = views.prompt[:, chunk].transpose(0, 1).to(completion_ids.device)
+        prompt = apply_mask(prompt_ids.expand(num_chunk, -1, -1), noise, mask_token_id)
+        completion = apply_mask(completion_ids.expand(num_chunk, -1, -1), masked, mask_token_id)
+        canvas = torch.cat([prompt, completion], dim=2).flatten(0, 1)
+        return logits_fn(canvas, attention_mask=attention_mask.repeat(num_chunk, 1), positions=positions)
+
+    return score_view_chunks(chunk_logits, completion_ids, score_mask, views, mc_batch_size, **memory)
 
 
 def _check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_mask_prompt, mc_batch_size=1):
@@ -179,7 +214,9 @@ def mean_field(
         return torch.ones(1, length, dtype=torch.bool), torch.ones(1), torch.zeros(1, dtype=torch.long)
 
     views = _draw_views(seeds, prompt_mask, p_mask_prompt, 1, draw)
-    return _score_views(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, mask_token_id, 1)
+    return _score_views(
+        logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, mask_token_id, 1, **memory_options(kwargs)
+    )
 
 
 def elbo(
@@ -251,7 +288,8 @@ def elbo(
 
     views = _draw_views(seeds, prompt_mask, p_mask_prompt, mc_samples, draw)
     return _score_views(
-        logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, mask_token_id, mc_batch_size
+        logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, mask_token_id, mc_batch_size,
+        **memory_options(kwargs),
     )
 
 
@@ -311,7 +349,8 @@ def coupled(
 
     views = _draw_views(seeds, prompt_mask, p_mask_prompt, mc_samples, draw)
     return _score_views(
-        logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, mask_token_id, mc_batch_size
+        logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, mask_token_id, mc_batch_size,
+        **memory_options(kwargs),
     )
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .likelihood import LikelihoodOutput, _check_inputs, _draw_views
+from .likelihood import LikelihoodOutput, _check_inputs, _draw_views, memory_options, score_view_chunks
 from .logits import as_logits_fn
 from .masks import apply_mask, random_subsets, staircase_mask, stratified_counts
 
@@ -117,41 +117,24 @@ def block_subsets(num_samples, length, block_length, antithetic, *, generator):
 
 
 def _score_staircase(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, opts):
-    """Score the views, ``mc_batch_size`` per staircase forward; accumulate contributions and entropies.
+    """Score the views, ``mc_batch_size`` per staircase forward (see
+    :func:`~trl_dllm.core.likelihood.score_view_chunks`); ``views.weights`` is per position here."""
+    mask_token_id, device = opts["mask_token_id"], completion_ids.device
 
-    ``c_i = (1/K) Σ_views w_view,i · 1[i ∈ S_view] · m_i · ℓ_i(view)``, ``views.weights`` being per position here.
-    """
-    batch_size, length = completion_ids.shape
-    device, num_views, step = completion_ids.device, views.completion.shape[1], opts["mc_batch_size"]
-    scored = score_mask.bool()
-    logps = torch.zeros(batch_size, length, device=device)
-    entropy_sum, counts, per_view = torch.zeros_like(logps), torch.zeros_like(logps), []
-    for start in range(0, num_views, step):
-        chunk = slice(start, min(start + step, num_views))
-        # View-major layout (c, B, ...): canvas row j * B + b is view j of row b.
-        masked = views.completion[:, chunk].transpose(0, 1).to(device)
+    def chunk_logits(chunk):
+        masked = views.completion[:, chunk].transpose(0, 1).to(device)  # (c, B, L), view-major
         num_chunk = masked.shape[0]
         prompt_noise = views.prompt[:, chunk].transpose(0, 1).to(device)
-        prompt = apply_mask(prompt_ids.expand(num_chunk, -1, -1), prompt_noise, opts["mask_token_id"])
-        noisy = apply_mask(completion_ids.expand(num_chunk, -1, -1), masked, opts["mask_token_id"])
-        logits = staircase_logits(
+        prompt = apply_mask(prompt_ids.expand(num_chunk, -1, -1), prompt_noise, mask_token_id)
+        noisy = apply_mask(completion_ids.expand(num_chunk, -1, -1), masked, mask_token_id)
+        return staircase_logits(
             logits_fn, prompt.flatten(0, 1), prompt_mask.repeat(num_chunk, 1), noisy.flatten(0, 1),
             completion_ids.repeat(num_chunk, 1), opts["block_length"],
         )  # fmt: skip
-        keep = masked & scored
-        logp = logits.reshape(num_chunk, batch_size, length, -1)[keep].float().log_softmax(-1)  # (n_kept, V)
-        token_logp = logp.gather(-1, completion_ids.expand(num_chunk, -1, -1)[keep].unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp.exp() * logp).sum(-1)
-        weight = views.weights[:, chunk].transpose(0, 1).to(device)  # (c, B, L)
-        contrib = torch.zeros(keep.shape, device=device).masked_scatter(keep, token_logp) * weight
-        logps = logps + contrib.sum(0)
-        per_view.append(contrib.sum(-1).t())  # (B, c)
-        entropy_sum = entropy_sum + torch.zeros(keep.shape, device=device).masked_scatter(keep, entropy).sum(0)
-        counts = counts + keep.sum(0)
-    per_view = torch.cat(per_view, dim=1)
-    sample_estimates = per_view.new_zeros(batch_size, views.num_samples)
-    sample_estimates = sample_estimates.index_add(1, views.sample_index.to(device), per_view)
-    return LikelihoodOutput(logps / views.num_samples, entropy_sum / counts.clamp(min=1), sample_estimates)
+
+    return score_view_chunks(
+        chunk_logits, completion_ids, score_mask, views, opts["mc_batch_size"], **memory_options(opts)
+    )
 
 
 def _check_block(length, block_length, mc_samples):
@@ -232,5 +215,6 @@ def block(
 
     # _draw_views stacks what `draw` returns: here `views.weights` is per position, (B, M, L).
     views = _draw_views(seeds, prompt_mask, p_mask_prompt, mc_samples, draw)
-    opts = {"mask_token_id": mask_token_id, "block_length": block_length, "mc_batch_size": mc_batch_size}
+    opts = {"mask_token_id": mask_token_id, "block_length": block_length, "mc_batch_size": mc_batch_size,
+            **memory_options(kwargs)}
     return _score_staircase(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, opts)
