@@ -1,12 +1,14 @@
 """The demo end to end, shortened: a tiny model, a few RL steps; it must write the figure and the summary."""
 
 import json
+from dataclasses import replace
 
 import pytest
+from transformers import AutoModelForCausalLM
 
 from trl_dllm.demo import main, parse_args
-from trl_dllm.demo.run import DemoConfig, decode_completions, greedy_eval, prepare
-from trl_dllm.demo.warmstart import encode_examples, warm_start
+from trl_dllm.demo.run import QUICK, DemoConfig
+from trl_dllm.demo.warmstart import decode_completions, encode_examples, greedy_eval, prepare, warm_start
 from trl_dllm.testing import build_tiny_model, build_tokenizer
 
 
@@ -20,6 +22,12 @@ def test_quick_demo_writes_png_and_summary(tmp_path):
     assert 0.0 <= written["heldout_reward_before"] <= 1.0 and 0.0 <= written["heldout_reward_after"] <= 1.0
     assert [p["step"] for p in written["curve"]] == [0, 1, 2, 3]
     assert (tmp_path / "best_model" / "config.json").exists()
+
+
+@pytest.mark.parametrize("task", ["add", "countdown"])
+def test_quick_demo_runs_the_other_tasks(tmp_path, task):
+    summary = main(["--quick", "--task", task, "--out", str(tmp_path)])
+    assert summary["task"] == task and summary["train_steps"] == 3 and (tmp_path / "reward.png").exists()
 
 
 def test_quick_stability_writes_png(tmp_path):
@@ -63,13 +71,7 @@ def test_decode_cuts_after_first_eos_like_trl():
 
 
 def test_heldout_eval_is_deterministic(tmp_path):
-    from dataclasses import replace
-
-    from trl_dllm.demo.run import QUICK
-
     prep = prepare(replace(DemoConfig(out_dir=str(tmp_path)), **QUICK))
-    from transformers import AutoModelForCausalLM
-
     model = AutoModelForCausalLM.from_pretrained(prep["path"])
     first = greedy_eval(model, prep["tokenizer"], prep["task"], prep["test"])
     assert first == greedy_eval(model, prep["tokenizer"], prep["task"], prep["test"]) == prep["before"]
@@ -77,4 +79,10 @@ def test_heldout_eval_is_deterministic(tmp_path):
 
 def test_parse_args_defaults():
     args = parse_args([])
-    assert (args.task, args.out, args.quick, args.stability, args.noise) == ("sort", "demo_out", False, False, "medium")
+    assert (args.task, args.out, args.quick, args.stability, args.noise) == (
+        "sort",
+        "demo_out",
+        False,
+        False,
+        "medium",
+    )

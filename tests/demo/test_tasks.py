@@ -58,7 +58,9 @@ def test_rewards_accept_plain_and_chat_completions():
     target = ["1 2 3", "1 2 3"]
     assert sort_reward(plain, target=target) == sort_reward(chat, target=target) == [1.0, pytest.approx(1 / 3)]
     assert add_reward(["8 5"], target=["8 5"], prompts=["add 40 and 45 ="]) == [1.0]  # other columns ignored
-    assert countdown_lite_reward([[{"role": "assistant", "content": "9 - 2 * 3"}]], target=[3], nums=[[2, 3, 9]]) == [1.0]
+    assert countdown_lite_reward([[{"role": "assistant", "content": "9 - 2 * 3"}]], target=[3], nums=[[2, 3, 9]]) == [
+        1.0
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
@@ -80,15 +82,21 @@ def test_scores_are_in_unit_interval_on_random_strings():
     pieces = list("0123456789+-*") + ["sort", "=", ""]
     for _ in range(300):
         text = " ".join(rng.choice(pieces) for _ in range(rng.randrange(9)))
-        for score in (sort_score(text, "0 1 2 5 5 9"), add_score(text, "1 4 2"), countdown_lite_score(text, 6, [1, 2, 3])):
+        for score in (
+            sort_score(text, "0 1 2 5 5 9"),
+            add_score(text, "1 4 2"),
+            countdown_lite_score(text, 6, [1, 2, 3]),
+        ):
             assert 0.0 <= score <= 1.0
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_splits_are_disjoint(name):
     task = get_task(name)
-    keys = {split: {p["key"] for p in task.problems(split, n, seed=0, unique=split != "train")}
-            for split, n in (("train", 2000), ("val", 64), ("test", 128))}
+    keys = {
+        split: {p["key"] for p in task.problems(split, n, seed=0, unique=split != "train")}
+        for split, n in (("train", 2000), ("val", 64), ("test", 128))
+    }
     assert not keys["train"] & keys["test"] and not keys["train"] & keys["val"] and not keys["val"] & keys["test"]
     assert all(split_of(k) == split for split, ks in keys.items() for k in ks)
 

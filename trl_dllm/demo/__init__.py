@@ -21,13 +21,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trl_dllm.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few steps of a tiny model (seconds; for tests)")
     parser.add_argument("--stability", action="store_true", help="run the grpo-vs-stabledrl study instead")
-    parser.add_argument("--task", default="sort", help="sort (default), add or countdown")
+    parser.add_argument("--task", default="sort", choices=("sort", "add", "countdown"), help="the synthetic task")
     parser.add_argument("--out", default="demo_out", help="output directory (default: demo_out)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1; see docs/demo.md)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model, warm start, data and RL")
     parser.add_argument("--max-steps", type=int, default=None, help="RL steps (demo) or steps per run (stability)")
     parser.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget of the RL phase (demo)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="stability: seeds (default: 0 1 2)")
-    parser.add_argument("--noise", default="medium", help="stability: low, medium (default) or high")
+    parser.add_argument(
+        "--noise",
+        default="medium",
+        choices=("none", "low", "medium", "high"),
+        help="stability: none (shared masks), low, medium (default) or high",
+    )
     parser.add_argument("--images-dir", default=None, help="also copy the PNGs here (docs/images for the docs)")
     return parser.parse_args(argv)
 
@@ -37,7 +43,7 @@ def main(argv=None) -> dict:
     from .run import QUICK, QUICK_STABILITY, DemoConfig, StabilityConfig, run_demo, run_stability
 
     args = parse_args(argv)
-    cfg = DemoConfig(task=args.task, out_dir=args.out, seed=args.seed)
+    cfg = DemoConfig(task=args.task, out_dir=args.out, seed=args.seed, threads=args.threads)
     if args.quick:
         cfg = replace(cfg, **QUICK)
     if args.max_minutes is not None:

@@ -11,25 +11,21 @@ by the task's reward — the same function before and after training. The checkp
 
 from __future__ import annotations
 
-import copy
+import functools
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
-from datasets import Dataset
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.utils import logging as hf_logging
 
 from ..config import DiffusionGRPOConfig
-from ..core.sampling import generate
-from ..models import model_logits_fn, resolve_model_spec
-from ..testing import build_tiny_model, build_tokenizer
 from ..trainer import DiffusionGRPOTrainer
-from .tasks import EXTRA_WORDS, Task, get_task
-from .warmstart import warm_start
+from .tasks import Task
+from .warmstart import greedy_eval, prepare
 
 
 @dataclass
@@ -39,6 +35,7 @@ class DemoConfig:
     task: str = "sort"
     out_dir: str = "demo_out"
     seed: int = 0
+    threads: int = 1  # see docs/demo.md: with 2 OpenMP threads a busy 2-core machine runs this model up to 30x slower
     # the model: a bidirectional Llama, 4 layers, hidden 128 (≈0.68M parameters)
     hidden_size: int = 128
     num_layers: int = 4
@@ -64,59 +61,35 @@ class DemoConfig:
     num_test: int = 256
 
 
+# fmt: off
 QUICK = dict(hidden_size=32, num_layers=2, intermediate_size=64, sft_steps=5, num_train_problems=64, max_steps=3,
              prompts_per_step=2, num_generations=4, eval_every=1, num_val=8, num_test=16)
+# fmt: on
 QUICK_STABILITY = dict(seeds=(0,), num_iterations=2, max_steps=2)
 
 
 def _demo_trainer_args(cfg: DemoConfig, task: Task, output_dir: str) -> DiffusionGRPOConfig:
     length = task.completion_length
+    # fmt: off
     kwargs = dict(
         output_dir=output_dir, loss_type="stabledrl", estimator="elbo", mc_samples=cfg.mc_samples, scale_rewards="none",
         beta=0.0, learning_rate=cfg.learning_rate, lr_scheduler_type="constant", temperature=cfg.temperature,
         per_device_train_batch_size=cfg.prompts_per_step * cfg.num_generations, num_generations=cfg.num_generations,
         max_completion_length=length, block_length=length, diffusion_steps=length, max_steps=cfg.max_steps,
         logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=cfg.seed, disable_tqdm=True,
-        # TRL defaults both to True; on CPU, bf16 autocast and activation recomputation make a step ~2x slower
+        # TRL defaults both to True; on CPU, bf16 autocast and activation recomputation make a step 2-2.7x slower
         bf16=False, gradient_checkpointing=False,
     )
+    # fmt: on
     return DiffusionGRPOConfig(**{**kwargs, **cfg.trainer_overrides})
-
-
-# --------------------------------------------------------------------------- held-out evaluation
-def decode_completions(tokenizer, completion_ids: torch.Tensor) -> list[str]:
-    """Texts as TRL decodes them for the rewards: cut after the first EOS, special tokens skipped."""
-    texts = []
-    for row in completion_ids.tolist():
-        if tokenizer.eos_token_id in row:
-            row = row[: row.index(tokenizer.eos_token_id) + 1]
-        texts.append(tokenizer.decode(row, skip_special_tokens=True))
-    return texts
-
-
-@torch.no_grad()
-def greedy_eval(model, tokenizer, task: Task, problems: list[dict]) -> dict:
-    """Mean reward and exact-match accuracy (reward == 1) of greedy diffusion decodes of `problems`."""
-    was_training = model.training
-    model.eval()
-    spec = resolve_model_spec(model, tokenizer)
-    enc = tokenizer([p["prompt"] for p in problems], add_special_tokens=False, padding=True, padding_side="left",
-                    return_tensors="pt")
-    length = task.completion_length
-    out = generate(model_logits_fn(model, spec), enc["input_ids"], enc["attention_mask"],
-                   mask_token_id=spec.mask_token_id, gen_length=length, diffusion_steps=length, block_length=length)
-    rewards = task.score(decode_completions(tokenizer, out.completion_ids), problems)
-    model.train(was_training)
-    return {"reward": sum(rewards) / len(rewards), "accuracy": sum(r == 1.0 for r in rewards) / len(rewards)}
 
 
 class HeldOutCallback(TrainerCallback):
     """Every `eval_every` steps: greedy val/test evaluation, best-on-val weights kept in memory, a rich progress bar,
     and a wall-clock budget (`control.should_training_stop` once `max_minutes` are spent)."""
 
-    def __init__(self, tokenizer, task, val, test, eval_every, max_minutes, progress=None, label="RL"):
-        self.tokenizer, self.task, self.val, self.test = tokenizer, task, val, test
-        self.eval_every, self.budget_s = eval_every, 60.0 * max_minutes
+    def __init__(self, prep: dict, eval_every: int, max_minutes: float, progress=None, label="RL", heldout=True):
+        self.prep, self.eval_every, self.budget_s, self.heldout = prep, eval_every, 60.0 * max_minutes, heldout
         self.curve: list[dict] = []
         self.best: dict | None = None
         self.best_state: dict | None = None
@@ -136,17 +109,21 @@ class HeldOutCallback(TrainerCallback):
         out_of_time = time.monotonic() - self.start > self.budget_s
         if out_of_time:
             control.should_training_stop = True
-        if self.val is not None and (step % self.eval_every == 0 or step == state.max_steps or out_of_time):
+        if self.heldout and (step % self.eval_every == 0 or step == state.max_steps or out_of_time):
             self.evaluate(model, step)
         if self._bar is not None:
             best = f" | best val {self.best['val_reward']:.2f} @ {self.best['step']}" if self.best else ""
             self.progress.update(self._bar, completed=step, info=f"reward {self._reward:.2f}{best}")
 
     def evaluate(self, model, step: int) -> dict:
-        val = greedy_eval(model, self.tokenizer, self.task, self.val)
-        test = greedy_eval(model, self.tokenizer, self.task, self.test)
-        point = {"step": step, "val_reward": val["reward"], "test_reward": test["reward"],
-                 "test_accuracy": test["accuracy"]}
+        val = greedy_eval(model, self.prep["tokenizer"], self.prep["task"], self.prep["val"])
+        test = greedy_eval(model, self.prep["tokenizer"], self.prep["task"], self.prep["test"])
+        point = {
+            "step": step,
+            "val_reward": val["reward"],
+            "test_reward": test["reward"],
+            "test_accuracy": test["accuracy"],
+        }
         self.curve.append(point)
         if self.best is None or point["val_reward"] > self.best["val_reward"]:
             self.best = point
@@ -154,62 +131,66 @@ class HeldOutCallback(TrainerCallback):
         return point
 
 
-def _quiet(trainer: DiffusionGRPOTrainer) -> DiffusionGRPOTrainer:
-    """Drop the Trainer's per-step log printing (the demo draws its own progress bar)."""
+def _make_trainer(prep: dict, args: DiffusionGRPOConfig, callback: HeldOutCallback) -> DiffusionGRPOTrainer:
+    """The trainer on the warm-start checkpoint, without the Trainer's per-step log printing (we draw our own bar)."""
+    trainer = DiffusionGRPOTrainer(
+        model=prep["path"],
+        reward_funcs=prep["task"].reward,
+        args=args,
+        train_dataset=prep["dataset"],
+        callbacks=[callback],
+    )
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     return trainer
 
 
-def _metric(history: list[dict], name: str) -> tuple[list[int], list[float]]:
-    rows = [(h["step"], h[name]) for h in history if name in h and "step" in h]
-    return [s for s, _ in rows], [float(v) for _, v in rows]
+def _train_log(history: list[dict]) -> dict[str, list]:
+    """Per optimizer step: the logged metrics (`None` where a step did not log one: with `num_iterations > 1` the
+    reward is logged only at steps that generate)."""
+    rows = [h for h in history if "loss" in h and "step" in h]
+    names = ("step", "reward", "grad_norm", "entropy", "weights/ess", "ratio/max")
+    return {n: [None if h.get(n) is None else float(h[n]) for h in rows] for n in names}
 
 
-# --------------------------------------------------------------------------- warm start
-def prepare(cfg: DemoConfig, console=None) -> dict:
-    """Build the tokenizer and model, warm-start it, save it under `out_dir/warmstart`; draw the three splits."""
-    task = get_task(cfg.task)
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(EXTRA_WORDS)
-    model = build_tiny_model(tokenizer, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
-                             num_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size, seed=cfg.seed)
-    train = task.problems("train", cfg.num_train_problems, seed=cfg.seed)
-    val = task.problems("val", cfg.num_val, seed=cfg.seed, unique=True)
-    test = task.problems("test", cfg.num_test, seed=cfg.seed, unique=True)
-    start = time.monotonic()
-    losses = warm_start(model, tokenizer, [p["prompt"] for p in train], [p["answer"] for p in train],
-                        completion_length=task.completion_length, steps=cfg.sft_steps, batch_size=cfg.sft_batch_size,
-                        learning_rate=cfg.sft_learning_rate, seed=cfg.seed)
-    path = str(out / "warmstart")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    before, before_val = greedy_eval(model, tokenizer, task, test), greedy_eval(model, tokenizer, task, val)
-    if console is not None:
-        console.print(f"warm start: {cfg.sft_steps} SFT steps in {time.monotonic() - start:.1f} s, held-out reward "
-                      f"{before['reward']:.3f}, accuracy {before['accuracy']:.3f}")
-    columns = ("prompt", *task.columns)
-    dataset = Dataset.from_list([{c: p[c] for c in columns} for p in train])
-    return {"task": task, "tokenizer": tokenizer, "path": path, "dataset": dataset, "val": val, "test": test,
-            "before": before, "before_val": before_val, "sft_losses": losses, "sft_seconds": time.monotonic() - start}
+def _points(steps: list, values: list) -> tuple[list, list]:
+    """The (step, value) pairs with a finite value: NaN / inf (a diverged run) and missing values are dropped."""
+    pairs = [(s, v) for s, v in zip(steps, values) if v is not None and abs(v) != float("inf") and v == v]
+    return [s for s, _ in pairs], [v for _, v in pairs]
+
+
+def _session(fn):
+    """Run `fn(cfg, ...)` with `cfg.threads` torch threads and without transformers' load/save progress bars; restore
+    both afterwards (the demo also runs inside the test suite)."""
+
+    @functools.wraps(fn)
+    def wrapper(cfg, *args):
+        threads, bars = torch.get_num_threads(), hf_logging.is_progress_bar_enabled()
+        torch.set_num_threads(cfg.threads)
+        hf_logging.disable_progress_bar()
+        try:
+            return fn(cfg, *args)
+        finally:
+            torch.set_num_threads(threads)
+            if bars:
+                hf_logging.enable_progress_bar()
+
+    return wrapper
 
 
 # --------------------------------------------------------------------------- the demo
+@_session
 def run_demo(cfg: DemoConfig) -> dict:
     """Warm start, then StableDRL on the task; writes `summary.json`, `reward.png` and the best model to `out_dir`."""
     from rich.console import Console
 
-    torch.set_num_threads(int(os.environ.get("TRL_DLLM_DEMO_THREADS", 2)))
     console, wall_start = Console(), time.monotonic()
     prep = prepare(cfg, console)
     task, tokenizer = prep["task"], prep["tokenizer"]
     args = _demo_trainer_args(cfg, task, str(Path(cfg.out_dir) / "trainer"))
     with _progress(console) as progress:
-        callback = HeldOutCallback(tokenizer, task, prep["val"], prep["test"], cfg.eval_every, cfg.max_minutes,
-                                   progress, label=f"StableDRL on {cfg.task}")
-        trainer = _quiet(DiffusionGRPOTrainer(model=prep["path"], reward_funcs=task.reward, args=args,
-                                              train_dataset=prep["dataset"], callbacks=[callback]))
+        callback = HeldOutCallback(prep, cfg.eval_every, cfg.max_minutes, progress, f"StableDRL on {cfg.task}")
+        trainer = _make_trainer(prep, args, callback)
         rl_start = time.monotonic()
         trainer.train()
         rl_seconds = time.monotonic() - rl_start
@@ -219,36 +200,52 @@ def run_demo(cfg: DemoConfig) -> dict:
     trainer.model.save_pretrained(Path(cfg.out_dir) / "best_model")
     tokenizer.save_pretrained(Path(cfg.out_dir) / "best_model")
     steps = trainer.state.global_step
+    start = {
+        "step": 0,
+        "val_reward": prep["before_val"]["reward"],
+        **{f"test_{k}": v for k, v in prep["before"].items()},
+    }
     summary = {
-        "task": cfg.task, "heldout_reward_before": prep["before"]["reward"], "heldout_reward_after": after["reward"],
-        "heldout_accuracy_before": prep["before"]["accuracy"], "heldout_accuracy_after": after["accuracy"],
-        "heldout_reward_last_step": last["test_reward"], "best_step": callback.best["step"],
-        "train_steps": steps, "wall_minutes": (time.monotonic() - wall_start) / 60,
-        "warmstart_minutes": prep["sft_seconds"] / 60, "rl_minutes": rl_seconds / 60,
-        "seconds_per_step": rl_seconds / max(steps, 1), "num_threads": torch.get_num_threads(),
-        "num_heldout": len(prep["test"]), "curve": [{"step": 0, **_zero_point(prep)}, *callback.curve],
-        "train_reward": dict(zip(("steps", "values"), _metric(trainer.state.log_history, "reward"))),
+        "task": cfg.task,
+        "heldout_reward_before": prep["before"]["reward"],
+        "heldout_reward_after": after["reward"],
+        "heldout_accuracy_before": prep["before"]["accuracy"],
+        "heldout_accuracy_after": after["accuracy"],
+        "heldout_reward_last_step": last["test_reward"],
+        "best_step": callback.best["step"],
+        "train_steps": steps,
+        "wall_minutes": (time.monotonic() - wall_start) / 60,
+        "warmstart_minutes": prep["sft_seconds"] / 60,
+        "rl_minutes": rl_seconds / 60,
+        "seconds_per_step": rl_seconds / max(steps, 1),
+        "num_threads": torch.get_num_threads(),
+        "num_heldout": len(prep["test"]),
+        "curve": [start, *callback.curve],
+        "train_log": _train_log(trainer.state.log_history),
         "config": asdict(cfg),
     }
     Path(cfg.out_dir, "summary.json").write_text(json.dumps(summary, indent=2))
     plot_reward(summary, Path(cfg.out_dir) / "reward.png")
-    console.print(f"held-out reward {summary['heldout_reward_before']:.3f} → {summary['heldout_reward_after']:.3f} "
-                  f"(accuracy {summary['heldout_accuracy_before']:.3f} → {summary['heldout_accuracy_after']:.3f}; "
-                  f"best val at step {summary['best_step']} of {steps}) in {summary['wall_minutes']:.1f} min. "
-                  f"Wrote {cfg.out_dir}/summary.json and {cfg.out_dir}/reward.png")
+    console.print(
+        f"held-out reward {summary['heldout_reward_before']:.3f} → {summary['heldout_reward_after']:.3f} "
+        f"(accuracy {summary['heldout_accuracy_before']:.3f} → {summary['heldout_accuracy_after']:.3f}; "
+        f"best val at step {summary['best_step']} of {steps}) in {summary['wall_minutes']:.1f} min. "
+        f"Wrote {cfg.out_dir}/summary.json and {cfg.out_dir}/reward.png"
+    )
     return summary
-
-
-def _zero_point(prep: dict) -> dict:
-    return {"val_reward": prep["before_val"]["reward"], "test_reward": prep["before"]["reward"],
-            "test_accuracy": prep["before"]["accuracy"]}
 
 
 def _progress(console):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.fields[info]}"), console=console)
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+        console=console,
+    )
 
 
 def _plt():
@@ -271,7 +268,7 @@ def _smooth(values: list[float], window: int) -> list[float]:
 def plot_reward(summary: dict, path: Path) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    steps, rewards = summary["train_reward"]["steps"], summary["train_reward"]["values"]
+    steps, rewards = _points(summary["train_log"]["step"], summary["train_log"]["reward"])
     ax.plot(steps, rewards, color="0.8", lw=0.6)
     ax.plot(steps, _smooth(rewards, 25), color="0.45", lw=1.2, label="train reward (rollouts, T=1; 25-step mean)")
     curve = summary["curve"]
@@ -280,10 +277,14 @@ def plot_reward(summary: dict, path: Path) -> None:
     ax.plot(xs, [p["test_accuracy"] for p in curve], "s-", color="C2", label="held-out accuracy (exact)")
     ax.plot(xs, [p["val_reward"] for p in curve], ":", color="C1", label="val reward (selects checkpoint)")
     ax.axvline(summary["best_step"], color="C1", lw=0.8, ls="--")
-    ax.set(xlabel="RL step", ylabel="reward / accuracy", ylim=(0, 1),
-           title=f"StableDRL on '{summary['task']}': held-out {summary['heldout_reward_before']:.2f} → "
-                 f"{summary['heldout_reward_after']:.2f} in {summary['wall_minutes']:.1f} min")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set(
+        xlabel="RL step",
+        ylabel="reward / accuracy",
+        ylim=(0, 1),
+        title=f"StableDRL on '{summary['task']}': held-out {summary['heldout_reward_before']:.2f} → "
+        f"{summary['heldout_reward_after']:.2f} in {summary['wall_minutes']:.1f} min",
+    )
+    ax.legend(loc="upper left", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
@@ -291,12 +292,14 @@ def plot_reward(summary: dict, path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- the instability in miniature
-# Likelihood-noise levels of the study. Every level draws fresh masks for the old and current passes
-# (`independent_mc_noise=True`), so estimator noise enters the importance ratio; fewer views = more noise.
+# Likelihood-noise levels of the study. `low` / `medium` / `high` draw fresh masks for the old and the current passes
+# (`independent_mc_noise=True`), so estimator noise enters the importance ratio, more of it with fewer masked views;
+# `none` is the control: common random numbers, the noise cancels in the ratio.
 NOISE_LEVELS: dict[str, dict] = {
-    "low": dict(mc_samples=4, antithetic=True),
-    "medium": dict(mc_samples=1, antithetic=True),
-    "high": dict(mc_samples=1, antithetic=False),
+    "none": dict(independent_mc_noise=False, mc_samples=1, antithetic=True),
+    "low": dict(independent_mc_noise=True, mc_samples=4, antithetic=True),
+    "medium": dict(independent_mc_noise=True, mc_samples=1, antithetic=True),
+    "high": dict(independent_mc_noise=True, mc_samples=1, antithetic=False),
 }
 
 
@@ -308,15 +311,15 @@ class StabilityConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     noise: str = "medium"
     num_iterations: int = 4
-    max_steps: int = 80
-    max_minutes_per_run: float = 2.5
+    max_steps: int = 200
+    max_minutes_per_run: float = 2.0
 
 
+@_session
 def run_stability(cfg: DemoConfig, study: StabilityConfig) -> dict:
     """Train every (loss type, seed) pair; write `stability.json` and `stability.png` to `cfg.out_dir`."""
     from rich.console import Console
 
-    torch.set_num_threads(int(os.environ.get("TRL_DLLM_DEMO_THREADS", 2)))
     console, wall_start = Console(), time.monotonic()
     prep = prepare(replace(cfg, max_steps=study.max_steps), console)
     runs = []
@@ -324,8 +327,14 @@ def run_stability(cfg: DemoConfig, study: StabilityConfig) -> dict:
         for loss_type in study.loss_types:
             for seed in study.seeds:
                 runs.append(_stability_run(cfg, study, prep, loss_type, seed, progress))
-    result = {"noise": study.noise, "estimator": NOISE_LEVELS[study.noise], "study": asdict(study),
-              "wall_minutes": (time.monotonic() - wall_start) / 60, "runs": runs, "config": asdict(cfg)}
+    result = {
+        "noise": study.noise,
+        "estimator": NOISE_LEVELS[study.noise],
+        "study": asdict(study),
+        "wall_minutes": (time.monotonic() - wall_start) / 60,
+        "runs": runs,
+        "config": asdict(cfg),
+    }
     name = "stability" if study.noise == "medium" else f"stability_{study.noise}"
     Path(cfg.out_dir, f"{name}.json").write_text(json.dumps(result, indent=2))
     plot_stability(result, Path(cfg.out_dir) / f"{name}.png")
@@ -336,48 +345,63 @@ def run_stability(cfg: DemoConfig, study: StabilityConfig) -> dict:
 
 
 def _stability_run(cfg, study, prep, loss_type, seed, progress) -> dict:
-    overrides = dict(loss_type=loss_type, seed=seed, independent_mc_noise=True, num_iterations=study.num_iterations,
-                     max_steps=study.max_steps, **NOISE_LEVELS[study.noise])
-    run_cfg = replace(cfg, trainer_overrides={**cfg.trainer_overrides, **overrides})
+    level = NOISE_LEVELS[study.noise]
+    overrides = dict(loss_type=loss_type, seed=seed, num_iterations=study.num_iterations, max_steps=study.max_steps)
+    run_cfg = replace(cfg, trainer_overrides={**cfg.trainer_overrides, **overrides, **level})
     args = _demo_trainer_args(run_cfg, prep["task"], str(Path(cfg.out_dir) / "trainer"))
-    callback = HeldOutCallback(prep["tokenizer"], prep["task"], None, None, 0, study.max_minutes_per_run, progress,
-                               label=f"{loss_type} seed {seed}")
-    trainer = _quiet(DiffusionGRPOTrainer(model=prep["path"], reward_funcs=prep["task"].reward, args=args,
-                                          train_dataset=prep["dataset"], callbacks=[callback]))
+    callback = HeldOutCallback(prep, 0, study.max_minutes_per_run, progress, f"{loss_type} seed {seed}", heldout=False)
+    trainer = _make_trainer(prep, args, callback)
     start = time.monotonic()
     trainer.train()
-    history = trainer.state.log_history
-    run = {"loss_type": loss_type, "seed": seed, "seconds": time.monotonic() - start,
-           "after": greedy_eval(trainer.model, prep["tokenizer"], prep["task"], prep["test"])["reward"],
-           "before": prep["before"]["reward"]}
-    for name in ("grad_norm", "ratio/max", "reward"):
-        steps, values = _metric(history, name)
-        run["steps"], run[name] = steps, values
+    after = greedy_eval(trainer.model, prep["tokenizer"], prep["task"], prep["test"])["reward"]
+    log = _train_log(trainer.state.log_history)
+    run = {"loss_type": loss_type, "seed": seed, "seconds": time.monotonic() - start, "before": prep["before"]["reward"],
+           "after": after, "steps": log["step"], "grad_norm": log["grad_norm"], "ratio/max": log["ratio/max"],
+           "reward": log["reward"]}  # fmt: skip
+    run["stats"] = _run_stats(run)
     return run
 
 
+def _run_stats(run: dict) -> dict:
+    """What the study reports per run: gradient-norm spikes, the largest ratio, reward at the start and the end."""
+    _, grads = _points(run["steps"], run["grad_norm"])
+    _, rewards = _points(run["steps"], run["reward"])
+    median = sorted(grads)[len(grads) // 2] if grads else float("nan")
+    return {
+        "grad_norm_max": max(grads, default=float("nan")),
+        "grad_norm_median": median,
+        "non_finite_grad_steps": sum(g is not None and not abs(g) < float("inf") for g in run["grad_norm"]),
+        "ratio_max": max(_points(run["steps"], run["ratio/max"])[1], default=float("nan")),
+        "reward_first_10": sum(rewards[:10]) / max(len(rewards[:10]), 1),
+        "reward_last_10": sum(rewards[-10:]) / max(len(rewards[-10:]), 1),
+    }
+
+
 def _describe(run: dict) -> str:
-    grads = [g for g in run["grad_norm"] if g == g]  # drop NaN
-    finite = all(torch.isfinite(torch.tensor(run["grad_norm"])).tolist())
-    return (f"{run['loss_type']:>9} seed {run['seed']}: grad norm max {max(grads, default=float('nan')):.3g} "
-            f"(median {sorted(grads)[len(grads) // 2] if grads else float('nan'):.3g}{'' if finite else ', non-finite'}),"
-            f" ratio max {max(run['ratio/max'], default=float('nan')):.3g}, held-out reward "
-            f"{run['before']:.2f} → {run['after']:.2f}")
+    st = run["stats"]
+    return (
+        f"{run['loss_type']:>9} seed {run['seed']}: grad norm max {st['grad_norm_max']:.3g} (median "
+        f"{st['grad_norm_median']:.3g}, {st['non_finite_grad_steps']} non-finite), ratio max {st['ratio_max']:.3g}, "
+        f"train reward {st['reward_first_10']:.2f} → {st['reward_last_10']:.2f}, held-out {run['before']:.2f} → "
+        f"{run['after']:.2f}"
+    )
 
 
 def plot_stability(result: dict, path: Path) -> None:
     plt = _plt()
     loss_types = list(dict.fromkeys(r["loss_type"] for r in result["runs"]))
-    metrics = (("grad_norm", "gradient norm (before clipping)", True), ("ratio/max", "max importance ratio", True),
-               ("reward", "train reward", False))
-    fig, axes = plt.subplots(len(metrics), len(loss_types), figsize=(5 * len(loss_types), 7.5), dpi=110,
-                             sharex=True, sharey="row", squeeze=False)
+    metrics = (
+        ("grad_norm", "gradient norm (before clipping)", True),
+        ("ratio/max", "max importance ratio", True),
+        ("reward", "train reward", False),
+    )
+    shape, size = (len(metrics), len(loss_types)), (5 * len(loss_types), 7.5)
+    fig, axes = plt.subplots(*shape, figsize=size, dpi=110, sharex=True, sharey="row", squeeze=False)
     for col, loss_type in enumerate(loss_types):
         for run in (r for r in result["runs"] if r["loss_type"] == loss_type):
             for row, (name, label, log) in enumerate(metrics):
                 ax = axes[row][col]
-                values = [v if v == v and abs(v) != float("inf") else float("nan") for v in run[name]]
-                ax.plot(run["steps"], values, lw=1, label=f"seed {run['seed']}")
+                ax.plot(*_points(run["steps"], run[name]), lw=1, label=f"seed {run['seed']}")
                 ax.set_yscale("log" if log else "linear")
                 ax.set_ylabel(label if col == 0 else "")
                 ax.grid(alpha=0.3)
@@ -385,8 +409,11 @@ def plot_stability(result: dict, path: Path) -> None:
         axes[-1][col].set_xlabel("RL step")
     axes[0][0].legend(fontsize=8)
     est = result["estimator"]
-    fig.suptitle(f"independent MC noise, num_iterations={result['study']['num_iterations']}, "
-                 f"mc_samples={est['mc_samples']}, antithetic={est['antithetic']} (noise '{result['noise']}')")
+    masks = "fresh masks per pass" if est["independent_mc_noise"] else "shared masks (common random numbers)"
+    fig.suptitle(
+        f"noise '{result['noise']}': {masks}, mc_samples={est['mc_samples']}, antithetic={est['antithetic']}, "
+        f"num_iterations={result['study']['num_iterations']}"
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

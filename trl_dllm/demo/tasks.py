@@ -16,6 +16,7 @@ buckets: bucket 0 is the held-out **test** split, bucket 1 the **val** split (ch
 from __future__ import annotations
 
 import itertools
+import operator
 import random
 import re
 import zlib
@@ -76,7 +77,9 @@ def add_reward(completions: list[Any], target: list[str], **kwargs: Any) -> list
     return [add_score(t, g) for t, g in zip(completions_to_texts(completions), target)]
 
 
-def countdown_lite_reward(completions: list[Any], target: list[int], nums: list[list[int]], **kwargs: Any) -> list[float]:
+def countdown_lite_reward(
+    completions: list[Any], target: list[int], nums: list[list[int]], **kwargs: Any
+) -> list[float]:
     """TRL reward for `countdown`: see [`countdown_lite_score`]; reads the `target` and `nums` columns."""
     texts = completions_to_texts(completions)
     return [countdown_lite_score(t, g, n) for t, g, n in zip(texts, target, nums)]
@@ -95,21 +98,32 @@ def _add_problem(rng: random.Random) -> dict:
     return {"key": f"{min(a, b)}+{max(a, b)}", "prompt": f"add {a} and {b} =", "target": total, "answer": total}
 
 
-_OPS = ("+", "-", "*")
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+
+
+def _value(a: int, op1: str, b: int, op2: str, c: int) -> int:
+    """`a op1 b op2 c` with Python's precedence (`*` before `+ -`, left to right otherwise), without `eval`."""
+    if op2 == "*" and op1 != "*":
+        return _OPS[op1](a, b * c)
+    return _OPS[op2](_OPS[op1](a, b), c)
 
 
 def _countdown_problem(rng: random.Random) -> dict:
     """Three digits 1-9 and the value of a random expression over them (any order, `+ - *`, Python precedence)."""
     while True:
         nums = [rng.randrange(1, 10) for _ in range(3)]
-        order = rng.sample(nums, 3)
-        expression = f"{order[0]} {rng.choice(_OPS)} {order[1]} {rng.choice(_OPS)} {order[2]}"
-        target = eval(expression)  # noqa: S307 — our own string of digits and + - *
+        (a, b, c), op1, op2 = rng.sample(nums, 3), rng.choice(sorted(_OPS)), rng.choice(sorted(_OPS))
+        expression, target = f"{a} {op1} {b} {op2} {c}", _value(a, op1, b, op2, c)
         if target > 0:
             break
     key = f"{sorted(nums)}->{target}"
-    return {"key": key, "prompt": f"countdown {' '.join(map(str, nums))} to {target} =", "target": target,
-            "nums": nums, "answer": expression}
+    return {
+        "key": key,
+        "prompt": f"countdown {' '.join(map(str, nums))} to {target} =",
+        "target": target,
+        "nums": nums,
+        "answer": expression,
+    }
 
 
 @dataclass(frozen=True)
