@@ -78,7 +78,8 @@ class DiffusionGRPOConfig(GRPOConfig):
         mc_checkpointing (`bool`, *optional*, defaults to `True`):
             Recompute each chunk of masked views in the backward pass of the current policy, so activation memory is
             that of one chunk (`mc_batch_size` views) whatever `mc_samples` is, for one extra forward per chunk. Off:
-            every view's activations stay alive until `backward` (memory grows with `mc_samples`).
+            every view's activations stay alive until `backward` (memory grows with `mc_samples`). Not applied under
+            DeepSpeed ZeRO-3 or FSDP, which gather parameters per forward and break torch's recomputation.
         independent_mc_noise (`bool`, *optional*, defaults to `False`):
             Draw fresh masks for every evaluation instead of sharing them between the old, reference and current
             policy (common random numbers). `True` reproduces the noisy-ratio regime studied by StableDRL.

@@ -75,6 +75,13 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         self._pending_rollout: dict[str, torch.Tensor] | None = None
 
     @property
+    def _shards_parameters(self) -> bool:
+        """ZeRO-3 / FSDP gather parameters per forward; torch's checkpoint recomputation in backward then sees the
+        partitioned (empty) parameters, so `mc_checkpointing` is off there (tests/test_multiprocess.py)."""
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        return self.is_fsdp_enabled or (self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3)
+
+    @property
     def _block_causal(self) -> bool:
         return self.model_spec.family == "block"
 
@@ -312,7 +319,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             "antithetic": args.antithetic,
             "p_mask_prompt": args.p_mask_prompt,
             "mc_batch_size": args.mc_batch_size,
-            "checkpoint_views": args.mc_checkpointing,
+            "checkpoint_views": args.mc_checkpointing and not self._shards_parameters,
             "entropy_grad": self._entropy_bonus_enabled,  # only TRL's entropy bonus back-propagates through it
             "step_samples": args.step_samples,
             "step_sampling": args.step_sampling,
