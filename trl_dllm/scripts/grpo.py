@@ -206,6 +206,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     trainer.save_state()  # trainer_state.json: the log history, next to the model
     processes = trainer.accelerator.num_processes
     trainer.accelerator.print(f"Model saved to {training_args.output_dir} (trained on {processes} process(es))")
+    # Every rank reaches this point before any destroys the process group: a rank tearing down its gloo threads while
+    # another still writes its state aborted the run ("terminate called without an active exception") once in CI.
+    trainer.accelerator.wait_for_everyone()
     trainer.end()  # finishes the trackers and destroys the process group of multi-process runs
 
 
