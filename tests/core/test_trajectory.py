@@ -404,3 +404,28 @@ def test_errors():
         trajectory(*args, **kwargs, unmask_step=out.unmask_step, step_samples=0)
     with pytest.raises(ValueError, match="seeds"):
         trajectory(*args, mask_token_id=MASK, seeds=torch.arange(2), unmask_step=out.unmask_step)
+
+
+def test_checkpointed_steps_give_identical_estimates_and_gradients():
+    """Recomputing each chunk of replayed steps in backward (memory independent of step_samples) changes nothing."""
+    config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, initializer_range=0.5)  # fmt: skip
+    config.is_causal = False
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    g = torch.Generator().manual_seed(0)
+    prompt_ids, prompt_mask = torch.randint(0, 30, (2, 5), generator=g), torch.ones(2, 5, dtype=torch.long)
+    out = generate(model, prompt_ids, prompt_mask, mask_token_id=31, gen_length=8, block_length=4, diffusion_steps=4,
+                   temperature=1.0, generator=g, return_trajectory=True)  # fmt: skip
+    results = []
+    for checkpoint_views in (False, True):
+        model.zero_grad()
+        res = trajectory(model, prompt_ids, prompt_mask, out.completion_ids, torch.ones(2, 8), mask_token_id=31,
+                         seeds=torch.arange(2), unmask_step=out.unmask_step, step_samples=3,
+                         checkpoint_views=checkpoint_views, entropy_grad=False)  # fmt: skip
+        assert not res.entropies.requires_grad
+        (res.step_weights * res.logps).sum().backward()
+        results.append((res.logps.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=1e-6)
+    for plain, recomputed in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(plain, recomputed, rtol=1e-5, atol=1e-6)

@@ -21,8 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
-from .likelihood import LikelihoodOutput, _check_inputs
+from .likelihood import LikelihoodOutput, _check_inputs, memory_options
 from .logits import as_logits_fn
 from .masks import block_causal_mask, make_generator
 from .sampling import sampling_log_probs
@@ -243,25 +244,36 @@ def _score_steps(model, prompt_ids, prompt_mask, completion_ids, scored, unmask_
         attention_mask = _replay_attention(model, prompt_mask[rows], length, opts["block_length"])
         keep = (unmask_step[rows] == steps[:, None]) & scored[rows]  # (n, L): tokens revealed at the step
         columns = keep.any(0).nonzero().squeeze(1)  # only these positions' logits are computed
-        logits = _replay_logits(
-            logits_fn, canvas, attention_mask, prompt_length, prompt_length + columns, opts["cfg_scale"],
-            opts["mask_token_id"],
-        )  # fmt: skip
-        if logits.shape[:2] != (rows.numel(), columns.numel()):
-            raise ValueError(
-                f"logits_fn returned {tuple(logits.shape)}; expected ({rows.numel()}, {columns.numel()}, V)."
-            )
         selected = keep[:, columns]
-        log_q = sampling_log_probs(
-            logits[selected], temperature=opts["temperature"], top_k=opts["top_k"], top_p=opts["top_p"],
-            mask_token_id=opts["mask_token_id"],
-        )  # fmt: skip
         tokens = completion_ids[rows][:, columns][selected]
-        probs = log_q.exp()
-        entropy = -(probs * log_q.masked_fill(probs == 0, 0.0)).sum(-1)  # 0 · log 0 = 0 on filtered entries
+
+        def scores(canvas, attention_mask, columns, selected, tokens):
+            logits = _replay_logits(
+                logits_fn, canvas, attention_mask, prompt_length, prompt_length + columns, opts["cfg_scale"],
+                opts["mask_token_id"],
+            )  # fmt: skip
+            if logits.shape[:2] != selected.shape:
+                raise ValueError(f"logits_fn returned {tuple(logits.shape)}; expected ({selected.shape[0]}, "
+                                 f"{selected.shape[1]}, V).")
+            log_q = sampling_log_probs(
+                logits[selected], temperature=opts["temperature"], top_k=opts["top_k"], top_p=opts["top_p"],
+                mask_token_id=opts["mask_token_id"],
+            )  # fmt: skip
+            source = log_q if opts.get("entropy_grad", True) else log_q.detach()
+            probs = source.exp()
+            entropy = -(probs * source.masked_fill(probs == 0, 0.0)).sum(-1)  # 0 · log 0 = 0 on filtered entries
+            return log_q.gather(-1, tokens[:, None]).squeeze(-1).float(), entropy.float()
+
+        # As for the ELBO views (likelihood.score_view_chunks): recompute the chunk in backward so memory does not
+        # grow with the number of sampled steps.
+        if opts.get("checkpoint_views") and torch.is_grad_enabled():
+            token_logp, entropy = checkpoint(scores, canvas, attention_mask, columns, selected, tokens,
+                                             use_reentrant=False)
+        else:
+            token_logp, entropy = scores(canvas, attention_mask, columns, selected, tokens)
         index = (rows[:, None].expand_as(selected)[selected], columns[None, :].expand_as(selected)[selected])
-        logps = logps.index_put(index, log_q.gather(-1, tokens[:, None]).squeeze(-1).float(), accumulate=True)
-        entropies = entropies.index_put(index, entropy.float(), accumulate=True)
+        logps = logps.index_put(index, token_logp, accumulate=True)
+        entropies = entropies.index_put(index, entropy, accumulate=True)
     return logps, entropies
 
 
@@ -388,6 +400,7 @@ def trajectory(
     plan = _plan_steps(unmask_step, scored, seeds.cpu(), step_samples, step_sampling, token_entropies)
     opts = dict(mask_token_id=mask_token_id, temperature=temperature, top_k=top_k, top_p=top_p, cfg_scale=cfg_scale)
     opts["block_length"] = _check_block_causal(block_causal, block_length, cfg_scale)
+    opts.update(memory_options(kwargs))
     logps, entropies = _score_steps(
         logits_fn, prompt_ids, prompt_mask, completion_ids, scored, unmask_step, plan, opts,
         mc_batch_size * completion_ids.shape[0],
