@@ -9,6 +9,7 @@ from trl import GRPOConfig
 from .core.likelihood import ESTIMATORS
 from .core.objectives import KL_ESTIMATORS, OBJECTIVES
 from .core.sampling import REMASKING
+from .validation import check_config, check_removed_arguments
 
 # TRL's own loss types run through TRL's `_compute_loss`, fed with estimated per-token log-probs.
 TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "luspo", "sapo", "vespo")
@@ -38,7 +39,8 @@ class DiffusionGRPOConfig(GRPOConfig):
             the whole completion.
         remasking (`str`, *optional*, defaults to `"low_confidence"`):
             Which masked positions to commit at each step: `"low_confidence"` (highest probability of the sampled token
-            first), `"random"`, `"entropy"` or `"margin"`. Sampling itself uses TRL's `temperature`, `top_k`, `top_p`.
+            first), `"random"`, `"entropy"` or `"margin"`. Sampling itself uses TRL's `temperature`, `top_k`, `top_p`,
+            `min_p`.
         cfg_scale (`float`, *optional*, defaults to `0.0`):
             Classifier-free guidance scale `s`: logits `u + (s + 1)(c - u)` with `u` the prompt-masked logits. `0`
             disables guidance (one forward per step).
@@ -97,6 +99,17 @@ class DiffusionGRPOConfig(GRPOConfig):
             KL estimator of the diffusion objectives: `"k1"`, `"k2"` (`½(S - S_ref)²`) or `"k3"`. `None` takes each
             objective's own: `k2` at sequence level for `"espo"` and `"stabledrl"` (ESPO's choice), per-token `k3` for
             `"agrpo"` (AGRPO's code). TRL's own loss types keep TRL's per-token `k3`.
+
+        > Parameters that control non-finite safety
+
+        max_consecutive_nonfinite_steps (`int`, *optional*, defaults to `5`):
+            An optimizer step whose loss or gradient is not finite (on any process) is skipped: no parameter moves,
+            the step is counted in the `nonfinite/skipped_steps` metric, and training goes on. After this many
+            consecutive skipped steps training stops with an error that says what was seen. `0` stops at the first.
+
+    Sampling uses TRL's `temperature`, `top_k`, `top_p` and `min_p` (applied per position at every denoising step, in
+    that order). `repetition_penalty`, `generation_kwargs` and `cache_implementation` configure autoregressive
+    `generate` and are refused (see `docs/troubleshooting.md`).
     """
 
     mask_token_id: int | None = field(
@@ -167,6 +180,15 @@ class DiffusionGRPOConfig(GRPOConfig):
         metadata={"help": "KL estimator of espo/stabledrl/agrpo: k1, k2 or k3. None: the objective's own (k2; agrpo k3)."},
     )
 
+    max_consecutive_nonfinite_steps: int = field(
+        default=5,
+        metadata={"help": "Consecutive skipped non-finite optimizer steps before training stops (0: stop at the first)."},
+    )
+
+    def __new__(cls, *args, **kwargs):
+        check_removed_arguments(kwargs)  # TRL < 1.16 and LLaDA names: say what replaced them, not "unexpected keyword"
+        return super().__new__(cls)
+
     def __post_init__(self):
         if self.num_generations is not None and self.num_generations < 2:
             raise ValueError(
@@ -176,6 +198,7 @@ class DiffusionGRPOConfig(GRPOConfig):
         super().__post_init__()
         self._check_generation()
         self._check_estimation()
+        check_config(self)
 
     @property
     def records_trajectory(self) -> bool:

@@ -14,11 +14,12 @@ from .models import ModelSpec, model_logits_fn
 
 
 def sampling_distribution(args, temperature: float | None = None) -> dict:
-    """What defines the distribution tokens are sampled from: temperature, TRL's top-k / top-p, and CFG."""
+    """What defines the distribution tokens are sampled from: temperature, TRL's top-k / top-p / min-p, and CFG."""
     return {
         "temperature": args.temperature if temperature is None else temperature,
         "top_k": args.top_k or None,
         "top_p": args.top_p if args.top_p is not None and args.top_p < 1.0 else None,
+        "min_p": getattr(args, "min_p", None) or None,
         "cfg_scale": args.cfg_scale,
     }
 

@@ -8,6 +8,9 @@ Only TRL's override points live here; the math is in `trl_dllm.core`. Overridden
 - `_get_per_token_logps_and_entropies`: a likelihood estimator (`core.likelihood`) instead of TRL's fused, shifted
   autoregressive head.
 - `_compute_loss`: the `espo` / `stabledrl` objectives (`core.objectives`), or TRL's own loss on estimated log-probs.
+- `_calculate_rewards`: `super()`, then ±inf rewards count as unscorable (like `None`) and their number is logged.
+- `_get_grad_norm` (transformers, the last hook before `optimizer.step()`): skips non-finite steps (`nonfinite.py`).
+- `train`: a torn `resume_from_checkpoint` is skipped for the last complete one (`checkpoints.py`).
 """
 
 from __future__ import annotations
@@ -21,12 +24,16 @@ from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import pad, use_adapter
 
+from .checkpoints import resolve_resume_checkpoint
 from .config import DiffusionGRPOConfig
 from .core.likelihood import LikelihoodOutput, estimate
 from .core.objectives import OBJECTIVES
 from .core.trajectory import trajectory_entropies
 from .decoding import decoding_plan, sampling_distribution
 from .models import make_bidirectional, model_logits_fn, require_4d_mask, resolve_model_spec
+from .nonfinite import NonFiniteGuard
+from .seeding import device_generators, sample_seeds
+from .validation import check_canvas_fits, check_model, check_trainer_inputs, max_positions
 
 
 @dataclass
@@ -60,9 +67,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             raise ValueError("use_vllm=True: vLLM cannot run diffusion decoding. Set use_vllm=False.")
         if getattr(args, "use_transformers_paged", False) or getattr(args, "use_transformers_continuous_batching", False):
             raise ValueError("Continuous-batching generation is autoregressive; disable it for diffusion models.")
+        check_trainer_inputs(args, model, reward_funcs, pargs, kwargs)  # rewards, datasets, processor: before loading
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
-        if self.aux_loss_enabled:
-            raise ValueError("MoE load-balancing loss is not supported yet: set router_aux_loss_coef=0.0.")
         self.model_spec = resolve_model_spec(self.model, self._tokenizer, args.mask_token_id)
         make_bidirectional(self.accelerator.unwrap_model(self.model))
         if self.ref_model is not None:
@@ -70,9 +76,12 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         # TRL lists the tokenizer's EOS first; early exit fills with the first id, so keep that order.
         self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *self.model_spec.eos_token_ids]))
         self._check_block_layout()
+        check_model(self)  # text-only, mask id in the vocabulary, prompts + completion within the model's positions
         self._estimation_context: _EstimationContext | None = None
         self._deferring_scoring = False
         self._pending_rollout: dict[str, torch.Tensor] | None = None
+        self._nonfinite = NonFiniteGuard(args.max_consecutive_nonfinite_steps)
+        self._eval_rollouts = 0  # keys eval rollouts' seeds (the training ones are keyed by TRL's step counter)
 
     @property
     def _shards_parameters(self) -> bool:
@@ -120,8 +129,9 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         rows = [torch.tensor(ids) for ids in prompt_ids]
         input_ids = pad(rows, padding_value=self._tokenizer.pad_token_id, padding_side="left").to(device)
         attention_mask = pad([torch.ones_like(r) for r in rows], padding_value=0, padding_side="left").to(device)
+        check_canvas_fits(input_ids.size(1), self.args.max_completion_length, self._max_positions)
         chunk = self.args.generation_chunk_size or input_ids.size(0)
-        noise = torch.Generator(device=device).manual_seed(int(torch.randint(0, 2**62, (1,))))
+        noise = device_generators(self._sample_seeds("rollout", input_ids.size(0))[:, 0], device)  # one per row
         with (
             unwrap_model_for_generation(
                 self.model_wrapped,
@@ -138,7 +148,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             )
             outputs = [
                 sampler(denoiser, input_ids[start : start + chunk], attention_mask[start : start + chunk],
-                        generator=noise, **options)
+                        generator=noise[start : start + chunk], **options)
                 for start in range(0, input_ids.size(0), chunk)
             ]
         canvas = torch.cat([out.completion_ids for out in outputs])
@@ -190,9 +200,21 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         rows = torch.arange(batch, device=canvas.device) + self.accelerator.process_index * batch
         output["group_ids"] = rows // num_generations
-        output["mc_seeds"] = torch.randint(0, 2**62, (batch, iterations), device=canvas.device)
+        output["mc_seeds"] = self._sample_seeds("mc", batch, iterations).to(canvas.device)
         self._add_old_and_ref_estimates(output, iterations)
+        self._eval_rollouts += mode == "eval"
         return output
+
+    def _sample_seeds(self, purpose: str, batch: int, columns: int = 1) -> torch.Tensor:
+        """(batch, columns) seeds of this process's rows from (seed, purpose, generation, global row): the same global
+        batch draws the same noise on 1 or N processes (`seeding.py`)."""
+        key = ("train", self._step) if self.model.training else ("eval", self.state.global_step, self._eval_rollouts)
+        first = self.accelerator.process_index * batch
+        return sample_seeds(self.args.seed, purpose, key, range(first, first + batch), columns)
+
+    @property
+    def _max_positions(self) -> int | None:
+        return max_positions(self.accelerator.unwrap_model(self.model).config)
 
     @torch.no_grad()
     def _rollout_entropies(self, output: dict) -> torch.Tensor:
@@ -287,10 +309,11 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             if self._deferring_scoring:
                 return None, None, None  # recomputed per inner iteration in _generate_and_score_completions
             raise RuntimeError("Diffusion likelihoods need per-sample seeds: call inside `self._estimation(seeds)`.")
-        if compute_aux_loss or any(v is not None for v in multimodal_inputs.values()):
-            raise ValueError("DiffusionGRPOTrainer scores text-only, non-MoE models.")
+        if any(v is not None for v in multimodal_inputs.values()):
+            raise ValueError("DiffusionGRPOTrainer scores text-only models.")
         prompt_length = input_ids.size(1) - logits_to_keep
-        logits_fn = model_logits_fn(model, self.model_spec)
+        router = _RouterLoss(model) if compute_aux_loss else None
+        logits_fn = model_logits_fn(router or model, self.model_spec)
         batch_size = batch_size or input_ids.size(0)
         outputs = []
         for start in range(0, input_ids.size(0), batch_size):
@@ -310,7 +333,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
                 ))
         context.output = _concat_outputs(outputs)
         entropies = context.output.entropies if compute_entropy else None
-        return context.output.logps, entropies, None
+        return context.output.logps, entropies, router.loss if router else None
 
     def _estimator_options(self) -> dict:
         args = self.args
@@ -335,6 +358,12 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         return (self._step // self.args.steps_per_generation) % self.num_iterations
 
     def _compute_loss(self, model, inputs):
+        loss = self._diffusion_loss(model, inputs)
+        if self.model.training:
+            self._nonfinite.observe_loss(loss)  # a non-finite loss skips the optimizer step (`_get_grad_norm`)
+        return loss
+
+    def _diffusion_loss(self, model, inputs):
         iteration = self._inner_iteration()
         seeds = self._pass_seeds(inputs["mc_seeds"][:, iteration], salt=0)
         old = inputs["old_logps"][:, iteration] if "old_logps" in inputs else None
@@ -355,8 +384,9 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], mask], dim=1)
         with self._estimation(seeds, inputs) as context:
-            logps, entropies, _ = self._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True)
+            logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
+                compute_aux_loss=self.aux_loss_enabled)
         objective = OBJECTIVES[self.loss_type]
         out = objective.fn(
             logps,
@@ -379,9 +409,42 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             self._log_scalar(name, value)
         self._log_scalar("entropy", (entropies * mask).sum() / mask.sum().clamp(min=1))
         self._log_estimation(context, None, mask)
-        if not torch.isfinite(out.loss):
-            raise FloatingPointError(f"Non-finite {self.loss_type} loss; metrics: {out.metrics}")
-        return out.loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
+        loss = out.loss
+        if aux_loss is not None:  # MoE load balancing, weighted as TRL weights it
+            loss = loss + self.router_aux_loss_coef * aux_loss
+            self._log_scalar("aux_loss", aux_loss)
+        return loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
+
+    # ------------------------------------------------------------------ rewards and non-finite safety
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """TRL's rewards (gathered over processes; `None` is NaN); ±inf is unscorable too, and the number of samples
+        no reward function could score (TRL gives them advantage 0) is logged as `rewards/unscorable`."""
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        rewards = rewards.masked_fill(torch.isinf(rewards), float("nan"))
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["rewards/unscorable"].append(torch.isnan(rewards).all(dim=1).sum().item())
+        return rewards
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        """transformers calls this right before `optimizer.step()`. A step whose loss or gradient is not finite on any
+        process is skipped: gradients set to `None`, so the optimizer moves nothing (`nonfinite.py`). DeepSpeed has
+        stepped already inside `backward`; it skips non-finite gradients itself, which is checked here."""
+        grad_norm = super()._get_grad_norm(model, grad_norm)
+        if self._nonfinite.skip_step(grad_norm, self.accelerator, self.state.global_step + 1, self._metrics["train"]):
+            if self.is_deepspeed_enabled and not self.accelerator.optimizer_step_was_skipped:
+                raise FloatingPointError("DeepSpeed applied an optimizer step with a non-finite loss or gradient.")
+            self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs:  # training logs: the cumulative count of skipped non-finite steps
+            logs.update(self._nonfinite.metrics())
+        super().log(logs, start_time)
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """`Trainer.train`, resuming from the last complete checkpoint: torn ones are skipped with a warning."""
+        resume_from_checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     # ------------------------------------------------------------------ checkpoints
     def _generation_state_path(self, checkpoint: str) -> str:
@@ -421,6 +484,23 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             self._log_scalar("ratio/mean", ratio.mean())
             self._log_scalar("ratio/std", ratio.std() if ratio.numel() > 1 else torch.zeros(()))
             self._log_scalar("ratio/max", ratio.max())
+
+
+class _RouterLoss:
+    """Calls the model with `output_router_logits=True` and keeps each forward's MoE load-balancing loss, as TRL's
+    hook does; `loss` is their mean over the estimator's forwards (masked views, replayed steps)."""
+
+    def __init__(self, model):
+        self.model, self.losses = model, []
+
+    def __call__(self, *args, **kwargs):
+        out = self.model(*args, output_router_logits=True, **kwargs)
+        self.losses.append(out.aux_loss)
+        return out
+
+    @property
+    def loss(self) -> torch.Tensor:
+        return torch.stack(self.losses).mean()
 
 
 def _concat_outputs(outputs: list[LikelihoodOutput]) -> LikelihoodOutput:

@@ -19,6 +19,7 @@ from torch import nn
 from trl_dllm.core.cache import BlockCausalKVCache, module_dtype
 from trl_dllm.core.logits import LogitsFn, as_logits_fn
 from trl_dllm.core.masks import block_causal_mask
+from trl_dllm.core.remasking import Noise
 from trl_dllm.core.sampling import (
     BlockLogits,
     GenerationOutput,
@@ -67,8 +68,9 @@ def generate_block_causal(
     eos_token_ids: Sequence[int] | None = None,
     eos_early_exit: bool = False,
     use_cache: bool = True,
-    generator: torch.Generator | None = None,
+    generator: Noise = None,
     return_trajectory: bool = False,
+    min_p: float | None = None,
 ) -> GenerationOutput:
     """Generate ``gen_length`` tokens after each prompt with a block-causal model, one block at a time.
 
@@ -84,7 +86,7 @@ def generate_block_causal(
         input_ids (`torch.LongTensor` of shape `(B, P)`): left-padded prompts.
         attention_mask (`torch.Tensor` of shape `(B, P)`, *optional*): 1 for prompt tokens, 0 for padding.
         mask_token_id, gen_length, diffusion_steps, block_length, temperature, top_k, top_p, remasking,
-        confidence_threshold, eos_token_ids, eos_early_exit, generator, return_trajectory:
+        confidence_threshold, eos_token_ids, eos_early_exit, generator, return_trajectory, min_p:
             as in :func:`~trl_dllm.core.sampling.generate`.
         use_cache (`bool`): keep the prompt and committed blocks in an exact KV cache (each step forwards the current
             block only); ``False`` re-forwards ``[prompt ; blocks <= b]`` at every step.
@@ -93,7 +95,8 @@ def generate_block_causal(
         [`GenerationOutput`].
     """
     _, steps_per_block = _validate(
-        gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking, confidence_threshold
+        gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking, confidence_threshold, min_p,
+        generator, len(input_ids),
     )
     _validate_eos(eos_token_ids, eos_early_exit)
     if use_cache and not isinstance(model, nn.Module):
@@ -101,7 +104,9 @@ def generate_block_causal(
             f"use_cache=True needs the transformers module itself (it passes past_key_values and position_ids), got "
             f"{type(model).__name__}; pass use_cache=False to generate through a logits function."
         )
-    opts = _Options(mask_token_id, temperature, top_k, top_p, remasking, confidence_threshold=confidence_threshold)
+    opts = _Options(
+        mask_token_id, temperature, top_k, top_p, remasking, confidence_threshold=confidence_threshold, min_p=min_p
+    )
     rollout = _Rollout(input_ids, gen_length, mask_token_id, eos_token_ids, eos_early_exit)
     prompt_length = input_ids.shape[1]
     if attention_mask is not None:

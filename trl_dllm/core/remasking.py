@@ -11,13 +11,15 @@ Pure torch; :mod:`trl_dllm.core.sampling` runs the loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 
 import torch
 
 __all__ = [
     "REMASKING",
     "ConfidenceFn",
+    "Noise",
     "filter_logits",
     "low_confidence",
     "margin_confidence",
@@ -28,24 +30,45 @@ __all__ = [
     "select_above",
     "select_top",
     "transfer_schedule",
+    "uniform_noise",
 ]
 
 # --- The distribution sampled from ---
 
+Noise = torch.Generator | Sequence[torch.Generator] | None
+"""Source of a step's noise: one generator for the whole batch, one generator per row (row ``b`` of every draw comes
+from ``generator[b]``, so a row's noise does not depend on which other rows share its batch), or ``None`` (the global
+RNG)."""
 
-def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
-    """Top-k then top-p (nucleus) filtering over the last dimension: removed entries are set to ``-inf``.
+
+def uniform_noise(shape: tuple[int, ...], generator: Noise, device: torch.device) -> torch.Tensor:
+    """``U(0, 1)`` float64 noise of ``shape`` on ``device``, drawn from ``generator`` (see :data:`Noise`; per-row
+    generators must live on ``device``)."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+    if len(generator) != shape[0]:
+        raise ValueError(f"{len(generator)} per-row generators for noise of shape {tuple(shape)}.")
+    return torch.stack([torch.rand(shape[1:], generator=g, device=device, dtype=torch.float64) for g in generator])
+
+
+
+def filter_logits(
+    logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None, min_p: float | None = None
+) -> torch.Tensor:
+    """Top-k, then top-p (nucleus), then min-p filtering over the last dimension: removed entries are set to ``-inf``.
 
     Top-k keeps exactly ``min(top_k, V)`` entries per row (ties broken by ``torch.topk``). Top-p keeps the smallest set
     of highest-probability tokens whose mass reaches ``top_p``: token ``i`` (sorted by decreasing probability) is kept
-    iff the mass of the tokens before it is ``< top_p``, so the most likely token is always kept. Vectorised over
-    every leading dimension.
+    iff the mass of the tokens before it is ``< top_p``, so the most likely token is always kept. Min-p keeps the
+    tokens whose probability is at least ``min_p`` times the largest one, ``z_i >= max_j z_j + log(min_p)`` (the order
+    of transformers' `generate`: temperature, top-k, top-p, min-p). Vectorised over every leading dimension.
 
     Args:
         logits (`torch.Tensor` of shape `(..., V)`): unnormalised log-probabilities (already temperature-scaled:
             top-p depends on the temperature).
         top_k (`int`, *optional*): keep the ``top_k`` largest logits. ``None`` disables.
         top_p (`float`, *optional*): nucleus mass in ``(0, 1]``. ``None`` or ``1.0`` disables.
+        min_p (`float`, *optional*): relative probability floor in ``[0, 1]``. ``None`` or ``0`` disables.
 
     Returns:
         `torch.Tensor` of the same shape and dtype.
@@ -61,6 +84,9 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
         remove_sorted = mass_before >= top_p
         remove = torch.zeros_like(remove_sorted).scatter_(-1, order, remove_sorted)
         logits = logits.masked_fill(remove, float("-inf"))
+    if min_p is not None and min_p > 0:
+        floor = logits.max(dim=-1, keepdim=True).values + math.log(min_p)
+        logits = logits.masked_fill(logits < floor, float("-inf"))
     return logits
 
 
@@ -71,12 +97,13 @@ def sampling_log_probs(
     top_k: int | None = None,
     top_p: float | None = None,
     mask_token_id: int | None = None,
+    min_p: float | None = None,
 ) -> torch.Tensor:
     """Log-probabilities of the distribution :func:`generate` samples from, given the (CFG-combined) logits.
 
     ``log q = log_softmax(filter(z / T))`` with ``z`` the logits, ``z[mask_token_id] = -inf`` (the mask token is never
     a valid output: committing it would leave a "committed" position that the model reads as masked), ``T`` the
-    temperature (``T = 0``: no scaling, and sampling is greedy) and ``filter`` top-k then top-p
+    temperature (``T = 0``: no scaling, and sampling is greedy) and ``filter`` top-k, top-p then min-p
     (:func:`filter_logits`). Computed in float64 when ``T > 0`` (see :func:`sample_tokens`), float32 otherwise.
     The likelihood estimators use this function to score trajectories under the rollout's own distribution.
 
@@ -86,6 +113,7 @@ def sampling_log_probs(
         top_k (`int`, *optional*): top-k filter.
         top_p (`float`, *optional*): top-p filter.
         mask_token_id (`int`, *optional*): token whose probability is forced to 0.
+        min_p (`float`, *optional*): min-p filter.
 
     Returns:
         `torch.Tensor` of shape `(..., V)`, float64 if ``temperature > 0`` else float32.
@@ -93,12 +121,10 @@ def sampling_log_probs(
     z = logits.double() / temperature if temperature > 0 else logits.float().clone()  # a copy: written below
     if mask_token_id is not None:
         z[..., mask_token_id] = float("-inf")
-    return filter_logits(z, top_k, top_p).log_softmax(dim=-1)
+    return filter_logits(z, top_k, top_p, min_p).log_softmax(dim=-1)
 
 
-def sample_tokens(
-    log_probs: torch.Tensor, temperature: float, generator: torch.Generator | None = None
-) -> torch.Tensor:
+def sample_tokens(log_probs: torch.Tensor, temperature: float, generator: Noise = None) -> torch.Tensor:
     """Draw one token per position: greedy at ``T = 0``, else Gumbel-max ``argmax(log q + g)``, ``g ~ Gumbel(0, 1)``.
 
     ``log q`` already holds ``z / T`` up to a per-row constant, so this is ``argmax(z / T + g)``. Noise and sum are in
@@ -109,14 +135,15 @@ def sample_tokens(
     Args:
         log_probs (`torch.Tensor` of shape `(..., V)`): from :func:`sampling_log_probs`.
         temperature (`float`): ``0`` for greedy.
-        generator (`torch.Generator`, *optional*): source of the uniform noise; ``None`` uses the global RNG.
+        generator (`torch.Generator` or a sequence of them, *optional*): source of the uniform noise (see
+            :data:`Noise`); ``None`` uses the global RNG.
 
     Returns:
         `torch.LongTensor` of shape `(...)`.
     """
     if temperature <= 0:
         return log_probs.argmax(dim=-1)
-    uniform = torch.rand(log_probs.shape, generator=generator, device=log_probs.device, dtype=torch.float64)
+    uniform = uniform_noise(log_probs.shape, generator, log_probs.device)
     gumbel = uniform.clamp_(min=torch.finfo(torch.float64).tiny).log_().neg_().log_().neg_()  # -log(-log u)
     return (log_probs.double() + gumbel).argmax(dim=-1)
 
@@ -136,7 +163,7 @@ def random_confidence(
     log_probs: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator | None
 ) -> torch.Tensor:
     """``u_i ~ U(0, 1)``: commit positions in random order (the MDM reverse process taken literally)."""
-    return torch.rand(tokens.shape, generator=generator, device=tokens.device, dtype=torch.float64)
+    return uniform_noise(tokens.shape, generator, tokens.device)
 
 
 def negative_entropy(log_probs: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch
 from trl_dllm.core.logits import LogitsFn, as_logits_fn
 from trl_dllm.core.remasking import (
     REMASKING,
+    Noise,
     filter_logits,
     sample_tokens,
     sampling_log_probs,
@@ -95,6 +96,7 @@ class _Options:
     remasking: str
     cfg_scale: float = 0.0
     confidence_threshold: float | None = None
+    min_p: float | None = None
 
 
 @dataclass
@@ -132,12 +134,13 @@ def _choose(
     masked: torch.Tensor,
     num_transfer: torch.Tensor | None,
     opts: _Options,
-    generator: torch.Generator | None,
+    generator: Noise,
 ) -> _StepResult:
     """Sample a token per block position and pick the positions to commit: the ``num_transfer`` most confident, or
     (threshold decoding, ``num_transfer is None``) those above ``opts.confidence_threshold``."""
     log_probs = sampling_log_probs(
-        logits, temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, mask_token_id=opts.mask_token_id
+        logits, temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, mask_token_id=opts.mask_token_id,
+        min_p=opts.min_p,
     )
     tokens = sample_tokens(log_probs, opts.temperature, generator)
     confidence = REMASKING[opts.remasking](log_probs, tokens, generator)
@@ -214,13 +217,20 @@ def _as_rows(active: torch.Tensor) -> Rows:
     return slice(None) if bool(active.all()) else active.nonzero().squeeze(1)
 
 
+def _row_noise(generator: Noise, rows: Rows) -> Noise:
+    """The generators of ``rows`` when there is one per row; a shared generator (or ``None``) as is."""
+    if generator is None or isinstance(generator, torch.Generator) or isinstance(rows, slice):
+        return generator
+    return [generator[i] for i in rows.tolist()]
+
+
 def _decode_blocks(
     rollout: _Rollout,
     source: BlockLogits,
     opts: _Options,
     block_length: int,
     steps_per_block: int,
-    generator: torch.Generator | None,
+    generator: Noise,
 ) -> None:
     """Decode the completion block by block, left to right, until every position is committed.
 
@@ -245,7 +255,8 @@ def _decode_blocks(
                 rollout.num_forwards += 1
                 rollout.num_row_forwards += logits.shape[0]
                 chosen = None if threshold else num_transfer[rows]
-                rollout.commit(rows, start, end, _choose(logits, masked[rows], chosen, opts, generator), step_id)
+                result = _choose(logits, masked[rows], chosen, opts, _row_noise(generator, rows))
+                rollout.commit(rows, start, end, result, step_id)
                 rollout.exit_finished_rows()
                 masked = rollout.masked(start, end)
             step += 1
@@ -255,7 +266,8 @@ def _decode_blocks(
 
 
 def _validate(
-    gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking, confidence_threshold=None
+    gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking, confidence_threshold=None,
+    min_p=None, generator=None, batch_size=None,
 ) -> tuple[int, int]:
     """Check the arguments of :func:`generate`; return ``(num_blocks, steps_per_block)``."""
     for name, value in dict(gen_length=gen_length, block_length=block_length, diffusion_steps=diffusion_steps).items():
@@ -280,6 +292,10 @@ def _validate(
         raise ValueError(f"top_k must be >= 1 or None, got top_k={top_k}.")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1] or None, got top_p={top_p}.")
+    if min_p is not None and not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be in [0, 1] or None, got min_p={min_p}.")
+    if isinstance(generator, (list, tuple)) and len(generator) != batch_size:
+        raise ValueError(f"Per-row generators: got {len(generator)} for a batch of {batch_size} prompts.")
     if remasking not in REMASKING:
         raise ValueError(f"Unknown remasking={remasking!r}; expected one of {sorted(REMASKING)}.")
     if confidence_threshold is not None:
@@ -316,8 +332,9 @@ def generate(
     confidence_threshold: float | None = None,
     eos_token_ids: Sequence[int] | None = None,
     eos_early_exit: bool = False,
-    generator: torch.Generator | None = None,
+    generator: Noise = None,
     return_trajectory: bool = False,
+    min_p: float | None = None,
 ) -> GenerationOutput:
     """Generate ``gen_length`` tokens after each prompt by block-wise iterative unmasking.
 
@@ -327,7 +344,8 @@ def generate(
 
     1. logits ``z`` of the block positions; with ``cfg_scale = w > 0``, ``z = u + (w + 1)(c − u)`` where ``u`` is
        computed with the prompt replaced by mask tokens;
-    2. ``log q = log_softmax(filter(z / T))`` (:func:`sampling_log_probs`; mask token excluded);
+    2. ``log q = log_softmax(filter(z / T))`` (:func:`sampling_log_probs`: top-k, top-p, min-p; mask token
+       excluded);
     3. ``x̂ = argmax log q`` at ``T = 0``, else ``argmax(log q + Gumbel)`` in float64 (:func:`sample_tokens`);
     4. confidence ``REMASKING[remasking](log q, x̂)`` on the masked block positions; commit the ``n_s`` highest —
        or, with ``confidence_threshold = τ`` (Fast-dLLM parallel decoding), every masked position with confidence
@@ -358,17 +376,22 @@ def generate(
             the schedule. ``τ = 1`` commits one token per step. Not with ``remasking="entropy"``.
         eos_token_ids (`Sequence[int]`, *optional*): ids that end a completion; the first one fills finished rows.
         eos_early_exit (`bool`): stop decoding rows that are finished (see above); needs ``eos_token_ids``.
-        generator (`torch.Generator`, *optional*): source of all randomness; ``None`` uses the global RNG.
+        generator (`torch.Generator` or a sequence of ``B`` of them, *optional*): source of all randomness. With one
+            generator per row, row ``b`` draws only from ``generator[b]``, so its completion does not depend on the
+            other rows of the batch (chunking or splitting the batch across processes changes nothing); ``None`` uses
+            the global RNG.
         return_trajectory (`bool`): also return ``unmask_step`` and ``logprobs``.
+        min_p (`float`, *optional*): min-p filter of the sampling distribution (:func:`filter_logits`).
 
     Returns:
         [`GenerationOutput`].
     """
     _, steps_per_block = _validate(
-        gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking, confidence_threshold
+        gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking, confidence_threshold, min_p,
+        generator, len(input_ids),
     )
     _validate_eos(eos_token_ids, eos_early_exit)
-    opts = _Options(mask_token_id, temperature, top_k, top_p, remasking, cfg_scale, confidence_threshold)
+    opts = _Options(mask_token_id, temperature, top_k, top_p, remasking, cfg_scale, confidence_threshold, min_p)
     logits_fn = as_logits_fn(model)
     rollout = _Rollout(input_ids, gen_length, mask_token_id, eos_token_ids, eos_early_exit)
     prompt_length = input_ids.shape[1]

@@ -257,7 +257,7 @@ def _score_steps(model, prompt_ids, prompt_mask, completion_ids, scored, unmask_
                                  f"{selected.shape[1]}, V).")
             log_q = sampling_log_probs(
                 logits[selected], temperature=opts["temperature"], top_k=opts["top_k"], top_p=opts["top_p"],
-                mask_token_id=opts["mask_token_id"],
+                mask_token_id=opts["mask_token_id"], min_p=opts["min_p"],
             )  # fmt: skip
             source = log_q if opts.get("entropy_grad", True) else log_q.detach()
             probs = source.exp()
@@ -331,6 +331,7 @@ def trajectory(
     temperature=1.0,
     top_k=None,
     top_p=None,
+    min_p=None,
     step_sampling="stratified",
     token_entropies=None,
     cfg_scale=0.0,
@@ -377,6 +378,7 @@ def trajectory(
         temperature (`float`, *optional*, defaults to `1.0`): the rollout's sampling temperature.
         top_k (`int`, *optional*): the rollout's top-k.
         top_p (`float`, *optional*): the rollout's top-p.
+        min_p (`float`, *optional*): the rollout's min-p.
         step_sampling (`str`, *optional*, defaults to `"stratified"`): ``"stratified"`` or ``"entropy"``.
         token_entropies (`torch.Tensor` of shape `(B, L)`, *optional*): rollout entropies, for ``"entropy"``.
         cfg_scale (`float`, *optional*, defaults to `0.0`): the rollout's classifier-free guidance scale.
@@ -398,7 +400,8 @@ def trajectory(
     unmask_step = unmask_step.to(completion_ids.device).long()
     scored = score_mask.bool()
     plan = _plan_steps(unmask_step, scored, seeds.cpu(), step_samples, step_sampling, token_entropies)
-    opts = dict(mask_token_id=mask_token_id, temperature=temperature, top_k=top_k, top_p=top_p, cfg_scale=cfg_scale)
+    opts = dict(mask_token_id=mask_token_id, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                cfg_scale=cfg_scale)
     opts["block_length"] = _check_block_causal(block_causal, block_length, cfg_scale)
     opts.update(memory_options(kwargs))
     logps, entropies = _score_steps(
@@ -428,8 +431,8 @@ def trajectory_entropies(
 
     The proposal of ``step_sampling="entropy"``. Costs ``T`` canvases per sequence (as many forwards as the rollout),
     so compute it once per rollout and store it with the batch. ``options`` are those of :func:`trajectory`
-    (``temperature``, ``top_k``, ``top_p``, ``cfg_scale``, ``block_causal``, ``block_length``, ``mc_batch_size``; the
-    step-sampling ones are overridden). Returns `torch.Tensor` of shape `(B, L)` (0 where ``unmask_step < 0``).
+    (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``cfg_scale``, ``block_causal``, ``block_length``,
+    ``mc_batch_size``; the step-sampling ones are overridden). Returns `torch.Tensor` of shape `(B, L)` (0 where ``unmask_step < 0``).
     """
     _check_trajectory(completion_ids, unmask_step, 1, "stratified", 0.0, None)
     every_step = dict(step_samples=int(unmask_step.max().clamp(min=0)) + 1, step_sampling="stratified")

@@ -1,0 +1,319 @@
+"""Checks made before training starts, so a run never dies an hour in on something checkable at start.
+
+Every error names the field, the value it has, and what to set instead. Called from
+`DiffusionGRPOConfig.__post_init__` ([`check_config`]), from `DiffusionGRPOConfig.__new__`
+([`check_removed_arguments`]) and from `DiffusionGRPOTrainer.__init__` ([`check_trainer_inputs`] before TRL loads the
+model, [`check_model`] after). The CLI prints the same messages on one line (`scripts/parsing.py`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import Mapping, Sequence
+
+logger = logging.getLogger(__name__)
+
+# Arguments a user may bring from TRL < 1.16 or from the dLLM reference code, which `DiffusionGRPOConfig` does not
+# have: what to do instead. A plain "unexpected keyword" (or argparse's closest-name guess) says none of this.
+REMOVED_ARGUMENTS = {
+    "max_prompt_length": (
+        "GRPOConfig (TRL 1.16) has no max_prompt_length: prompts are not truncated, the whole prompt is always kept. "
+        "Drop the field; to bound prompt length, filter the dataset (e.g. `dataset.filter(lambda row: "
+        "len(tokenizer.apply_chat_template(row['prompt'], add_generation_prompt=True)) <= 256)`). The trainer refuses "
+        "at construction prompts that do not fit the model's positions together with max_completion_length."
+    ),
+    "gen_length": "gen_length (LLaDA's name) is max_completion_length here: the length of the generation canvas.",
+    "steps": "steps (LLaDA's name) is diffusion_steps here: denoising steps over the whole completion.",
+    "mask_id": "mask_id (LLaDA's name) is mask_token_id here.",
+}
+
+# `generation_kwargs` keys that have a field of their own: the message points to it.
+_GENERATION_FIELDS = {
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "max_new_tokens": "max_completion_length",
+    "max_length": "max_completion_length",
+    "steps": "diffusion_steps",
+    "block_length": "block_length",
+    "remasking": "remasking",
+    "cfg_scale": "cfg_scale",
+}
+
+
+def check_removed_arguments(kwargs: Mapping) -> None:
+    """Raise a `TypeError` that says what replaced an argument `DiffusionGRPOConfig` does not take."""
+    for name in kwargs:
+        if name in REMOVED_ARGUMENTS:
+            raise TypeError(f"DiffusionGRPOConfig got {name}={kwargs[name]!r}: {REMOVED_ARGUMENTS[name]}")
+
+
+def check_config(args) -> None:
+    """Cross-field checks of a `DiffusionGRPOConfig` that TRL's `GRPOConfig.__post_init__` does not make (or makes
+    only at the first batch, inside `train()`)."""
+    _check_sampling(args)
+    _check_unsupported_generation_options(args)
+    _check_objective(args)
+
+
+def _check_sampling(args) -> None:
+    if args.temperature is None or args.temperature < 0:
+        raise ValueError(
+            f"temperature={args.temperature!r} must be >= 0 (0 decodes greedily). Rollouts need sampling noise: set "
+            "e.g. temperature=0.9 (d1, StableDRL) or 1.0 (ESPO)."
+        )
+    if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
+        raise ValueError(f"top_p={args.top_p} must be in (0, 1]; top_p=1.0 disables nucleus filtering.")
+    if args.top_k is not None and args.top_k < 0:
+        raise ValueError(
+            f"top_k={args.top_k} must be >= 0; top_k=0 (TRL's default) disables top-k filtering (vLLM's -1 "
+            "convention does not apply here)."
+        )
+    if args.min_p is not None and not 0.0 <= args.min_p <= 1.0:
+        raise ValueError(
+            f"min_p={args.min_p} must be in [0, 1] (typical values 0.01-0.2) or None; None or 0 disables it."
+        )
+    if args.cfg_scale < 0:
+        raise ValueError(
+            f"cfg_scale={args.cfg_scale} must be >= 0: guidance is u + (s + 1)(c - u), so a negative scale would push "
+            "away from the prompt. Set cfg_scale=0 (no guidance) or a positive scale."
+        )
+    if args.temperature == 0 and args.remasking != "random":
+        logger.warning(
+            "temperature=0 with remasking=%r decodes deterministically: the completions of a prompt are identical, "
+            "their advantages are 0 and the policy does not learn. Set temperature > 0 (e.g. 0.9) or "
+            "remasking='random'.",
+            args.remasking,
+        )
+
+
+def _check_unsupported_generation_options(args) -> None:
+    """`GRPOConfig` generation options that iterative unmasking cannot honour are refused, never ignored."""
+    if args.repetition_penalty != 1.0:
+        raise ValueError(
+            f"repetition_penalty={args.repetition_penalty} is not supported: it penalises tokens that appear in the "
+            "text generated *so far*, which a denoising step does not have (positions are committed in parallel and "
+            "in any order). Set repetition_penalty=1.0."
+        )
+    kwargs = args.generation_kwargs
+    if isinstance(kwargs, str):
+        kwargs = json.loads(kwargs)
+    if kwargs:
+        hints = [f"{key} -> {_GENERATION_FIELDS[key]}" for key in kwargs if key in _GENERATION_FIELDS]
+        hint = f" Set the fields instead ({', '.join(hints)})." if hints else ""
+        raise ValueError(
+            f"generation_kwargs={kwargs!r} is not supported: it is passed to transformers' `generate` or vLLM, which "
+            f"diffusion rollouts do not call.{hint} Diffusion decoding is configured by temperature, top_k, top_p, "
+            "min_p, diffusion_steps, block_length, remasking, cfg_scale and confidence_threshold; set "
+            "generation_kwargs=None."
+        )
+    if args.cache_implementation is not None:
+        raise ValueError(
+            f"cache_implementation={args.cache_implementation!r} configures the autoregressive KV cache of "
+            "`generate`, which diffusion rollouts do not call. Set cache_implementation=None (block-diffusion models "
+            "use block_kv_cache)."
+        )
+
+
+def _check_objective(args) -> None:
+    for name in ("epsilon", "epsilon_high"):
+        value = getattr(args, name)
+        if value is not None and value < 0:
+            raise ValueError(
+                f"{name}={value} must be >= 0: the clip range is [1 - epsilon, 1 + epsilon_high], and a negative "
+                f"value empties or inverts it. Use e.g. {name}=0.2 (PPO, ESPO) or 0.28 (DAPO's epsilon_high)."
+            )
+    if args.delta is not None and args.delta <= 1.0:
+        raise ValueError(
+            f"delta={args.delta} must be > 1 (it caps the ratio of two-sided GRPO; INTELLECT-2 recommends > 1 + "
+            "epsilon): a cap below 1 clips even on-policy ratios and zeroes their gradient. Set delta=None or e.g. 4."
+        )
+    if args.beta < 0:
+        raise ValueError(
+            f"beta={args.beta} must be >= 0: it weights a KL penalty, and a negative weight rewards moving away from "
+            "the reference model. Set beta=0 (no reference model) or e.g. 0.04 (d1)."
+        )
+    if args.num_iterations < 1:
+        raise ValueError(
+            f"num_iterations={args.num_iterations} must be >= 1 (optimisation passes over each generation batch; "
+            "0 would train for 0 steps). Set num_iterations=1, or e.g. 8 (ESPO, d1 on Countdown)."
+        )
+    if args.learning_rate < 0:
+        raise ValueError(f"learning_rate={args.learning_rate} must be >= 0 (a negative rate ascends the loss).")
+    choices = {
+        "scale_rewards": ("group", "batch", "none"),
+        "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
+        "importance_sampling_level": ("token", "sequence"),
+    }
+    for name, allowed in choices.items():
+        if getattr(args, name) not in allowed:
+            raise ValueError(f"{name}={getattr(args, name)!r} is not one of {list(allowed)}.")
+    if args.max_consecutive_nonfinite_steps < 0:
+        raise ValueError(
+            f"max_consecutive_nonfinite_steps={args.max_consecutive_nonfinite_steps} must be >= 0 (0 stops at the "
+            "first optimizer step with a non-finite loss or gradient)."
+        )
+    if args.mask_token_id is not None and args.mask_token_id < 0:
+        raise ValueError(f"mask_token_id={args.mask_token_id} must be a token id >= 0, or None to take the model's.")
+
+
+# ---------------------------------------------------------------------------------------------------- trainer inputs
+
+
+def check_trainer_inputs(args, model, reward_funcs, pargs: Sequence, kwargs: Mapping) -> None:
+    """What can be checked before TRL loads the model: rewards, datasets, processor. ``pargs`` / ``kwargs`` are the
+    trainer's other arguments, named as in `GRPOTrainer.__init__`."""
+    from trl import GRPOTrainer
+
+    named = inspect.signature(GRPOTrainer.__init__).bind_partial(None, model, reward_funcs, args, *pargs, **kwargs)
+    train_dataset, eval_dataset = named.arguments.get("train_dataset"), named.arguments.get("eval_dataset")
+    if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs):
+        raise ValueError(
+            "reward_funcs is empty: every completion would get reward 0 and nothing would be learned. Pass one or "
+            "more reward functions (e.g. reward_funcs=[trl_dllm.rewards.REWARD_FUNCS['gsm8k']])."
+        )
+    prompts_needed = args.generation_batch_size // args.num_generations
+    _check_dataset("train_dataset", train_dataset, prompts_needed, "generation_batch_size", args)
+    if eval_dataset is not None:
+        datasets = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
+        eval_generations = args.num_generations_eval or args.num_generations
+        needed = max(1, args.per_device_eval_batch_size * args.world_size // eval_generations)
+        for name, dataset in datasets:
+            _check_dataset(name if name == "eval_dataset" else f"eval_dataset[{name!r}]", dataset, needed,
+                           "per_device_eval_batch_size", args)
+    _check_text_only(named.arguments.get("processing_class"), model)
+
+
+def _check_dataset(name: str, dataset, prompts_needed: int, batch_field: str, args) -> None:
+    if dataset is None:
+        if name == "train_dataset":
+            raise ValueError("train_dataset is None: pass a dataset with a 'prompt' column.")
+        return
+    if _is_dataset_dict(dataset):
+        splits = list(dataset.keys())
+        raise ValueError(
+            f"{name} is a DatasetDict with splits {splits}, not a dataset: pick one, e.g. {name}=dataset"
+            f"[{splits[0]!r}]."
+        )
+    columns = getattr(dataset, "column_names", None)
+    if columns is not None and "prompt" not in columns:
+        raise ValueError(
+            f"{name} has no 'prompt' column (columns: {columns}). Rename the column that holds the prompts, e.g. "
+            f"dataset.rename_column({columns[0] if columns else 'question'!r}, 'prompt'), or build the prompts with "
+            "trl_dllm.tasks.load_task."
+        )
+    if not hasattr(dataset, "__len__"):
+        return  # an IterableDataset: its length is unknown before iterating
+    size = len(dataset)
+    if size == 0:
+        raise ValueError(f"{name} is empty (0 rows): training would run 0 steps and save an untrained model.")
+    if size < prompts_needed:
+        raise ValueError(
+            f"{name} has {size} prompts, but one generation batch takes {prompts_needed} distinct prompts "
+            f"({batch_field} x processes / num_generations): no batch could be formed and 0 steps would run. Add "
+            f"prompts, or lower per_device_train_batch_size / steps_per_generation, or raise num_generations="
+            f"{args.num_generations}."
+        )
+
+
+def _is_dataset_dict(dataset) -> bool:
+    try:
+        from datasets import DatasetDict, IterableDatasetDict
+    except ImportError:  # pragma: no cover - datasets is a TRL dependency
+        return False
+    return isinstance(dataset, (DatasetDict, IterableDatasetDict))
+
+
+def _check_text_only(processing_class, model) -> None:
+    """Diffusion rollouts are text-only: refuse a processor or a vision-language model now, not at the first rollout."""
+    from transformers import ProcessorMixin
+
+    if isinstance(processing_class, ProcessorMixin) or getattr(processing_class, "image_processor", None) is not None:
+        raise ValueError(
+            f"processing_class is a {type(processing_class).__name__} (a multimodal processor): DiffusionGRPOTrainer "
+            "supports text-only models and prompts. Pass the tokenizer (processing_class=processor.tokenizer) of a "
+            "text-only model."
+        )
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "vision_config", None) is not None:
+        raise ValueError(
+            f"{type(model).__name__} is a vision-language model ({config.model_type}): DiffusionGRPOTrainer supports "
+            "text-only models and prompts."
+        )
+
+
+# ---------------------------------------------------------------------------------------------------- positions
+
+_POSITION_FIELDS = ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length")
+
+
+def max_positions(config) -> int | None:
+    """The longest sequence `config`'s model is built for (`max_position_embeddings`, LLaDA's `max_sequence_length`,
+    ...), or `None` when the config does not say."""
+    try:
+        text = config.get_text_config(decoder=True)
+    except (AttributeError, ValueError):
+        text = config
+    for source in (config, text):
+        for name in _POSITION_FIELDS:
+            value = getattr(source, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def check_canvas_fits(prompt_length: int, completion_length: int, positions: int | None, where: str = "") -> None:
+    """Raise when `prompt + completion` is longer than the model's positions (RoPE models run past them silently)."""
+    if positions is None or prompt_length + completion_length <= positions:
+        return
+    raise ValueError(
+        f"A prompt of {prompt_length} tokens{where} plus max_completion_length={completion_length} is "
+        f"{prompt_length + completion_length} positions, but the model has {positions} (max_position_embeddings): "
+        f"past them its outputs are meaningless. Filter the dataset to prompts of at most "
+        f"{max(0, positions - completion_length)} tokens, or lower max_completion_length."
+    )
+
+
+def check_model(trainer, scan_rows: int = 1024) -> None:
+    """After TRL built the model: it is text-only, the mask token is in its vocabulary, and `max_completion_length`
+    plus the train dataset's longest prompt fit its positions.
+
+    Prompts are tokenized as TRL tokenizes them for generation (`_tokenize_prompts`: chat template, tools), in batches
+    of `scan_rows`; a map-style dataset is scanned whole (an `IterableDataset` is checked at every rollout)."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    _check_text_only(trainer.processing_class, model)
+    config, dataset = model.config, trainer.train_dataset
+    positions = max_positions(config)
+    completion = trainer.args.max_completion_length
+    mask_id, vocab = trainer.model_spec.mask_token_id, _vocab_size(config)
+    if vocab is not None and not 0 <= mask_id < vocab:
+        raise ValueError(
+            f"mask_token_id={mask_id} is outside the model's vocabulary of {vocab} tokens: set mask_token_id to the id "
+            "of the mask token the model was trained with."
+        )
+    if positions is not None and completion >= positions:
+        raise ValueError(
+            f"max_completion_length={completion} leaves no room for a prompt: the model has {positions} positions. "
+            f"Set max_completion_length < {positions}."
+        )
+    if positions is None or dataset is None or not hasattr(dataset, "__len__") or "prompt" not in dataset.column_names:
+        return
+    longest, row = 0, 0
+    for start in range(0, len(dataset), scan_rows):
+        prompts = dataset[start : start + scan_rows]["prompt"]
+        lengths = [len(ids) for ids in trainer._tokenize_prompts(prompts)[0]]
+        if max(lengths) > longest:
+            longest, row = max(lengths), start + lengths.index(max(lengths))
+    check_canvas_fits(longest, completion, positions, where=f" (train_dataset row {row})")
+
+
+def _vocab_size(config) -> int | None:
+    try:
+        text = config.get_text_config(decoder=True)
+    except (AttributeError, ValueError):
+        text = config
+    value = getattr(text, "vocab_size", None) or getattr(config, "vocab_size", None)
+    return value if isinstance(value, int) else None
