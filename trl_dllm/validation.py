@@ -278,8 +278,8 @@ def check_canvas_fits(prompt_length: int, completion_length: int, positions: int
 
 
 def check_model(trainer, scan_rows: int = 1024) -> None:
-    """After TRL built the model: it is text-only, the mask token is in its vocabulary, and `max_completion_length`
-    plus the train dataset's longest prompt fit its positions.
+    """After TRL built the model: it is text-only, and `max_completion_length` plus the train dataset's longest prompt
+    fit its positions (`resolve_model_spec` has checked the mask id against the vocabulary).
 
     Prompts are tokenized as TRL tokenizes them for generation (`_tokenize_prompts`: chat template, tools), in batches
     of `scan_rows`; a map-style dataset is scanned whole (an `IterableDataset` is checked at every rollout)."""
@@ -288,12 +288,6 @@ def check_model(trainer, scan_rows: int = 1024) -> None:
     config, dataset = model.config, trainer.train_dataset
     positions = max_positions(config)
     completion = trainer.args.max_completion_length
-    mask_id, vocab = trainer.model_spec.mask_token_id, _vocab_size(config)
-    if vocab is not None and not 0 <= mask_id < vocab:
-        raise ValueError(
-            f"mask_token_id={mask_id} is outside the model's vocabulary of {vocab} tokens: set mask_token_id to the id "
-            "of the mask token the model was trained with."
-        )
     if positions is not None and completion >= positions:
         raise ValueError(
             f"max_completion_length={completion} leaves no room for a prompt: the model has {positions} positions. "
@@ -308,12 +302,3 @@ def check_model(trainer, scan_rows: int = 1024) -> None:
         if max(lengths) > longest:
             longest, row = max(lengths), start + lengths.index(max(lengths))
     check_canvas_fits(longest, completion, positions, where=f" (train_dataset row {row})")
-
-
-def _vocab_size(config) -> int | None:
-    try:
-        text = config.get_text_config(decoder=True)
-    except (AttributeError, ValueError):
-        text = config
-    value = getattr(text, "vocab_size", None) or getattr(config, "vocab_size", None)
-    return value if isinstance(value, int) else None

@@ -110,6 +110,7 @@ def load_dataset_for(args: GRPOScriptArguments, split: str, data_files=None):
     from ..tasks import TASKS, load_task
 
     data_files = args.data_files if data_files is None else data_files
+    _check_local_files(data_files)
     if args.task is not None:
         if args.task not in TASKS:
             raise UsageError(f"task: unknown task {args.task!r}; known: {', '.join(sorted(TASKS))}")
@@ -125,10 +126,24 @@ def load_dataset_for(args: GRPOScriptArguments, split: str, data_files=None):
     for path in [data_files] if isinstance(data_files, str) else list(data_files or []):
         if isinstance(path, str) and not os.path.exists(path):
             raise UsageError(f"data_files: no such file: {path}")
-    dataset = datasets.load_dataset(args.dataset_name, args.dataset_config, data_files=data_files, split=split)
+    try:
+        dataset = datasets.load_dataset(args.dataset_name, args.dataset_config, data_files=data_files, split=split)
+    except StopIteration:  # `datasets`' json/csv builders on a file without a single row
+        raise UsageError(f"data_files: {data_files} has no rows") from None
     if "prompt" not in dataset.column_names:
         raise UsageError(f"dataset {args.dataset_name!r} has no 'prompt' column; it has {dataset.column_names}")
     return dataset
+
+
+def _check_local_files(data_files) -> None:
+    """An empty local data file fails here, by name, instead of as a bare `StopIteration` inside `datasets`."""
+    if isinstance(data_files, dict):
+        paths = [p for value in data_files.values() for p in ([value] if isinstance(value, str) else value)]
+    else:
+        paths = [data_files] if isinstance(data_files, str) else list(data_files or [])
+    for path in paths:
+        if isinstance(path, str) and os.path.isfile(path) and os.path.getsize(path) == 0:
+            raise UsageError(f"data_files: {path} is empty")
 
 
 def check_model_path(name_or_path: str | None) -> str:

@@ -22,6 +22,8 @@ from typing import Any
 import yaml
 from trl import TrlParser
 
+from ..validation import REMOVED_ARGUMENTS
+
 _ENV_VAR = re.compile(r"\$\{(\w+)\}")
 
 
@@ -79,6 +81,8 @@ class ScriptParser(TrlParser):
             config = load_recipe(source, overridden=_flag_names(argv))
         known = self.field_names()
         for key in config:
+            if key in REMOVED_ARGUMENTS:
+                raise UsageError(f"{source}: {key}: {REMOVED_ARGUMENTS[key]}")
             if key not in known:
                 raise UsageError(f"{source}: unknown field {key!r}{_suggestion(key, known)}")
         self.set_defaults_with_config(**{**config, **(defaults or {})})
@@ -86,6 +90,8 @@ class ScriptParser(TrlParser):
         if remaining:
             flag = next((a for a in remaining if a.startswith("-")), remaining[0])
             name = flag.lstrip("-").split("=")[0]
+            if name in REMOVED_ARGUMENTS:
+                raise UsageError(f"{name}: {REMOVED_ARGUMENTS[name]}")
             raise UsageError(f"unknown argument {flag!r}{_suggestion(name, known, prefix='--')}")
         return tuple(outputs)
 

@@ -1,0 +1,212 @@
+"""Every bad input is refused before training, with a message that names the field, the value and the fix
+(trl_dllm/validation.py): in the config, at the trainer's construction, and through the CLI in one line."""
+
+import pytest
+from datasets import Dataset, DatasetDict
+from transformers import AutoTokenizer
+
+from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
+from trl_dllm.scripts import grpo
+
+TINY = "recipes/tiny/stabledrl_gsm8k.yaml"
+
+
+def make(**kwargs):
+    base = dict(output_dir="/tmp/trl_dllm_cfg", report_to="none", use_cpu=True, per_device_train_batch_size=2,
+                num_generations=2, max_completion_length=8)
+    return DiffusionGRPOConfig(**{**base, **kwargs})
+
+
+def reward(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+DATA = Dataset.from_dict({"prompt": [f"add {i} and {i + 1} ." for i in range(4)]})
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (dict(temperature=-0.5), r"temperature=-0.5 must be >= 0 .* set e\.g\. temperature=0\.9"),
+        (dict(top_p=0.0), r"top_p=0.0 must be in \(0, 1\]; top_p=1.0 disables"),
+        (dict(top_p=1.5), r"top_p=1.5 must be in \(0, 1\]"),
+        (dict(top_k=-1), r"top_k=-1 must be >= 0; top_k=0 .* disables"),
+        (dict(min_p=1.5), r"min_p=1.5 must be in \[0, 1\]"),
+        (dict(min_p=-0.1), r"min_p=-0.1 must be in \[0, 1\]"),
+        (dict(cfg_scale=-1.0), r"cfg_scale=-1.0 must be >= 0.* Set cfg_scale=0"),
+        (dict(epsilon=-0.2), r"epsilon=-0.2 must be >= 0: the clip range"),
+        (dict(epsilon_high=-0.1), r"epsilon_high=-0.1 must be >= 0: the clip range"),
+        (dict(delta=0.5), r"delta=0.5 must be > 1"),
+        (dict(beta=-0.01), r"beta=-0.01 must be >= 0.* Set beta=0"),
+        (dict(num_iterations=0), r"num_iterations=0 must be >= 1 .* Set num_iterations=1"),
+        (dict(learning_rate=-1e-5), r"learning_rate=-1e-05 must be >= 0"),
+        (dict(repetition_penalty=1.2), r"repetition_penalty=1.2 is not supported: .* Set repetition_penalty=1.0"),
+        (dict(generation_kwargs={"max_new_tokens": 8}), r"generation_kwargs=.*\(max_new_tokens -> max_completion_length\)"),
+        (dict(generation_kwargs='{"num_beams": 2}'), r"generation_kwargs=\{'num_beams': 2\} is not supported"),
+        (dict(cache_implementation="static"), r"cache_implementation='static' .* Set cache_implementation=None"),
+        (dict(scale_rewards="sometimes"), r"scale_rewards='sometimes' is not one of \['group', 'batch', 'none'\]"),
+        (dict(multi_objective_aggregation="max"), r"multi_objective_aggregation='max' is not one of"),
+        (dict(importance_sampling_level="block"), r"importance_sampling_level='block' is not one of"),
+        (dict(max_consecutive_nonfinite_steps=-1), r"max_consecutive_nonfinite_steps=-1 must be >= 0"),
+        (dict(mask_token_id=-3), r"mask_token_id=-3 must be a token id >= 0"),
+    ],
+)
+def test_config_refuses(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        make(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "name, pattern",
+    [
+        ("max_prompt_length", r"max_prompt_length=256: GRPOConfig \(TRL 1.16\) has no max_prompt_length: prompts are "
+                              r"not truncated"),
+        ("gen_length", r"gen_length .* is max_completion_length here"),
+        ("steps", r"steps .* is diffusion_steps here"),
+    ],
+)
+def test_removed_arguments_say_what_replaced_them(name, pattern):
+    with pytest.raises(TypeError, match=pattern):
+        make(**{name: 256})
+
+
+def test_greedy_rollouts_warn(caplog):
+    with caplog.at_level("WARNING", logger="trl_dllm.validation"):
+        make(temperature=0.0)
+    assert "advantages are 0" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="trl_dllm.validation"):
+        make(temperature=0.0, remasking="random")  # random commit order: completions still differ
+    assert "advantages are 0" not in caplog.text
+
+
+def test_min_p_is_honoured_by_rollouts(tmp_path, tiny_model_path):
+    args = make(output_dir=str(tmp_path), min_p=0.05, max_steps=1, logging_steps=1, save_strategy="no")
+    trainer = DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=reward, args=args, train_dataset=DATA)
+    assert trainer._estimator_options()["min_p"] == 0.05  # the trajectory replay uses it too
+    trainer.train()
+
+
+# ---------------------------------------------------------------------------------------------------- trainer inputs
+
+
+def trainer_error(tmp_path, model, dataset=DATA, reward_funcs=reward, **kwargs):
+    args = make(output_dir=str(tmp_path), **kwargs.pop("config", {}))
+    with pytest.raises(ValueError) as err:
+        DiffusionGRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, **kwargs)
+    return str(err.value)
+
+
+def test_empty_dataset(tmp_path, tiny_model_path):
+    message = trainer_error(tmp_path, tiny_model_path, Dataset.from_dict({"prompt": []}))
+    assert "train_dataset is empty (0 rows)" in message
+
+
+def test_dataset_without_prompt_column(tmp_path, tiny_model_path):
+    message = trainer_error(tmp_path, tiny_model_path, Dataset.from_dict({"question": ["add 1 and 2 ."] * 4}))
+    assert "train_dataset has no 'prompt' column (columns: ['question'])" in message
+    assert "rename_column('question', 'prompt')" in message
+
+
+def test_dataset_dict_instead_of_a_split(tmp_path, tiny_model_path):
+    message = trainer_error(tmp_path, tiny_model_path, DatasetDict({"train": DATA}))
+    assert "DatasetDict with splits ['train']" in message and "dataset['train']" in message
+
+
+def test_too_few_prompts_for_one_generation_batch(tmp_path, tiny_model_path):
+    config = dict(per_device_train_batch_size=4, num_generations=2)  # one batch = 2 distinct prompts
+    message = trainer_error(tmp_path, tiny_model_path, DATA.select([0]), config=config)
+    assert "has 1 prompts, but one generation batch takes 2 distinct prompts" in message
+
+
+def test_eval_dataset_is_checked(tmp_path, tiny_model_path):
+    message = trainer_error(tmp_path, tiny_model_path, eval_dataset=Dataset.from_dict({"text": ["a"]}))
+    assert "eval_dataset has no 'prompt' column" in message
+
+
+def test_no_reward_function(tmp_path, tiny_model_path):
+    assert "reward_funcs is empty" in trainer_error(tmp_path, tiny_model_path, reward_funcs=[])
+
+
+def test_prompt_longer_than_the_model_positions(tmp_path, tiny_model_path):
+    long_prompt = " ".join(["add"] * 600)  # the tiny model has 512 positions
+    dataset = Dataset.from_dict({"prompt": ["add 1 and 2 .", long_prompt, "add 3 and 4 .", "sum"]})
+    message = trainer_error(tmp_path, tiny_model_path, dataset)
+    assert "A prompt of 600 tokens (train_dataset row 1) plus max_completion_length=8 is 608 positions" in message
+    assert "Filter the dataset to prompts of at most 504 tokens" in message
+
+
+def test_completion_longer_than_the_model_positions(tmp_path, tiny_model_path):
+    message = trainer_error(tmp_path, tiny_model_path, config=dict(max_completion_length=512))
+    assert "max_completion_length=512 leaves no room for a prompt: the model has 512 positions" in message
+
+
+def test_mask_token_outside_the_vocabulary(tmp_path, tiny_model_path):
+    message = trainer_error(tmp_path, tiny_model_path, config=dict(mask_token_id=10_000))
+    assert "mask_token_id=10000 is outside the vocabulary" in message and "(vocab_size=72)" in message
+
+
+def test_multimodal_processor(tmp_path, tiny_model_path):
+    from transformers import CLIPImageProcessor, LlavaProcessor
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    processor = LlavaProcessor(image_processor=CLIPImageProcessor(), tokenizer=tokenizer, patch_size=14)
+    message = trainer_error(tmp_path, tiny_model_path, processing_class=processor)
+    assert "processing_class is a LlavaProcessor (a multimodal processor)" in message
+
+
+def test_vision_language_model(tmp_path, tiny_model_path):
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    text = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=1)
+    vision = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=28, patch_size=14)
+    model = LlavaForConditionalGeneration(LlavaConfig(vision_config=vision, text_config=text))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    message = trainer_error(tmp_path, model, processing_class=tokenizer)
+    assert "is a vision-language model (llava)" in message
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+
+
+@pytest.fixture
+def in_repo(monkeypatch, tiny_model_path):
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.setenv("TRL_DLLM_TINY_MODEL", tiny_model_path)
+
+
+def cli_error(capsys, argv) -> str:
+    """`trl-dllm grpo` must exit with status 2 and exactly one line on stderr (no traceback)."""
+    with pytest.raises(SystemExit) as exc:
+        grpo.main(["--config", TINY, *argv])
+    assert exc.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--temperature", "-1"], "temperature=-1.0 must be >= 0"),
+        (["--top_k", "-1"], "top_k=-1 must be >= 0"),
+        (["--top_p", "0"], "top_p=0.0 must be in (0, 1]"),
+        (["--num_iterations", "0"], "num_iterations=0 must be >= 1"),
+        (["--max_prompt_length", "256"], "max_prompt_length: GRPOConfig (TRL 1.16) has no max_prompt_length"),
+        (["--repetition_penalty", "1.3"], "repetition_penalty=1.3 is not supported"),
+    ],
+)
+def test_cli_one_line_errors(in_repo, capsys, tmp_path, argv, expected):
+    assert expected in cli_error(capsys, [*argv, "--output_dir", str(tmp_path)])
+
+
+def test_cli_empty_data_file(in_repo, capsys, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    line = cli_error(capsys, ["--data_files", str(empty), "--output_dir", str(tmp_path)])
+    assert f"data_files: {empty} is empty" in line
