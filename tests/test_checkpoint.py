@@ -91,3 +91,48 @@ def test_cli_resumes_from_last_checkpoint(tiny_model_path, tmp_path, monkeypatch
     state = json.loads((tmp_path / "trainer_state.json").read_text())
     assert state["global_step"] == 2
     assert [log["step"] for log in state["log_history"] if "loss" in log] == [1, 2]
+
+
+def tear(checkpoint: Path, what: str) -> None:
+    """What a kill during saving leaves: weights written, `trainer_state.json` (written last) missing or cut short."""
+    state = checkpoint / "trainer_state.json"
+    if what == "missing":
+        state.unlink()
+    else:
+        state.write_text(state.read_text()[:40])
+
+
+@pytest.mark.parametrize("what", ["missing", "truncated"])
+def test_torn_checkpoint_is_skipped_on_resume(tiny_model_path, tmp_path, uninterrupted, what, caplog):
+    import shutil
+
+    output_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted[0], output_dir)
+    tear(output_dir / "checkpoint-4", what)
+    trainer = make_trainer(tiny_model_path, output_dir)
+    with caplog.at_level("WARNING", logger="trl_dllm.checkpoints"):
+        trainer.train(resume_from_checkpoint=True)
+    assert "Skipping torn checkpoint(s)" in caplog.text and "checkpoint-4 (trainer_state.json is" in caplog.text
+    assert f"resuming from {output_dir / 'checkpoint-3'}" in caplog.text
+    assert trainer.state.global_step == 4
+    assert_same_run((weights(trainer), losses(trainer)), uninterrupted)  # step 4 replayed exactly from checkpoint-3
+
+
+def test_torn_checkpoint_path_is_refused(tiny_model_path, tmp_path, uninterrupted):
+    import shutil
+
+    output_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted[0], output_dir)
+    tear(output_dir / "checkpoint-4", "missing")
+    trainer = make_trainer(tiny_model_path, output_dir)
+    with pytest.raises(ValueError, match=r"checkpoint-4: torn checkpoint, trainer_state.json is missing\. The newest "
+                                         r"complete checkpoint there is .*checkpoint-3"):
+        trainer.train(resume_from_checkpoint=str(output_dir / "checkpoint-4"))
+
+
+def test_no_complete_checkpoint(tiny_model_path, tmp_path):
+    (tmp_path / "checkpoint-1").mkdir()
+    trainer = make_trainer(tiny_model_path, tmp_path)
+    with pytest.raises(ValueError, match=r"no complete checkpoint in output_dir=.* \(torn: .*checkpoint-1 "
+                                         r"\(trainer_state.json is missing\)\)"):
+        trainer.train(resume_from_checkpoint=True)
