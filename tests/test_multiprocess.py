@@ -30,7 +30,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(launcher: list[str], recipe: str, model_path: str, output_dir: Path) -> str:
+def launch(launcher: list[str], recipe: str, model_path: str, output_dir: Path, *flags: str, processes: int = 2) -> str:
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -39,15 +39,16 @@ def launch(launcher: list[str], recipe: str, model_path: str, output_dir: Path) 
         "TRL_DLLM_TINY_MODEL": model_path,
     }
     command = [*launcher, "-m", "trl_dllm", "grpo", "--config", f"recipes/tiny/{recipe}"]
-    command += ["--output_dir", str(output_dir)]
+    command += ["--output_dir", str(output_dir), *flags]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, f"{' '.join(command)}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
-    assert "trained on 2 process(es)" in result.stdout, result.stdout[-3000:]
+    assert f"trained on {processes} process(es)" in result.stdout, result.stdout[-3000:]
     return result.stdout
 
 
-def torchrun() -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+def torchrun(processes: int = 2) -> list[str]:
+    port = str(free_port())
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port", port]
 
 
 def accelerate(config: str) -> list[str]:
@@ -101,3 +102,27 @@ def test_deepspeed_zero3_lora(tiny_model_path, tmp_path):
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     merged = PeftModel.from_pretrained(base, tmp_path).merge_and_unload()
     assert merged.model.layers[0].self_attn.q_proj.weight.shape == (32, 32)
+
+
+def step_logs(output_dir: Path) -> list[dict]:
+    return [log for log in json.loads((output_dir / "trainer_state.json").read_text())["log_history"] if "loss" in log]
+
+
+def test_one_and_two_processes_give_the_same_run(tiny_model_path, tmp_path):
+    """Randomness by sample (trl_dllm/seeding.py): the same global batch of 4 rows, on 1 process x 4 rows or 2
+    processes x 2 rows, gets the same completions, masks and per-step losses (DDP, 4 steps, 2 rollouts)."""
+    flags = ("--max_steps", "4", "--save_strategy", "no")
+    launch(torchrun(1), "stabledrl_gsm8k.yaml", tiny_model_path, tmp_path / "one", *flags,
+           "--per_device_train_batch_size", "4", processes=1)
+    launch(torchrun(2), "stabledrl_gsm8k.yaml", tiny_model_path, tmp_path / "two", *flags,
+           "--per_device_train_batch_size", "2")
+    one, two = step_logs(tmp_path / "one"), step_logs(tmp_path / "two")
+    assert [log["step"] for log in one] == [log["step"] for log in two] == [1, 2, 3, 4]
+    for a, b in zip(one, two):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5, (a, b)
+        for key in ("reward", "completions/mean_length", "ratio/max", "grad_norm", "estimator/mc_variance"):
+            if a.get(key) is not None:
+                assert b[key] == pytest.approx(a[key], abs=1e-5), (key, a, b)
+    first, second = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
+    for name, value in first.items():
+        torch.testing.assert_close(second[name], value, rtol=0, atol=1e-5, msg=name)

@@ -464,3 +464,56 @@ def test_forwards_per_token_counts_row_forwards():
 def test_bad_arguments_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         run(ToyDenoiser(), **kwargs)
+
+
+def test_min_p_by_hand():
+    # probabilities ∝ e^z: 1, e^-1 (0.37), e^-3 (0.05); min_p = 0.1 keeps z >= max + log 0.1 = -2.30: the first two
+    logits = torch.tensor([[0.0, -1.0, -3.0]])
+    kept = torch.isfinite(filter_logits(logits, min_p=0.1)).nonzero()[:, 1].tolist()
+    assert kept == [0, 1]
+    assert torch.isfinite(filter_logits(logits, min_p=0.0)).all()  # 0 disables
+    assert torch.isfinite(filter_logits(logits, min_p=1.0)).sum() == 1  # only the most likely token
+    log_q = sampling_log_probs(logits, temperature=1.0, min_p=0.1)
+    expected = torch.log_softmax(torch.tensor([0.0, -1.0]), dim=0)
+    torch.testing.assert_close(log_q[0, :2].float(), expected)
+    assert log_q[0, 2] == float("-inf")
+
+
+def test_min_p_restricts_sampled_tokens():
+    fn = ToyDenoiser()
+    out = run(fn, temperature=5.0, min_p=0.5, generator=torch.Generator().manual_seed(0))
+    # every committed token had probability >= 0.5 * the top one under the filtered distribution: logprob finite
+    assert torch.isfinite(out.logprobs).all()
+    unfiltered = run(fn, temperature=5.0, generator=torch.Generator().manual_seed(0))
+    assert not torch.equal(out.completion_ids, unfiltered.completion_ids)
+
+
+@pytest.mark.parametrize("remasking", ["low_confidence", "random"])
+@pytest.mark.parametrize("threshold", [None, 0.5])
+def test_per_row_generators_make_rows_independent_of_the_batch(remasking, threshold):
+    """With one generator per row, a row's completion depends on its prompt and generator only: the same rows decoded
+    in a batch of 4, or split 2 + 2 (two processes), or one by one, are identical."""
+    fn, input_ids = ToyDenoiser(), prompts(batch=4)
+    options = dict(temperature=1.0, remasking=remasking, confidence_threshold=threshold)
+
+    def gens(seeds):
+        return [torch.Generator().manual_seed(s) for s in seeds]
+
+    whole = run(fn, input_ids, generator=gens([10, 11, 12, 13]), **options)
+    halves = [run(fn, input_ids[i : i + 2], generator=gens([10 + i, 11 + i]), **options) for i in (0, 2)]
+    single = [run(fn, input_ids[i : i + 1], generator=gens([10 + i]), **options) for i in range(4)]
+    torch.testing.assert_close(torch.cat([h.completion_ids for h in halves]), whole.completion_ids, rtol=0, atol=0)
+    torch.testing.assert_close(torch.cat([s.completion_ids for s in single]), whole.completion_ids, rtol=0, atol=0)
+    # the same tokens revealed together and in the same order (threshold decoding numbers steps by a counter shared by
+    # the batch, so only the order is comparable)
+    def order(steps):
+        return torch.stack([row.unique(return_inverse=True)[1] for row in steps])
+
+    torch.testing.assert_close(order(torch.cat([s.unmask_step for s in single])), order(whole.unmask_step))
+    other = run(fn, input_ids, generator=gens([20, 21, 22, 23]), **options)
+    assert not torch.equal(other.completion_ids, whole.completion_ids)
+
+
+def test_per_row_generators_must_match_the_batch():
+    with pytest.raises(ValueError, match="Per-row generators: got 2 for a batch of 3 prompts"):
+        run(ToyDenoiser(), generator=[torch.Generator(), torch.Generator()], temperature=1.0)
