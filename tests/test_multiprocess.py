@@ -43,7 +43,7 @@ def launch(launcher: list[str], recipe: str, model_path: str, output_dir: Path, 
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, f"{' '.join(command)}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
     assert f"trained on {processes} process(es)" in result.stdout, result.stdout[-3000:]
-    return result.stdout
+    return result.stdout + result.stderr
 
 
 def torchrun(processes: int = 2) -> list[str]:
@@ -126,3 +126,13 @@ def test_one_and_two_processes_give_the_same_run(tiny_model_path, tmp_path):
     first, second = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
     for name, value in first.items():
         torch.testing.assert_close(second[name], value, rtol=0, atol=1e-5, msg=name)
+
+
+def test_fsdp_on_cpu_processes_warns_and_trains_replicas(tiny_model_path, tmp_path):
+    """accelerate 1.15 enables FSDP only on accelerators: on 2 CPU processes an FSDP2 config is dropped and the run is
+    DDP. The trainer says so at construction instead of letting the user believe the model is sharded."""
+    fsdp = ("--fsdp", "full_shard auto_wrap", "--fsdp_config",
+            '{"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}')
+    output = launch(torchrun(2), "stabledrl_gsm8k.yaml", tiny_model_path, tmp_path, *fsdp)
+    assert "FSDP was requested" in output and "these cpu processes train full replicas (DDP)" in output
+    assert_trained(tmp_path)

@@ -210,3 +210,11 @@ def test_cli_empty_data_file(in_repo, capsys, tmp_path):
     empty.write_text("")
     line = cli_error(capsys, ["--data_files", str(empty), "--output_dir", str(tmp_path)])
     assert f"data_files: {empty} is empty" in line
+
+
+def test_low_precision_weights_warn(tmp_path, tiny_model_path, caplog):
+    args = make(output_dir=str(tmp_path), model_init_kwargs={"dtype": "bfloat16"}, learning_rate=1e-6)
+    with caplog.at_level("WARNING", logger="trl_dllm.validation"):
+        DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=reward, args=args, train_dataset=DATA)
+    assert "Trainable parameters are stored in bfloat16" in caplog.text and "learning_rate=1e-06" in caplog.text
+

@@ -11,7 +11,10 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
 from collections.abc import Mapping, Sequence
+
+import torch
 
 logger = logging.getLogger(__name__)
 
@@ -285,6 +288,7 @@ def check_model(trainer, scan_rows: int = 1024) -> None:
     of `scan_rows`; a map-style dataset is scanned whole (an `IterableDataset` is checked at every rollout)."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     _check_text_only(trainer.processing_class, model)
+    _warn_silent_settings(trainer, model)
     config, dataset = model.config, trainer.train_dataset
     positions = max_positions(config)
     completion = trainer.args.max_completion_length
@@ -302,3 +306,22 @@ def check_model(trainer, scan_rows: int = 1024) -> None:
         if max(lengths) > longest:
             longest, row = max(lengths), start + lengths.index(max(lengths))
     check_canvas_fits(longest, completion, positions, where=f" (train_dataset row {row})")
+
+
+def _warn_silent_settings(trainer, model) -> None:
+    """Settings that train, but not as the user meant: warn at construction."""
+    low = {p.dtype for p in model.parameters() if p.requires_grad} & {torch.bfloat16, torch.float16}
+    if low:
+        logger.warning(
+            "Trainable parameters are stored in %s: an optimizer step smaller than the format's resolution is lost "
+            "(at learning_rate=%g most weights may not move at all; docs/troubleshooting.md). Load the model in "
+            "float32 (model_init_kwargs={'dtype': 'float32'}) and set bf16=True for mixed precision, or train LoRA "
+            "adapters.", "/".join(sorted(str(d).removeprefix("torch.") for d in low)), trainer.args.learning_rate,
+        )  # fmt: skip
+    requested = trainer.args.fsdp_plugin_args is not None or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+    if requested and not trainer.is_fsdp_enabled:
+        logger.warning(
+            "FSDP was requested (fsdp / fsdp_config, or an accelerate FSDP config) but accelerate did not enable it: "
+            "accelerate enables FSDP only on accelerators (GPU, XPU, NPU, ...), so these %s processes train full "
+            "replicas (DDP), without sharding.", trainer.accelerator.device.type,
+        )  # fmt: skip
