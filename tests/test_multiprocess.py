@@ -136,3 +136,58 @@ def test_fsdp_on_cpu_processes_warns_and_trains_replicas(tiny_model_path, tmp_pa
     output = launch(torchrun(2), "stabledrl_gsm8k.yaml", tiny_model_path, tmp_path, *fsdp)
     assert "FSDP was requested" in output and "these cpu processes train full replicas (DDP)" in output
     assert_trained(tmp_path)
+
+
+FAULT_SCRIPT = '''
+import json, sys, torch
+from datasets import Dataset
+from transformers import TrainerCallback
+from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
+
+model_path, output_dir = sys.argv[1], sys.argv[2]
+args = DiffusionGRPOConfig(output_dir=output_dir, per_device_train_batch_size=2, num_generations=2,
+    max_completion_length=8, block_length=4, diffusion_steps=4, max_steps=3, learning_rate=0.05, logging_steps=1,
+    save_strategy="no", report_to="none", use_cpu=True, loss_type="stabledrl", temperature=1.0)
+data = Dataset.from_dict({"prompt": [f"add {i} and {i + 1} ." for i in range(8)]})
+trainer = DiffusionGRPOTrainer(model=model_path, args=args, train_dataset=data,
+                               reward_funcs=lambda completions, **kw: [float(len(c) % 3) for c in completions])
+rank, state = trainer.accelerator.process_index, {"active": False}
+snapshots = {}
+
+def hook(module, inputs, output):  # +inf logits in rank 0's current-policy forward of step 2 only
+    return output + float("inf") if state["active"] and rank == 0 and torch.is_grad_enabled() else None
+
+class Faults(TrainerCallback):
+    def on_step_begin(self, args, s, control, **kw):
+        state["active"] = s.global_step + 1 == 2
+    def on_step_end(self, args, s, control, model=None, **kw):
+        snapshots[s.global_step] = [p.detach().clone() for p in trainer.accelerator.unwrap_model(model).parameters()]
+
+trainer.model.lm_head.register_forward_hook(hook)
+trainer.add_callback(Faults())
+snapshots[0] = [p.detach().clone() for p in trainer.model.parameters()]
+trainer.train()
+moved = {k: max((a - b).abs().max().item() for a, b in zip(snapshots[k], snapshots[k - 1])) for k in (1, 2, 3)}
+finite = all(torch.isfinite(p).all().item() for p in snapshots[3])
+logs = [log["nonfinite/skipped_steps"] for log in trainer.state.log_history if "loss" in log]
+with open(f"{output_dir}/faults_{rank}.json", "w") as f:
+    json.dump({"moved": moved, "finite": finite, "skipped": logs}, f)
+trainer.accelerator.print("trained on", trainer.accelerator.num_processes, "process(es)")
+'''
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "zero2"])
+def test_nonfinite_step_on_one_process_is_skipped_on_all(tiny_model_path, tmp_path, launcher):
+    """Infinite logits in rank 0's loss at step 2: both processes skip step 2 (DDP: the guard's gathered flag;
+    ZeRO-2: DeepSpeed's own overflow check, counted by the guard), no weight moves, steps 1 and 3 train."""
+    script = tmp_path / "faults.py"
+    script.write_text(FAULT_SCRIPT)
+    command = [*(torchrun(2) if launcher == "torchrun" else accelerate("zero2_cpu.yaml")), str(script)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([*command, tiny_model_path, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    for rank in (0, 1):
+        report = json.loads((tmp_path / f"faults_{rank}.json").read_text())
+        assert report["moved"]["2"] == 0.0 and report["moved"]["1"] > 0 and report["moved"]["3"] > 0, report
+        assert report["finite"] and report["skipped"] == [0.0, 1.0, 1.0], report

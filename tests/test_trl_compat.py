@@ -20,6 +20,11 @@ HOOKS = {
     "_compute_loss": ["model", "inputs"],
     "_save_optimizer_and_scheduler": ["output_dir"],
     "_load_optimizer_and_scheduler": ["checkpoint"],
+    "_calculate_rewards": ["inputs", "prompts", "completions", "completion_ids_list"],
+    "compute_loss": ["model", "inputs", "return_outputs", "num_items_in_batch"],
+    "_get_grad_norm": ["model", "grad_norm"],  # transformers' Trainer
+    "log": ["logs", "start_time"],
+    "train": ["resume_from_checkpoint"],
 }
 
 
@@ -29,6 +34,17 @@ def test_trl_hook_exists_with_expected_signature(hook):
     params = list(inspect.signature(getattr(GRPOTrainer, hook)).parameters)[1:]
     assert params[: len(HOOKS[hook])] == HOOKS[hook], f"GRPOTrainer.{hook} signature changed: {params}"
     assert hook in DiffusionGRPOTrainer.__dict__, f"DiffusionGRPOTrainer no longer overrides {hook}"
+
+
+def test_grad_norm_hook_comes_right_before_the_optimizer_step():
+    """The non-finite guard drops the gradients in `_get_grad_norm`: it must run after clipping and before `step`."""
+    from transformers import Trainer
+
+    source = inspect.getsource(Trainer)
+    norm = source.index("grad_norm = self._get_grad_norm(model, grad_norm=grad_norm)")
+    step = source.index("self.optimizer.step()", norm)
+    assert source.index("self._clip_grad_norm(model)") < norm < step
+    assert "backward" not in source[norm:step] and "zero_grad" not in source[norm:step]
 
 
 def test_trl_state_we_rely_on_exists():

@@ -8,6 +8,7 @@ Only TRL's override points live here; the math is in `trl_dllm.core`. Overridden
 - `_get_per_token_logps_and_entropies`: a likelihood estimator (`core.likelihood`) instead of TRL's fused, shifted
   autoregressive head.
 - `_compute_loss`: the `espo` / `stabledrl` objectives (`core.objectives`), or TRL's own loss on estimated log-probs.
+- `compute_loss`: `super()`, and the loss is reported to the non-finite guard.
 - `_calculate_rewards`: `super()`, then ±inf rewards count as unscorable (like `None`) and their number is logged.
 - `_get_grad_norm` (transformers, the last hook before `optimizer.step()`): skips non-finite steps (`nonfinite.py`).
 - `train`: a torn `resume_from_checkpoint` is skipped for the last complete one (`checkpoints.py`).
@@ -358,12 +359,6 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         return (self._step // self.args.steps_per_generation) % self.num_iterations
 
     def _compute_loss(self, model, inputs):
-        loss = self._diffusion_loss(model, inputs)
-        if self.model.training:
-            self._nonfinite.observe_loss(loss)  # a non-finite loss skips the optimizer step (`_get_grad_norm`)
-        return loss
-
-    def _diffusion_loss(self, model, inputs):
         iteration = self._inner_iteration()
         seeds = self._pass_seeds(inputs["mc_seeds"][:, iteration], salt=0)
         old = inputs["old_logps"][:, iteration] if "old_logps" in inputs else None
@@ -416,6 +411,14 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         return loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
 
     # ------------------------------------------------------------------ rewards and non-finite safety
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's, which calls `_compute_loss`; every training loss is reported to the non-finite guard (a non-finite
+        one makes `_get_grad_norm` skip the optimizer step)."""
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self.model.training:
+            self._nonfinite.observe_loss(loss)
+        return loss
+
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         """TRL's rewards (gathered over processes; `None` is NaN); ±inf is unscorable too, and the number of samples
         no reward function could score (TRL gives them advantage 0) is logged as `rewards/unscorable`."""
