@@ -40,6 +40,8 @@ DATA = Dataset.from_dict({"prompt": [f"add {i} and {i + 1} ." for i in range(4)]
         (dict(beta=-0.01), r"beta=-0.01 must be >= 0.* Set beta=0"),
         (dict(num_iterations=0), r"num_iterations=0 must be >= 1 .* Set num_iterations=1"),
         (dict(learning_rate=-1e-5), r"learning_rate=-1e-05 must be >= 0"),
+        (dict(max_steps=0), r"max_steps=0 with num_train_epochs=3.0 trains for 0 steps"),
+        (dict(num_train_epochs=0), r"max_steps=-1 with num_train_epochs=0 trains for 0 steps"),
         (dict(repetition_penalty=1.2), r"repetition_penalty=1.2 is not supported: .* Set repetition_penalty=1.0"),
         (dict(generation_kwargs={"max_new_tokens": 8}), r"generation_kwargs=.*\(max_new_tokens -> max_completion_length\)"),
         (dict(generation_kwargs='{"num_beams": 2}'), r"generation_kwargs=\{'num_beams': 2\} is not supported"),

@@ -144,6 +144,11 @@ def _check_objective(args) -> None:
             f"num_iterations={args.num_iterations} must be >= 1 (optimisation passes over each generation batch; "
             "0 would train for 0 steps). Set num_iterations=1, or e.g. 8 (ESPO, d1 on Countdown)."
         )
+    if args.max_steps == 0 or (args.max_steps < 0 and args.num_train_epochs <= 0):
+        raise ValueError(
+            f"max_steps={args.max_steps} with num_train_epochs={args.num_train_epochs} trains for 0 steps (and would "
+            "save an untrained model). Set max_steps > 0, or max_steps=-1 and num_train_epochs > 0."
+        )
     if args.learning_rate < 0:
         raise ValueError(f"learning_rate={args.learning_rate} must be >= 0 (a negative rate ascends the loss).")
     choices = {
