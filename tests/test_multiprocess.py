@@ -108,22 +108,30 @@ def step_logs(output_dir: Path) -> list[dict]:
     return [log for log in json.loads((output_dir / "trainer_state.json").read_text())["log_history"] if "loss" in log]
 
 
-def test_one_and_two_processes_give_the_same_run(tiny_model_path, tmp_path):
-    """Randomness by sample (trl_dllm/seeding.py): the same global batch of 4 rows, on 1 process x 4 rows or 2
-    processes x 2 rows, gets the same completions, masks and per-step losses (DDP, 4 steps, 2 rollouts)."""
-    flags = ("--max_steps", "4", "--save_strategy", "no")
-    launch(torchrun(1), "stabledrl_gsm8k.yaml", tiny_model_path, tmp_path / "one", *flags,
+@pytest.fixture(scope="module")
+def one_process_run(tiny_model_path, tmp_path_factory):
+    """The tiny StableDRL recipe for 4 steps on 1 process with the global batch of 4 rows."""
+    output_dir = tmp_path_factory.mktemp("one_process")
+    launch(torchrun(1), "stabledrl_gsm8k.yaml", tiny_model_path, output_dir, "--max_steps", "4",
            "--per_device_train_batch_size", "4", processes=1)
-    launch(torchrun(2), "stabledrl_gsm8k.yaml", tiny_model_path, tmp_path / "two", *flags,
+    return output_dir
+
+
+@pytest.mark.parametrize("launcher", ["ddp", "zero2", "zero3"])
+def test_one_and_two_processes_give_the_same_run(tiny_model_path, tmp_path, one_process_run, launcher):
+    """Randomness by sample (trl_dllm/seeding.py): the same global batch of 4 rows, on 1 process x 4 rows or 2
+    processes x 2 rows (DDP, ZeRO-2, ZeRO-3), gets the same completions, masks and per-step losses (4 steps)."""
+    command = torchrun(2) if launcher == "ddp" else accelerate(f"{launcher}_cpu.yaml")
+    launch(command, "stabledrl_gsm8k.yaml", tiny_model_path, tmp_path, "--max_steps", "4",
            "--per_device_train_batch_size", "2")
-    one, two = step_logs(tmp_path / "one"), step_logs(tmp_path / "two")
+    one, two = step_logs(one_process_run), step_logs(tmp_path)
     assert [log["step"] for log in one] == [log["step"] for log in two] == [1, 2, 3, 4]
     for a, b in zip(one, two):
         assert abs(a["loss"] - b["loss"]) <= 1e-5, (a, b)
         for key in ("reward", "completions/mean_length", "ratio/max", "grad_norm", "estimator/mc_variance"):
             if a.get(key) is not None:
                 assert b[key] == pytest.approx(a[key], abs=1e-5), (key, a, b)
-    first, second = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
+    first, second = load_file(one_process_run / "model.safetensors"), load_file(tmp_path / "model.safetensors")
     for name, value in first.items():
         torch.testing.assert_close(second[name], value, rtol=0, atol=1e-5, msg=name)
 
