@@ -176,8 +176,9 @@ def check_trainer_inputs(args, model, reward_funcs, pargs: Sequence, kwargs: Map
     trainer's other arguments, named as in `GRPOTrainer.__init__`."""
     from trl import GRPOTrainer
 
-    named = inspect.signature(GRPOTrainer.__init__).bind_partial(None, model, reward_funcs, args, *pargs, **kwargs)
-    train_dataset, eval_dataset = named.arguments.get("train_dataset"), named.arguments.get("eval_dataset")
+    positional = list(inspect.signature(GRPOTrainer.__init__).parameters)[4:]  # after self, model, reward_funcs, args
+    named = {**dict(zip(positional, pargs)), **kwargs}
+    train_dataset, eval_dataset = named.get("train_dataset"), named.get("eval_dataset")
     if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs):
         raise ValueError(
             "reward_funcs is empty: every completion would get reward 0 and nothing would be learned. Pass one or "
@@ -192,7 +193,7 @@ def check_trainer_inputs(args, model, reward_funcs, pargs: Sequence, kwargs: Map
         for name, dataset in datasets:
             _check_dataset(name if name == "eval_dataset" else f"eval_dataset[{name!r}]", dataset, needed,
                            "per_device_eval_batch_size", args)
-    _check_text_only(named.arguments.get("processing_class"), model)
+    _check_text_only(named.get("processing_class"), model)
 
 
 def _check_dataset(name: str, dataset, prompts_needed: int, batch_field: str, args) -> None:
