@@ -220,3 +220,9 @@ def test_low_precision_weights_warn(tmp_path, tiny_model_path, caplog):
         DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=reward, args=args, train_dataset=DATA)
     assert "Trainable parameters are stored in bfloat16" in caplog.text and "learning_rate=1e-06" in caplog.text
 
+
+
+def test_positional_dataset_is_checked(tmp_path, tiny_model_path):
+    args = make(output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="train_dataset is empty"):
+        DiffusionGRPOTrainer(tiny_model_path, reward, args, Dataset.from_dict({"prompt": []}))
