@@ -7,7 +7,8 @@ Only TRL's override points live here; the math is in `trl_dllm.core`. Overridden
   and reference likelihood estimates for *every* inner iteration with the same seeds (common random numbers).
 - `_get_per_token_logps_and_entropies`: a likelihood estimator (`core.likelihood`) instead of TRL's fused, shifted
   autoregressive head.
-- `_compute_loss`: the `espo` / `stabledrl` objectives (`core.objectives`), or TRL's own loss on estimated log-probs.
+- `_compute_loss`: the diffusion objectives (`core.objectives`), or TRL's own loss on estimated log-probs.
+- `_prepare_inputs`: only with `whole_group_batches`, TRL's shuffle-and-split of the generation batch by whole groups.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from dataclasses import dataclass, field, fields
 import torch
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
-from trl.trainer.utils import pad, use_adapter
+from trl.trainer.utils import pad, split_tensor_dict, use_adapter
 
 from .config import DiffusionGRPOConfig
-from .core.likelihood import LikelihoodOutput, estimate
+from .core.likelihood import SHARED_SEED_ESTIMATORS, LikelihoodOutput, estimate
 from .core.objectives import OBJECTIVES
 from .core.trajectory import trajectory_entropies
 from .decoding import decoding_plan, sampling_distribution
@@ -190,9 +191,21 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         rows = torch.arange(batch, device=canvas.device) + self.accelerator.process_index * batch
         output["group_ids"] = rows // num_generations
+        if self.args.leave_one_out:  # r_i − mean of the other G − 1 = G/(G − 1) · (r_i − group mean)
+            output["advantages"] = output["advantages"] * (num_generations / (num_generations - 1))
         output["mc_seeds"] = torch.randint(0, 2**62, (batch, iterations), device=canvas.device)
         self._add_old_and_ref_estimates(output, iterations)
         return output
+
+    def _prepare_inputs(self, generation_batch):
+        """TRL's, except that with `whole_group_batches` the generation batch is shuffled by whole groups before it is
+        cut into `steps_per_generation` micro-batches (TRL shuffles rows, which splits groups across micro-steps)."""
+        if not (self.args.whole_group_batches and self.model.training):
+            return super()._prepare_inputs(generation_batch)
+        if self._step % (self.args.steps_per_generation * self.num_iterations) == 0 or self._buffered_inputs is None:
+            batch = _shuffle_groups(self._generate_and_score_completions(generation_batch))
+            self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
     @torch.no_grad()
     def _rollout_entropies(self, output: dict) -> torch.Tensor:
@@ -217,7 +230,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         generate_every = args.steps_per_generation * self.num_iterations
         return (
             generate_every % accumulation == 0 and args.steps_per_generation <= accumulation
-            and not args.independent_mc_noise
+            and not self._independent_noise
         )
 
     def _add_old_and_ref_estimates(self, output: dict, iterations: int) -> None:
@@ -256,10 +269,17 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
             yield self.model
 
+    @property
+    def _independent_noise(self) -> bool:
+        """`independent_mc_noise`, for estimators whose seed draws mask noise. The seed of a `SHARED_SEED_ESTIMATORS`
+        one (`trajectory`) picks which steps are scored: old, reference and current must share it, or a token scored
+        in one pass only would be compared with the 0 stored for "not scored" (a ratio of exp(ℓ))."""
+        return self.args.independent_mc_noise and self.args.estimator not in SHARED_SEED_ESTIMATORS
+
     def _pass_seeds(self, seeds: torch.Tensor, salt: int) -> torch.Tensor:
-        """Common random numbers: every pass uses the sample's seed; with `independent_mc_noise` each pass draws its
-        own (`salt` only keeps old and reference apart when drawn in the same step)."""
-        if not self.args.independent_mc_noise:
+        """Common random numbers: every pass uses the sample's seed; with independent noise (`_independent_noise`) each
+        pass draws its own (`salt` only keeps old and reference apart when drawn in the same step)."""
+        if not self._independent_noise:
             return seeds
         return torch.randint(0, 2**62, seeds.shape, device=seeds.device) + salt
 
@@ -317,6 +337,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         return {
             "mc_samples": args.mc_samples,
             "antithetic": args.antithetic,
+            "elbo_counts": args.elbo_counts,
+            "spg_beta": args.spg_beta,
             "p_mask_prompt": args.p_mask_prompt,
             "mc_batch_size": args.mc_batch_size,
             "checkpoint_views": args.mc_checkpointing and not self._shards_parameters,
@@ -371,6 +393,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             clip_high=self.args.stabledrl_clip_high,
             beta=self.beta,
             step_weights=getattr(context.output, "step_weights", None),
+            eubo_logps=getattr(context.output, "eubo_logps", None),  # the spg estimator's upper bound
+            spg_omega=self.args.spg_omega,
             num_steps=getattr(context.output, "num_steps", None),
             **({"kl_estimator": self.args.kl_estimator} if self.args.kl_estimator else {}),
         )
@@ -421,6 +445,21 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             self._log_scalar("ratio/mean", ratio.mean())
             self._log_scalar("ratio/std", ratio.std() if ratio.numel() > 1 else torch.zeros(()))
             self._log_scalar("ratio/max", ratio.max())
+
+
+def _shuffle_groups(batch: dict) -> dict:
+    """TRL's `shuffle_sequence_dict` with a permutation that keeps the rows of a group adjacent: groups in random order,
+    rows in random order inside their group."""
+    _, group = torch.unique(batch["group_ids"].cpu(), return_inverse=True)
+    group_rank = torch.randperm(int(group.max()) + 1)[group]
+    order = torch.argsort(group_rank * len(group) + torch.randperm(len(group)))
+
+    def permute(value):
+        if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
+            return value
+        return value[order.to(value.device)] if isinstance(value, torch.Tensor) else [value[i] for i in order]
+
+    return {key: permute(value) for key, value in batch.items()}
 
 
 def _concat_outputs(outputs: list[LikelihoodOutput]) -> LikelihoodOutput:
