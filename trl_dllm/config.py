@@ -90,7 +90,8 @@ class DiffusionGRPOConfig(GRPOConfig):
             DeepSpeed ZeRO-3 or FSDP, which gather parameters per forward and break torch's recomputation.
         independent_mc_noise (`bool`, *optional*, defaults to `False`):
             Draw fresh masks for every evaluation instead of sharing them between the old, reference and current
-            policy (common random numbers). `True` reproduces the noisy-ratio regime studied by StableDRL.
+            policy (common random numbers). `True` reproduces the noisy-ratio regime studied by StableDRL (and its
+            released code). No effect on `"trajectory"`, whose seed picks the scored steps, not noise.
         score_padding_eos (`bool`, *optional*, defaults to `False`):
             Score the EOS tokens that fill the canvas after the answer. They are generated and decide the length;
             `False` scores the completion up to and including its first EOS, like TRL.
