@@ -191,7 +191,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         rows = torch.arange(batch, device=canvas.device) + self.accelerator.process_index * batch
         output["group_ids"] = rows // num_generations
-        if self.args.leave_one_out:  # r_i − mean of the other G − 1 = G/(G − 1) · (r_i − group mean)
+        if self.args.leave_one_out and num_generations > 1:  # r_i − mean of the other G − 1 = G/(G − 1) · (r_i − mean)
             output["advantages"] = output["advantages"] * (num_generations / (num_generations - 1))
         output["mc_seeds"] = torch.randint(0, 2**62, (batch, iterations), device=canvas.device)
         self._add_old_and_ref_estimates(output, iterations)
