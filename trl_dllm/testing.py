@@ -183,3 +183,112 @@ def save_tiny_block_dllm(
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+# --- Tiny checkpoints in the original layout of the known families (LLaDA, Dream, SDAR) ---
+
+# Special tokens at their real ids (facts from each family's tokenizer_config.json / config.json).
+FAMILY_SPECIAL_TOKENS = {
+    "llada": {"<|startoftext|>": 126080, "<|endoftext|>": 126081, "<|mdm_mask|>": 126336,
+              "<|start_header_id|>": 126346, "<|end_header_id|>": 126347, "<|eot_id|>": 126348},
+    "dream": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|mask|>": 151666},
+    "sdar": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|MASK|>": 151669},
+}  # fmt: skip
+_FAMILY_ROLES = {  # bos, eos, pad, mask
+    "llada": ("<|startoftext|>", "<|eot_id|>", "<|endoftext|>", "<|mdm_mask|>"),
+    "dream": ("<|endoftext|>", "<|im_end|>", "<|endoftext|>", "<|mask|>"),
+    "sdar": ("<|endoftext|>", "<|im_end|>", "<|endoftext|>", "<|MASK|>"),
+}
+_FAMILY_TEMPLATES = {  # the shape of each family's chat template: role headers and end-of-turn tokens
+    "llada": (
+        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|> {{ m['content'] }}"
+        "<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|> {% endif %}"
+    ),
+    "qwen": (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}"
+    ),
+}
+
+
+def tiny_original_config(family: str, *, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
+                         num_kv_heads: int = 2, intermediate_size: int = 64, block_size: int = 4) -> dict:
+    """The ``config.json`` of a tiny ``family`` checkpoint (`"llada"`, `"dream"`, `"sdar"`), with the real field
+    names, model type, ``auto_map``, vocabulary size and special ids of the released checkpoints, and tiny sizes."""
+    if family == "llada":
+        return {
+            "model_type": "llada", "architectures": ["LLaDAModelLM"],
+            "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig",
+                         "AutoModel": "modeling_llada.LLaDAModelLM",
+                         "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM"},
+            "d_model": hidden_size, "n_heads": num_heads, "n_kv_heads": num_kv_heads, "n_layers": num_layers,
+            "mlp_hidden_size": intermediate_size, "mlp_ratio": 4, "max_sequence_length": 4096,
+            "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "vocab_size": 126464, "embedding_size": 126464,
+            "weight_tying": False, "include_bias": False, "include_qkv_bias": False, "block_type": "llama",
+            "layer_norm_type": "rms", "layer_norm_with_affine": True, "bias_for_layer_norm": False,
+            "attention_layer_norm": False, "rope": True, "rope_full_precision": True, "alibi": False,
+            "activation_type": "silu", "scale_logits": False, "input_emb_norm": False, "flash_attention": False,
+            "attention_dropout": 0.0, "residual_dropout": 0.0, "embedding_dropout": 0.0, "init_std": 0.02,
+            "init_fn": "mitchell", "init_device": "meta", "block_group_size": 1, "precision": "amp_bf16",
+            "multi_query_attention": None, "mask_token_id": 126336, "eos_token_id": 126081, "pad_token_id": 126081,
+            "use_cache": False,
+        }  # fmt: skip
+    qwen = {
+        "hidden_size": hidden_size, "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads, "intermediate_size": intermediate_size, "hidden_act": "silu",
+        "max_position_embeddings": 32768, "initializer_range": 0.02, "rope_theta": 1000000.0, "rope_scaling": None,
+        "use_sliding_window": False, "sliding_window": None, "attention_dropout": 0.0, "bos_token_id": 151643,
+        "eos_token_id": 151643, "pad_token_id": 151643, "use_cache": True,
+    }  # fmt: skip
+    if family == "dream":
+        return {
+            "model_type": "Dream", "architectures": ["DreamModel"],
+            "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+            **qwen, "vocab_size": 152064, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+            "max_window_layers": num_layers, "mask_token_id": 151666,
+        }  # fmt: skip
+    if family == "sdar":
+        return {
+            "model_type": "sdar", "architectures": ["SDARForCausalLM"],
+            "auto_map": {"AutoConfig": "configuration_sdar.SDARConfig", "AutoModel": "modeling_sdar.SDARModel",
+                         "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
+            **qwen, "vocab_size": 151936, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+            "head_dim": hidden_size // num_heads, "attention_bias": False, "max_window_layers": num_layers,
+            "block_size": block_size,
+        }  # fmt: skip
+    raise ValueError(f"family={family!r} is not one of {sorted(FAMILY_SPECIAL_TOKENS)}.")
+
+
+def build_family_tokenizer(family: str) -> PreTrainedTokenizerFast:
+    """:func:`build_tokenizer`'s word-level vocabulary plus ``family``'s special tokens at their real ids, with the
+    family's bos / eos / pad / mask roles and a chat template of the family's shape."""
+    base = build_tokenizer()
+    vocab = {token: i for token, i in base.get_vocab().items() if token not in SPECIAL_TOKENS[:3]}
+    vocab.update(FAMILY_SPECIAL_TOKENS[family])
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = base.backend_tokenizer.pre_tokenizer
+    bos, eos, pad, mask = _FAMILY_ROLES[family]
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=bos, eos_token=eos, pad_token=pad, mask_token=mask, unk_token="[UNK]",
+        additional_special_tokens=[t for t in FAMILY_SPECIAL_TOKENS[family] if t not in (bos, eos, pad, mask)],
+        model_max_length=4096, clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = _FAMILY_TEMPLATES["llada" if family == "llada" else "qwen"]
+    return tokenizer
+
+
+def save_tiny_original_checkpoint(path: str | os.PathLike, family: str, *, seed: int = 0, **sizes) -> str:
+    """Write a tiny random ``family`` checkpoint in the family's **original** layout to ``path``: its ``config.json``
+    (:func:`tiny_original_config`), its weight names (LLaDA's ``model.transformer.blocks.N.*``; Dream's and SDAR's are
+    Qwen2's / Qwen3's) and a tokenizer with the real special ids (:func:`build_family_tokenizer`). No remote code is
+    written: ``trl_dllm`` loads it natively (:func:`trl_dllm.models.loading.load_pretrained`). Returns ``str(path)``."""
+    from .models.native import native_config, native_layout
+
+    original = tiny_original_config(family, **sizes)
+    config = native_config(original)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = native_layout(original).model_class(config)
+    model.save_pretrained(path)  # original key names (transformers reverts the renaming) and config.json
+    build_family_tokenizer(family).save_pretrained(path)
+    return str(path)

@@ -20,6 +20,7 @@ undone. Tests pass ten-line toys; real models go through :func:`module_logits_fn
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -63,10 +64,21 @@ def module_logits_fn(model: nn.Module, *, shift_logits: bool = False, logits_to_
     return logits_fn
 
 
+def accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether ``model.forward`` takes ``logits_to_keep`` (transformers' own classes do; most remote code does not)."""
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def as_logits_fn(model: nn.Module | LogitsFn) -> LogitsFn:
-    """Return ``model`` as a logits function: modules are wrapped by :func:`module_logits_fn`, callables pass through."""
+    """Return ``model`` as a logits function: modules are wrapped by :func:`module_logits_fn` (``logits_to_keep`` only
+    where ``forward`` takes it; no logit shift — shifted families such as Dream go through
+    ``trl_dllm.models.model_logits_fn`` or the top-level ``trl_dllm.generate`` / ``trl_dllm.estimate``, which read the
+    model's family spec); callables pass through."""
     if isinstance(model, nn.Module):
-        return module_logits_fn(model)
+        return module_logits_fn(model, logits_to_keep=accepts_logits_to_keep(model))
     if callable(model):
         return model
     raise TypeError(f"Expected an nn.Module or a logits function, got {type(model).__name__}.")

@@ -91,7 +91,9 @@ def _vocab_size(model: Any) -> int | None:
 
 
 def _is_transformers_native(model: Any) -> bool:
-    return type(model).__module__.startswith("transformers.")
+    """A transformers architecture (or a subclass of one, like the native LLaDA / Dream / SDAR classes), not remote
+    code (which subclasses only transformers' `PreTrainedModel`)."""
+    return any(cls.__module__.startswith("transformers.models.") for cls in type(model).__mro__)
 
 
 def _generic_spec(model: Any) -> ModelSpec:
@@ -121,6 +123,8 @@ def _family_spec(model: Any) -> ModelSpec | None:
     marked = MARKED_SPECS.get(_config_value(config, FAMILY_MARKER))
     if family is not None or marked is None:
         return family
+    if marked.family != "block":
+        return replace(marked, accepts_logits_to_keep=_generic_spec(model).accepts_logits_to_keep)
     block_length = _config_value(config, "block_length")
     if block_length is None or int(block_length) < 1:
         raise ValueError(

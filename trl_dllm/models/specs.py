@@ -7,7 +7,7 @@ Every id below is documented, with its source, in ``docs/models.md``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,17 @@ MODEL_SPECS: dict[str, ModelSpec] = {
 FAMILY_MARKER = "dllm_family"
 BLOCK = ModelSpec(family="block", mask_token_id=None, accepts_4d_mask=True)
 
+# LLaDA and Dream loaded natively (trl_dllm.models.native: transformers' Llama / Qwen2 classes, no remote code) are
+# marked `dllm_family` "llada" / "dream": same ids and shift as above, with transformers' `logits_to_keep` and 4-D masks.
+LLADA_NATIVE = replace(LLADA, trust_remote_code=False, accepts_logits_to_keep=True, accepts_4d_mask=True)
+DREAM_NATIVE = replace(DREAM, trust_remote_code=False, accepts_logits_to_keep=True, accepts_4d_mask=True)
+
 MARKED_SPECS: dict[str, ModelSpec] = {
-    "block": BLOCK,  # config.dllm_family == "block"; block_length from config.block_length
+    "block": BLOCK,  # config.dllm_family == "block"; block_length from config.block_length (SDAR / TraDo loaded natively)
+    "llada": LLADA_NATIVE,
+    "dream": DREAM_NATIVE,
 }
+
+# SDAR / TraDo (JetLM/SDAR-*-Chat, Gen-Verse/TraDo-*): config.json has model_type "sdar" and block_size 4; the mask token
+# is <|MASK|> (151669); ids up to 151668 are Qwen3's. They load natively as a `block` family model.
+SDAR_MASK_TOKEN_ID = 151669
