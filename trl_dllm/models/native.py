@@ -312,6 +312,7 @@ def write_original_config(config: PretrainedConfig, save_directory: str | os.Pat
     if not original:
         return
     original = dict(original)
+    os.makedirs(save_directory, exist_ok=True)
     source = getattr(config, "dllm_source", None)
     auto_map = dict(original.get("auto_map") or {})
     for auto_class, reference in auto_map.items():
