@@ -160,3 +160,31 @@ def test_llada_module_names_become_llama_names(tmp_path, original_checkpoints):
     peft_config = LoraConfig(target_modules=["q_proj", "attn_out", "ff_proj", "ff_out", "up_proj"])
     _adapt_to_model(model, make_args(tmp_path), peft_config)
     assert set(peft_config.target_modules) == {"q_proj", "o_proj", "gate_proj", "down_proj", "up_proj"}
+
+
+@pytest.mark.parametrize("family,recipe", [
+    ("llada", "recipes/llada/stabledrl_gsm8k_lora.yaml"),
+    ("dream", "recipes/dream/stabledrl_gsm8k.yaml"),
+    ("sdar", "recipes/sdar/stabledrl_gsm8k.yaml"),
+])
+def test_family_recipe_scaled_down(tmp_path, monkeypatch, original_checkpoints, family, recipe):
+    """`trl-dllm grpo` with the family's recipe as written (trust_remote_code included), scaled down by overrides."""
+    from pathlib import Path
+
+    from trl_dllm.scripts import grpo
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    out = tmp_path / "out"
+    overrides = (
+        f"--model_name_or_path {original_checkpoints[family]} --data_files tests/fixtures/gsm8k.jsonl --max_steps 1 "
+        "--per_device_train_batch_size 2 --num_generations 2 --gradient_accumulation_steps 1 "
+        "--max_completion_length 8 --diffusion_steps 4 --bf16 false --use_cpu true --dtype float32 --report_to none "
+        f"--save_strategy no --output_dir {out}"
+    ).split()
+    if family != "sdar":  # SDAR decodes with its native block size (4)
+        overrides += ["--block_length", "4"]
+    grpo.main(["--config", recipe, *overrides])
+    if family == "llada":  # LoRA: the adapter in LLaDA's module names
+        assert all(".transformer.blocks." in k for k in load_file(out / "adapter_model.safetensors"))
+    else:
+        assert json.load(open(out / "config.json"))["model_type"] == {"dream": "Dream", "sdar": "sdar"}[family]

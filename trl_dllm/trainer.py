@@ -36,7 +36,7 @@ from .models.loading import (
     native_lora_targets,
     supports_gradient_checkpointing,
 )
-from .models.native import adapter_to_original_layout
+from .models.native import adapter_to_original_layout, native_layout, read_config_dict
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             kwargs["peft_config"] = copy.deepcopy(kwargs["peft_config"])  # adapted to the model below, never the user's
         if not isinstance(model, str):
             _adapt_to_model(model, args, kwargs.get("peft_config"))
+        elif kwargs.get("processing_class") is None and args.native_loading:
+            kwargs["processing_class"] = native_tokenizer(model, args)
         with _model_loading(args, kwargs.get("peft_config")):
             super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         if self.aux_loss_enabled:
@@ -497,6 +499,18 @@ def _model_loading(args: DiffusionGRPOConfig, peft_config):
         yield
     finally:
         grpo_module.create_model_from_path = trl_create
+
+
+def native_tokenizer(name_or_path: str, args: DiffusionGRPOConfig):
+    """The tokenizer of a LLaDA / Dream / SDAR checkpoint loaded natively, with `AutoTokenizer` (TRL would use
+    `AutoProcessor`, which resolves the family's remote config class first); `None` (TRL decides) for other models."""
+    from transformers import AutoTokenizer
+
+    init_kwargs = args.model_init_kwargs or {}
+    if native_layout(read_config_dict(name_or_path, **init_kwargs)) is None:
+        return None
+    hub = {k: init_kwargs[k] for k in ("revision", "cache_dir", "token") if init_kwargs.get(k) is not None}
+    return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=args.trust_remote_code, **hub)
 
 
 def _adapt_to_model(model, args: DiffusionGRPOConfig, peft_config) -> None:
