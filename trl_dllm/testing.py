@@ -187,17 +187,18 @@ def save_tiny_block_dllm(
 
 # --- Tiny checkpoints in the original layout of the known families (LLaDA, Dream, SDAR) ---
 
-# Special tokens at their real ids (facts from each family's tokenizer_config.json / config.json).
+# Special tokens at their real ids (facts from each family's tokenizer_config.json / added_tokens.json / config.json).
 FAMILY_SPECIAL_TOKENS = {
     "llada": {"<|startoftext|>": 126080, "<|endoftext|>": 126081, "<|mdm_mask|>": 126336,
               "<|start_header_id|>": 126346, "<|end_header_id|>": 126347, "<|eot_id|>": 126348},
-    "dream": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|mask|>": 151666},
+    "dream": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|beginoftext|>": 151665,
+              "<|mask|>": 151666},
     "sdar": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|MASK|>": 151669},
 }  # fmt: skip
-_FAMILY_ROLES = {  # bos, eos, pad, mask
-    "llada": ("<|startoftext|>", "<|eot_id|>", "<|endoftext|>", "<|mdm_mask|>"),
-    "dream": ("<|endoftext|>", "<|im_end|>", "<|endoftext|>", "<|mask|>"),
-    "sdar": ("<|endoftext|>", "<|im_end|>", "<|endoftext|>", "<|MASK|>"),
+_FAMILY_ROLES = {  # bos, eos, pad, mask tokens as each family's tokenizer declares them (LLaDA's declares no mask)
+    "llada": ("<|startoftext|>", "<|endoftext|>", "<|endoftext|>", None),
+    "dream": ("<|beginoftext|>", "<|endoftext|>", "<|endoftext|>", "<|mask|>"),
+    "sdar": (None, "<|endoftext|>", "<|endoftext|>", "<|MASK|>"),
 }
 _FAMILY_TEMPLATES = {  # the shape of each family's chat template: role headers and end-of-turn tokens
     "llada": (
@@ -209,54 +210,62 @@ _FAMILY_TEMPLATES = {  # the shape of each family's chat template: role headers 
         "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}"
     ),
 }
+# The released config.json of LLaDA-8B-Instruct, Dream-v0-Instruct-7B and SDAR-1.7B-Chat, less their sizes (facts).
+_RELEASED_CONFIGS = {
+    "llada": {
+        "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
+        "attention_dropout": 0.0, "attention_layer_norm": False, "attention_layer_norm_with_affine": True,
+        "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig",
+                     "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM", "AutoModel": "modeling_llada.LLaDAModelLM"},
+        "bias_for_layer_norm": False, "block_group_size": 1, "block_type": "llama", "embedding_dropout": 0.0,
+        "embedding_size": 126464, "eos_token_id": 126081, "flash_attention": False, "include_bias": False,
+        "include_qkv_bias": False, "init_cutoff_factor": None, "init_device": "meta", "init_fn": "mitchell",
+        "init_std": 0.02, "input_emb_norm": False, "layer_norm_type": "rms", "layer_norm_with_affine": True,
+        "mask_token_id": 126336, "max_sequence_length": 4096, "mlp_ratio": 4, "model_type": "llada",
+        "multi_query_attention": None, "pad_token_id": 126081, "precision": "amp_bf16", "residual_dropout": 0.0,
+        "rms_norm_eps": 1e-05, "rope": True, "rope_full_precision": True, "rope_theta": 500000.0, "scale_logits": False,
+        "transformers_version": "4.46.3", "use_cache": False, "vocab_size": 126464, "weight_tying": False,
+    },
+    "dream": {
+        "architectures": ["DreamModel"], "attention_dropout": 0.0,
+        "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+        "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "initializer_range": 0.02,
+        "mask_token_id": 151666, "max_position_embeddings": 131072, "model_type": "Dream", "pad_token_id": 151643,
+        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": None,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.46.2", "use_cache": True,
+        "use_mrope": False, "use_sliding_window": False, "vocab_size": 152064,
+    },
+    "sdar": {
+        "architectures": ["SDARForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_sdar.SDARConfig", "AutoModel": "modeling_sdar.SDARModel",
+                     "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
+        "attention_bias": False, "attention_dropout": 0.0, "attn_implementation": "flex_attention",
+        "bos_token_id": 151643, "debug": False, "eos_token_id": 151643, "mask_token_id": 151669, "ep_size": 1,
+        "fuse_cross_entropy": True, "hidden_act": "silu", "initializer_range": 0.02, "max_position_embeddings": 32768,
+        "micro_forward": False, "model_type": "sdar", "rms_norm_eps": 1e-06, "rope_scaling": None,
+        "rope_theta": 1000000, "skip_checkpoint": False, "sliding_window": None, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "transformers_version": "4.52.4", "use_cache": False, "use_deepep": False,
+        "use_sliding_window": False, "vocab_size": 151936,
+    },
+}  # fmt: skip
 
 
 def tiny_original_config(family: str, *, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
                          num_kv_heads: int = 2, intermediate_size: int = 64, block_size: int = 4) -> dict:
-    """The ``config.json`` of a tiny ``family`` checkpoint (`"llada"`, `"dream"`, `"sdar"`), with the real field
-    names, model type, ``auto_map``, vocabulary size and special ids of the released checkpoints, and tiny sizes."""
+    """The ``config.json`` of a tiny ``family`` checkpoint (`"llada"`, `"dream"`, `"sdar"`): the released
+    checkpoint's config (every field, its vocabulary size and special ids) with tiny sizes."""
+    if family not in _RELEASED_CONFIGS:
+        raise ValueError(f"family={family!r} is not one of {sorted(_RELEASED_CONFIGS)}.")
+    config = dict(_RELEASED_CONFIGS[family])
     if family == "llada":
-        return {
-            "model_type": "llada", "architectures": ["LLaDAModelLM"],
-            "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig",
-                         "AutoModel": "modeling_llada.LLaDAModelLM",
-                         "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM"},
-            "d_model": hidden_size, "n_heads": num_heads, "n_kv_heads": num_kv_heads, "n_layers": num_layers,
-            "mlp_hidden_size": intermediate_size, "mlp_ratio": 4, "max_sequence_length": 4096,
-            "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "vocab_size": 126464, "embedding_size": 126464,
-            "weight_tying": False, "include_bias": False, "include_qkv_bias": False, "block_type": "llama",
-            "layer_norm_type": "rms", "layer_norm_with_affine": True, "bias_for_layer_norm": False,
-            "attention_layer_norm": False, "rope": True, "rope_full_precision": True, "alibi": False,
-            "activation_type": "silu", "scale_logits": False, "input_emb_norm": False, "flash_attention": False,
-            "attention_dropout": 0.0, "residual_dropout": 0.0, "embedding_dropout": 0.0, "init_std": 0.02,
-            "init_fn": "mitchell", "init_device": "meta", "block_group_size": 1, "precision": "amp_bf16",
-            "multi_query_attention": None, "mask_token_id": 126336, "eos_token_id": 126081, "pad_token_id": 126081,
-            "use_cache": False,
-        }  # fmt: skip
-    qwen = {
-        "hidden_size": hidden_size, "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
-        "num_key_value_heads": num_kv_heads, "intermediate_size": intermediate_size, "hidden_act": "silu",
-        "max_position_embeddings": 32768, "initializer_range": 0.02, "rope_theta": 1000000.0, "rope_scaling": None,
-        "use_sliding_window": False, "sliding_window": None, "attention_dropout": 0.0, "bos_token_id": 151643,
-        "eos_token_id": 151643, "pad_token_id": 151643, "use_cache": True,
-    }  # fmt: skip
-    if family == "dream":
-        return {
-            "model_type": "Dream", "architectures": ["DreamModel"],
-            "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
-            **qwen, "vocab_size": 152064, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
-            "max_window_layers": num_layers, "mask_token_id": 151666,
-        }  # fmt: skip
+        config.update(d_model=hidden_size, n_heads=num_heads, n_kv_heads=num_kv_heads, n_layers=num_layers,
+                      mlp_hidden_size=intermediate_size)
+        return config
+    config.update(hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                  num_key_value_heads=num_kv_heads, intermediate_size=intermediate_size, max_window_layers=num_layers)
     if family == "sdar":
-        return {
-            "model_type": "sdar", "architectures": ["SDARForCausalLM"],
-            "auto_map": {"AutoConfig": "configuration_sdar.SDARConfig", "AutoModel": "modeling_sdar.SDARModel",
-                         "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
-            **qwen, "vocab_size": 151936, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
-            "head_dim": hidden_size // num_heads, "attention_bias": False, "max_window_layers": num_layers,
-            "block_size": block_size,
-        }  # fmt: skip
-    raise ValueError(f"family={family!r} is not one of {sorted(FAMILY_SPECIAL_TOKENS)}.")
+        config.update(head_dim=hidden_size // num_heads, block_size=block_size)
+    return config
 
 
 def build_family_tokenizer(family: str) -> PreTrainedTokenizerFast:

@@ -153,7 +153,8 @@ def _llada_config(original: dict) -> LlamaConfig:
 def _qwen_config(config_class: type[PretrainedConfig], original: dict, **extra) -> PretrainedConfig:
     """Dream / SDAR configs already use Qwen2 / Qwen3 field names: keep the fields the native class declares."""
     known = set(config_class().to_dict())
-    kwargs = {k: v for k, v in original.items() if k in known and k not in ("model_type", "architectures", "auto_map")}
+    dropped = ("model_type", "architectures", "auto_map", "attn_implementation", "torch_dtype", "transformers_version")
+    kwargs = {k: v for k, v in original.items() if k in known and k not in dropped}
     kwargs.pop("rope_scaling", None)
     if "rope_theta" in original:
         kwargs["rope_parameters"] = _rope(original["rope_theta"])
