@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+from torch import nn
 from safetensors.torch import load_file, save_file
 
 from trl_dllm.models import resolve_model_spec
@@ -208,3 +209,18 @@ def test_auto_class_from_auto_map():
     assert auto_class(tiny_original_config("dream")) is AutoModel  # Dream's auto_map has only AutoModel
     assert auto_class(tiny_original_config("llada")) is AutoModelForCausalLM
     assert auto_class({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}) is None
+
+
+def test_remote_sdar_spec_is_refused_for_block_layouts():
+    """SDAR with its own code (native_loading=False): a block family with its block size, refused by the block layouts
+    (its forward takes keep-masks and returns no logits in train mode) with a pointer to native loading."""
+    from transformers import PretrainedConfig
+
+    from trl_dllm.models import require_4d_mask
+
+    model = nn.Module()
+    model.config = PretrainedConfig(model_type="sdar", block_size=4, mask_token_id=151669, vocab_size=151936)
+    spec = resolve_model_spec(model)
+    assert (spec.family, spec.block_length, spec.mask_token_id, spec.trust_remote_code) == ("block", 4, 151669, True)
+    with pytest.raises(ValueError, match="native_loading=True"):
+        require_4d_mask(spec, "block-causal generation")

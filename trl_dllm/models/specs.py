@@ -70,10 +70,23 @@ DREAM = ModelSpec(
     accepts_logits_to_keep=False,
 )
 
+# JetLM/SDAR-*-Chat and Gen-Verse/TraDo-* with their own remote code (native_loading=False): model_type "sdar",
+# block_size 4 and mask_token_id 151669 in config.json; EOS <|endoftext|> 151643, end of turn <|im_end|> 151645. Its
+# forward takes boolean keep-masks (True = visible, the inverse of an additive mask) and, in train mode, runs its own
+# fine-tuning branch that returns no logits: the block layouts refuse it (accepts_4d_mask False) — load it natively.
+SDAR_REMOTE = ModelSpec(
+    family="block",
+    mask_token_id=151669,
+    eos_token_ids=(151643, 151645),
+    trust_remote_code=True,
+    accepts_logits_to_keep=False,
+)
+
 MODEL_SPECS: dict[str, ModelSpec] = {
     "llada": LLADA,
     "Dream": DREAM,  # the spelling in Dream's config.json
     "dream": DREAM,
+    "sdar": SDAR_REMOTE,
 }
 
 # Block-diffusion models (SDAR / TraDo / Fast-dLLM v2 style: causal across blocks, bidirectional inside a block)
@@ -94,6 +107,5 @@ MARKED_SPECS: dict[str, ModelSpec] = {
     "dream": DREAM_NATIVE,
 }
 
-# SDAR / TraDo (JetLM/SDAR-*-Chat, Gen-Verse/TraDo-*): config.json has model_type "sdar" and block_size 4; the mask token
-# is <|MASK|> (151669); ids up to 151668 are Qwen3's. They load natively as a `block` family model.
-SDAR_MASK_TOKEN_ID = 151669
+# SDAR / TraDo loaded natively (transformers' Qwen3) are a `block` family model, marked "block" with block_length.
+SDAR_MASK_TOKEN_ID = SDAR_REMOTE.mask_token_id
