@@ -188,3 +188,30 @@ def test_family_recipe_scaled_down(tmp_path, monkeypatch, original_checkpoints, 
         assert all(".transformer.blocks." in k for k in load_file(out / "adapter_model.safetensors"))
     else:
         assert json.load(open(out / "config.json"))["model_type"] == {"dream": "Dream", "sdar": "sdar"}[family]
+
+
+def test_bidirectional_probe(tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    from trl_dllm.models.loading import attends_bidirectionally
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    assert attends_bidirectionally(model)
+    model.config.is_causal = True
+    assert not attends_bidirectionally(model)
+
+
+def test_unknown_causal_remote_family_is_refused(tmp_path, tiny_model_path, monkeypatch):
+    """A model of an unknown family whose code ignores the bidirectional switch: one error naming what is missing."""
+    from transformers import AutoModelForCausalLM
+
+    import trl_dllm.models
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    monkeypatch.setattr(trl_dllm.models, "_is_transformers_native", lambda m: False)  # as if it were remote code
+    monkeypatch.setattr(trl_dllm.models, "make_bidirectional", lambda m: None)
+    monkeypatch.setattr("trl_dllm.trainer.make_bidirectional", lambda m: None)  # its code ignores config.is_causal
+    model.config.is_causal = True
+    with pytest.raises(ValueError, match=r"attends causally.*config.is_causal=False.*not a known diffusion family"):
+        DiffusionGRPOTrainer(model=model, reward_funcs=id_checksum_reward, args=make_args(tmp_path),
+                             train_dataset=chat_dataset())

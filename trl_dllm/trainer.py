@@ -30,6 +30,7 @@ from .core.trajectory import trajectory_entropies
 from .decoding import decoding_plan, sampling_distribution
 from .models import make_bidirectional, model_logits_fn, require_4d_mask, resolve_model_spec
 from .models.loading import (
+    attends_bidirectionally,
     honours_padding,
     is_native_layout,
     load_pretrained,
@@ -89,17 +90,28 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         # TRL lists the tokenizer's EOS first; early exit fills with the first id, so keep that order.
         self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *self.model_spec.eos_token_ids]))
         self._check_block_layout()
-        self._check_padding()
+        self._probe_remote_code()
         self._estimation_context: _EstimationContext | None = None
         self._deferring_scoring = False
         self._pending_rollout: dict[str, torch.Tensor] | None = None
 
-    def _check_padding(self) -> None:
-        """Remote-code models are probed once: one whose forward ignores `attention_mask` (older Hub revisions of
-        LLaDA's code) would give left-padded prompts other completions and estimates than unpadded ones."""
+    def _probe_remote_code(self) -> None:
+        """Remote-code models are probed with one forward each: an unknown family must attend bidirectionally (else
+        a clear error), and a forward that ignores `attention_mask` (older Hub revisions of LLaDA's code) would give
+        left-padded prompts other completions and estimates than unpadded ones (a warning)."""
         unwrapped = self.accelerator.unwrap_model(self.model)
-        if self._shards_parameters or is_native_layout(unwrapped) or self.model_spec.family == "generic":
+        if self._shards_parameters or is_native_layout(unwrapped) or self._native_generic(unwrapped):
             return
+        if self.model_spec.family == "generic" and not attends_bidirectionally(unwrapped):
+            config = _base_config(unwrapped)
+            raise ValueError(
+                f"{type(unwrapped).__name__} (model_type={getattr(config, 'model_type', None)!r}, remote code) attends "
+                "causally: a later token does not change an earlier position's logits, and its code ignores the "
+                "bidirectional switch `config.is_causal=False`. It is not a known diffusion family (LLaDA, Dream, "
+                "SDAR). Supply a model whose attention is bidirectional (its own config switch, or a transformers "
+                "architecture with `trl_dllm.models.make_bidirectional`), or add a ModelSpec for its family "
+                "(docs/models.md, 'Adding a family')."
+            )
         try:
             honoured = honours_padding(unwrapped)
         except Exception as err:  # remote code may reject a plain 2-D mask; say so rather than guess
@@ -111,6 +123,13 @@ class DiffusionGRPOTrainer(GRPOTrainer):
                 "completions and likelihoods of prompts of different lengths in one batch are not what an unpadded "
                 "run gives. Load the model natively (native_loading=True, the default) or update its remote code."
             )
+
+    @staticmethod
+    def _native_generic(model) -> bool:
+        """A transformers architecture outside the known families: `make_bidirectional` is reliable for it."""
+        from .models import _base_model, _is_transformers_native
+
+        return _is_transformers_native(_base_model(model))
 
     @property
     def _shards_parameters(self) -> bool:
@@ -499,6 +518,12 @@ def _model_loading(args: DiffusionGRPOConfig, peft_config):
         yield
     finally:
         grpo_module.create_model_from_path = trl_create
+
+
+def _base_config(model):
+    from .models import _base_model
+
+    return _base_model(model).config
 
 
 def native_tokenizer(name_or_path: str, args: DiffusionGRPOConfig):

@@ -135,6 +135,18 @@ def honours_padding(model: torch.nn.Module, atol: float = 1e-4) -> bool:
     return bool(torch.allclose(logits[0, 1:], logits[1, 1:], atol=atol, rtol=1e-3))
 
 
+@torch.no_grad()
+def attends_bidirectionally(model: torch.nn.Module, atol: float = 1e-6) -> bool:
+    """One probe forward: does changing the last token move the logits of the first position? (A causal model's do
+    not.)"""
+    device = next(model.parameters()).device
+    vocab_size = model.get_input_embeddings().num_embeddings
+    tokens = torch.arange(1, 9, device=device).remainder(max(2, vocab_size - 1)).unsqueeze(0).repeat(2, 1)
+    tokens[1, -1] = tokens[0, -1] + 1
+    logits = model(input_ids=tokens, attention_mask=torch.ones_like(tokens)).logits.float()
+    return not torch.allclose(logits[0, 0], logits[1, 0], atol=atol, rtol=0)
+
+
 def is_native_layout(model: Any) -> bool:
     return getattr(model, "dllm_layout", None) in NATIVE_LAYOUTS
 
