@@ -53,8 +53,12 @@ def module_logits_fn(model: nn.Module, *, shift_logits: bool = False, logits_to_
         if position_ids is not None:  # not passed otherwise: the model keeps its default 0..N-1
             kwargs["position_ids"] = position_ids
         if source is not None and logits_to_keep:
-            return model(**kwargs, logits_to_keep=source).logits
-        logits = model(**kwargs).logits
+            logits = model(**kwargs, logits_to_keep=source).logits
+            if logits.size(1) == source.numel():
+                return logits
+            # a forward that takes **kwargs but ignores logits_to_keep returned every position: slice below
+        else:
+            logits = model(**kwargs).logits
         if source is None:
             if shift_logits:  # prediction for p is at p - 1; position 0 keeps its own row
                 logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
@@ -65,11 +69,13 @@ def module_logits_fn(model: nn.Module, *, shift_logits: bool = False, logits_to_
 
 
 def accepts_logits_to_keep(model: nn.Module) -> bool:
-    """Whether ``model.forward`` takes ``logits_to_keep`` (transformers' own classes do; most remote code does not)."""
+    """Whether ``model.forward`` takes ``logits_to_keep`` by name or through ``**kwargs`` (transformers' own classes
+    name it; LLaDA's remote code takes neither and raises `TypeError` on it)."""
     try:
-        return "logits_to_keep" in inspect.signature(model.forward).parameters
+        parameters = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return False
+    return "logits_to_keep" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
 def as_logits_fn(model: nn.Module | LogitsFn) -> LogitsFn:
