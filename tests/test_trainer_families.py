@@ -152,6 +152,7 @@ def test_adapt_to_a_remote_style_model(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         _adapt_to_model(_RemoteStyle(honour_mask=True), args, peft_config)
     assert args.gradient_checkpointing is False and "does not support gradient checkpointing" in caplog.text
+    assert getattr(args, "activation_checkpointing", False) is False  # the name transformers 5's Trainer reads
     assert peft_config.task_type is None  # PEFT's CAUSAL_LM wrapper needs prepare_inputs_for_generation
 
 

@@ -37,7 +37,7 @@ from .models.loading import (
     native_lora_targets,
     supports_gradient_checkpointing,
 )
-from .models.native import adapter_to_original_layout, native_layout, read_config_dict
+from .models.native import adapter_to_original_layout, native_config, native_layout, read_config_dict
 
 logger = logging.getLogger(__name__)
 
@@ -527,26 +527,37 @@ def _base_config(model):
 
 
 def native_tokenizer(name_or_path: str, args: DiffusionGRPOConfig):
-    """The tokenizer of a LLaDA / Dream / SDAR checkpoint loaded natively, with `AutoTokenizer` (TRL would use
-    `AutoProcessor`, which resolves the family's remote config class first); `None` (TRL decides) for other models."""
+    """The tokenizer of a LLaDA / Dream / SDAR checkpoint loaded natively, with `AutoTokenizer` given the native config
+    (TRL would use `AutoProcessor`, which resolves the family's remote config class first); `None` (TRL decides) for
+    other models."""
     from transformers import AutoTokenizer
 
     init_kwargs = args.model_init_kwargs or {}
-    if native_layout(read_config_dict(name_or_path, **init_kwargs)) is None:
+    config_dict = read_config_dict(name_or_path, **init_kwargs)
+    if native_layout(config_dict) is None:
         return None
     hub = {k: init_kwargs[k] for k in ("revision", "cache_dir", "token") if init_kwargs.get(k) is not None}
-    return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=args.trust_remote_code, **hub)
+    return AutoTokenizer.from_pretrained(
+        name_or_path, config=native_config(config_dict), trust_remote_code=args.trust_remote_code, **hub
+    )
+
+
+def _checkpointing(args) -> bool:
+    """Gradient checkpointing requested: `activation_checkpointing` (transformers >= 5.23) or its old name."""
+    return bool(getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing)
 
 
 def _adapt_to_model(model, args: DiffusionGRPOConfig, peft_config) -> None:
     """What TRL would trip on with this model: gradient checkpointing it does not support (turned off, one warning),
     a LoRA task type PEFT cannot wrap it with, LLaDA module names on a natively loaded LLaDA."""
-    if args.gradient_checkpointing and not supports_gradient_checkpointing(model):
+    if _checkpointing(args) and not supports_gradient_checkpointing(model):
         logger.warning(
             f"{type(model).__name__} does not support gradient checkpointing: gradient_checkpointing is set to False. "
             "Load the model natively (native_loading=True) to train with it."
         )
-        args.gradient_checkpointing = False
+        args.gradient_checkpointing = False  # transformers 5 reads the new name, TRL the old one: set both
+        if hasattr(args, "activation_checkpointing"):
+            args.activation_checkpointing = False
     if peft_config is None:
         return
     task_type = getattr(peft_config, "task_type", None)
