@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 import torch
-from torch import nn
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 from trl_dllm.models import resolve_model_spec
 from trl_dllm.models.loading import auto_class, load_adapter, load_pretrained
