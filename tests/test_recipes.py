@@ -58,7 +58,7 @@ def test_paper_recipe_states_its_source(path):
 
 def test_sdar_recipe_is_block_diffusion():
     text = (ROOT / "recipes/sdar/stabledrl_gsm8k.yaml").read_text()
-    assert "block-diffusion support lands with the AGRPO/block issue" in text
+    assert "load natively" in text
     _, args, _ = parse(ROOT / "recipes/sdar/stabledrl_gsm8k.yaml")
     assert (args.estimator, args.block_length, args.cfg_scale) == ("block", 4, 0.0)
 

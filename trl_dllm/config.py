@@ -30,6 +30,10 @@ class DiffusionGRPOConfig(GRPOConfig):
         mask_token_id (`int` or `None`, *optional*, defaults to `None`):
             Id of the mask token. `None` takes it from the model family (LLaDA 126336, Dream 151666), then
             `model.config.mask_token_id`, then the tokenizer's `mask_token`.
+        native_loading (`bool`, *optional*, defaults to `True`):
+            Load LLaDA, Dream and SDAR / TraDo checkpoints given by name into transformers' own Llama / Qwen2 / Qwen3
+            classes (no remote code; sdpa / flash attention, gradient checkpointing, `logits_to_keep`, standard LoRA
+            names). `False` keeps the checkpoint's own remote code (with `trust_remote_code=True`).
         diffusion_steps (`int` or `None`, *optional*, defaults to `None`):
             Number of denoising steps over the whole completion (`steps` in LLaDA's code). Must be a multiple of the
             number of blocks. `None` means `max_completion_length` (one token per step).
@@ -121,6 +125,10 @@ class DiffusionGRPOConfig(GRPOConfig):
     mask_token_id: int | None = field(
         default=None,
         metadata={"help": "Id of the mask token. None: from the model family, model.config or the tokenizer."},
+    )
+    native_loading: bool = field(
+        default=True,
+        metadata={"help": "Load LLaDA / Dream / SDAR natively into transformers' classes. False: their remote code."},
     )
     diffusion_steps: int | None = field(
         default=None,

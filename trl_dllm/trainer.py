@@ -14,6 +14,8 @@ Only TRL's override points live here; the math is in `trl_dllm.core`. Overridden
 from __future__ import annotations
 
 import contextlib
+import copy
+import logging
 import os
 from dataclasses import dataclass, field, fields
 
@@ -28,6 +30,17 @@ from .core.objectives import OBJECTIVES
 from .core.trajectory import trajectory_entropies
 from .decoding import decoding_plan, sampling_distribution
 from .models import make_bidirectional, model_logits_fn, require_4d_mask, resolve_model_spec
+from .models.loading import (
+    attends_bidirectionally,
+    honours_padding,
+    is_native_layout,
+    load_pretrained,
+    native_lora_targets,
+    supports_gradient_checkpointing,
+)
+from .models.native import adapter_to_original_layout, native_config, native_layout, read_config_dict
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -61,7 +74,14 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             raise ValueError("use_vllm=True: vLLM cannot run diffusion decoding. Set use_vllm=False.")
         if getattr(args, "use_transformers_paged", False) or getattr(args, "use_transformers_continuous_batching", False):
             raise ValueError("Continuous-batching generation is autoregressive; disable it for diffusion models.")
-        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        if kwargs.get("peft_config") is not None:
+            kwargs["peft_config"] = copy.deepcopy(kwargs["peft_config"])  # adapted to the model below, never the user's
+        if not isinstance(model, str):
+            _adapt_to_model(model, args, kwargs.get("peft_config"))
+        elif kwargs.get("processing_class") is None and args.native_loading:
+            kwargs["processing_class"] = native_tokenizer(model, args)
+        with _model_loading(args, kwargs.get("peft_config")):
+            super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         if self.aux_loss_enabled:
             raise ValueError("MoE load-balancing loss is not supported yet: set router_aux_loss_coef=0.0.")
         self.model_spec = resolve_model_spec(self.model, self._tokenizer, args.mask_token_id)
@@ -71,9 +91,46 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         # TRL lists the tokenizer's EOS first; early exit fills with the first id, so keep that order.
         self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *self.model_spec.eos_token_ids]))
         self._check_block_layout()
+        self._probe_remote_code()
         self._estimation_context: _EstimationContext | None = None
         self._deferring_scoring = False
         self._pending_rollout: dict[str, torch.Tensor] | None = None
+
+    def _probe_remote_code(self) -> None:
+        """Remote-code models are probed with one forward each: an unknown family must attend bidirectionally (else
+        a clear error), and a forward that ignores `attention_mask` (older Hub revisions of LLaDA's code) would give
+        left-padded prompts other completions and estimates than unpadded ones (a warning)."""
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        if self._shards_parameters or is_native_layout(unwrapped) or self._native_generic(unwrapped):
+            return
+        if self.model_spec.family == "generic" and not attends_bidirectionally(unwrapped):
+            config = _base_config(unwrapped)
+            raise ValueError(
+                f"{type(unwrapped).__name__} (model_type={getattr(config, 'model_type', None)!r}, remote code) attends "
+                "causally: a later token does not change an earlier position's logits, and its code ignores the "
+                "bidirectional switch `config.is_causal=False`. It is not a known diffusion family (LLaDA, Dream, "
+                "SDAR). Supply a model whose attention is bidirectional (its own config switch, or a transformers "
+                "architecture with `trl_dllm.models.make_bidirectional`), or add a ModelSpec for its family "
+                "(docs/models.md, 'Adding a family')."
+            )
+        try:
+            honoured = honours_padding(unwrapped)
+        except Exception as err:  # remote code may reject a plain 2-D mask; say so rather than guess
+            logger.warning(f"Could not probe whether {type(unwrapped).__name__} honours `attention_mask` ({err}).")
+            return
+        if not honoured:
+            logger.warning(
+                f"{type(unwrapped).__name__} ignores `attention_mask`: left-padded prompts change its outputs, so "
+                "completions and likelihoods of prompts of different lengths in one batch are not what an unpadded "
+                "run gives. Load the model natively (native_loading=True, the default) or update its remote code."
+            )
+
+    @staticmethod
+    def _native_generic(model) -> bool:
+        """A transformers architecture outside the known families: `make_bidirectional` is reliable for it."""
+        from .models import _base_model, _is_transformers_native
+
+        return _is_transformers_native(_base_model(model))
 
     @property
     def _shards_parameters(self) -> bool:
@@ -408,6 +465,17 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         return out.loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
 
     # ------------------------------------------------------------------ checkpoints
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+        """TRL's `save_model`; a LoRA adapter of a natively loaded LLaDA is then rewritten in LLaDA's own module names
+        (full weights are always saved in the original layout by the native class). Intermediate checkpoints keep the
+        native adapter names, so a resume loads them as saved."""
+        super().save_model(output_dir, _internal_call)
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        base = unwrapped.get_base_model() if callable(getattr(unwrapped, "get_base_model", None)) else None
+        if _internal_call or base is None or not is_native_layout(base) or not self.accelerator.is_main_process:
+            return
+        adapter_to_original_layout(output_dir or self.args.output_dir, base.dllm_layout)
+
     def _generation_state_path(self, checkpoint: str) -> str:
         return os.path.join(checkpoint, f"diffusion_generation_state_{self.accelerator.process_index}.pt")
 
@@ -466,3 +534,75 @@ def _concat_outputs(outputs: list[LikelihoodOutput]) -> LikelihoodOutput:
     """Concatenate row chunks of an estimator's output (any `LikelihoodOutput` subclass) along the batch."""
     first = outputs[0]
     return type(first)(**{f.name: torch.cat([getattr(o, f.name) for o in outputs]) for f in fields(first)})
+
+
+@contextlib.contextmanager
+def _model_loading(args: DiffusionGRPOConfig, peft_config):
+    """While TRL's `__init__` runs, models it loads by name (the policy, and the reference when `beta > 0` without
+    PEFT) go through `trl_dllm.models.loading.load_pretrained`: LLaDA / Dream / SDAR natively unless
+    `args.native_loading` is off, the auto class from `auto_map` otherwise; then `_adapt_to_model`."""
+    import trl.trainer.grpo_trainer as grpo_module
+
+    trl_create = grpo_module.create_model_from_path
+
+    def create(model_id, architecture=None, **kwargs):
+        if architecture is not None:
+            return trl_create(model_id, architecture, **kwargs)
+        model = load_pretrained(model_id, native=args.native_loading, create=trl_create, **kwargs)
+        _adapt_to_model(model, args, peft_config)
+        return model
+
+    grpo_module.create_model_from_path = create
+    try:
+        yield
+    finally:
+        grpo_module.create_model_from_path = trl_create
+
+
+def _base_config(model):
+    from .models import _base_model
+
+    return _base_model(model).config
+
+
+def native_tokenizer(name_or_path: str, args: DiffusionGRPOConfig):
+    """The tokenizer of a LLaDA / Dream / SDAR checkpoint loaded natively, with `AutoTokenizer` given the native config
+    (TRL would use `AutoProcessor`, which resolves the family's remote config class first); `None` (TRL decides) for
+    other models."""
+    from transformers import AutoTokenizer
+
+    init_kwargs = args.model_init_kwargs or {}
+    config_dict = read_config_dict(name_or_path, **init_kwargs)
+    if native_layout(config_dict) is None:
+        return None
+    hub = {k: init_kwargs[k] for k in ("revision", "cache_dir", "token") if init_kwargs.get(k) is not None}
+    return AutoTokenizer.from_pretrained(
+        name_or_path, config=native_config(config_dict), trust_remote_code=args.trust_remote_code, **hub
+    )
+
+
+def _checkpointing(args) -> bool:
+    """Gradient checkpointing requested: `activation_checkpointing` (transformers >= 5.23) or its old name."""
+    return bool(getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing)
+
+
+def _adapt_to_model(model, args: DiffusionGRPOConfig, peft_config) -> None:
+    """What TRL would trip on with this model: gradient checkpointing it does not support (turned off, one warning),
+    a LoRA task type PEFT cannot wrap it with, LLaDA module names on a natively loaded LLaDA."""
+    if _checkpointing(args) and not supports_gradient_checkpointing(model):
+        logger.warning(
+            f"{type(model).__name__} does not support gradient checkpointing: gradient_checkpointing is set to False. "
+            "Load the model natively (native_loading=True) to train with it."
+        )
+        args.gradient_checkpointing = False  # transformers 5 reads the new name, TRL the old one: set both
+        if hasattr(args, "activation_checkpointing"):
+            args.activation_checkpointing = False
+    if peft_config is None:
+        return
+    task_type = getattr(peft_config, "task_type", None)
+    if str(task_type) in ("CAUSAL_LM", "TaskType.CAUSAL_LM") and not hasattr(model, "prepare_inputs_for_generation"):
+        logger.info(f"LoRA task_type CAUSAL_LM needs `prepare_inputs_for_generation`, which {type(model).__name__} "
+                    "lacks; wrapping it as a plain PeftModel (task_type=None).")
+        peft_config.task_type = None
+    if hasattr(peft_config, "target_modules"):
+        peft_config.target_modules = native_lora_targets(model, peft_config.target_modules)
