@@ -154,23 +154,25 @@ def test_saved_auto_map_points_at_the_family_code(original_checkpoints, tmp_path
 
 
 def test_llada_lora_adapter_round_trip(original_checkpoints, tmp_path):
-    """An adapter of a native LLaDA is rewritten in LLaDA's module names (target_modules as a regex that does not
-    catch the LM head, also named ff_out), and loads back onto a native model unchanged."""
+    """An adapter of a native LLaDA is rewritten in LLaDA's module names (target_modules as a regex, which tells the
+    MLP's ff_out from the LM head's), and loads back onto a native model unchanged."""
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(load_pretrained(original_checkpoints["llada"]), LoraConfig(
-        r=4, target_modules=["q_proj", "o_proj", "down_proj"], init_lora_weights=False))
+        r=4, target_modules=["q_proj", "o_proj", "down_proj", "lm_head"], init_lora_weights=False))
     ids = torch.tensor([[5, 6, 7, 8]])
     expected = model(input_ids=ids).logits
     model.save_pretrained(tmp_path)
     assert adapter_to_original_layout(tmp_path, "llada")
     config = json.load(open(tmp_path / "adapter_config.json"))
-    assert config["target_modules"] == r"model\.transformer\.blocks\.\d+\.(attn_out|ff_out|q_proj)"
+    assert config["target_modules"] == (
+        r"model\.transformer\.blocks\.\d+\.(attn_out|ff_out|q_proj)|model\.transformer\.ff_out")
     import re
 
     assert re.fullmatch(config["target_modules"], "model.transformer.blocks.1.ff_out")
-    assert not re.fullmatch(config["target_modules"], "model.transformer.ff_out")
-    assert all(".transformer.blocks." in k for k in load_file(tmp_path / "adapter_model.safetensors"))
+    assert re.fullmatch(config["target_modules"], "model.transformer.ff_out")  # the LM head, asked for as lm_head
+    assert not re.fullmatch(config["target_modules"], "model.transformer.blocks.1.ff_proj")
+    assert all(".transformer." in k and ".layers." not in k for k in load_file(tmp_path / "adapter_model.safetensors"))
     reloaded = load_adapter(load_pretrained(original_checkpoints["llada"]), str(tmp_path))
     torch.testing.assert_close(reloaded(input_ids=ids).logits, expected)
 

@@ -403,25 +403,36 @@ def _block_names(layout: NativeLayout) -> dict[str, str]:
     }
 
 
+def _top_names(layout: NativeLayout) -> dict[str, str]:
+    """``{native module name: original full module name}`` for the modules outside the layers (LLaDA: ``lm_head`` →
+    ``model.transformer.ff_out``, ``embed_tokens`` → ``model.transformer.wte``)."""
+    return {native.rstrip(".").split(".")[-1]: original.rstrip(".") for original, native in layout.names
+            if "{i}" not in original}
+
+
 def _original_targets_regex(targets: Any, layout: NativeLayout) -> Any:
-    """PEFT ``target_modules`` over native names → a full-match regex over the original per-layer module names (a list
-    of bare names would not do: LLaDA's ``ff_out`` names both the MLP's down projection and the LM head)."""
+    """PEFT ``target_modules`` over native names → a full-match regex over the original module names (a list of bare
+    names would not do: LLaDA's ``ff_out`` names both the MLP's down projection and the LM head)."""
     if isinstance(targets, str):  # a regex already: leave it to the user
         return targets
-    names = _block_names(layout)
-    originals = sorted(names[t] for t in targets or () if t in names)
-    prefix = re.escape(layout.names[3][0].split("{i}")[0])  # e.g. model\.transformer\.blocks\.
-    return rf"{prefix}\d+\.({'|'.join(originals)})"
+    blocks, tops = _block_names(layout), _top_names(layout)
+    originals = sorted(blocks[t] for t in targets or () if t in blocks)
+    prefix = re.escape(next(o for o, _ in layout.names if "{i}" in o).split("{i}")[0])  # model\.transformer\.blocks\.
+    alternatives = [rf"{prefix}\d+\.({'|'.join(originals)})"] if originals else []
+    alternatives += sorted(re.escape(tops[t]) for t in targets or () if t in tops)
+    return "|".join(alternatives)
 
 
 def adapter_to_native(config: Any, layout_name: str) -> dict[str, str]:
     """For an adapter in the original layout: set ``config.target_modules`` (a loaded ``LoraConfig``) to the native
     module names and return the key mapping ``PeftModel.from_pretrained(key_mapping=...)`` needs."""
     layout = NATIVE_LAYOUTS[layout_name]
-    names = {original: native for native, original in _block_names(layout).items()}
-    found = re.findall(r"\(([^()]*)\)\s*$", config.target_modules or "")
-    originals = found[0].split("|") if found else []
-    config.target_modules = sorted(names[o] for o in originals if o in names)
+    regex = config.target_modules or ""
+    block_names = {original: native for native, original in _block_names(layout).items()}
+    found = re.findall(r"\\d\+\\.\(([^()]*)\)", regex)
+    natives = [block_names[o] for o in (found[0].split("|") if found else []) if o in block_names]
+    natives += [native for native, original in _top_names(layout).items() if re.escape(original) in regex]
+    config.target_modules = sorted(natives)
     return layout.key_mapping
 
 
