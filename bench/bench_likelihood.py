@@ -43,7 +43,9 @@ def num_views(estimator: str, options: dict) -> int:
     """Forwards (views of B rows) one call makes with ``mc_batch_size=1``."""
     if estimator == "mean_field":
         return 1
-    return options["mc_samples"] * (2 if estimator == "coupled" or options.get("antithetic") else 1)
+    if estimator == "coupled":  # DiffuCoder's full mask + complementary pair
+        return 3 * options["mc_samples"]
+    return options["mc_samples"] * (2 if options.get("antithetic") else 1)
 
 
 def time_estimators(size: Size, ks, repeats: int) -> tuple[list, dict]:

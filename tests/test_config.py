@@ -53,6 +53,12 @@ def test_defaults_span_the_completion():
         (dict(confidence_threshold=1.5), r"confidence_threshold=1.5 must be in \(0, 1\]"),
         (dict(step_samples=0), r"step_samples=0 must be >= 1"),
         (dict(step_sampling="uniform"), r"step_sampling='uniform'"),
+        (dict(elbo_counts="uniform"), r"elbo_counts='uniform' is not one of"),
+        (dict(spg_beta=0.0), r"spg_beta=0.0 must be > 0"),
+        (dict(spg_omega=1.5), r"spg_omega=1.5 must be in \[0, 1\]"),
+        (dict(loss_type="spg", estimator="elbo"), r"loss_type='spg' cannot use estimator='elbo'"),
+        (dict(whole_group_batches=True, per_device_train_batch_size=2, steps_per_generation=2),
+         r"whole_group_batches=True needs per_device_train_batch_size=2 to be a multiple of num_generations=4"),
     ],
 )
 def test_bad_input_raises_clear_error(kwargs, pattern):

@@ -51,7 +51,8 @@ def _weights(model):
 @pytest.fixture
 def trainer_for(tmp_path, tiny_model_path):
     def build(loss_type, **overrides):
-        estimator = "trajectory" if loss_type == "agrpo" else "elbo"
+        allowed = OBJECTIVES[loss_type].estimators if loss_type in OBJECTIVES else ("elbo",)
+        estimator = "elbo" if "elbo" in allowed else allowed[0]  # trajectory for agrpo, spg's own for spg
         config = dict(
             output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, max_completion_length=8,
             block_length=4, diffusion_steps=4, max_steps=3, learning_rate=0.05, logging_steps=1, save_strategy="no",

@@ -18,6 +18,7 @@ HOOKS = {
         "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy", "compute_aux_loss",
     ],
     "_compute_loss": ["model", "inputs"],
+    "_prepare_inputs": ["generation_batch"],
     "_save_optimizer_and_scheduler": ["output_dir"],
     "_load_optimizer_and_scheduler": ["checkpoint"],
     "_calculate_rewards": ["inputs", "prompts", "completions", "completion_ids_list"],
@@ -54,6 +55,9 @@ def test_trl_state_we_rely_on_exists():
         assert attribute in source, f"GRPOTrainer no longer has {attribute}"
     # the inner-iteration index we compute must follow TRL's buffer reuse rule
     assert "self._step % generate_every" in inspect.getsource(GRPOTrainer._prepare_inputs)
+    # our whole-group `_prepare_inputs` replaces exactly this shuffle-then-split of the generation batch
+    for step in ("shuffle_sequence_dict(generation_batch)", "split_tensor_dict(generation_batch, self.args.steps_per_generation)"):
+        assert step in inspect.getsource(GRPOTrainer._prepare_inputs)
 
 
 def test_trl_loss_path_calls_our_likelihood_hook(tmp_path, tiny_model_path, monkeypatch):

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .core.likelihood import ESTIMATORS
+from .core.likelihood import ELBO_COUNTS, ESTIMATORS
 from .core.objectives import KL_ESTIMATORS, OBJECTIVES
 from .core.sampling import REMASKING
 from .validation import check_config, check_removed_arguments
@@ -31,6 +31,10 @@ class DiffusionGRPOConfig(GRPOConfig):
         mask_token_id (`int` or `None`, *optional*, defaults to `None`):
             Id of the mask token. `None` takes it from the model family (LLaDA 126336, Dream 151666), then
             `model.config.mask_token_id`, then the tokenizer's `mask_token`.
+        native_loading (`bool`, *optional*, defaults to `True`):
+            Load LLaDA, Dream and SDAR / TraDo checkpoints given by name into transformers' own Llama / Qwen2 / Qwen3
+            classes (no remote code; sdpa / flash attention, gradient checkpointing, `logits_to_keep`, standard LoRA
+            names). `False` keeps the checkpoint's own remote code (with `trust_remote_code=True`).
         diffusion_steps (`int` or `None`, *optional*, defaults to `None`):
             Number of denoising steps over the whole completion (`steps` in LLaDA's code). Must be a multiple of the
             number of blocks. `None` means `max_completion_length` (one token per step).
@@ -61,13 +65,21 @@ class DiffusionGRPOConfig(GRPOConfig):
 
         estimator (`str`, *optional*, defaults to `"elbo"`):
             Sequence log-likelihood estimator: `"mean_field"` (d1's one-step estimate), `"elbo"` (Monte Carlo ELBO,
-            LLaDA/ESPO), `"coupled"` (DiffuCoder's complementary masks), `"block"` (staircase attention for
-            block-diffusion models, StableDRL) or `"trajectory"` (AGRPO: replays sampled steps of the recorded rollout;
-            `loss_type="agrpo"` only). See `docs/estimators.md`.
+            LLaDA/ESPO), `"coupled"` (DiffuCoder's full-mask + weighted complementary views), `"spg"` (SPG's block-wise
+            forward process with its ELBO and EUBO, StableDRL's released likelihood), `"block"` (staircase attention
+            for block-diffusion models, StableDRL) or `"trajectory"` (AGRPO: replays sampled steps of the recorded
+            rollout; `loss_type="agrpo"` only). See `docs/estimators.md`.
         mc_samples (`int`, *optional*, defaults to `1`):
-            Monte Carlo samples per sequence for `"elbo"` and `"coupled"` (an antithetic or coupled pair counts as one).
+            Monte Carlo samples per sequence for `"elbo"`, `"coupled"`, `"spg"` and `"block"` (an antithetic pair or a
+            coupled triple counts as one).
         antithetic (`bool`, *optional*, defaults to `True`):
             For `"elbo"`: also score the complement of each mask, so every token is scored once per pair (ESPO).
+        elbo_counts (`str`, *optional*, defaults to `"llada"`):
+            How `"elbo"` draws its mask sizes: `"llada"` (`n ~ U{1..L}`, weight `L/n`; pairs over `{1..L-1}`) or
+            `"espo"` (ESPO's construction: `x ~ U{0..L}`, weights `(L+1)/x` and `(L+1)/(L-x)`, each half exactly
+            LLaDA's ELBO).
+        spg_beta (`float`, *optional*, defaults to `1.5`):
+            For `"spg"`: the `β` of SPG's upper bound (EUBO). SPG and StableDRL use 1.5.
         p_mask_prompt (`float`, *optional*, defaults to `0.0`):
             Probability of masking each prompt token in the likelihood passes (d1 uses `0.15`).
         step_samples (`int`, *optional*, defaults to `8`):
@@ -84,7 +96,8 @@ class DiffusionGRPOConfig(GRPOConfig):
             DeepSpeed ZeRO-3 or FSDP, which gather parameters per forward and break torch's recomputation.
         independent_mc_noise (`bool`, *optional*, defaults to `False`):
             Draw fresh masks for every evaluation instead of sharing them between the old, reference and current
-            policy (common random numbers). `True` reproduces the noisy-ratio regime studied by StableDRL.
+            policy (common random numbers). `True` reproduces the noisy-ratio regime studied by StableDRL (and its
+            released code). No effect on `"trajectory"`, whose seed picks the scored steps, not noise.
         score_padding_eos (`bool`, *optional*, defaults to `False`):
             Score the EOS tokens that fill the canvas after the answer. They are generated and decide the length;
             `False` scores the completion up to and including its first EOS, like TRL.
@@ -95,6 +108,16 @@ class DiffusionGRPOConfig(GRPOConfig):
             Lower bound of StableDRL's unconditional ratio clip. `0` clips only above, as the authors' code does.
         stabledrl_clip_high (`float`, *optional*, defaults to `5.0`):
             Upper bound of StableDRL's unconditional ratio clip (the authors' code uses 5).
+        spg_omega (`float`, *optional*, defaults to `0.5`):
+            With `estimator="spg"`: the mix weight `ω` of SPG's sandwich for `A <= 0` (`ω EUBO + (1 - ω) ELBO`), used by
+            `loss_type="spg"` and `"stabledrl"` (as StableDRL's released code). `0` keeps the ELBO for every row.
+        leave_one_out (`bool`, *optional*, defaults to `False`):
+            Leave-one-out advantages (ESPO, RLOO): `r_i` minus the mean of the other `G - 1` rewards of its group, i.e.
+            TRL's advantages times `G / (G - 1)`.
+        whole_group_batches (`bool`, *optional*, defaults to `False`):
+            Shuffle each generation batch by whole groups before TRL cuts it into micro-batches, so every micro-batch
+            holds complete groups (StableDRL normalises over one whole group per micro-step). Needs
+            `per_device_train_batch_size` to be a multiple of `num_generations`.
         kl_estimator (`str` or `None`, *optional*, defaults to `None`):
             KL estimator of the diffusion objectives: `"k1"`, `"k2"` (`½(S - S_ref)²`) or `"k3"`. `None` takes each
             objective's own: `k2` at sequence level for `"espo"` and `"stabledrl"` (ESPO's choice), per-token `k3` for
@@ -115,6 +138,10 @@ class DiffusionGRPOConfig(GRPOConfig):
     mask_token_id: int | None = field(
         default=None,
         metadata={"help": "Id of the mask token. None: from the model family, model.config or the tokenizer."},
+    )
+    native_loading: bool = field(
+        default=True,
+        metadata={"help": "Load LLaDA / Dream / SDAR natively into transformers' classes. False: their remote code."},
     )
     diffusion_steps: int | None = field(
         default=None,
@@ -150,6 +177,10 @@ class DiffusionGRPOConfig(GRPOConfig):
     antithetic: bool = field(
         default=True, metadata={"help": "elbo: also score the complement of each mask (ESPO's antithetic pass)."}
     )
+    elbo_counts: str = field(
+        default="llada", metadata={"help": "elbo mask sizes: llada (n ~ U{1..L}) or espo (x ~ U{0..L}, ESPO's pair)."}
+    )
+    spg_beta: float = field(default=1.5, metadata={"help": "spg estimator: beta of SPG's upper bound (EUBO)."})
     p_mask_prompt: float = field(
         default=0.0, metadata={"help": "Probability of masking each prompt token in likelihood passes (d1: 0.15)."}
     )
@@ -174,6 +205,15 @@ class DiffusionGRPOConfig(GRPOConfig):
     )
     stabledrl_clip_high: float = field(
         default=5.0, metadata={"help": "StableDRL: upper bound of the unconditional ratio clip."}
+    )
+    spg_omega: float = field(
+        default=0.5, metadata={"help": "estimator=spg: SPG's mix weight of the EUBO for A <= 0 (0: ELBO only)."}
+    )
+    leave_one_out: bool = field(
+        default=False, metadata={"help": "Leave-one-out advantages (ESPO): TRL's advantages times G / (G - 1)."}
+    )
+    whole_group_batches: bool = field(
+        default=False, metadata={"help": "Shuffle generation batches by whole groups: every micro-batch holds whole groups."}
     )
     kl_estimator: str | None = field(
         default=None,
@@ -244,6 +284,20 @@ class DiffusionGRPOConfig(GRPOConfig):
         if self.generation_chunk_size is not None and self.generation_chunk_size < 1:
             raise ValueError(f"generation_chunk_size={self.generation_chunk_size} must be >= 1 or None.")
 
+    def _check_spg_and_groups(self):
+        if self.elbo_counts not in ELBO_COUNTS:
+            raise ValueError(f"elbo_counts={self.elbo_counts!r} is not one of {list(ELBO_COUNTS)}.")
+        if self.spg_beta <= 0:
+            raise ValueError(f"spg_beta={self.spg_beta} must be > 0 (the EUBO's beta; SPG and StableDRL use 1.5).")
+        if not 0.0 <= self.spg_omega <= 1.0:
+            raise ValueError(f"spg_omega={self.spg_omega} must be in [0, 1] (SPG's mix weight; 0.5 in SPG/StableDRL).")
+        if self.whole_group_batches and self.per_device_train_batch_size % self.num_generations:
+            raise ValueError(
+                f"whole_group_batches=True needs per_device_train_batch_size={self.per_device_train_batch_size} to be "
+                f"a multiple of num_generations={self.num_generations} (each micro-batch holds whole groups); e.g. "
+                f"per_device_train_batch_size={self.num_generations}."
+            )
+
     def _check_estimation(self):
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"estimator={self.estimator!r} is not one of {sorted(ESTIMATORS)}.")
@@ -276,6 +330,7 @@ class DiffusionGRPOConfig(GRPOConfig):
                 f"loss_type={self.loss_type!r} is unknown. Diffusion objectives: {sorted(OBJECTIVES)}; "
                 f"TRL loss types (run on estimated log-probs): {list(TRL_LOSS_TYPES)}."
             )
+        self._check_spg_and_groups()
         if not 0.0 <= self.stabledrl_clip_low < self.stabledrl_clip_high:
             raise ValueError(
                 f"StableDRL clip bounds must satisfy 0 <= stabledrl_clip_low < stabledrl_clip_high, got "

@@ -7,7 +7,8 @@ Only TRL's override points live here; the math is in `trl_dllm.core`. Overridden
   and reference likelihood estimates for *every* inner iteration with the same seeds (common random numbers).
 - `_get_per_token_logps_and_entropies`: a likelihood estimator (`core.likelihood`) instead of TRL's fused, shifted
   autoregressive head.
-- `_compute_loss`: the `espo` / `stabledrl` objectives (`core.objectives`), or TRL's own loss on estimated log-probs.
+- `_compute_loss`: the diffusion objectives (`core.objectives`), or TRL's own loss on estimated log-probs.
+- `_prepare_inputs`: only with `whole_group_batches`, TRL's shuffle-and-split of the generation batch by whole groups.
 - `compute_loss`: `super()`, and the loss is reported to the non-finite guard.
 - `_calculate_rewards`: `super()`, then ±inf rewards count as unscorable (like `None`) and their number is logged.
 - `_get_grad_norm` (transformers, the last hook before `optimizer.step()`): skips non-finite steps (`nonfinite.py`).
@@ -17,24 +18,37 @@ Only TRL's override points live here; the math is in `trl_dllm.core`. Overridden
 from __future__ import annotations
 
 import contextlib
+import copy
+import logging
 import os
 from dataclasses import dataclass, field, fields
 
 import torch
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
-from trl.trainer.utils import pad, use_adapter
+from trl.trainer.utils import pad, split_tensor_dict, use_adapter
 
 from .checkpoints import resolve_resume_checkpoint
 from .config import DiffusionGRPOConfig
-from .core.likelihood import LikelihoodOutput, estimate
+from .core.likelihood import SHARED_SEED_ESTIMATORS, LikelihoodOutput, estimate
 from .core.objectives import OBJECTIVES
 from .core.trajectory import trajectory_entropies
 from .decoding import decoding_plan, sampling_distribution
 from .models import make_bidirectional, model_logits_fn, require_4d_mask, resolve_model_spec
+from .models.loading import (
+    attends_bidirectionally,
+    honours_padding,
+    is_native_layout,
+    load_pretrained,
+    native_lora_targets,
+    supports_gradient_checkpointing,
+)
+from .models.native import adapter_to_original_layout, native_config, native_layout, read_config_dict
 from .nonfinite import NonFiniteGuard
-from .seeding import device_generators, sample_seeds
+from .seeding import device_generators, sample_seed, sample_seeds
 from .validation import check_canvas_fits, check_model, check_trainer_inputs, max_positions
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -69,7 +83,14 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         if getattr(args, "use_transformers_paged", False) or getattr(args, "use_transformers_continuous_batching", False):
             raise ValueError("Continuous-batching generation is autoregressive; disable it for diffusion models.")
         check_trainer_inputs(args, model, reward_funcs, pargs, kwargs)  # rewards, datasets, processor: before loading
-        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        if kwargs.get("peft_config") is not None:
+            kwargs["peft_config"] = copy.deepcopy(kwargs["peft_config"])  # adapted to the model below, never the user's
+        if not isinstance(model, str):
+            _adapt_to_model(model, args, kwargs.get("peft_config"))
+        elif kwargs.get("processing_class") is None and args.native_loading:
+            kwargs["processing_class"] = native_tokenizer(model, args)
+        with _model_loading(args, kwargs.get("peft_config")):
+            super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         self.model_spec = resolve_model_spec(self.model, self._tokenizer, args.mask_token_id)
         make_bidirectional(self.accelerator.unwrap_model(self.model))
         if self.ref_model is not None:
@@ -77,12 +98,49 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         # TRL lists the tokenizer's EOS first; early exit fills with the first id, so keep that order.
         self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *self.model_spec.eos_token_ids]))
         self._check_block_layout()
+        self._probe_remote_code()
         check_model(self)  # text-only, mask id in the vocabulary, prompts + completion within the model's positions
         self._estimation_context: _EstimationContext | None = None
         self._deferring_scoring = False
         self._pending_rollout: dict[str, torch.Tensor] | None = None
         self._nonfinite = NonFiniteGuard(args.max_consecutive_nonfinite_steps)
         self._eval_rollouts = 0  # keys eval rollouts' seeds (the training ones are keyed by TRL's step counter)
+
+    def _probe_remote_code(self) -> None:
+        """Remote-code models are probed with one forward each: an unknown family must attend bidirectionally (else
+        a clear error), and a forward that ignores `attention_mask` (older Hub revisions of LLaDA's code) would give
+        left-padded prompts other completions and estimates than unpadded ones (a warning)."""
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        if self._shards_parameters or is_native_layout(unwrapped) or self._native_generic(unwrapped):
+            return
+        if self.model_spec.family == "generic" and not attends_bidirectionally(unwrapped):
+            config = _base_config(unwrapped)
+            raise ValueError(
+                f"{type(unwrapped).__name__} (model_type={getattr(config, 'model_type', None)!r}, remote code) attends "
+                "causally: a later token does not change an earlier position's logits, and its code ignores the "
+                "bidirectional switch `config.is_causal=False`. It is not a known diffusion family (LLaDA, Dream, "
+                "SDAR). Supply a model whose attention is bidirectional (its own config switch, or a transformers "
+                "architecture with `trl_dllm.models.make_bidirectional`), or add a ModelSpec for its family "
+                "(docs/models.md, 'Adding a family')."
+            )
+        try:
+            honoured = honours_padding(unwrapped)
+        except Exception as err:  # remote code may reject a plain 2-D mask; say so rather than guess
+            logger.warning(f"Could not probe whether {type(unwrapped).__name__} honours `attention_mask` ({err}).")
+            return
+        if not honoured:
+            logger.warning(
+                f"{type(unwrapped).__name__} ignores `attention_mask`: left-padded prompts change its outputs, so "
+                "completions and likelihoods of prompts of different lengths in one batch are not what an unpadded "
+                "run gives. Load the model natively (native_loading=True, the default) or update its remote code."
+            )
+
+    @staticmethod
+    def _native_generic(model) -> bool:
+        """A transformers architecture outside the known families: `make_bidirectional` is reliable for it."""
+        from .models import _base_model, _is_transformers_native
+
+        return _is_transformers_native(_base_model(model))
 
     @property
     def _shards_parameters(self) -> bool:
@@ -201,6 +259,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         rows = torch.arange(batch, device=canvas.device) + self.accelerator.process_index * batch
         output["group_ids"] = rows // num_generations
+        if self.args.leave_one_out and num_generations > 1:  # r_i − mean of the other G − 1 = G/(G − 1) · (r_i − mean)
+            output["advantages"] = output["advantages"] * (num_generations / (num_generations - 1))
         output["mc_seeds"] = self._sample_seeds("mc", batch, iterations).to(canvas.device)
         self._add_old_and_ref_estimates(output, iterations)
         self._eval_rollouts += mode == "eval"
@@ -216,6 +276,16 @@ class DiffusionGRPOTrainer(GRPOTrainer):
     @property
     def _max_positions(self) -> int | None:
         return max_positions(self.accelerator.unwrap_model(self.model).config)
+
+    def _prepare_inputs(self, generation_batch):
+        """TRL's, except that with `whole_group_batches` the generation batch is shuffled by whole groups before it is
+        cut into `steps_per_generation` micro-batches (TRL shuffles rows, which splits groups across micro-steps)."""
+        if not (self.args.whole_group_batches and self.model.training):
+            return super()._prepare_inputs(generation_batch)
+        if self._step % (self.args.steps_per_generation * self.num_iterations) == 0 or self._buffered_inputs is None:
+            batch = _shuffle_groups(self._generate_and_score_completions(generation_batch))
+            self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
     @torch.no_grad()
     def _rollout_entropies(self, output: dict) -> torch.Tensor:
@@ -240,7 +310,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         generate_every = args.steps_per_generation * self.num_iterations
         return (
             generate_every % accumulation == 0 and args.steps_per_generation <= accumulation
-            and not args.independent_mc_noise
+            and not self._independent_noise
         )
 
     def _add_old_and_ref_estimates(self, output: dict, iterations: int) -> None:
@@ -279,12 +349,21 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
             yield self.model
 
+    @property
+    def _independent_noise(self) -> bool:
+        """`independent_mc_noise`, for estimators whose seed draws mask noise. The seed of a `SHARED_SEED_ESTIMATORS`
+        one (`trajectory`) picks which steps are scored: old, reference and current must share it, or a token scored
+        in one pass only would be compared with the 0 stored for "not scored" (a ratio of exp(ℓ))."""
+        return self.args.independent_mc_noise and self.args.estimator not in SHARED_SEED_ESTIMATORS
+
     def _pass_seeds(self, seeds: torch.Tensor, salt: int) -> torch.Tensor:
-        """Common random numbers: every pass uses the sample's seed; with `independent_mc_noise` each pass draws its
-        own (`salt` only keeps old and reference apart when drawn in the same step)."""
-        if not self.args.independent_mc_noise:
+        """Common random numbers: every pass uses the sample's seed; with independent noise (`_independent_noise`) each
+        pass gets its own, derived from the sample's seed, the pass (`salt`: current 0, old 1, reference 2) and the
+        micro-step, so it is fresh per pass yet the same on 1 or N processes (`seeding.py`)."""
+        if not self._independent_noise:
             return seeds
-        return torch.randint(0, 2**62, seeds.shape, device=seeds.device) + salt
+        fresh = [sample_seed(seed, "pass", salt, self._step) for seed in seeds.tolist()]
+        return torch.tensor(fresh, dtype=torch.long, device=seeds.device)
 
     # ------------------------------------------------------------------ likelihood hook
     ROW_INPUTS = ("unmask_step", "token_entropies")  # batch tensors the estimators read, beside the ids and masks
@@ -341,6 +420,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         return {
             "mc_samples": args.mc_samples,
             "antithetic": args.antithetic,
+            "elbo_counts": args.elbo_counts,
+            "spg_beta": args.spg_beta,
             "p_mask_prompt": args.p_mask_prompt,
             "mc_batch_size": args.mc_batch_size,
             "checkpoint_views": args.mc_checkpointing and not self._shards_parameters,
@@ -396,6 +477,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             clip_high=self.args.stabledrl_clip_high,
             beta=self.beta,
             step_weights=getattr(context.output, "step_weights", None),
+            eubo_logps=getattr(context.output, "eubo_logps", None),  # the spg estimator's upper bound
+            spg_omega=self.args.spg_omega,
             num_steps=getattr(context.output, "num_steps", None),
             **({"kl_estimator": self.args.kl_estimator} if self.args.kl_estimator else {}),
         )
@@ -450,6 +533,17 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     # ------------------------------------------------------------------ checkpoints
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+        """TRL's `save_model`; a LoRA adapter of a natively loaded LLaDA is then rewritten in LLaDA's own module names
+        (full weights are always saved in the original layout by the native class). Intermediate checkpoints keep the
+        native adapter names, so a resume loads them as saved."""
+        super().save_model(output_dir, _internal_call)
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        base = unwrapped.get_base_model() if callable(getattr(unwrapped, "get_base_model", None)) else None
+        if _internal_call or base is None or not is_native_layout(base) or not self.accelerator.is_main_process:
+            return
+        adapter_to_original_layout(output_dir or self.args.output_dir, base.dllm_layout)
+
     def _generation_state_path(self, checkpoint: str) -> str:
         return os.path.join(checkpoint, f"diffusion_generation_state_{self.accelerator.process_index}.pt")
 
@@ -506,7 +600,94 @@ class _RouterLoss:
         return torch.stack(self.losses).mean()
 
 
+def _shuffle_groups(batch: dict) -> dict:
+    """TRL's `shuffle_sequence_dict` with a permutation that keeps the rows of a group adjacent: groups in random order,
+    rows in random order inside their group."""
+    _, group = torch.unique(batch["group_ids"].cpu(), return_inverse=True)
+    group_rank = torch.randperm(int(group.max()) + 1)[group]
+    order = torch.argsort(group_rank * len(group) + torch.randperm(len(group)))
+
+    def permute(value):
+        if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
+            return value
+        return value[order.to(value.device)] if isinstance(value, torch.Tensor) else [value[i] for i in order]
+
+    return {key: permute(value) for key, value in batch.items()}
+
+
 def _concat_outputs(outputs: list[LikelihoodOutput]) -> LikelihoodOutput:
     """Concatenate row chunks of an estimator's output (any `LikelihoodOutput` subclass) along the batch."""
     first = outputs[0]
     return type(first)(**{f.name: torch.cat([getattr(o, f.name) for o in outputs]) for f in fields(first)})
+
+
+@contextlib.contextmanager
+def _model_loading(args: DiffusionGRPOConfig, peft_config):
+    """While TRL's `__init__` runs, models it loads by name (the policy, and the reference when `beta > 0` without
+    PEFT) go through `trl_dllm.models.loading.load_pretrained`: LLaDA / Dream / SDAR natively unless
+    `args.native_loading` is off, the auto class from `auto_map` otherwise; then `_adapt_to_model`."""
+    import trl.trainer.grpo_trainer as grpo_module
+
+    trl_create = grpo_module.create_model_from_path
+
+    def create(model_id, architecture=None, **kwargs):
+        if architecture is not None:
+            return trl_create(model_id, architecture, **kwargs)
+        model = load_pretrained(model_id, native=args.native_loading, create=trl_create, **kwargs)
+        _adapt_to_model(model, args, peft_config)
+        return model
+
+    grpo_module.create_model_from_path = create
+    try:
+        yield
+    finally:
+        grpo_module.create_model_from_path = trl_create
+
+
+def _base_config(model):
+    from .models import _base_model
+
+    return _base_model(model).config
+
+
+def native_tokenizer(name_or_path: str, args: DiffusionGRPOConfig):
+    """The tokenizer of a LLaDA / Dream / SDAR checkpoint loaded natively, with `AutoTokenizer` given the native config
+    (TRL would use `AutoProcessor`, which resolves the family's remote config class first); `None` (TRL decides) for
+    other models."""
+    from transformers import AutoTokenizer
+
+    init_kwargs = args.model_init_kwargs or {}
+    config_dict = read_config_dict(name_or_path, **init_kwargs)
+    if native_layout(config_dict) is None:
+        return None
+    hub = {k: init_kwargs[k] for k in ("revision", "cache_dir", "token") if init_kwargs.get(k) is not None}
+    return AutoTokenizer.from_pretrained(
+        name_or_path, config=native_config(config_dict), trust_remote_code=args.trust_remote_code, **hub
+    )
+
+
+def _checkpointing(args) -> bool:
+    """Gradient checkpointing requested: `activation_checkpointing` (transformers >= 5.23) or its old name."""
+    return bool(getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing)
+
+
+def _adapt_to_model(model, args: DiffusionGRPOConfig, peft_config) -> None:
+    """What TRL would trip on with this model: gradient checkpointing it does not support (turned off, one warning),
+    a LoRA task type PEFT cannot wrap it with, LLaDA module names on a natively loaded LLaDA."""
+    if _checkpointing(args) and not supports_gradient_checkpointing(model):
+        logger.warning(
+            f"{type(model).__name__} does not support gradient checkpointing: gradient_checkpointing is set to False. "
+            "Load the model natively (native_loading=True) to train with it."
+        )
+        args.gradient_checkpointing = False  # transformers 5 reads the new name, TRL the old one: set both
+        if hasattr(args, "activation_checkpointing"):
+            args.activation_checkpointing = False
+    if peft_config is None:
+        return
+    task_type = getattr(peft_config, "task_type", None)
+    if str(task_type) in ("CAUSAL_LM", "TaskType.CAUSAL_LM") and not hasattr(model, "prepare_inputs_for_generation"):
+        logger.info(f"LoRA task_type CAUSAL_LM needs `prepare_inputs_for_generation`, which {type(model).__name__} "
+                    "lacks; wrapping it as a plain PeftModel (task_type=None).")
+        peft_config.task_type = None
+    if hasattr(peft_config, "target_modules"):
+        peft_config.target_modules = native_lora_targets(model, peft_config.target_modules)

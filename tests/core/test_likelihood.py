@@ -98,7 +98,9 @@ ALL = [
     ("mean_field", {}),
     ("elbo", {"mc_samples": 3}),
     ("elbo", {"mc_samples": 2, "antithetic": True}),
+    ("elbo", {"mc_samples": 2, "antithetic": True, "elbo_counts": "espo"}),
     ("coupled", {"mc_samples": 2}),
+    ("spg", {"mc_samples": 2, "block_length": 3}),
 ]
 
 
@@ -143,13 +145,11 @@ def test_zeroed_o_proj_llama_is_independent_and_mean_field_exact(llama_independe
     torch.testing.assert_close(out.logps, exact, atol=1e-5, rtol=0)
 
 
-def test_coupled_and_elbo_on_zeroed_llama_match_exact(llama_independent):
+def test_elbo_on_zeroed_llama_is_unbiased(llama_independent):
     prompt_ids, prompt_mask, completion_ids, score_mask = _llama_batch()
     kwargs = dict(mask_token_id=LLAMA_MASK, seeds=torch.arange(4))
     with torch.no_grad():
         exact = mean_field(llama_independent, prompt_ids, prompt_mask, completion_ids, score_mask, **kwargs).logps
-        pair = coupled(llama_independent, prompt_ids, prompt_mask, completion_ids, score_mask, mc_samples=3, **kwargs)
-    torch.testing.assert_close(pair.sample_estimates, exact.sum(-1, keepdim=True).expand(-1, 3), atol=1e-4, rtol=0)
     # ELBO averaged over 300 seeds of row 0.
     rows = _repeat((prompt_ids, prompt_mask, completion_ids, score_mask), 300)
     with torch.no_grad():
@@ -182,8 +182,10 @@ def test_elbo_targets_the_llada_elbo_for_a_contextual_model(llama):
         kwargs = dict(mask_token_id=LLAMA_MASK, seeds=torch.arange(n), mc_samples=2, mc_batch_size=2)
         plain = elbo(llama, *rows, **kwargs).logps.sum(-1)
         pair = elbo(llama, *rows, antithetic=True, **kwargs).logps.sum(-1)
-    targets = (terms.sum(), terms[1:length].sum() * length / (length - 1))
-    for sums, target in zip((plain, pair), targets):
+        espo_pair = elbo(llama, *rows, antithetic=True, elbo_counts="espo", **kwargs).logps.sum(-1)
+    # ESPO's pair: each half is exactly LLaDA's ELBO, Σ_{x=1..L} (1/(L+1)) ((L+1)/x) E_{|S|=x}[Σ_S ℓ] = Σ_x terms[x].
+    targets = (terms.sum(), terms[1:length].sum() * length / (length - 1), terms.sum())
+    for sums, target in zip((plain, pair, espo_pair), targets):
         assert abs(sums.mean() - target) < 4 * sums.std() / math.sqrt(n) + 1e-4
 
 
@@ -280,21 +282,68 @@ def test_antithetic_with_single_token_falls_back_to_full_mask():
     torch.testing.assert_close(out.sample_estimates, exact.expand(-1, 3))
 
 
-def test_coupled_scores_each_token_once_per_pair():
+def test_coupled_is_diffucoders_estimator():
+    """DiffuCoder: c_i = ½ [ℓ_i(full) + ℓ_i(A)/t] for i ∈ A, ½ [ℓ_i(full) + ℓ_i(B)/(1 − t)] for i ∈ B = Ā.
+
+    On the independent toy every view gives the same ℓ_i, so α_i = 2 c_i / ℓ_i − 1 is 1/t on A and 1/(1 − t) on B:
+    constant on each view, with 1/α_A + 1/α_B = t + (1 − t) = 1 and t = 1/α_A ∈ [0.2, 0.8].
+    """
     model = TableModel(3 + 9)
-    batch = _batch(5, 3, 9)
+    batch = _batch(6, 3, 9)
     batch[3][2, 3:] = 0
-    out = coupled(model, *batch, mask_token_id=MASK, seeds=torch.arange(5), mc_samples=3, mc_batch_size=1)
-    assert len(model.calls) == 6
-    views = [call[0][:, 3:] == MASK for call in model.calls]
-    for a, b in zip(views[::2], views[1::2]):
-        assert (a ^ b).all()
-    rate = torch.stack(views[::2]).float().mean()
-    assert 0.2 <= rate <= 0.8
-    # No 1/t weighting: each pair gives the exact log-likelihood of an independent model.
+    out = coupled(model, *batch, mask_token_id=MASK, seeds=torch.arange(6), mc_batch_size=1)
+    assert len(model.calls) == 3  # K = 1: full mask, A, B
+    full, view_a, view_b = (call[0][:, 3:] == MASK for call in model.calls)
+    assert full.all() and (view_a ^ view_b).all()
     exact = model.exact(3, batch[2], batch[3])
-    torch.testing.assert_close(out.sample_estimates, exact.sum(-1, keepdim=True).expand(-1, 3))
-    torch.testing.assert_close(out.logps, exact)
+    scored = batch[3].bool()
+    assert (out.logps[~scored] == 0).all()
+    alpha = 2 * out.logps.detach() / torch.where(scored, exact, torch.ones_like(exact)) - 1
+    checked = 0
+    for b in range(6):
+        on_a, on_b = alpha[b][view_a[b] & scored[b]], alpha[b][view_b[b] & scored[b]]
+        if not (on_a.numel() and on_b.numel()):
+            continue  # row 2 scores 3 tokens only: one view may hold none of them
+        checked += 1
+        torch.testing.assert_close(on_a, on_a[:1].expand_as(on_a))
+        torch.testing.assert_close(on_b, on_b[:1].expand_as(on_b))
+        assert float(1 / on_a[0] + 1 / on_b[0]) == pytest.approx(1.0, abs=1e-5) and 0.2 <= float(1 / on_a[0]) <= 0.8
+    assert checked >= 5
+    torch.testing.assert_close(out.sample_estimates[:, 0], out.logps.sum(-1))
+
+
+def test_coupled_expectation_is_three_halves_of_the_log_likelihood():
+    # E[c_i] = ½ (ℓ_i + t · ℓ_i / t + (1 − t) · ℓ_i / (1 − t)) = (3/2) ℓ_i for an independent model, whatever t.
+    n = 2000
+    model = TableModel(2 + 6)
+    batch = _batch(1, 2, 6, seed=4)
+    with torch.no_grad():
+        out = coupled(model, *_repeat(batch, n), mask_token_id=MASK, seeds=torch.arange(n), mc_batch_size=3)
+    sums, exact = out.logps.sum(-1), model.exact(2, batch[2], batch[3]).sum()
+    assert abs(sums.mean() - 1.5 * exact) < 4 * sums.std() / math.sqrt(n)
+
+
+def test_espo_counts_weights_and_empty_views():
+    """ESPO's pair: x ~ U{0..L}, weights ½ (L+1)/x on S and ½ (L+1)/(L−x) on S̄; x = 0 or L leaves an empty view that
+    scores nothing. Each half is unbiased for an independent model: Σ_{x≥1} (1/(L+1)) (L+1)/x · (x/L) Σ ℓ = Σ ℓ."""
+    n, length = 3000, 6
+    model = TableModel(2 + length)
+    rows = _repeat(_batch(1, 2, length, seed=2), n)
+    tokens = model.exact(2, rows[2][:1], rows[3][:1])[0]
+    with torch.no_grad():
+        out = elbo(model, *rows, mask_token_id=MASK, seeds=torch.arange(n), antithetic=True, elbo_counts="espo")
+    view_s, view_c = (call[0][:, 2:] == MASK for call in model.calls)
+    assert (view_s ^ view_c).all()
+    x = view_s.sum(-1)
+    assert set(x.tolist()) == set(range(length + 1))  # 0 and L included
+    first = torch.where(x > 0, (length + 1) / x.clamp(min=1), 0.0) * (tokens * view_s).sum(-1)
+    second = torch.where(x < length, (length + 1) / (length - x).clamp(min=1), 0.0) * (tokens * view_c).sum(-1)
+    torch.testing.assert_close(out.sample_estimates[:, 0], (first + second) / 2)
+    assert torch.isfinite(out.logps).all()
+    for half in (first, second):
+        assert abs(half.mean() - tokens.sum()) < 4 * half.std() / math.sqrt(n)
+    counts = torch.bincount(x, minlength=length + 1).float() / n
+    assert (counts - 1 / (length + 1)).abs().max() < 0.03  # x uniform on {0..L}
 
 
 # ---------------------------------------------------------------------------------------------- randomness
@@ -383,7 +432,9 @@ def test_score_mask_zeros_contributions_without_changing_others():
     ("mean_field", {"mc_samples": 4}, 1),
     ("elbo", {"mc_samples": 4}, 4),
     ("elbo", {"mc_samples": 4, "antithetic": True}, 8),
-    ("coupled", {"mc_samples": 4}, 8),
+    ("elbo", {"mc_samples": 4, "antithetic": True, "elbo_counts": "espo"}, 8),
+    ("coupled", {"mc_samples": 4}, 12),
+    ("spg", {"mc_samples": 4, "block_length": 2}, 4),
 ])  # fmt: skip
 @pytest.mark.parametrize("mc_batch_size", [1, 3])
 def test_forward_count_and_chunk_size(name, options, forwards, mc_batch_size):
@@ -415,15 +466,19 @@ def test_gradients_flow_to_model_parameters(llama, name, options):
 def test_unknown_estimator_and_bad_inputs():
     model = TableModel(4)
     batch = _batch(2, 2, 2)
-    with pytest.raises(ValueError, match="Known estimators: block, coupled, elbo, mean_field, trajectory"):
+    with pytest.raises(ValueError, match="Known estimators: block, coupled, elbo, mean_field, spg, trajectory"):
         estimate("trajectoryy", model, *batch, mask_token_id=MASK, seeds=torch.arange(2))
-    assert set(ESTIMATORS) == {"mean_field", "elbo", "coupled", "trajectory", "block"}
+    assert set(ESTIMATORS) == {"mean_field", "elbo", "coupled", "trajectory", "block", "spg"}
     with pytest.raises(ValueError, match="seeds"):
         elbo(model, *batch, mask_token_id=MASK, seeds=torch.arange(3))
     with pytest.raises(ValueError, match="mc_samples"):
         elbo(model, *batch, mask_token_id=MASK, seeds=torch.arange(2), mc_samples=0)
     with pytest.raises(ValueError, match="t_min"):
         coupled(model, *batch, mask_token_id=MASK, seeds=torch.arange(2), t_min=0.9, t_max=0.1)
+    with pytest.raises(ValueError, match="t_max"):
+        coupled(model, *batch, mask_token_id=MASK, seeds=torch.arange(2), t_max=1.0)
+    with pytest.raises(ValueError, match="elbo_counts"):
+        elbo(model, *batch, mask_token_id=MASK, seeds=torch.arange(2), elbo_counts="uniform")
 
 
 @pytest.mark.parametrize("name,options", ALL)

@@ -72,7 +72,7 @@ def test_sequence_logps_sums_masked_and_clamps_length():
 
 
 def test_registry():
-    assert set(OBJECTIVES) == {"espo", "stabledrl", "agrpo"}
+    assert set(OBJECTIVES) == {"espo", "stabledrl", "agrpo", "spg", "wd1"}
     assert OBJECTIVES["agrpo"].fn is agrpo and OBJECTIVES["agrpo"].estimators == ("trajectory",)
     assert OBJECTIVES["agrpo"].needs_trajectory and not OBJECTIVES["agrpo"].needs_group_ids
     for name, objective in OBJECTIVES.items():
@@ -80,10 +80,10 @@ def test_registry():
         assert ("trajectory" in objective.estimators) == objective.needs_trajectory, name
         if objective.needs_trajectory:
             assert objective.estimators == ("trajectory",), name
-    assert OBJECTIVES["espo"].fn is espo and OBJECTIVES["espo"].estimators == ("elbo", "coupled", "block")
+    assert OBJECTIVES["espo"].fn is espo and OBJECTIVES["espo"].estimators == ("elbo", "coupled", "block", "spg")
     assert not OBJECTIVES["espo"].needs_group_ids
     assert OBJECTIVES["stabledrl"].fn is stabledrl
-    assert OBJECTIVES["stabledrl"].estimators == ("elbo", "coupled", "mean_field", "block")
+    assert OBJECTIVES["stabledrl"].estimators == ("elbo", "coupled", "mean_field", "block", "spg")
     assert OBJECTIVES["stabledrl"].needs_group_ids
     with pytest.raises(AttributeError):  # frozen
         OBJECTIVES["espo"].needs_group_ids = True

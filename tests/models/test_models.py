@@ -85,7 +85,7 @@ def test_checkpoint_config_mask_beats_family_default():
 
 
 def test_specs_dict_is_explicit():
-    assert set(MODEL_SPECS) == {"llada", "Dream", "dream"}
+    assert set(MODEL_SPECS) == {"llada", "Dream", "dream", "sdar"}
     assert MODEL_SPECS["Dream"] is MODEL_SPECS["dream"]
 
 

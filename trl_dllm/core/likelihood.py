@@ -40,8 +40,8 @@ class LikelihoodOutput:
             sequence log-likelihood estimate (the mean of ``sample_estimates`` over its ``K`` samples).
         entropies (`torch.Tensor` of shape `(B, L)`): predictive entropy ``-Σ_v p_v log p_v`` (nats) at each scored
             position, averaged over the views in which it was scored; 0 where never scored.
-        sample_estimates (`torch.Tensor` of shape `(B, K)`): the sequence estimate of each MC sample (an antithetic or
-            coupled pair counts as one sample: the pair's estimate), for logging the MC variance.
+        sample_estimates (`torch.Tensor` of shape `(B, K)`): the sequence estimate of each MC sample (an antithetic
+            pair or a coupled triple counts as one sample), for logging the MC variance.
     """
 
     logps: torch.Tensor
@@ -76,24 +76,26 @@ def _draw_views(seeds, prompt_mask, p_mask_prompt, num_samples, draw_completion)
     return _Views(torch.stack(completions), torch.stack(prompts), torch.stack(weights), sample_index, num_samples)
 
 
-def score_view_chunks(chunk_logits, completion_ids, score_mask, views, mc_batch_size, *, checkpoint_views=False,
-                      entropy_grad=True) -> LikelihoodOutput:
-    """Accumulate contributions and entropies over the views, ``mc_batch_size`` views per forward.
+def view_token_scores(chunk_logits, completion_ids, score_mask, views, mc_batch_size, *, checkpoint_views=False,
+                      entropy_grad=True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-view token scores: ``ℓ_i(x̃_view)`` and the predictive entropy at every kept position of every view.
 
-    ``c_i = (1/K) Σ_views w_view,i · 1[i ∈ S_view] · m_i · ℓ_i(x̃_view)``; ``views.weights`` is `(B, M)` (one weight
-    per view) or `(B, M, L)` (per position). ``chunk_logits(chunk)`` returns the logits `(c·B, L, V)` of the views
-    ``chunk`` (a slice), canvas row ``j·B + b`` being view ``j`` of row ``b``. The log-softmax is computed only at the
-    kept (masked and scored) positions.
+    A position is kept in a view if it is masked there and scored (``m_i = 1``); both outputs are 0 elsewhere.
+    ``chunk_logits(chunk)`` returns the logits `(c·B, L, V)` of the views ``chunk`` (a slice), canvas row ``j·B + b``
+    being view ``j`` of row ``b``; views are run ``mc_batch_size`` per forward, and the float32 log-softmax is computed
+    only at the kept positions.
 
     Memory: with ``checkpoint_views`` and gradients enabled, each chunk's forward is recomputed in the backward pass
     (`torch.utils.checkpoint`), so activation memory stays that of one chunk whatever the number of views, for one
     extra forward per chunk. ``entropy_grad=False`` keeps the entropies out of the autograd graph (they are then only
     logged), which saves a `(kept positions, V)` tensor per chunk.
+
+    Returns:
+        `tuple[torch.Tensor, torch.Tensor]`: log-probs and entropies, each of shape `(B, M, L)`.
     """
     (batch_size, length), device = completion_ids.shape, completion_ids.device
     num_views, scored = views.completion.shape[1], score_mask.bool()
-    logps = torch.zeros(batch_size, length, device=device)
-    entropy_sum, counts, per_view = torch.zeros_like(logps), torch.zeros_like(logps), []
+    token_logps, token_entropies = [], []
 
     def kept_scores(chunk, keep, targets):
         logits = chunk_logits(chunk)
@@ -114,17 +116,27 @@ def score_view_chunks(chunk_logits, completion_ids, score_mask, views, mc_batch_
             token_logp, entropy = checkpoint(kept_scores, chunk, keep, targets, use_reentrant=False)
         else:
             token_logp, entropy = kept_scores(chunk, keep, targets)
-        weight = views.weights[:, chunk].transpose(0, 1).to(device)
-        weight = weight.unsqueeze(-1) if weight.dim() == 2 else weight  # (c, B, 1) or (c, B, L)
-        contrib = torch.zeros(keep.shape, device=device).masked_scatter(keep, token_logp) * weight
-        logps = logps + contrib.sum(0)
-        per_view.append(contrib.sum(-1).t())  # (B, c)
-        entropy_sum = entropy_sum + torch.zeros(keep.shape, device=device).masked_scatter(keep, entropy).sum(0)
-        counts = counts + keep.sum(0)
-    per_view = torch.cat(per_view, dim=1)
-    sample_estimates = per_view.new_zeros(batch_size, views.num_samples)
-    sample_estimates = sample_estimates.index_add(1, views.sample_index.to(device), per_view)
-    return LikelihoodOutput(logps / views.num_samples, entropy_sum / counts.clamp(min=1), sample_estimates)
+        token_logps.append(torch.zeros(keep.shape, device=device).masked_scatter(keep, token_logp))
+        token_entropies.append(torch.zeros(keep.shape, device=device).masked_scatter(keep, entropy))
+    return torch.cat(token_logps).transpose(0, 1), torch.cat(token_entropies).transpose(0, 1)
+
+
+def score_view_chunks(chunk_logits, completion_ids, score_mask, views, mc_batch_size, **memory) -> LikelihoodOutput:
+    """Weighted contributions of the views (see :func:`view_token_scores` for the arguments and memory switches).
+
+    ``c_i = (1/K) Σ_views w_view,i · 1[i ∈ S_view] · m_i · ℓ_i(x̃_view)``; ``views.weights`` is `(B, M)` (one weight
+    per view) or `(B, M, L)` (per position). The entropy of a position is averaged over the views that kept it.
+    """
+    token_logp, token_entropy = view_token_scores(chunk_logits, completion_ids, score_mask, views, mc_batch_size,
+                                                  **memory)  # fmt: skip
+    weights = views.weights.to(token_logp.device)
+    weights = weights.unsqueeze(-1) if weights.dim() == 2 else weights  # (B, M, 1) or (B, M, L)
+    contrib = token_logp * weights
+    kept = (views.completion.to(token_logp.device) & score_mask.bool().unsqueeze(1)).sum(1)
+    sample_estimates = contrib.new_zeros(completion_ids.shape[0], views.num_samples)
+    sample_estimates = sample_estimates.index_add(1, views.sample_index.to(contrib.device), contrib.sum(-1))
+    entropies = token_entropy.sum(1) / kept.clamp(min=1)
+    return LikelihoodOutput(contrib.sum(1) / views.num_samples, entropies, sample_estimates)
 
 
 def memory_options(options: dict) -> dict:
@@ -132,10 +144,9 @@ def memory_options(options: dict) -> dict:
     return {key: options[key] for key in ("checkpoint_views", "entropy_grad") if key in options}
 
 
-def _score_views(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, mask_token_id, mc_batch_size,
-                 **memory):
-    """Score the views of a bidirectional model: each view is the canvas ``[prompt' ; x with S masked]`` with the whole
-    completion visible (see :func:`score_view_chunks`)."""
+def view_logits(logits_fn, prompt_ids, prompt_mask, completion_ids, views, mask_token_id):
+    """The ``chunk_logits`` of a bidirectional model for :func:`view_token_scores`: view ``j`` of row ``b`` is the canvas
+    ``[prompt' ; x with S masked]`` with the whole completion visible."""
     logits_fn = as_logits_fn(logits_fn)
     prompt_length, length = prompt_ids.shape[1], completion_ids.shape[1]
     positions = torch.arange(prompt_length, prompt_length + length, device=completion_ids.device)
@@ -150,6 +161,13 @@ def _score_views(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask,
         canvas = torch.cat([prompt, completion], dim=2).flatten(0, 1)
         return logits_fn(canvas, attention_mask=attention_mask.repeat(num_chunk, 1), positions=positions)
 
+    return chunk_logits
+
+
+def _score_views(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, mask_token_id, mc_batch_size,
+                 **memory):
+    """Score the views of a bidirectional model (see :func:`view_logits` and :func:`score_view_chunks`)."""
+    chunk_logits = view_logits(logits_fn, prompt_ids, prompt_mask, completion_ids, views, mask_token_id)
     return score_view_chunks(chunk_logits, completion_ids, score_mask, views, mc_batch_size, **memory)
 
 
@@ -219,6 +237,26 @@ def mean_field(
     )
 
 
+ELBO_COUNTS = ("llada", "espo")
+
+
+def _elbo_views(mc_samples, length, antithetic, counts, generator):
+    """One row's ``elbo`` views: masked positions `(M, L)`, view weights `(M,)`, sample of each view `(M,)`."""
+    if counts == "espo":  # x ~ U{0..L}, t = x / (L + 1), weight 1 / t
+        sizes, scale = stratified_counts(mc_samples, length + 1, generator=generator) - 1, length + 1
+    else:  # n ~ U{1..L} (U{1..L-1} for pairs), weight L / n
+        sizes, scale = stratified_counts(mc_samples, length - 1 if antithetic else length, generator=generator), length
+    subsets = random_subsets(sizes, length, generator=generator)
+    first = torch.where(sizes > 0, scale / sizes.clamp(min=1), 0.0)  # an empty view scores nothing: weight 0, not inf
+    if not antithetic:
+        return subsets, first, torch.arange(mc_samples)
+    second = torch.where(sizes < length, scale / (length - sizes).clamp(min=1), 0.0)
+    # Views interleaved [S_0, S̄_0, S_1, S̄_1, ...] so that a pair shares a forward when mc_batch_size is even.
+    views = torch.stack([subsets, ~subsets], dim=1).flatten(0, 1)
+    weights = 0.5 * torch.stack([first, second], dim=1).flatten()
+    return views, weights, torch.arange(mc_samples).repeat_interleave(2)
+
+
 def elbo(
     logits_fn,
     prompt_ids,
@@ -230,6 +268,7 @@ def elbo(
     seeds,
     mc_samples=1,
     antithetic=False,
+    elbo_counts="llada",
     p_mask_prompt=0.0,
     mc_batch_size=1,
     **kwargs,
@@ -252,10 +291,14 @@ def elbo(
         ``c_i = (1/K) Σ_k ½ [1[i ∈ S_k] · L/n_k + 1[i ∈ S̄_k] · L/(L - n_k)] · m_i · ℓ_i``
 
     Every token is scored exactly once per pair, and each half is unbiased on its own (``P(i ∈ S) = n/L`` and
-    ``E_n[(L/n)(n/L)] = 1`` over ``n ~ U{1..L-1}``, symmetrically for the complement). Drawing ``n`` from ``{1..L-1}``
-    rather than ``{1..L}`` avoids the empty complement at ``n = L``. For a model that uses context, the pair's
-    expectation is the ELBO with its fully-masked term replaced by the mean of the other ``L - 1`` terms (an
+    ``E_n[(L/n)(n/L)] = 1`` over ``n ~ U{1..L-1}``, symmetrically for the complement). For a model that uses context,
+    the pair's expectation is the ELBO with its fully-masked term replaced by the mean of the other ``L - 1`` terms (an
     ``O(1/L)`` difference). If ``L == 1`` no pair exists: every sample falls back to the single full-mask view.
+
+    ``elbo_counts="espo"`` is ESPO's construction (``espo/espo_trainer.py``, ``forward_process``): ``x_k ~ U{0..L}``
+    (stratified over the ``K`` samples), ``t_k = x_k / (L + 1)``, weight ``1 / t_k = (L + 1) / x_k`` on ``S_k`` and
+    ``(L + 1) / (L - x_k)`` on its complement; an empty view (``x = 0`` or ``x = L``) scores nothing. Each half is then
+    *exactly* LLaDA's ELBO in expectation, ``Σ_{x=1..L} (1/(L+1)) · ((L+1)/x) · E_{|S|=x}[Σ_S ℓ] = Σ_x (1/x) E[...]``.
 
     Cost: ``K`` forwards (``2K`` with ``antithetic``), run ``mc_batch_size`` views per forward.
 
@@ -264,6 +307,8 @@ def elbo(
             as in [`mean_field`]; ``seeds`` drive the counts, subsets and prompt masks (one prompt mask per sample).
         mc_samples (`int`, *optional*, defaults to `1`): number of MC samples ``K``.
         antithetic (`bool`, *optional*, defaults to `False`): score each subset and its complement (ESPO).
+        elbo_counts (`str`, *optional*, defaults to `"llada"`): ``"llada"`` (``n ~ U{1..L}``, weight ``L/n``) or
+            ``"espo"`` (``x ~ U{0..L}``, weight ``(L+1)/x``), see above.
         mc_batch_size (`int`, *optional*, defaults to `1`): views stacked along the batch dim per forward.
         **kwargs: ignored.
 
@@ -273,18 +318,13 @@ def elbo(
     _check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_mask_prompt, mc_batch_size)
     if mc_samples < 1:
         raise ValueError(f"`mc_samples` must be >= 1, got {mc_samples}.")
+    if elbo_counts not in ELBO_COUNTS:
+        raise ValueError(f"Unknown elbo_counts={elbo_counts!r}; expected one of {', '.join(ELBO_COUNTS)}.")
     length = completion_ids.shape[1]
-    antithetic = antithetic and length > 1
+    antithetic = antithetic and (length > 1 or elbo_counts == "espo")
 
     def draw(generator):
-        counts = stratified_counts(mc_samples, length - 1 if antithetic else length, generator=generator)
-        subsets = random_subsets(counts, length, generator=generator)
-        if not antithetic:
-            return subsets, length / counts, torch.arange(mc_samples)
-        # Views interleaved [S_0, S̄_0, S_1, S̄_1, ...] so that a pair shares a forward when mc_batch_size is even.
-        views = torch.stack([subsets, ~subsets], dim=1).flatten(0, 1)
-        weights = torch.stack([0.5 * length / counts, 0.5 * length / (length - counts)], dim=1).flatten()
-        return views, weights, torch.arange(mc_samples).repeat_interleave(2)
+        return _elbo_views(mc_samples, length, antithetic, elbo_counts, generator)
 
     views = _draw_views(seeds, prompt_mask, p_mask_prompt, mc_samples, draw)
     return _score_views(
@@ -309,43 +349,47 @@ def coupled(
     mc_batch_size=1,
     **kwargs,
 ) -> LikelihoodOutput:
-    """Coupled complementary views (DiffuCoder coupled-GRPO): each token scored exactly once per pair.
+    """DiffuCoder's coupled estimator (coupled-GRPO, ``src/open_r1/coupled_grpo.py``): full mask + a weighted pair.
 
     For each MC sample ``k`` of ``K = mc_samples``, draw ``t_k ~ U(t_min, t_max)``, mask each completion position
-    independently with probability ``t_k`` (view ``A_k``) and score the complementary view ``B_k = Ā_k`` too:
+    independently with probability ``t_k`` (view ``A_k``), and score three views: the fully masked completion, ``A_k``
+    and its complement ``B_k = Ā_k``. A token's contribution is the mean of its full-mask log-prob and its
+    ``1/t``-weighted log-prob in the view of the pair where it is masked:
 
-        ``c_i = (1/K) Σ_k m_i · ℓ_i(x̃ of the view of pair k in which i is masked)``
+        ``c_i = (1/K) Σ_k ½ [ℓ_i(x̃_full) + 1[i ∈ A_k] · ℓ_i(x̃_{A_k}) / t_k + 1[i ∈ B_k] · ℓ_i(x̃_{B_k}) / (1 - t_k)] · m_i``
 
-    No ``1/t`` weighting (DiffuCoder's estimator): for a model whose prediction at a position ignores the other tokens
-    every pair gives the exact log-likelihood; for a real model it is a sum of per-token log-probs at a random
-    masking rate, not the ELBO. A view may be empty (probability ``t^L`` or ``(1-t)^L``); it still costs its forward.
+    This is DiffuCoder's per-token value, fed to a token-level GRPO ratio. It is not an estimate of ``log π``: for a
+    model whose prediction at a position ignores the other tokens, ``E[c_i] = ½ (ℓ_i + t·ℓ_i/t + (1-t)·ℓ_i/(1-t)) =
+    (3/2) ℓ_i``. DiffuCoder draws one ``t`` per batch; here each row draws its own from its seed (same marginal).
 
-    Cost: ``2K`` forwards, run ``mc_batch_size`` views per forward.
+    Cost: ``3K`` forwards, run ``mc_batch_size`` views per forward.
 
     Args:
         logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, mask_token_id, seeds, p_mask_prompt:
-            as in [`mean_field`]; ``seeds`` drive ``t``, the views and the prompt masks (one per pair).
-        mc_samples (`int`, *optional*, defaults to `1`): number of pairs ``K``.
-        t_min (`float`, *optional*, defaults to `0.2`): lower bound of the masking rate.
-        t_max (`float`, *optional*, defaults to `0.8`): upper bound of the masking rate.
+            as in [`mean_field`]; ``seeds`` drive ``t``, the views and the prompt masks (one per sample).
+        mc_samples (`int`, *optional*, defaults to `1`): number of samples ``K`` (DiffuCoder: 1).
+        t_min (`float`, *optional*, defaults to `0.2`): lower bound of the masking rate, in ``(0, 1)``.
+        t_max (`float`, *optional*, defaults to `0.8`): upper bound of the masking rate, in ``[t_min, 1)``.
         mc_batch_size (`int`, *optional*, defaults to `1`): views stacked along the batch dim per forward.
         **kwargs: ignored.
 
     Returns:
-        [`LikelihoodOutput`] with ``sample_estimates`` of shape `(B, K)` (one estimate per pair).
+        [`LikelihoodOutput`] with ``sample_estimates`` of shape `(B, K)` (one estimate per sample).
     """
     _check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_mask_prompt, mc_batch_size)
     if mc_samples < 1:
         raise ValueError(f"`mc_samples` must be >= 1, got {mc_samples}.")
-    if not 0.0 <= t_min <= t_max <= 1.0:
-        raise ValueError(f"Need 0 <= t_min <= t_max <= 1, got t_min={t_min}, t_max={t_max}.")
+    if not 0.0 < t_min <= t_max < 1.0:
+        raise ValueError(f"Need 0 < t_min <= t_max < 1 (weights 1/t, 1/(1-t)), got t_min={t_min}, t_max={t_max}.")
     length = completion_ids.shape[1]
 
     def draw(generator):
         t = t_min + (t_max - t_min) * torch.rand(mc_samples, dtype=torch.float64, generator=generator)
         view_a = bernoulli_masks(t, length, generator=generator)
-        views = torch.stack([view_a, ~view_a], dim=1).flatten(0, 1)
-        return views, torch.ones(2 * mc_samples), torch.arange(mc_samples).repeat_interleave(2)
+        full = torch.ones_like(view_a)
+        views = torch.stack([full, view_a, ~view_a], dim=1).flatten(0, 1)
+        weights = 0.5 * torch.stack([torch.ones_like(t), 1 / t, 1 / (1 - t)], dim=1).flatten()
+        return views, weights, torch.arange(mc_samples).repeat_interleave(3)
 
     views = _draw_views(seeds, prompt_mask, p_mask_prompt, mc_samples, draw)
     return _score_views(
@@ -354,6 +398,7 @@ def coupled(
     )
 
 
+from .spg import spg  # noqa: E402  (here, not at the top: spg.py uses LikelihoodOutput and _draw_views)
 from .staircase import block  # noqa: E402  (here, not at the top: staircase.py uses LikelihoodOutput and _draw_views)
 from .trajectory import trajectory  # noqa: E402  (here, not at the top: trajectory.py subclasses LikelihoodOutput)
 
@@ -363,7 +408,14 @@ ESTIMATORS: dict[str, Callable[..., LikelihoodOutput]] = {
     "coupled": coupled,
     "trajectory": trajectory,
     "block": block,
+    "spg": spg,
 }
+
+# Estimators whose seed chooses *which terms* the estimate sums (AGRPO's sampled steps), not mask noise. The old,
+# reference and current passes of a sample must always share it: with different seeds they would score different
+# tokens, and a token scored in one pass but not the other compares a log-prob with the 0 stored for "not scored".
+# So `independent_mc_noise` never applies to them (the trainer's `_pass_seeds`).
+SHARED_SEED_ESTIMATORS = frozenset({"trajectory"})
 
 
 def estimate(name: str, logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, **options) -> LikelihoodOutput:

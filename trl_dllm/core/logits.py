@@ -20,6 +20,7 @@ undone. Tests pass ten-line toys; real models go through :func:`module_logits_fn
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -52,8 +53,12 @@ def module_logits_fn(model: nn.Module, *, shift_logits: bool = False, logits_to_
         if position_ids is not None:  # not passed otherwise: the model keeps its default 0..N-1
             kwargs["position_ids"] = position_ids
         if source is not None and logits_to_keep:
-            return model(**kwargs, logits_to_keep=source).logits
-        logits = model(**kwargs).logits
+            logits = model(**kwargs, logits_to_keep=source).logits
+            if logits.size(1) == source.numel():
+                return logits
+            # a forward that takes **kwargs but ignores logits_to_keep returned every position: slice below
+        else:
+            logits = model(**kwargs).logits
         if source is None:
             if shift_logits:  # prediction for p is at p - 1; position 0 keeps its own row
                 logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
@@ -63,10 +68,23 @@ def module_logits_fn(model: nn.Module, *, shift_logits: bool = False, logits_to_
     return logits_fn
 
 
+def accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether ``model.forward`` takes ``logits_to_keep`` by name or through ``**kwargs`` (transformers' own classes
+    name it; LLaDA's remote code takes neither and raises `TypeError` on it)."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "logits_to_keep" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
 def as_logits_fn(model: nn.Module | LogitsFn) -> LogitsFn:
-    """Return ``model`` as a logits function: modules are wrapped by :func:`module_logits_fn`, callables pass through."""
+    """Return ``model`` as a logits function: modules are wrapped by :func:`module_logits_fn` (``logits_to_keep`` only
+    where ``forward`` takes it; no logit shift — shifted families such as Dream go through
+    ``trl_dllm.models.model_logits_fn`` or the top-level ``trl_dllm.generate`` / ``trl_dllm.estimate``, which read the
+    model's family spec); callables pass through."""
     if isinstance(model, nn.Module):
-        return module_logits_fn(model)
+        return module_logits_fn(model, logits_to_keep=accepts_logits_to_keep(model))
     if callable(model):
         return model
     raise TypeError(f"Expected an nn.Module or a logits function, got {type(model).__name__}.")

@@ -1,4 +1,5 @@
-"""Policy objectives for masked diffusion language models: ESPO and StableDRL (sequence level), AGRPO (step level).
+"""Policy objectives for masked diffusion language models: ESPO and StableDRL (sequence level), AGRPO (step level);
+SPG and wd1 (weighted likelihoods without importance ratios) are in `trl_dllm.core.weighted`.
 
 Every objective takes *per-token contributions* from a likelihood estimator (see `trl_dllm.core.likelihood`): tensors
 `c` of shape `(B, T)` whose masked row sum is a sequence log-likelihood estimate. With completion mask `m`:
@@ -172,6 +173,18 @@ def _ratio_metrics(ratio: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
+def sandwich(elbo: torch.Tensor, eubo: torch.Tensor, advantages: torch.Tensor, omega: float) -> torch.Tensor:
+    """SPG's sandwiched sequence value (arXiv 2510.09541): a lower bound where the update raises the likelihood, a mix
+    with the upper bound where it lowers it.
+
+        v_i = ELBO_i                              if A_i > 0
+        v_i = ω EUBO_i + (1 − ω) ELBO_i           if A_i ≤ 0
+
+    All arguments are `(B,)` (per-token means in the objectives); `omega` is SPG's `mix_weight` (StableDRL's `spg_omega`).
+    """
+    return torch.where(advantages > 0, elbo, omega * eubo + (1.0 - omega) * elbo)
+
+
 def espo(
     logps: torch.Tensor,
     old_logps: torch.Tensor | None,
@@ -248,6 +261,8 @@ def stabledrl(
     clip_high: float = 5.0,
     beta: float = 0.0,
     kl_estimator: str = "k2",
+    eubo_logps: torch.Tensor | None = None,
+    spg_omega: float = 0.0,
     **kwargs,
 ) -> ObjectiveOutput:
     """StableDRL: unconditional clipping + self-normalisation ([arXiv 2603.06743](https://huggingface.co/papers/2603.06743)).
@@ -265,6 +280,10 @@ def stabledrl(
     The authors' released code clips only above (`ρ ≤ 5`, `ais_clip_iw`), which is why `clip_low` defaults to 0
     (a no-op, since `ρ > 0`). A group only partly present in the batch (split across micro-batches or processes) is
     normalised over the rows present. The log-ratio is clamped to `±LOG_RATIO_CLAMP` before `exp`.
+
+    With `eubo_logps` (the `spg` estimator's EUBO contributions) and `spg_omega = ω > 0`, the surrogate of a row with
+    `A_i ≤ 0` is SPG's sandwich, as in the released code: `S̄_i → ω Σ_t m e / L_i + (1 − ω) S̄_i` (:func:`sandwich`);
+    the ratio stays the ELBO's.
 
     Metrics: `ratio/{mean,std,max,min}` of the unclipped `ρ`; `clip_ratio/low_mean` = fraction with `ρ_i < clip_low`,
     `clip_ratio/high_mean` = fraction with `ρ_i > clip_high`, `clip_ratio/region_mean` = their sum; `weights/ess` =
@@ -284,6 +303,8 @@ def stabledrl(
         clip_high (`float`, *optional*, defaults to `5.0`): upper clip bound on `ρ`.
         beta (`float`, *optional*, defaults to `0.0`): KL coefficient `β`.
         kl_estimator (`str`, *optional*, defaults to `"k2"`): `"k1"`, `"k2"` or `"k3"`, applied at sequence level.
+        eubo_logps (`torch.Tensor` of shape `(B, T)`, *optional*): EUBO contributions (`SPGOutput.eubo_logps`).
+        spg_omega (`float`, *optional*, defaults to `0.0`): SPG's mix weight `ω` for `A ≤ 0` (0: ELBO only).
         **kwargs: ignored.
 
     Returns:
@@ -300,7 +321,10 @@ def stabledrl(
     inverse, num_groups = _group_index(group_ids)
     weights = _normalise_in_groups(ratio.clamp(clip_low, clip_high), inverse, num_groups)
     # Σ_g Σ_{i∈g} (−w_i A_i S̄_i) / G: the per-group sums are summed, so one sum over rows is the same thing.
-    loss = -(weights * adv * (seq / length)).sum() / num_groups
+    value = seq / length
+    if eubo_logps is not None and spg_omega != 0.0:
+        value = sandwich(value, sequence_logps(eubo_logps, mask)[0] / length, adv, spg_omega)
+    loss = -(weights * adv * value).sum() / num_groups
     if kl is not None and beta != 0.0:
         loss = loss + beta * kl.mean()
     sq = _group_sum(weights.square(), inverse, num_groups)
@@ -455,8 +479,14 @@ def agrpo(
     return ObjectiveOutput(loss=loss, metrics=metrics)
 
 
+from .weighted import spg, wd1  # noqa: E402  (here, not at the top: weighted.py uses this module's helpers)
+
 OBJECTIVES: dict[str, Objective] = {
-    "espo": Objective(fn=espo, estimators=("elbo", "coupled", "block")),
-    "stabledrl": Objective(fn=stabledrl, estimators=("elbo", "coupled", "mean_field", "block"), needs_group_ids=True),
+    "espo": Objective(fn=espo, estimators=("elbo", "coupled", "block", "spg")),
+    "stabledrl": Objective(
+        fn=stabledrl, estimators=("elbo", "coupled", "mean_field", "block", "spg"), needs_group_ids=True
+    ),
     "agrpo": Objective(fn=agrpo, estimators=("trajectory",), needs_trajectory=True),
+    "spg": Objective(fn=spg, estimators=("spg",)),
+    "wd1": Objective(fn=wd1, estimators=("mean_field", "elbo", "coupled", "block", "spg"), needs_group_ids=True),
 }

@@ -91,7 +91,9 @@ def _vocab_size(model: Any) -> int | None:
 
 
 def _is_transformers_native(model: Any) -> bool:
-    return type(model).__module__.startswith("transformers.")
+    """A transformers architecture (or a subclass of one, like the native LLaDA / Dream / SDAR classes), not remote
+    code (which subclasses only transformers' `PreTrainedModel`)."""
+    return any(cls.__module__.startswith("transformers.models.") for cls in type(model).__mro__)
 
 
 def _generic_spec(model: Any) -> ModelSpec:
@@ -119,8 +121,13 @@ def _family_spec(model: Any) -> ModelSpec | None:
     config = model.config
     family = MODEL_SPECS.get(getattr(config, "model_type", None))
     marked = MARKED_SPECS.get(_config_value(config, FAMILY_MARKER))
+    if family is not None and family.family == "block":  # remote-code block family: its block size from the config
+        size = _config_value(config, "block_size") or _config_value(config, "block_length")
+        return replace(family, block_length=int(size) if size else None)
     if family is not None or marked is None:
         return family
+    if marked.family != "block":
+        return replace(marked, accepts_logits_to_keep=_generic_spec(model).accepts_logits_to_keep)
     block_length = _config_value(config, "block_length")
     if block_length is None or int(block_length) < 1:
         raise ValueError(
@@ -257,8 +264,13 @@ def require_4d_mask(spec: ModelSpec, what: str = "the block estimator") -> None:
         ValueError: ``spec.accepts_4d_mask`` is `False`.
     """
     if not spec.accepts_4d_mask:
+        fix = (
+            "Load the checkpoint natively (native_loading=True, the default for LLaDA, Dream and SDAR / TraDo), or "
+            if spec.trust_remote_code else ""
+        )
         raise ValueError(
             f"{what} needs a model that accepts a 4-D attention mask; {spec.family} does not "
-            "(ModelSpec.accepts_4d_mask is False: remote-code models are not trusted to honour one). Use a "
-            "transformers-native architecture (the 'generic' or 'block' family) or a method that needs no 4-D mask."
+            "(ModelSpec.accepts_4d_mask is False: remote-code models are not trusted to honour an additive one, and "
+            f"SDAR's own code takes keep-masks). {fix}use a transformers-native architecture (the 'generic' or 'block' family) "
+            "or a method that needs no 4-D mask."
         )

@@ -7,7 +7,7 @@ Every id below is documented, with its source, in ``docs/models.md``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -70,10 +70,23 @@ DREAM = ModelSpec(
     accepts_logits_to_keep=False,
 )
 
+# JetLM/SDAR-*-Chat and Gen-Verse/TraDo-* with their own remote code (native_loading=False): model_type "sdar",
+# block_size 4 and mask_token_id 151669 in config.json; EOS <|endoftext|> 151643, end of turn <|im_end|> 151645. Its
+# forward takes boolean keep-masks (True = visible, the inverse of an additive mask) and, in train mode, runs its own
+# fine-tuning branch that returns no logits: the block layouts refuse it (accepts_4d_mask False) — load it natively.
+SDAR_REMOTE = ModelSpec(
+    family="block",
+    mask_token_id=151669,
+    eos_token_ids=(151643, 151645),
+    trust_remote_code=True,
+    accepts_logits_to_keep=False,
+)
+
 MODEL_SPECS: dict[str, ModelSpec] = {
     "llada": LLADA,
     "Dream": DREAM,  # the spelling in Dream's config.json
     "dream": DREAM,
+    "sdar": SDAR_REMOTE,
 }
 
 # Block-diffusion models (SDAR / TraDo / Fast-dLLM v2 style: causal across blocks, bidirectional inside a block)
@@ -83,6 +96,16 @@ MODEL_SPECS: dict[str, ModelSpec] = {
 FAMILY_MARKER = "dllm_family"
 BLOCK = ModelSpec(family="block", mask_token_id=None, accepts_4d_mask=True)
 
+# LLaDA and Dream loaded natively (trl_dllm.models.native: transformers' Llama / Qwen2 classes, no remote code) are
+# marked `dllm_family` "llada" / "dream": same ids and shift as above, with transformers' `logits_to_keep` and 4-D masks.
+LLADA_NATIVE = replace(LLADA, trust_remote_code=False, accepts_logits_to_keep=True, accepts_4d_mask=True)
+DREAM_NATIVE = replace(DREAM, trust_remote_code=False, accepts_logits_to_keep=True, accepts_4d_mask=True)
+
 MARKED_SPECS: dict[str, ModelSpec] = {
-    "block": BLOCK,  # config.dllm_family == "block"; block_length from config.block_length
+    "block": BLOCK,  # config.dllm_family == "block"; block_length from config.block_length (SDAR / TraDo loaded natively)
+    "llada": LLADA_NATIVE,
+    "dream": DREAM_NATIVE,
 }
+
+# SDAR / TraDo loaded natively (transformers' Qwen3) are a `block` family model, marked "block" with block_length.
+SDAR_MASK_TOKEN_ID = SDAR_REMOTE.mask_token_id

@@ -64,24 +64,24 @@ def make_parser(prog: str = "trl-dllm eval") -> ScriptParser:
     return ScriptParser((EvalArguments, DiffusionGRPOConfig, ModelConfig), prog=prog)
 
 
-def load_model_and_tokenizer(name_or_path: str, init_kwargs: dict):
-    """The model the trainer would load (`create_model_from_path`); a LoRA adapter is merged into its base model."""
+def load_model_and_tokenizer(name_or_path: str, init_kwargs: dict, native: bool = True):
+    """The model the trainer would load (`trl_dllm.models.loading.load_pretrained`: LLaDA / Dream / SDAR natively
+    unless `native` is off); a LoRA adapter is merged into its base model."""
     from transformers import AutoTokenizer
-    from trl.trainer.utils import create_model_from_path
+
+    from ..models.loading import load_adapter, load_pretrained
 
     adapter_config = os.path.join(name_or_path, "adapter_config.json")
     try:
         if os.path.isfile(adapter_config):
-            from peft import PeftModel
-
             with open(adapter_config, encoding="utf-8") as f:
                 base = json.load(f)["base_model_name_or_path"]
-            model = create_model_from_path(base, **init_kwargs)
-            model = PeftModel.from_pretrained(model, name_or_path).merge_and_unload()
+            model = load_pretrained(base, native=native, **init_kwargs)
+            model = load_adapter(model, name_or_path).merge_and_unload()
             has_tokenizer = os.path.isfile(os.path.join(name_or_path, "tokenizer_config.json"))
             tokenizer_source = name_or_path if has_tokenizer else base
         else:
-            model, tokenizer_source = create_model_from_path(name_or_path, **init_kwargs), name_or_path
+            model, tokenizer_source = load_pretrained(name_or_path, native=native, **init_kwargs), name_or_path
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_source, trust_remote_code=init_kwargs["trust_remote_code"])
     except OSError as err:
         first = (str(err).strip().splitlines() or [""])[0]
@@ -149,7 +149,7 @@ def prepare(eval_args: EvalArguments, args, model_args) -> EvalSetup:
     if eval_args.max_samples is not None:
         dataset = dataset.select(range(min(eval_args.max_samples, len(dataset))))
     name = check_model_path(model_args.model_name_or_path)
-    model, tokenizer = load_model_and_tokenizer(name, model_init_kwargs(args, model_args))
+    model, tokenizer = load_model_and_tokenizer(name, model_init_kwargs(args, model_args), args.native_loading)
     if torch.cuda.is_available() and not args.use_cpu:
         model.to("cuda")
     spec = resolve_model_spec(model, tokenizer, args.mask_token_id)

@@ -1,0 +1,218 @@
+"""DiffusionGRPOTrainer on tiny LLaDA, Dream and SDAR checkpoints written in each family's original layout and
+loaded by name (natively, no remote code), with TRL's defaults (gradient checkpointing on); padding invariance of
+native generation; the adaptations made for remote-code models (trainer._adapt_to_model, the padding probe)."""
+
+import json
+import zlib
+
+import pytest
+import torch
+from datasets import Dataset
+from peft import LoraConfig
+from safetensors.torch import load_file
+from torch import nn
+
+import trl_dllm
+from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
+from trl_dllm.models.loading import honours_padding, load_pretrained
+from trl_dllm.trainer import _adapt_to_model
+
+
+def id_checksum_reward(completion_ids, **kwargs):
+    """Varied, deterministic reward from the token ids (the tiny tokenizers decode most sampled ids to nothing)."""
+    return [zlib.crc32(str(ids).encode()) % 1000 / 1000 for ids in completion_ids]
+
+
+def chat_dataset(n=6):
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": f"add {i} and {i + 1} ."}] for i in range(n)]})
+
+
+def make_args(tmp_path, **overrides):
+    values = dict(
+        output_dir=str(tmp_path), per_device_train_batch_size=3, num_generations=3, max_completion_length=8,
+        block_length=4, diffusion_steps=4, max_steps=2, learning_rate=0.1, logging_steps=1, report_to="none",
+        save_strategy="no", use_cpu=True, seed=0,
+    )  # fmt: skip
+    values.update(overrides)
+    return DiffusionGRPOConfig(**values)
+
+
+def train(path, args, **kwargs):
+    trainer = DiffusionGRPOTrainer(model=path, reward_funcs=id_checksum_reward, args=args,
+                                   train_dataset=chat_dataset(), **kwargs)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert losses and all(torch.isfinite(torch.tensor(losses)))
+    after = dict(trainer.model.named_parameters())
+    assert not [n for n, p in before.items() if torch.equal(p, after[n].detach())], "some parameters did not change"
+    return trainer
+
+
+CASES = [  # family, loss_type, estimator, beta, num_iterations
+    ("llada", "stabledrl", "elbo", 0.04, 2),
+    ("llada", "grpo", "elbo", 0.0, 1),
+    ("llada", "agrpo", "trajectory", 0.0, 2),
+    ("dream", "espo", "elbo", 0.04, 1),
+    ("dream", "stabledrl", "elbo", 0.0, 2),
+    ("dream", "agrpo", "trajectory", 0.04, 1),
+    ("sdar", "stabledrl", "block", 0.04, 2),
+    ("sdar", "espo", "block", 0.0, 1),
+    ("sdar", "agrpo", "trajectory", 0.0, 1),
+]
+
+
+@pytest.mark.parametrize("family,loss_type,estimator,beta,num_iterations", CASES)
+def test_trains_natively_by_name(tmp_path, original_checkpoints, family, loss_type, estimator, beta, num_iterations):
+    args = make_args(tmp_path, loss_type=loss_type, estimator=estimator, beta=beta, num_iterations=num_iterations)
+    assert args.gradient_checkpointing  # TRL's default, kept: the native classes support it
+    trainer = train(original_checkpoints[family], args)
+    assert trainer.args.gradient_checkpointing and trainer.model.is_gradient_checkpointing
+    assert type(trainer.model).__name__.endswith("Native")
+    if beta:  # TRL reloads the reference from the policy's name: natively too
+        assert type(trainer.ref_model) is type(trainer.model)
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_lora_saves_the_original_layout(tmp_path, original_checkpoints, family):
+    """LoRA with the standard names; the final adapter is written in the family's own module names."""
+    args = make_args(tmp_path, loss_type="stabledrl", learning_rate=0.05)
+    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"],
+                             task_type="CAUSAL_LM")
+    trainer = train(original_checkpoints[family], args, peft_config=peft_config)
+    trainer.save_model(str(tmp_path / "final"))
+    keys = set(load_file(tmp_path / "final" / "adapter_model.safetensors"))
+    targets = json.load(open(tmp_path / "final" / "adapter_config.json"))["target_modules"]
+    if family == "llada":
+        assert all(".transformer.blocks." in k for k in keys) and "attn_out" in targets
+    else:  # Dream's names are Qwen2's
+        assert all(".layers." in k for k in keys) and sorted(targets) == ["down_proj", "o_proj", "q_proj", "v_proj"]
+
+
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar"])
+def test_padding_does_not_change_completions(original_checkpoints, family):
+    """Greedy completions of a prompt alone equal those of the same prompt left-padded in a batch."""
+    model = load_pretrained(original_checkpoints[family]).eval()
+    short, long = [11, 12, 13, 14], [21, 22, 23, 24, 25, 26, 27, 28]
+    pad = 0  # any id: the position is masked out (SDAR's config declares no pad id)
+    batch = torch.tensor([[pad] * 4 + short, long])
+    mask = torch.tensor([[0] * 4 + [1] * 4, [1] * 8])
+    options = dict(mask_token_id=model.config.mask_token_id, gen_length=8, diffusion_steps=8, block_length=4,
+                   temperature=0.0)
+    with torch.no_grad():
+        alone = trl_dllm.generate(model, torch.tensor([short]), torch.ones(1, 4, dtype=torch.long), **options)
+        padded = trl_dllm.generate(model, batch, mask, **options)
+    assert torch.equal(alone.completion_ids[0], padded.completion_ids[0])
+
+
+def test_generate_undoes_dream_shift(original_checkpoints):
+    """trl_dllm.generate reads Dream's spec: the prediction for position p comes from p - 1."""
+    from trl_dllm.core.sampling import generate as core_generate
+    from trl_dllm.models import model_logits_fn, resolve_model_spec
+
+    model = load_pretrained(original_checkpoints["dream"]).eval()
+    options = dict(mask_token_id=151666, gen_length=4, diffusion_steps=4, block_length=4, temperature=0.0)
+    ids = torch.tensor([[11, 12, 13]])
+    with torch.no_grad():
+        ours = trl_dllm.generate(model, ids, None, **options).completion_ids
+        shifted = core_generate(model_logits_fn(model, resolve_model_spec(model)), ids, None, **options).completion_ids
+    assert torch.equal(ours, shifted)
+
+
+class _RemoteStyle(nn.Module):
+    """A remote-code-like model: no gradient checkpointing, no `prepare_inputs_for_generation`, and a forward that
+    ignores `attention_mask` (like older Hub revisions of LLaDA's code) unless told otherwise."""
+
+    supports_gradient_checkpointing = False
+
+    def __init__(self, honour_mask: bool):
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.head = nn.Linear(8, 16)
+        self.honour_mask = honour_mask
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def forward(self, input_ids, attention_mask=None):
+        hidden = self.embed(input_ids)
+        weights = attention_mask.float() if self.honour_mask else torch.ones_like(input_ids, dtype=torch.float)
+        context = (hidden * weights.unsqueeze(-1)).sum(1, keepdim=True) / weights.sum(1).view(-1, 1, 1)
+        return type("Out", (), {"logits": self.head(hidden + context)})()
+
+
+def test_padding_probe():
+    assert honours_padding(_RemoteStyle(honour_mask=True))
+    assert not honours_padding(_RemoteStyle(honour_mask=False))
+
+
+def test_adapt_to_a_remote_style_model(tmp_path, caplog):
+    args = make_args(tmp_path)
+    peft_config = LoraConfig(target_modules=["head"], task_type="CAUSAL_LM")
+    with caplog.at_level("WARNING"):
+        _adapt_to_model(_RemoteStyle(honour_mask=True), args, peft_config)
+    assert args.gradient_checkpointing is False and "does not support gradient checkpointing" in caplog.text
+    assert getattr(args, "activation_checkpointing", False) is False  # the name transformers 5's Trainer reads
+    assert peft_config.task_type is None  # PEFT's CAUSAL_LM wrapper needs prepare_inputs_for_generation
+
+
+def test_llada_module_names_become_llama_names(tmp_path, original_checkpoints):
+    model = load_pretrained(original_checkpoints["llada"])
+    peft_config = LoraConfig(target_modules=["q_proj", "attn_out", "ff_proj", "ff_out", "up_proj"])
+    _adapt_to_model(model, make_args(tmp_path), peft_config)
+    assert set(peft_config.target_modules) == {"q_proj", "o_proj", "gate_proj", "down_proj", "up_proj"}
+
+
+@pytest.mark.parametrize("family,recipe", [
+    ("llada", "recipes/llada/stabledrl_gsm8k_lora.yaml"),
+    ("dream", "recipes/dream/stabledrl_gsm8k.yaml"),
+    ("sdar", "recipes/sdar/stabledrl_gsm8k.yaml"),
+])
+def test_family_recipe_scaled_down(tmp_path, monkeypatch, original_checkpoints, family, recipe):
+    """`trl-dllm grpo` with the family's recipe as written (trust_remote_code included), scaled down by overrides."""
+    from pathlib import Path
+
+    from trl_dllm.scripts import grpo
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    out = tmp_path / "out"
+    overrides = (
+        f"--model_name_or_path {original_checkpoints[family]} --data_files tests/fixtures/gsm8k.jsonl --max_steps 1 "
+        "--per_device_train_batch_size 2 --num_generations 2 --gradient_accumulation_steps 1 "
+        "--max_completion_length 8 --diffusion_steps 4 --bf16 false --use_cpu true --dtype float32 --report_to none "
+        f"--save_strategy no --output_dir {out}"
+    ).split()
+    if family != "sdar":  # SDAR decodes with its native block size (4)
+        overrides += ["--block_length", "4"]
+    grpo.main(["--config", recipe, *overrides])
+    if family == "llada":  # LoRA: the adapter in LLaDA's module names
+        assert all(".transformer.blocks." in k for k in load_file(out / "adapter_model.safetensors"))
+    else:
+        assert json.load(open(out / "config.json"))["model_type"] == {"dream": "Dream", "sdar": "sdar"}[family]
+
+
+def test_bidirectional_probe(tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    from trl_dllm.models.loading import attends_bidirectionally
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    assert attends_bidirectionally(model)
+    model.config.is_causal = True
+    assert not attends_bidirectionally(model)
+
+
+def test_unknown_causal_remote_family_is_refused(tmp_path, tiny_model_path, monkeypatch):
+    """A model of an unknown family whose code ignores the bidirectional switch: one error naming what is missing."""
+    from transformers import AutoModelForCausalLM
+
+    import trl_dllm.models
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    monkeypatch.setattr(trl_dllm.models, "_is_transformers_native", lambda m: False)  # as if it were remote code
+    monkeypatch.setattr(trl_dllm.models, "make_bidirectional", lambda m: None)
+    monkeypatch.setattr("trl_dllm.trainer.make_bidirectional", lambda m: None)  # its code ignores config.is_causal
+    model.config.is_causal = True
+    with pytest.raises(ValueError, match=r"attends causally.*config.is_causal=False.*not a known diffusion family"):
+        DiffusionGRPOTrainer(model=model, reward_funcs=id_checksum_reward, args=make_args(tmp_path),
+                             train_dataset=chat_dataset())

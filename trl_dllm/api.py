@@ -1,0 +1,46 @@
+"""The top-level ``trl_dllm.generate`` and ``trl_dllm.estimate``: the cores' functions, with a Hugging Face model read
+through its family spec (:func:`trl_dllm.models.resolve_model_spec`) — Dream's logit shift undone, ``logits_to_keep``
+only where the model takes it, block-diffusion models decoded block by block with their native block size.
+
+The cores (:mod:`trl_dllm.core`) know no model family; these wrappers are the layer that does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from .core.block_sampling import generate_block_causal
+from .core.likelihood import LikelihoodOutput
+from .core.likelihood import estimate as _estimate
+from .core.sampling import GenerationOutput
+from .core.sampling import generate as _generate
+from .models import model_logits_fn, resolve_model_spec
+
+
+def denoiser(model: Any, mask_token_id: int | None = None, tokenizer: Any = None) -> Any:
+    """``model`` as the cores' logits function: a Hugging Face module through its family spec, anything else as is."""
+    if isinstance(model, nn.Module):
+        return model_logits_fn(model, resolve_model_spec(model, tokenizer, mask_token_id))
+    return model
+
+
+def generate(model: Any, input_ids, attention_mask=None, **kwargs: Any) -> GenerationOutput:
+    """:func:`trl_dllm.core.sampling.generate` for any denoiser. A block-diffusion model (`block` family: SDAR / TraDo)
+    is decoded by :func:`trl_dllm.core.block_sampling.generate_block_causal` with its own block size instead
+    (``cfg_scale`` is not supported there). Keyword arguments are the core function's."""
+    if isinstance(model, nn.Module):
+        spec = resolve_model_spec(model, mask_token_id=kwargs.get("mask_token_id"))
+        if spec.family == "block":
+            if kwargs.pop("cfg_scale", 0.0):
+                raise ValueError("cfg_scale > 0 is not supported for block-causal generation; set cfg_scale=0.")
+            kwargs["block_length"] = spec.block_length
+            return generate_block_causal(model, input_ids, attention_mask, **kwargs)
+        model = model_logits_fn(model, spec)
+    return _generate(model, input_ids, attention_mask, **kwargs)
+
+
+def estimate(name: str, model: Any, *args: Any, **kwargs: Any) -> LikelihoodOutput:
+    """:func:`trl_dllm.core.likelihood.estimate` with a Hugging Face module read through its family spec."""
+    return _estimate(name, denoiser(model, kwargs.get("mask_token_id")), *args, **kwargs)

@@ -1,0 +1,175 @@
+"""Loading a checkpoint the way the trainer does: known diffusion families natively, anything else as TRL would.
+
+:func:`load_pretrained` is what `DiffusionGRPOTrainer` (policy and reference model), `trl-dllm grpo` and
+`trl-dllm eval` use for a model given by name. It reads the checkpoint's ``config.json`` without running remote
+code; a family of :data:`~trl_dllm.models.native.NATIVE_LAYOUTS` is loaded into its transformers class (unless
+``native=False``), anything else goes to TRL's ``create_model_from_path`` with the auto class the checkpoint's
+``auto_map`` declares.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .native import (
+    LLADA_MODULE_NAMES,
+    NATIVE_LAYOUTS,
+    adapter_in_original_layout,
+    adapter_to_native,
+    native_config,
+    native_layout,
+    read_config_dict,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def _create_model_from_path():
+    from trl.trainer.utils import create_model_from_path
+
+    return create_model_from_path
+
+
+def auto_class(config_dict: dict) -> Any:
+    """The auto class to load a remote-code checkpoint with: ``AutoModelForCausalLM`` when its ``auto_map`` declares
+    one, else ``AutoModel`` (Dream's ``auto_map`` has only ``AutoModel``); `None` lets TRL decide (native classes)."""
+    import transformers
+
+    architectures = config_dict.get("architectures") or []
+    if architectures and hasattr(transformers, architectures[0]):
+        return None
+    auto_map = config_dict.get("auto_map") or {}
+    for name in ("AutoModelForCausalLM", "AutoModel"):
+        if name in auto_map:
+            return getattr(transformers, name)
+    return None
+
+
+def load_pretrained(
+    name_or_path: str, *, native: bool = True, create: Callable | None = None, **kwargs: Any
+) -> torch.nn.Module:
+    """Load ``name_or_path`` (Hub id or folder) as the trainer would.
+
+    Args:
+        name_or_path (`str`): a Hub id or a local folder with ``config.json`` (the original checkpoint layout).
+        native (`bool`, *optional*, defaults to `True`): load LLaDA / Dream / SDAR into transformers' own classes
+            (:mod:`trl_dllm.models.native`); `False` keeps the family's remote code (needs ``trust_remote_code=True``).
+        create (`Callable`, *optional*): the loader to delegate to, with TRL's signature
+            ``create(model_id, architecture=None, **kwargs)``; defaults to TRL's ``create_model_from_path`` (dtype
+            strings, ``device_map``).
+        **kwargs: ``from_pretrained`` keyword arguments (``dtype``, ``attn_implementation``, ``revision``,
+            ``trust_remote_code``, ...).
+
+    Raises:
+        ValueError: the weights do not match the family's expected keys (first missing / unexpected ones listed), the
+            checkpoint uses a variant the native class does not implement, or remote code is asked for without
+            ``trust_remote_code=True``.
+    """
+    create = create or _create_model_from_path()
+    config_dict = read_config_dict(name_or_path, **kwargs)
+    layout = native_layout(config_dict)
+    if layout is not None and native:
+        kwargs.pop("trust_remote_code", None)
+        config = native_config(config_dict, source=name_or_path)
+        model, info = create(name_or_path, layout.model_class, config=config, output_loading_info=True, **kwargs)
+        check_loading_info(info, name_or_path, layout.name)
+        logger.info(f"Loaded {name_or_path} natively as {type(model).__name__} (no remote code).")
+        return model
+    if layout is not None and not kwargs.get("trust_remote_code"):
+        raise ValueError(
+            f"{name_or_path} is a {layout.name} checkpoint and native loading is off (native_loading=False): its own "
+            "code needs trust_remote_code=True. Set it, or keep native_loading=True (the default)."
+        )
+    return create(name_or_path, auto_class(config_dict), **kwargs)
+
+
+def check_loading_info(info: dict, name_or_path: str, family: str, shown: int = 5) -> None:
+    """Raise when ``from_pretrained``'s loading info shows weights that do not match the family's layout."""
+    problems = {kind: sorted(info.get(kind) or ()) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    problems = {kind: keys for kind, keys in problems.items() if keys}
+    if not problems:
+        return
+    lines = "; ".join(f"{len(keys)} {kind.replace('_', ' ')} (first: {keys[:shown]})" for kind, keys in problems.items())
+    raise ValueError(
+        f"The weights of {name_or_path} do not match the {family} layout: {lines}. Check that the folder holds the "
+        f"original {family} checkpoint (config.json and its model*.safetensors), or load it with its own code "
+        "(native_loading=False, trust_remote_code=True)."
+    )
+
+
+def native_lora_targets(model: Any, target_modules: Any) -> Any:
+    """LoRA ``target_modules`` given in LLaDA's module names (``attn_out``, ``ff_proj``, ``ff_out``) for a natively
+    loaded LLaDA, translated to the Llama names (``o_proj``, ``gate_proj``, ``down_proj``); anything else unchanged.
+    (Under LLaDA's own code the name ``ff_out`` also matches its LM head, ``model.transformer.ff_out``.)"""
+    if getattr(model, "dllm_layout", None) != "llada" or not isinstance(target_modules, (list, tuple, set)):
+        return target_modules
+    original_to_native = {old: new for new, old in LLADA_MODULE_NAMES.items()}
+    translated = [original_to_native.get(name, name) for name in target_modules]
+    if translated != list(target_modules):
+        logger.info(f"LoRA target_modules {list(target_modules)} → {translated} (LLaDA loaded as Llama).")
+    return type(target_modules)(dict.fromkeys(translated)) if not isinstance(target_modules, set) else set(translated)
+
+
+def supports_gradient_checkpointing(model: Any) -> bool:
+    """Whether ``model`` (or the base of a PEFT model) supports transformers' gradient checkpointing."""
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    return bool(getattr(base, "supports_gradient_checkpointing", False))
+
+
+@torch.no_grad()
+def honours_padding(model: torch.nn.Module, atol: float = 1e-4) -> bool:
+    """One probe forward: do the logits of the visible tokens stay the same when a masked-out (padding) position
+    changes? Models whose forward ignores ``attention_mask`` (older Hub revisions of LLaDA's code) fail it."""
+    device = next(model.parameters()).device
+    vocab_size = model.get_input_embeddings().num_embeddings
+    tokens = torch.arange(1, 9, device=device).remainder(max(2, vocab_size - 1)).unsqueeze(0).repeat(2, 1)
+    tokens[1, 0] = tokens[0, 0] + 1  # the two rows differ only at the padded position 0
+    attention_mask = torch.ones_like(tokens)
+    attention_mask[:, 0] = 0
+    logits = model(input_ids=tokens, attention_mask=attention_mask).logits.float()
+    return bool(torch.allclose(logits[0, 1:], logits[1, 1:], atol=atol, rtol=1e-3))
+
+
+@torch.no_grad()
+def attends_bidirectionally(model: torch.nn.Module, atol: float = 1e-6) -> bool:
+    """One probe forward: does changing the last token move the logits of the first position? (A causal model's do
+    not.)"""
+    device = next(model.parameters()).device
+    vocab_size = model.get_input_embeddings().num_embeddings
+    tokens = torch.arange(1, 9, device=device).remainder(max(2, vocab_size - 1)).unsqueeze(0).repeat(2, 1)
+    tokens[1, -1] = tokens[0, -1] + 1
+    logits = model(input_ids=tokens, attention_mask=torch.ones_like(tokens)).logits.float()
+    return not torch.allclose(logits[0, 0], logits[1, 0], atol=atol, rtol=0)
+
+
+def is_native_layout(model: Any) -> bool:
+    return getattr(model, "dllm_layout", None) in NATIVE_LAYOUTS
+
+
+def adapter_base(path: str) -> str | None:
+    """The ``base_model_name_or_path`` of a LoRA adapter folder, or `None` if ``path`` is not one."""
+    config = os.path.join(path, "adapter_config.json")
+    if not os.path.isfile(config):
+        return None
+    import json
+
+    with open(config, encoding="utf-8") as f:
+        return json.load(f).get("base_model_name_or_path")
+
+
+def load_adapter(model: torch.nn.Module, adapter_path: str, **kwargs: Any) -> Any:
+    """``PeftModel.from_pretrained(model, adapter_path)``, also for an adapter that ``trl_dllm`` saved in the family's
+    original layout (LLaDA's module names) onto a natively loaded model."""
+    from peft import PeftConfig, PeftModel
+
+    layout = getattr(model, "dllm_layout", None)
+    if layout not in NATIVE_LAYOUTS or not adapter_in_original_layout(adapter_path, layout):
+        return PeftModel.from_pretrained(model, adapter_path, **kwargs)
+    config = PeftConfig.from_pretrained(adapter_path)
+    mapping = adapter_to_native(config, layout)
+    return PeftModel.from_pretrained(model, adapter_path, config=config, key_mapping=mapping, **kwargs)
