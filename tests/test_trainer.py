@@ -184,3 +184,16 @@ def test_agrpo_entropy_step_sampling(tmp_path, tiny_model_path):
     revealed = batch["unmask_step"] >= 0
     assert (batch["token_entropies"][revealed] > 0).all() and (batch["token_entropies"][~revealed] == 0).all()
     train_and_check(trainer)
+
+
+def test_agrpo_with_threshold_and_dual_cache_rollouts(tmp_path, tiny_model_path):
+    args = make_args(tmp_path, loss_type="agrpo", estimator="trajectory", step_samples=2, num_iterations=2,
+                     confidence_threshold=0.05, generation_cache="dual")  # fmt: skip
+    trainer = DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=distinct_tokens_reward, args=args,
+                                   train_dataset=make_dataset())  # fmt: skip
+    from trl_dllm.core.bidirectional_cache import generate_cached
+    from trl_dllm.decoding import decoding_plan
+
+    sampler, denoiser, options = decoding_plan(trainer.model, trainer.model_spec, args, eos_token_ids=[0])
+    assert sampler is generate_cached and denoiser is trainer.model and options["generation_cache"] == "dual"
+    train_and_check(trainer)

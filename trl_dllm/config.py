@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from .core.bidirectional_cache import GENERATION_CACHES
 from .core.likelihood import ELBO_COUNTS, ESTIMATORS
 from .core.objectives import KL_ESTIMATORS, OBJECTIVES
 from .core.sampling import REMASKING
@@ -57,6 +58,11 @@ class DiffusionGRPOConfig(GRPOConfig):
         block_kv_cache (`bool`, *optional*, defaults to `True`):
             Block-diffusion models: reuse an exact KV cache of the prompt and the committed blocks while denoising the
             next block.
+        generation_cache (`str`, *optional*, defaults to `"none"`):
+            Bidirectional models (LLaDA, generic): Fast-dLLM's *approximate* KV cache for rollouts. `"prefix"` reuses
+            the keys/values of the prompt and the committed blocks within a block, `"dual"` also those of the later
+            (still masked) blocks; both are recomputed when a block completes. `"none"` decodes exactly. Not with
+            `cfg_scale > 0`, shifted-logit families (Dream) or block-diffusion models (they use `block_kv_cache`).
         eos_early_exit (`bool`, *optional*, defaults to `False`):
             Finish a row once its first EOS is committed and nothing before it is masked: fill the rest with EOS and
             stop computing it. An approximation of the full rollout (LLaDA-style models fill the tail with EOS).
@@ -166,6 +172,10 @@ class DiffusionGRPOConfig(GRPOConfig):
     )
     block_kv_cache: bool = field(
         default=True, metadata={"help": "Block-diffusion models: exact KV cache of the prompt and committed blocks."}
+    )
+    generation_cache: str = field(
+        default="none",
+        metadata={"help": "Approximate KV cache of bidirectional rollouts (Fast-dLLM): none, prefix or dual."},
     )
     eos_early_exit: bool = field(
         default=False, metadata={"help": "Finish a row once its first EOS is committed; fill the rest with EOS."}
@@ -280,6 +290,16 @@ class DiffusionGRPOConfig(GRPOConfig):
             raise ValueError(
                 "confidence_threshold needs a confidence in [0, 1], but remasking='entropy' scores -H <= 0: use "
                 "remasking='low_confidence' or 'margin' with a threshold."
+            )
+        if self.generation_cache not in GENERATION_CACHES:
+            raise ValueError(
+                f"generation_cache={self.generation_cache!r} is not one of {list(GENERATION_CACHES)}: use 'none' "
+                "(exact), 'prefix' or 'dual' (Fast-dLLM's approximate caches)."
+            )
+        if self.generation_cache != "none" and self.cfg_scale > 0:
+            raise ValueError(
+                f"generation_cache={self.generation_cache!r} does not support classifier-free guidance "
+                f"(cfg_scale={self.cfg_scale}): set cfg_scale=0.0 or generation_cache='none'."
             )
         if self.generation_chunk_size is not None and self.generation_chunk_size < 1:
             raise ValueError(f"generation_chunk_size={self.generation_chunk_size} must be >= 1 or None.")

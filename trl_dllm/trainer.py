@@ -33,7 +33,7 @@ from .config import DiffusionGRPOConfig
 from .core.likelihood import SHARED_SEED_ESTIMATORS, LikelihoodOutput, estimate
 from .core.objectives import OBJECTIVES
 from .core.trajectory import trajectory_entropies
-from .decoding import decoding_plan, sampling_distribution
+from .decoding import check_cache_model, decoding_plan, sampling_distribution
 from .models import make_bidirectional, model_logits_fn, require_4d_mask, resolve_model_spec
 from .models.loading import (
     attends_bidirectionally,
@@ -158,6 +158,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         args = self.args
         if args.estimator == "block":
             require_4d_mask(self.model_spec, "the block estimator")
+        check_cache_model(self.model_spec, args.generation_cache)
         if not self._block_causal:
             return
         require_4d_mask(self.model_spec, "block-causal generation")
