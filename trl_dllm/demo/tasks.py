@@ -15,6 +15,7 @@ buckets: bucket 0 is the held-out **test** split, bucket 1 the **val** split (ch
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 import random
@@ -159,6 +160,9 @@ class Task:
 
 TASKS: dict[str, Task] = {
     "sort": Task("sort", _sort_problem, sort_reward, ("target",), completion_length=8),
+    # the longer answer of the rollout trade-off benchmark (bench/bench_rollout_tradeoff.py): 12 digits + EOS in 16
+    "sort_long": Task("sort_long", functools.partial(_sort_problem, length=12), sort_reward, ("target",),
+                      completion_length=16),
     "add": Task("add", _add_problem, add_reward, ("target",), completion_length=4),
     "countdown": Task("countdown", _countdown_problem, countdown_lite_reward, ("target", "nums"), completion_length=8),
 }
