@@ -137,3 +137,70 @@ def test_config_and_model_checks(tmp_path):
     for spec, fix in ((DREAM, "unshifted logits"), (LLADA, "native_loading=True"), (BLOCK, "block_kv_cache=True")):
         with pytest.raises(ValueError, match=fix):
             check_cache_model(spec, "prefix")
+
+
+def _native(family):
+    from trl_dllm.models.native import native_config, native_layout
+    from trl_dllm.testing import tiny_original_config
+
+    original = tiny_original_config(family)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return native_layout(original).model_class(native_config(original)).eval()
+
+
+@pytest.fixture(scope="module")
+def llada():
+    return _native("llada")
+
+
+@pytest.mark.parametrize("mode", ["prefix", "dual"])
+def test_native_llada_is_exact_when_refreshed_every_step(llada, mode):
+    """LLaDA loaded natively (`LLaDANative`, a `LlamaForCausalLM`, 126k vocabulary) runs the cache through transformers'
+    own `DynamicCache`; refreshed at every step it decodes exactly as without the cache."""
+    from transformers import DynamicCache
+
+    prompt_ids, prompt_mask = _prompts()
+    options = dict(BASE, mask_token_id=llada.config.mask_token_id, confidence_threshold=0.05, temperature=1.0)
+    ref = generate(llada, prompt_ids, prompt_mask, generator=_noise(), **options)
+    out = generate_cached(llada, prompt_ids, prompt_mask, generation_cache=mode, refresh_every=1, generator=_noise(),
+                          **options)  # fmt: skip
+    assert torch.equal(out.completion_ids, ref.completion_ids) and torch.equal(out.unmask_step, ref.unmask_step)
+    torch.testing.assert_close(out.logprobs, ref.logprobs, atol=1e-5, rtol=1e-5)
+    canvas = torch.cat([prompt_ids, out.completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, torch.ones(3, 12, dtype=torch.long)], dim=1)
+    cache = BidirectionalKVCache(llada, 5, mode, attention_mask)
+    refreshed, cached = cache(canvas, slice(None), 4, 8), cache(canvas, slice(None), 4, 8)
+    assert issubclass(cache.cache_class, DynamicCache) and cache.num_refreshes == 1
+    torch.testing.assert_close(cached, refreshed, atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_without_a_cache_object_is_refused(model):
+    class TupleCache(torch.nn.Module):  # a remote-code-style model: legacy tuple caches
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, **kwargs):
+            out = self.inner(**kwargs)
+            out.past_key_values = tuple((layer.keys, layer.values) for layer in out.past_key_values.layers)
+            return out
+
+    prompt_ids, prompt_mask = _prompts()
+    with pytest.raises(TypeError, match=r"returned past_key_values of type tuple .* generation_cache='none'"):
+        generate_cached(TupleCache(model), prompt_ids, prompt_mask, **BASE)
+
+
+def test_native_families_are_checked():
+    """LLaDA (native) is supported; Dream (shifted logits) and SDAR (block-diffusion: exact cache of its own) are
+    refused with the fix in the message, as resolved from their native classes."""
+    from trl_dllm.decoding import check_cache_model
+    from trl_dllm.models import resolve_model_spec
+    from trl_dllm.testing import build_family_tokenizer
+
+    specs = {f: resolve_model_spec(_native(f), build_family_tokenizer(f)) for f in ("llada", "dream", "sdar")}
+    check_cache_model(specs["llada"], "dual")
+    with pytest.raises(ValueError, match="shifted logits: True"):
+        check_cache_model(specs["dream"], "prefix")
+    with pytest.raises(ValueError, match="block_kv_cache=True"):
+        check_cache_model(specs["sdar"], "dual")

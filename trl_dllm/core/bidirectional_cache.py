@@ -105,9 +105,17 @@ class BidirectionalKVCache:
             input_ids=canvas[index], use_cache=True, logits_to_keep=torch.arange(lo, hi, device=canvas.device),
             **kwargs,
         )  # fmt: skip
+        past = getattr(out, "past_key_values", None)
+        if not hasattr(past, "layers") or not all(hasattr(layer, "keys") for layer in past.layers):
+            raise TypeError(
+                f"generation_cache={self.mode!r} reads the keys/values from a transformers cache object (a "
+                f"DynamicCache with `.layers`), but {type(self.model).__name__} returned past_key_values of type "
+                f"{type(past).__name__} with use_cache=True (remote-code models return tuples or nothing). Load the "
+                "model natively (native_loading=True) or set generation_cache='none'."
+            )
         reused = self._reused(canvas.shape[1], start, end, canvas.device)
-        self.kv = [(layer.keys[:, :, reused], layer.values[:, :, reused]) for layer in out.past_key_values.layers]
-        self.cache_class = type(out.past_key_values)
+        self.kv = [(layer.keys[:, :, reused], layer.values[:, :, reused]) for layer in past.layers]
+        self.cache_class = type(past)
         self.rows, self.block, self.calls_since_refresh = index, (start, end), 0
         self.num_refreshes += 1
         return out.logits
