@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import time
 
-from bench import bench_generation, bench_likelihood, bench_train_step
+from bench import bench_generation, bench_likelihood, bench_rollout_tradeoff, bench_train_step
 from bench.common import emit, parser, setup
 
 BENCHMARKS = {
     "generation": bench_generation.run,
     "likelihood": bench_likelihood.run,
     "train_step": bench_train_step.run,
+    "rollout": bench_rollout_tradeoff.run,  # also writes rollout_tradeoff.json (the rows)
 }
 
 
@@ -31,6 +32,7 @@ def main(argv=None) -> dict:
     for name in args.only:
         start = time.perf_counter()
         options = {"ks": (1, 2)} if args.quick and name == "likelihood" else {}
+        options = {"out": args.out} if name == "rollout" else options
         results[name] = BENCHMARKS[name](size, repeats=repeats, **options)
         results[name]["benchmark_seconds"] = round(time.perf_counter() - start, 1)
         emit(name, results[name], args.out)

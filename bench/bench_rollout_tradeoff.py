@@ -1,0 +1,252 @@
+"""Rollout trade-off benchmark: forwards per token, wall time and held-out reward of fast decoding on a trained model.
+
+    python -m bench.bench_rollout_tradeoff [--quick] [--repeats 3] [--threads 1] [--out bench_out]
+        [--checkpoint sort=demo_out/best_model sort_long=demo_out_sort_long/best_model]
+
+For each task, the demo's trained checkpoint (the best-val model that ``python -m trl_dllm.demo --task TASK --out DIR``
+saves to ``DIR/best_model``; the benchmark runs that command when the folder is missing) decodes the task's held-out
+test split (the demo's 256 test problems, seed 0) greedily (temperature 0) under every setting below, in one batch:
+
+- ``fixed``: one token per step (``diffusion_steps = block_length = L``, the demo's evaluation): the baseline;
+- ``steps_S``: fixed-step decoding with ``S < L`` steps (``L / S`` tokens per step);
+- ``threshold_C``: Fast-dLLM threshold decoding, every masked token with confidence ``>= C`` revealed in one step;
+- ``eos_exit``: EOS early exit (a row stops once its first EOS is committed with nothing masked before it);
+- ``dual_cache``, ``blockB``, ``blockB_prefix_cache``, ``blockB_dual_cache``: Fast-dLLM's approximate KV cache
+  (:mod:`trl_dllm.core.bidirectional_cache`), on the whole canvas and on blocks of ``B`` (against the uncached
+  ``blockB`` schedule); and threshold + cache combined.
+
+Each row: ``forwards_per_token`` (row forwards / generated tokens), ``wall_ratio`` (wall time / the ``fixed`` row's
+wall time in the same run: each repeat runs ``fixed``, every other setting, ``fixed`` again, back to back, and
+divides by the mean of the two ``fixed`` times; median over repeats), ``cpu_ratio``
+(the same in process CPU time, steadier on a shared machine), ``heldout_reward`` (the task's reward, mean over the
+test problems), ``reward_loss`` (baseline reward − this one) and, for cached rows, ``token_agreement`` (fraction of
+completion tokens equal to the same schedule decoded without the cache). ``rollout_tradeoff.json`` is the list of rows;
+the returned dict (``rollout.json`` under ``bench.run_all``) adds the environment, the checkpoints and the targets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from bench.common import QUICK, Size, emit, environment, median, parser, ratio, setup, timed
+from trl_dllm.core.bidirectional_cache import generate_cached
+from trl_dllm.core.sampling import generate
+from trl_dllm.demo.tasks import get_task
+from trl_dllm.demo.warmstart import decode_completions
+from trl_dllm.models import make_bidirectional, model_logits_fn, resolve_model_spec
+
+TASKS = ("sort", "sort_long")  # sort: 6 digits in an 8-token canvas (the demo); sort_long: 12 digits in 16
+DEFAULT_CHECKPOINTS = {task: f"demo_out{'' if task == 'sort' else '_' + task}/best_model" for task in TASKS}
+THRESHOLDS = (0.9, 0.7, 0.5)
+TARGET_FORWARD_REDUCTION, TARGET_CACHE_SPEEDUP, TARGET_REWARD_LOSS = 3.0, 1.5, 0.01
+
+
+def demo_command(task: str, out_dir: str) -> list[str]:
+    """The command that trains the checkpoint of ``task`` (``make demo`` for ``sort``, into ``out_dir/best_model``)."""
+    return [sys.executable, "-m", "trl_dllm.demo", "--task", task, "--out", out_dir]
+
+
+def trained_checkpoint(task: str, path: str | None, quick: bool, scratch: str) -> tuple[str, dict]:
+    """``(folder, provenance)`` of the trained model of ``task``: ``path`` if it holds one, else the model the demo
+    command trains (``--quick``: the quick demo's warm start, in process, a smoke test only)."""
+    if quick:
+        from trl_dllm.demo.run import QUICK as QUICK_DEMO
+        from trl_dllm.demo.run import DemoConfig
+        from trl_dllm.demo.warmstart import prepare
+
+        prep = prepare(replace(DemoConfig(task=task, out_dir=str(Path(scratch, task))), **QUICK_DEMO))
+        return prep["path"], {"source": "quick demo warm start (smoke test; not a trained model)"}
+    path = path or DEFAULT_CHECKPOINTS[task]
+    out_dir = str(Path(path).parent)
+    command = demo_command(task, out_dir)
+    if not Path(path, "config.json").exists():
+        print(f"[rollout_tradeoff] no checkpoint at {path}: training it with {' '.join(command[1:])}", flush=True)
+        subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    provenance = {"path": path, "command": "python " + " ".join(command[1:])}
+    summary = Path(out_dir, "summary.json")
+    if summary.exists():
+        s = json.loads(summary.read_text())
+        provenance.update({k: s.get(k) for k in ("heldout_reward_before", "heldout_reward_after", "best_step",
+                                                  "train_steps", "wall_minutes")})  # fmt: skip
+    return path, provenance
+
+
+def load(path: str):
+    from transformers import AutoTokenizer
+
+    from trl_dllm.models.loading import load_pretrained
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = load_pretrained(path).eval()
+    make_bidirectional(model)
+    return tokenizer, model, resolve_model_spec(model, tokenizer)
+
+
+def settings(length: int, block: int) -> list[tuple[str, dict]]:
+    """``(name, decoding options)`` of every row; ``fixed`` first (the baseline), then each faster variant."""
+    whole = dict(diffusion_steps=length, block_length=length)
+    rows = [("fixed", whole)]
+    rows += [(f"steps_{length // k}", dict(diffusion_steps=length // k, block_length=length)) for k in (2, 4)]
+    rows += [(f"threshold_{c}", dict(whole, confidence_threshold=c)) for c in THRESHOLDS]
+    rows += [("eos_exit", dict(whole, eos_early_exit=True)), ("threshold_0.9+eos_exit", dict(
+        whole, confidence_threshold=0.9, eos_early_exit=True))]  # fmt: skip
+    rows += [("dual_cache", dict(whole, generation_cache="dual"))]
+    rows += [("threshold_0.9+dual_cache", dict(whole, confidence_threshold=0.9, generation_cache="dual"))]
+    blocks = dict(diffusion_steps=length, block_length=block)
+    rows += [(f"block{block}", blocks)]
+    rows += [(f"block{block}_{mode}_cache", dict(blocks, generation_cache=mode)) for mode in ("prefix", "dual")]
+    rows += [(f"block{block}_threshold_0.9", dict(blocks, confidence_threshold=0.9))]
+    rows += [(f"block{block}_threshold_0.9+dual_cache", dict(blocks, confidence_threshold=0.9, generation_cache="dual"))]
+    return rows
+
+
+def _uncached_twin(name: str, options: dict, names: dict) -> str | None:
+    """The row decoding as ``name`` without the cache (the reference of its token agreement)."""
+    if "generation_cache" not in options:
+        return None
+    twin = name.replace("+dual_cache", "").replace("_prefix_cache", "").replace("_dual_cache", "")
+    twin = {"dual_cache": "fixed"}.get(twin, twin)
+    return twin if twin in names else None
+
+
+def _decode(model, logits_fn, spec, enc, length: int, options: dict):
+    """One greedy decode of the batch ``enc``: through the cache (the module itself) or the logits function."""
+    common = dict(mask_token_id=spec.mask_token_id, eos_token_ids=list(spec.eos_token_ids), gen_length=length)
+    if "generation_cache" in options:
+        return generate_cached(model, enc["input_ids"], enc["attention_mask"], **common, **options)
+    return generate(logits_fn, enc["input_ids"], enc["attention_mask"], **common, **options)
+
+
+def run_task(task_name: str, path: str, repeats: int, block: int, num_test: int) -> list[dict]:
+    """Every setting of :func:`settings` on ``task_name``'s test split, ``repeats`` timed rounds."""
+    task = get_task(task_name)
+    tokenizer, model, spec = load(path)
+    logits_fn = model_logits_fn(model, spec)
+    problems = task.problems("test", num_test, seed=0, unique=True)
+    enc = tokenizer([p["prompt"] for p in problems], add_special_tokens=False, padding=True, padding_side="left",
+                    return_tensors="pt")  # fmt: skip
+    length = task.completion_length
+    rows = settings(length, block)
+    names = {name for name, _ in rows}
+    outputs, walls, cpus, seconds = {}, *({name: [] for name in names} for _ in range(3))
+    with torch.no_grad():
+        for _, options in rows[:1] + rows[-1:]:  # warm-up (allocator; the cache's first call)
+            _decode(model, logits_fn, spec, enc, length, options)
+        for _ in range(repeats):  # the baseline runs first and last: each row is divided by the mean of the two
+            times = {}
+            for name, options in [*rows, rows[0]]:
+                wall, cpu, outputs[name] = timed(_decode, model, logits_fn, spec, enc, length, options)
+                times.setdefault(name, []).append((wall, cpu))
+            base_wall, base_cpu = (sum(t[k] for t in times["fixed"]) / 2 for k in (0, 1))
+            times["fixed"] = [(base_wall, base_cpu)]
+            for name in names:
+                walls[name].append(times[name][0][0] / base_wall)
+                cpus[name].append(times[name][0][1] / base_cpu)
+                seconds[name].append(times[name][0][0])
+    result = []
+    base_reward = None
+    for name, options in rows:
+        out = outputs[name]
+        rewards = task.score(decode_completions(tokenizer, out.completion_ids), problems)
+        reward = sum(rewards) / len(rewards)
+        base_reward = reward if base_reward is None else base_reward
+        row = {
+            "task": task_name,
+            "setting": name,
+            "forwards_per_token": round(out.forwards_per_token, 4),
+            "wall_ratio": round(median(walls[name]), 3),
+            "heldout_reward": round(reward, 4),
+            "cpu_ratio": round(median(cpus[name]), 3),
+            "reward_loss": round(base_reward - reward, 4),
+            "accuracy": round(sum(r == 1.0 for r in rewards) / len(rewards), 4),
+            "wall_seconds": round(median(seconds[name]), 4),
+            "num_forwards": out.num_forwards,
+            "options": dict(options),
+        }
+        twin = _uncached_twin(name, options, names)
+        if twin is not None:
+            row["token_agreement_with"] = twin
+            row["token_agreement"] = round((out.completion_ids == outputs[twin].completion_ids).float().mean().item(), 4)
+        result.append(row)
+    return result
+
+
+def targets(rows: list[dict]) -> dict:
+    """Per task: the fewest forwards per token within ``TARGET_REWARD_LOSS`` of the baseline's reward, and the best
+    wall-time speedup of a cached row against its uncached twin within the same loss."""
+    out = {}
+    for task in dict.fromkeys(r["task"] for r in rows):
+        mine = [r for r in rows if r["task"] == task]
+        base = mine[0]
+        ok = [r for r in mine if r["reward_loss"] <= TARGET_REWARD_LOSS]
+        best = min(ok, key=lambda r: r["forwards_per_token"])
+        by_name = {r["setting"]: r for r in mine}
+        cached = [
+            {"setting": r["setting"], "against": r["token_agreement_with"], "reward_loss": r["reward_loss"],
+             "wall_speedup": ratio(by_name[r["token_agreement_with"]]["wall_ratio"], r["wall_ratio"]),
+             "cpu_speedup": ratio(by_name[r["token_agreement_with"]]["cpu_ratio"], r["cpu_ratio"]),
+             "token_agreement": r["token_agreement"]}
+            for r in mine if "token_agreement" in r
+        ]  # fmt: skip
+        best_cache = max((c for c in cached if c["reward_loss"] <= TARGET_REWARD_LOSS), key=lambda c: c["wall_speedup"],
+                         default=None)  # fmt: skip
+        out[task] = {
+            "baseline_reward": base["heldout_reward"],
+            "best_forward_reduction": ratio(base["forwards_per_token"], best["forwards_per_token"]),
+            "best_forward_reduction_setting": best["setting"],
+            "forward_reduction_met": ratio(base["forwards_per_token"], best["forwards_per_token"])
+            >= TARGET_FORWARD_REDUCTION,
+            "cache_speedups": cached,
+            "best_cache_speedup": best_cache,
+            "cache_speedup_met": best_cache is not None and best_cache["wall_speedup"] >= TARGET_CACHE_SPEEDUP,
+        }
+    return out
+
+
+def run(size: Size, repeats: int = 3, checkpoints: dict | None = None, out: str | None = None,
+        scratch: str | None = None) -> dict:  # fmt: skip
+    """The benchmark; writes ``out/rollout_tradeoff.json`` (the rows) when ``out`` is given."""
+    import tempfile
+
+    quick = size == QUICK
+    checkpoints = checkpoints or {}
+    rows, provenance = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for task in TASKS:
+            path, provenance[task] = trained_checkpoint(task, checkpoints.get(task), quick, scratch or tmp)
+            rows += run_task(task, path, repeats, block=4, num_test=16 if quick else 256)
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        Path(out, "rollout_tradeoff.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return {
+        "benchmark": "rollout_tradeoff",
+        "environment": environment(size),
+        "checkpoints": provenance,
+        "targets": {"forward_reduction": TARGET_FORWARD_REDUCTION, "cache_wall_speedup": TARGET_CACHE_SPEEDUP,
+                    "max_reward_loss": TARGET_REWARD_LOSS},  # fmt: skip
+        "summary": targets(rows),
+        "rows": rows,
+    }
+
+
+def main(argv=None) -> dict:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", nargs="+", default=[], metavar="TASK=DIR", help="trained model of a task")
+    p.set_defaults(threads=1)
+    args = p.parse_args(argv)
+    size = setup(args)
+    checkpoints = dict(item.split("=", 1) for item in args.checkpoint)
+    result = run(size, repeats=args.repeats or (1 if args.quick else 3), checkpoints=checkpoints, out=args.out)
+    emit("rollout", result, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()
