@@ -1,7 +1,7 @@
 """Rollout trade-off benchmark: forwards per token, wall time and held-out reward of fast decoding on a trained model.
 
     python -m bench.bench_rollout_tradeoff [--quick] [--repeats 3] [--threads 1] [--out bench_out]
-        [--checkpoint sort=demo_out/best_model sort_long=demo_out_sort_long/best_model]
+        [--checkpoint sort=demo_out/best_model sort_long=demo_out_sort_long/best_model] [--figure PNG]
 
 For each task, the demo's trained checkpoint (the best-val model that ``python -m trl_dllm.demo --task TASK --out DIR``
 saves to ``DIR/best_model``; the benchmark runs that command when the folder is missing) decodes the task's held-out
@@ -12,8 +12,8 @@ test split (the demo's 256 test problems, seed 0) greedily (temperature 0) under
 - ``threshold_C``: Fast-dLLM threshold decoding, every masked token with confidence ``>= C`` revealed in one step;
 - ``eos_exit``: EOS early exit (a row stops once its first EOS is committed with nothing masked before it);
 - ``dual_cache``, ``blockB``, ``blockB_prefix_cache``, ``blockB_dual_cache``: Fast-dLLM's approximate KV cache
-  (:mod:`trl_dllm.core.bidirectional_cache`), on the whole canvas and on blocks of ``B`` (against the uncached
-  ``blockB`` schedule); and threshold + cache combined.
+  (:mod:`trl_dllm.core.bidirectional_cache`), on the whole canvas (refreshed once, or every 4 steps:
+  ``dual_cache_refresh4``) and on blocks of ``B`` (against the uncached ``blockB`` schedule); and threshold + cache.
 
 Each row: ``forwards_per_token`` (row forwards / generated tokens), ``wall_ratio`` (wall time / the ``fixed`` row's
 wall time in the same run: each repeat runs ``fixed``, every other setting, ``fixed`` again, back to back, and
@@ -98,6 +98,7 @@ def settings(length: int, block: int) -> list[tuple[str, dict]]:
     rows += [("eos_exit", dict(whole, eos_early_exit=True)), ("threshold_0.9+eos_exit", dict(
         whole, confidence_threshold=0.9, eos_early_exit=True))]  # fmt: skip
     rows += [("dual_cache", dict(whole, generation_cache="dual"))]
+    rows += [("dual_cache_refresh4", dict(whole, generation_cache="dual", refresh_every=4))]
     rows += [("threshold_0.9+dual_cache", dict(whole, confidence_threshold=0.9, generation_cache="dual"))]
     blocks = dict(diffusion_steps=length, block_length=block)
     rows += [(f"block{block}", blocks)]
@@ -112,7 +113,7 @@ def _uncached_twin(name: str, options: dict, names: dict) -> str | None:
     if "generation_cache" not in options:
         return None
     twin = name.replace("+dual_cache", "").replace("_prefix_cache", "").replace("_dual_cache", "")
-    twin = {"dual_cache": "fixed"}.get(twin, twin)
+    twin = {"dual_cache": "fixed", "dual_cache_refresh4": "fixed"}.get(twin, twin)
     return twin if twin in names else None
 
 
@@ -124,8 +125,9 @@ def _decode(model, logits_fn, spec, enc, length: int, options: dict):
     return generate(logits_fn, enc["input_ids"], enc["attention_mask"], **common, **options)
 
 
-def run_task(task_name: str, path: str, repeats: int, block: int, num_test: int) -> list[dict]:
-    """Every setting of :func:`settings` on ``task_name``'s test split, ``repeats`` timed rounds."""
+def run_task(task_name: str, path: str, repeats: int, block: int, num_test: int) -> tuple[list[dict], dict]:
+    """``(rows, shape)``: every setting of :func:`settings` on ``task_name``'s test split, ``repeats`` timed rounds, and
+    the model and batch it ran on."""
     task = get_task(task_name)
     tokenizer, model, spec = load(path)
     logits_fn = model_logits_fn(model, spec)
@@ -175,12 +177,16 @@ def run_task(task_name: str, path: str, repeats: int, block: int, num_test: int)
             row["token_agreement_with"] = twin
             row["token_agreement"] = round((out.completion_ids == outputs[twin].completion_ids).float().mean().item(), 4)
         result.append(row)
-    return result
+    shape = {"hidden_size": model.config.hidden_size, "num_layers": model.config.num_hidden_layers,
+             "parameters": sum(p.numel() for p in model.parameters()), "batch": len(problems),
+             "prompt_length": enc["input_ids"].shape[1], "completion_length": length, "block": block}  # fmt: skip
+    return result, shape
 
 
 def targets(rows: list[dict]) -> dict:
     """Per task: the fewest forwards per token within ``TARGET_REWARD_LOSS`` of the baseline's reward, and the best
-    wall-time speedup of a cached row against its uncached twin within the same loss."""
+    wall-time speedup of a cached row against its uncached twin among those within that loss of the baseline
+    (``reward_loss``; ``reward_loss_vs_uncached`` is the cache's own share)."""
     out = {}
     for task in dict.fromkeys(r["task"] for r in rows):
         mine = [r for r in rows if r["task"] == task]
@@ -190,6 +196,8 @@ def targets(rows: list[dict]) -> dict:
         by_name = {r["setting"]: r for r in mine}
         cached = [
             {"setting": r["setting"], "against": r["token_agreement_with"], "reward_loss": r["reward_loss"],
+             "reward_loss_vs_uncached": round(by_name[r["token_agreement_with"]]["heldout_reward"]
+                                              - r["heldout_reward"], 4),
              "wall_speedup": ratio(by_name[r["token_agreement_with"]]["wall_ratio"], r["wall_ratio"]),
              "cpu_speedup": ratio(by_name[r["token_agreement_with"]]["cpu_ratio"], r["cpu_ratio"]),
              "token_agreement": r["token_agreement"]}
@@ -221,13 +229,16 @@ def run(size: Size, repeats: int = 3, checkpoints: dict | None = None, out: str 
     with tempfile.TemporaryDirectory() as tmp:
         for task in TASKS:
             path, provenance[task] = trained_checkpoint(task, checkpoints.get(task), quick, scratch or tmp)
-            rows += run_task(task, path, repeats, block=4, num_test=16 if quick else 256)
+            task_rows, provenance[task]["shape"] = run_task(task, path, repeats, block=4, num_test=16 if quick else 256)
+            rows += task_rows
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
         Path(out, "rollout_tradeoff.json").write_text(json.dumps(rows, indent=1) + "\n")
+    env = environment(size)
+    env.pop("size")  # the benchmark model sizes do not apply: each checkpoint's shape is under `checkpoints`
     return {
         "benchmark": "rollout_tradeoff",
-        "environment": environment(size),
+        "environment": env,
         "checkpoints": provenance,
         "targets": {"forward_reduction": TARGET_FORWARD_REDUCTION, "cache_wall_speedup": TARGET_CACHE_SPEEDUP,
                     "max_reward_loss": TARGET_REWARD_LOSS},  # fmt: skip
@@ -236,15 +247,61 @@ def run(size: Size, repeats: int = 3, checkpoints: dict | None = None, out: str 
     }
 
 
+def _family(setting: str) -> str:
+    for key in ("cache", "threshold", "eos", "steps", "block"):
+        if key in setting:
+            return key
+    return "fixed"
+
+
+def plot(rows: list[dict], path: str | os.PathLike, title: str = "") -> None:
+    """Held-out reward against forwards per token (left) and against wall time relative to ``fixed`` (right), one
+    colour per task, one marker per kind of setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    markers = {"fixed": "*", "steps": "o", "threshold": "^", "eos": "v", "cache": "s", "block": "D"}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110, sharey=True)
+    for colour, task in zip(("C0", "C3"), dict.fromkeys(r["task"] for r in rows)):
+        mine = [r for r in rows if r["task"] == task]
+        for ax, x in zip(axes, ("forwards_per_token", "wall_ratio")):
+            for r in mine:
+                kind = _family(r["setting"])
+                ax.scatter(r[x], r["heldout_reward"], marker=markers[kind], color=colour, s=90 if kind == "fixed" else 36,
+                           edgecolor="k", linewidth=0.4)  # fmt: skip
+            base = mine[0]["heldout_reward"]
+            ax.axhspan(base - TARGET_REWARD_LOSS, base, color=colour, alpha=0.12, lw=0)
+    for kind, marker in markers.items():
+        axes[0].scatter([], [], marker=marker, color="0.6", edgecolor="k", linewidth=0.4, label=kind)
+    for colour, task in zip(("C0", "C3"), dict.fromkeys(r["task"] for r in rows)):
+        axes[0].plot([], [], color=colour, lw=6, label=task)
+    axes[0].set(xscale="log", xlabel="forwards per generated token (log)", ylabel="held-out reward (greedy)")
+    axes[1].set(xlabel="wall time / fixed one-token-per-step decoding (same run)")
+    axes[0].axvline(1 / TARGET_FORWARD_REDUCTION, color="0.4", ls="--", lw=0.8)
+    axes[1].axvline(1 / TARGET_CACHE_SPEEDUP, color="0.4", ls="--", lw=0.8)
+    axes[0].legend(fontsize=7, loc="lower right", ncol=2)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle(title or "Rollout speed vs held-out reward on the demo's trained checkpoints", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def main(argv=None) -> dict:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--checkpoint", nargs="+", default=[], metavar="TASK=DIR", help="trained model of a task")
+    p.add_argument("--figure", default=None, help="also draw the trade-off to this PNG (docs/images/...)")
     p.set_defaults(threads=1)
     args = p.parse_args(argv)
     size = setup(args)
     checkpoints = dict(item.split("=", 1) for item in args.checkpoint)
     result = run(size, repeats=args.repeats or (1 if args.quick else 3), checkpoints=checkpoints, out=args.out)
     emit("rollout", result, args.out)
+    if args.figure:
+        plot(result["rows"], args.figure)
     return result
 
 
