@@ -16,8 +16,8 @@ test split (the demo's 256 test problems, seed 0) greedily (temperature 0) under
   ``dual_cache_refresh4``) and on blocks of ``B`` (against the uncached ``blockB`` schedule); and threshold + cache.
 
 Each row: ``forwards_per_token`` (row forwards / generated tokens), ``wall_ratio`` (wall time / the ``fixed`` row's
-wall time in the same run: each repeat runs ``fixed``, every other setting, ``fixed`` again, back to back, and
-divides by the mean of the two ``fixed`` times; median over repeats), ``cpu_ratio``
+wall time in the same run: each repeat runs ``fixed``, S1, ``fixed``, S2, ..., ``fixed`` back to back and divides
+each setting by the mean of its two neighbouring ``fixed`` times, as the machine may be shared; median over repeats), ``cpu_ratio``
 (the same in process CPU time, steadier on a shared machine), ``heldout_reward`` (the task's reward, mean over the
 test problems), ``reward_loss`` (baseline reward − this one) and, for cached rows, ``token_agreement`` (fraction of
 completion tokens equal to the same schedule decoded without the cache). ``rollout_tradeoff.json`` is the list of rows;
@@ -141,17 +141,18 @@ def run_task(task_name: str, path: str, repeats: int, block: int, num_test: int)
     with torch.no_grad():
         for _, options in rows[:1] + rows[-1:]:  # warm-up (allocator; the cache's first call)
             _decode(model, logits_fn, spec, enc, length, options)
-        for _ in range(repeats):  # the baseline runs first and last: each row is divided by the mean of the two
-            times = {}
-            for name, options in [*rows, rows[0]]:
+        for _ in range(repeats):  # fixed, S1, fixed, S2, ..., fixed: each S_i is divided by its two neighbours' mean
+            base = [timed(_decode, model, logits_fn, spec, enc, length, rows[0][1])]
+            outputs["fixed"] = base[0][2]
+            for name, options in rows[1:]:
                 wall, cpu, outputs[name] = timed(_decode, model, logits_fn, spec, enc, length, options)
-                times.setdefault(name, []).append((wall, cpu))
-            base_wall, base_cpu = (sum(t[k] for t in times["fixed"]) / 2 for k in (0, 1))
-            times["fixed"] = [(base_wall, base_cpu)]
-            for name in names:
-                walls[name].append(times[name][0][0] / base_wall)
-                cpus[name].append(times[name][0][1] / base_cpu)
-                seconds[name].append(times[name][0][0])
+                base.append(timed(_decode, model, logits_fn, spec, enc, length, rows[0][1]))
+                walls[name].append(wall / ((base[-2][0] + base[-1][0]) / 2))
+                cpus[name].append(cpu / ((base[-2][1] + base[-1][1]) / 2))
+                seconds[name].append(wall)
+            walls["fixed"].append(1.0)
+            cpus["fixed"].append(1.0)
+            seconds["fixed"].append(median(b[0] for b in base))
     result = []
     base_reward = None
     for name, options in rows:
@@ -281,7 +282,7 @@ def plot(rows: list[dict], path: str | os.PathLike, title: str = "") -> None:
     axes[1].set(xlabel="wall time / fixed one-token-per-step decoding (same run)")
     axes[0].axvline(1 / TARGET_FORWARD_REDUCTION, color="0.4", ls="--", lw=0.8)
     axes[1].axvline(1 / TARGET_CACHE_SPEEDUP, color="0.4", ls="--", lw=0.8)
-    axes[0].legend(fontsize=7, loc="lower right", ncol=2)
+    axes[0].legend(fontsize=7, loc="center left", ncol=2)
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.suptitle(title or "Rollout speed vs held-out reward on the demo's trained checkpoints", fontsize=10)
