@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -31,6 +32,7 @@ __all__ = [
     "select_top",
     "transfer_schedule",
     "uniform_noise",
+    "RaggedNoise",
 ]
 
 # --- The distribution sampled from ---
@@ -41,11 +43,26 @@ from ``generator[b]``, so a row's noise does not depend on which other rows shar
 RNG)."""
 
 
-def uniform_noise(shape: tuple[int, ...], generator: Noise, device: torch.device) -> torch.Tensor:
+@dataclass(frozen=True)
+class RaggedNoise:
+    """Per-row generators for a flat batch of ragged rows: its first ``counts[0]`` entries belong to row 0 (drawn
+    from ``generators[0]``), the next ``counts[1]`` to row 1, and so on — e.g. the still-masked positions of a block,
+    gathered row-major. Row ``b`` draws ``counts[b]`` entries' worth of noise in one call, in entry order."""
+
+    generators: Sequence[torch.Generator]
+    counts: Sequence[int]
+
+
+def uniform_noise(shape: tuple[int, ...], generator: Noise | RaggedNoise, device: torch.device) -> torch.Tensor:
     """``U(0, 1)`` float64 noise of ``shape`` on ``device``, drawn from ``generator`` (see :data:`Noise`; per-row
-    generators must live on ``device``)."""
+    generators must live on ``device``; with :class:`RaggedNoise`, ``shape[0]`` is the sum of its counts)."""
     if generator is None or isinstance(generator, torch.Generator):
         return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+    if isinstance(generator, RaggedNoise):
+        if sum(generator.counts) != shape[0]:
+            raise ValueError(f"Ragged noise for {sum(generator.counts)} entries, asked for shape {tuple(shape)}.")
+        return torch.cat([torch.rand((count, *shape[1:]), generator=g, device=device, dtype=torch.float64)
+                          for g, count in zip(generator.generators, generator.counts)])  # fmt: skip
     if len(generator) != shape[0]:
         raise ValueError(f"{len(generator)} per-row generators for noise of shape {tuple(shape)}.")
     return torch.stack([torch.rand(shape[1:], generator=g, device=device, dtype=torch.float64) for g in generator])
@@ -149,7 +166,8 @@ def sample_tokens(log_probs: torch.Tensor, temperature: float, generator: Noise 
 
 
 # --- Remasking strategies: confidence of each block position; the most confident masked positions are committed. ---
-# A strategy is ``fn(log_probs (B, K, V), tokens (B, K), generator) -> confidence (B, K)``.
+# A strategy is ``fn(log_probs (..., V), tokens (...), generator) -> confidence (...)``; the sampler passes the gathered
+# masked positions, `(n, V)` and `(n,)`, with a generator, a list of them or a ``RaggedNoise`` (use ``uniform_noise``).
 
 ConfidenceFn = Callable[[torch.Tensor, torch.Tensor, "torch.Generator | None"], torch.Tensor]
 
