@@ -135,3 +135,24 @@ def test_kept_logits_of_a_functionally_tied_head_are_sliced():
     full = model(ids).logits[:, positions]
     fn = module_logits_fn(model, logits_to_keep=False)
     torch.testing.assert_close(kept_logits(fn, ids, None, positions, keep), full[keep])
+
+
+class Wrapped(nn.Module):
+    """Holds the model as ``.module`` and forwards to it, as DDP and DeepSpeed's engine do."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+def test_kept_logits_look_through_a_ddp_style_wrapper():
+    model = _llama()
+    ids, positions = torch.randint(0, 40, (2, 6), generator=torch.Generator().manual_seed(3)), torch.tensor([1, 4, 5])
+    keep = torch.tensor([[True, False, True], [False, True, True]])
+    rows = HeadRows(model.lm_head)
+    kept = kept_logits(module_logits_fn(Wrapped(model)), ids, None, positions, keep)
+    assert rows.rows == [4]
+    torch.testing.assert_close(kept, module_logits_fn(model)(ids, None, positions)[keep], rtol=0, atol=1e-5)

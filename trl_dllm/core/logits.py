@@ -85,7 +85,10 @@ def module_logits_fn(model: nn.Module, *, shift_logits: bool = False, logits_to_
 
 def _output_head(model: nn.Module) -> nn.Module | None:
     """The LM head module (``get_output_embeddings()``), or None where it is unknown or is the input embedding (tied
-    weights applied functionally, as LLaDA's remote code does with ``weight_tying``: hooking it would hook the input)."""
+    weights applied functionally, as LLaDA's remote code does with ``weight_tying``: hooking it would hook the input).
+    Wrappers that only hold the model as ``.module`` (DDP, DeepSpeed's engine) are looked through."""
+    while not hasattr(model, "get_output_embeddings") and isinstance(getattr(model, "module", None), nn.Module):
+        model = model.module
     get_head, get_input = getattr(model, "get_output_embeddings", None), getattr(model, "get_input_embeddings", None)
     head = get_head() if callable(get_head) else None
     if not isinstance(head, nn.Module) or (callable(get_input) and head is get_input()):
