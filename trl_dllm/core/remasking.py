@@ -61,8 +61,11 @@ def uniform_noise(shape: tuple[int, ...], generator: Noise | RaggedNoise, device
     if isinstance(generator, RaggedNoise):
         if sum(generator.counts) != shape[0]:
             raise ValueError(f"Ragged noise for {sum(generator.counts)} entries, asked for shape {tuple(shape)}.")
-        return torch.cat([torch.rand((count, *shape[1:]), generator=g, device=device, dtype=torch.float64)
-                          for g, count in zip(generator.generators, generator.counts)])  # fmt: skip
+        noise, start = torch.empty(shape, device=device, dtype=torch.float64), 0
+        for g, count in zip(generator.generators, generator.counts):  # in place: no copy of the (n, V) noise
+            noise[start : start + count].uniform_(generator=g)
+            start += count
+        return noise
     if len(generator) != shape[0]:
         raise ValueError(f"{len(generator)} per-row generators for noise of shape {tuple(shape)}.")
     return torch.stack([torch.rand(shape[1:], generator=g, device=device, dtype=torch.float64) for g in generator])
@@ -135,7 +138,10 @@ def sampling_log_probs(
     Returns:
         `torch.Tensor` of shape `(..., V)`, float64 if ``temperature > 0`` else float32.
     """
-    z = logits.double() / temperature if temperature > 0 else logits.float().clone()  # a copy: written below
+    if temperature > 0:  # a copy (written below), divided in place: one (..., V) float64 tensor, not two
+        z = logits.to(torch.float64, copy=True).div_(temperature)
+    else:
+        z = logits.float().clone()
     if mask_token_id is not None:
         z[..., mask_token_id] = float("-inf")
     return filter_logits(z, top_k, top_p, min_p).log_softmax(dim=-1)
@@ -162,7 +168,7 @@ def sample_tokens(log_probs: torch.Tensor, temperature: float, generator: Noise 
         return log_probs.argmax(dim=-1)
     uniform = uniform_noise(log_probs.shape, generator, log_probs.device)
     gumbel = uniform.clamp_(min=torch.finfo(torch.float64).tiny).log_().neg_().log_().neg_()  # -log(-log u)
-    return (log_probs.double() + gumbel).argmax(dim=-1)
+    return gumbel.add_(log_probs).argmax(dim=-1)  # in place: log q + g, float64
 
 
 # --- Remasking strategies: confidence of each block position; the most confident masked positions are committed. ---
