@@ -21,7 +21,8 @@ each setting by the mean of its two neighbouring ``fixed`` times, as the machine
 (the same in process CPU time, steadier on a shared machine), ``heldout_reward`` (the task's reward, mean over the
 test problems), ``reward_loss`` (baseline reward − this one) and, for cached rows, ``token_agreement`` (fraction of
 completion tokens equal to the same schedule decoded without the cache). ``rollout_tradeoff.json`` is the list of rows;
-the returned dict (``rollout.json`` under ``bench.run_all``) adds the environment, the checkpoints and the targets.
+the returned dict (``rollout.json`` under ``bench.run_all``) adds the environment, the checkpoints, a per-task summary
+and the targets (``value <= bound`` with ``met``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import QUICK, Size, emit, environment, median, parser, ratio, setup, timed
+from bench.common import QUICK, Size, emit, environment, median, parser, ratio, setup, target, timed
 from trl_dllm.core.bidirectional_cache import generate_cached
 from trl_dllm.core.sampling import generate
 from trl_dllm.demo.tasks import get_task
@@ -219,6 +220,27 @@ def targets(rows: list[dict]) -> dict:
     return out
 
 
+def target_entries(summary: dict) -> dict:
+    """The targets in ``bench.common.target`` form (``value <= bound``), per task: forwards per token of the fewest-
+    forward setting within ``TARGET_REWARD_LOSS`` of ``fixed`` over ``fixed``'s (bound 1/3), and wall time of the
+    fastest cached setting within that loss over the same schedule uncached (bound 1/1.5; 1.0 when no cached setting
+    is within the loss: no speedup at that loss)."""
+    out = {}
+    for task, s in summary.items():
+        out[f"{task}_forwards_per_token"] = target(
+            round(1 / s["best_forward_reduction"], 3), round(1 / TARGET_FORWARD_REDUCTION, 3),
+            f"{task}: fewest forwards per token / fixed's within {TARGET_REWARD_LOSS} held-out reward "
+            f"({s['best_forward_reduction_setting']})",
+        )  # fmt: skip
+        best = s["best_cache_speedup"]
+        out[f"{task}_cache_wall_ratio"] = target(
+            round(1 / best["wall_speedup"], 3) if best else 1.0, round(1 / TARGET_CACHE_SPEEDUP, 3),
+            f"{task}: wall time of the fastest cached setting within {TARGET_REWARD_LOSS} held-out reward / the same "
+            f"schedule uncached ({best['setting'] + ' vs ' + best['against'] if best else 'none within the loss'})",
+        )  # fmt: skip
+    return out
+
+
 def run(size: Size, repeats: int = 3, checkpoints: dict | None = None, out: str | None = None,
         scratch: str | None = None) -> dict:  # fmt: skip
     """The benchmark; writes ``out/rollout_tradeoff.json`` (the rows) when ``out`` is given."""
@@ -235,15 +257,15 @@ def run(size: Size, repeats: int = 3, checkpoints: dict | None = None, out: str 
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
         Path(out, "rollout_tradeoff.json").write_text(json.dumps(rows, indent=1) + "\n")
+    summary = targets(rows)
     env = environment(size)
     env.pop("size")  # the benchmark model sizes do not apply: each checkpoint's shape is under `checkpoints`
     return {
         "benchmark": "rollout_tradeoff",
         "environment": env,
         "checkpoints": provenance,
-        "targets": {"forward_reduction": TARGET_FORWARD_REDUCTION, "cache_wall_speedup": TARGET_CACHE_SPEEDUP,
-                    "max_reward_loss": TARGET_REWARD_LOSS},  # fmt: skip
-        "summary": targets(rows),
+        "targets": target_entries(summary),
+        "summary": summary,
         "rows": rows,
     }
 
