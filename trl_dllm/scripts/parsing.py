@@ -3,8 +3,9 @@
 A recipe is TRL's YAML config: a flat mapping of field names of the script's dataclasses, plus an optional `env:`
 mapping of environment variables to set. On top of `TrlParser` this adds:
 
-- `${VAR}` in a string value is replaced by the environment variable `VAR` (tiny recipes read the model path from
-  `$TRL_DLLM_TINY_MODEL`); an unset variable is an error unless the field is also given on the command line;
+- `${VAR}` in a string value is replaced by the environment variable `VAR`, `${VAR:-default}` by `default` when `VAR`
+  is unset or empty (tiny recipes read `${TRL_DLLM_TINY_MODEL:-tiny}`: the embedded tiny model unless the variable
+  names another); an unset variable without a default is an error unless the field is also given on the command line;
 - an unknown field (in the recipe or as a flag) is an error naming it, with the closest known field;
 - argparse's errors (bad values) raise instead of printing the multi-hundred-line usage of `GRPOConfig`.
 """
@@ -24,7 +25,7 @@ from trl import TrlParser
 
 from ..validation import REMOVED_ARGUMENTS
 
-_ENV_VAR = re.compile(r"\$\{(\w+)\}")
+_ENV_VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
 
 class UsageError(Exception):
@@ -131,9 +132,17 @@ def load_recipe(path: str, overridden: Iterable[str] = ()) -> dict[str, Any]:
     return expanded
 
 
+def _variable(match: re.Match) -> str:
+    """`${VAR}` → `$VAR` (KeyError when unset); `${VAR:-default}` → `$VAR`, or `default` when unset or empty."""
+    name, default = match.group(1), match.group(2)
+    if default is not None:
+        return os.environ.get(name) or default
+    return os.environ[name]
+
+
 def _expand(value: Any) -> Any:
     if isinstance(value, str):
-        return _ENV_VAR.sub(lambda m: os.environ[m.group(1)], value)
+        return _ENV_VAR.sub(_variable, value)
     if isinstance(value, list):
         return [_expand(v) for v in value]
     if isinstance(value, dict):
