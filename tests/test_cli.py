@@ -196,3 +196,29 @@ def test_missing_recipe_and_bad_values(in_repo, capsys):
     assert "block_length=3" in run_bad(capsys, grpo.main, ["--config", TINY, "--block_length", "3"])
     assert "--max_steps" in run_bad(capsys, grpo.main, ["--config", TINY, "--max_steps", "many"])
     assert "task" in run_bad(capsys, grpo.main, ["--config", TINY, "--task", "chess"])
+
+
+def test_grpo_help_lists_config_then_our_groups_then_trl(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("TRL_DLLM_CACHE", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "100")
+    assert cli.main(["grpo", "--help"]) == 0
+    out = capsys.readouterr().out
+    titles = ["recipe:", "data and rewards:", "diffusion generation:", "likelihood estimation:", "objective:",
+              "model and LoRA (TRL's ModelConfig):", "inherited by DiffusionGRPOConfig"]
+    assert [out.index(t) for t in titles] == sorted(out.index(t) for t in titles)
+    assert "--config RECIPE.yaml" in out and out.index("--block_length") < out.index("--learning_rate")
+    assert all(f"--{name} " in out for name in grpo.make_parser().field_names())  # every field, once grouped
+    # Cached: the second --help, in a fresh interpreter, answers without importing TRL.
+    check = "import sys; from trl_dllm import cli; cli.main(['grpo', '--help']); print('trl' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout == out + "False\n", result.stderr[-2000:]
+
+
+def test_demo_help_does_not_import_the_trainer():
+    check = (
+        "import sys, trl_dllm.demo as demo\n"
+        "try:\n    demo.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('trl' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip().endswith("False"), result.stderr[-2000:]

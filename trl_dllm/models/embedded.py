@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 import tempfile
-from pathlib import Path
 
 from .. import __version__
+from ..cache import cache_dir
 
 
 def _build_tiny(path: str) -> None:
@@ -32,11 +32,6 @@ def _build_tiny_block(path: str) -> None:
 
 
 EMBEDDED_MODELS = {"tiny": _build_tiny, "tiny-block": _build_tiny_block}
-
-
-def cache_dir() -> Path:
-    """Where embedded models are saved: `$TRL_DLLM_CACHE`, else `~/.cache/trl_dllm`."""
-    return Path(os.environ.get("TRL_DLLM_CACHE") or Path.home() / ".cache" / "trl_dllm")
 
 
 def resolve_model_name(name_or_path):
