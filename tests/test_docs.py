@@ -65,3 +65,27 @@ def test_runnable_blocks_run(page, tmp_path, tiny_model_path):
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, f"{rel(page)}:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+
+
+# Paths the docs cite from other repositories (ESPO's `recipes/`), next to that repository's name.
+UPSTREAM_PATHS = {"recipes/train.yaml", "recipes/run_gsm8k_llada.sh", "recipes/run_math_llada.sh",
+                  "recipes/run_countdown_llada.sh", "recipes/run_sudoku_llada.sh"}
+_REPO_PATH = re.compile(r"(?<![\w/.~$-])((?:trl_dllm|tests|docs|recipes|bench)/[\w./-]*\w)(?![\w{*])")
+_LINK = re.compile(r"\]\(([^)#\s]+)")
+
+
+def test_docs_cite_only_files_in_the_repository():
+    missing = []
+    for page in PAGES:
+        text = page.read_text()
+        for match in _REPO_PATH.finditer(text):
+            path = match.group(1)
+            if path not in UPSTREAM_PATHS and not (ROOT / path).exists():
+                missing.append(f"{rel(page)}: {path}")
+        for match in _LINK.finditer(text):
+            target = match.group(1)
+            if not target.startswith(("http://", "https://")) and not (page.parent / target).exists():
+                missing.append(f"{rel(page)}: link {target}")
+        if re.search(r"DESIGN(\.md| ?§)", text):
+            missing.append(f"{rel(page)}: DESIGN (not in the repository)")
+    assert not missing, missing

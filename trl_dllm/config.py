@@ -30,16 +30,15 @@ class DiffusionGRPOConfig(GRPOConfig):
 
     On a machine without a bf16-capable GPU (or with `use_cpu=True`), TRL's default `bf16=None` (bf16 on) becomes
     `False`, said in one log line when the trainer starts; an explicit `bf16=True` there is an error. Without an
-    accelerator `dataloader_pin_memory` is off. TRL's
-    `gradient_checkpointing` is passed to transformers under its current name (`activation_checkpointing`) unless that
-    is set.
+    accelerator `dataloader_pin_memory` is off. TRL's `gradient_checkpointing` is passed to transformers under its
+    current name (`activation_checkpointing`) unless that is set.
 
     Parameters:
         > Parameters that control diffusion generation
 
         mask_token_id (`int` or `None`, *optional*, defaults to `None`):
-            Id of the mask token. `None` takes it from the model family (LLaDA 126336, Dream 151666), then
-            `model.config.mask_token_id`, then the tokenizer's `mask_token`.
+            Id of the mask token. `None` takes the first of `model.config.mask_token_id`, the model family's
+            (LLaDA 126336, Dream 151666), the tokenizer's `mask_token`.
         native_loading (`bool`, *optional*, defaults to `True`):
             Load LLaDA, Dream and SDAR / TraDo checkpoints given by name into transformers' own Llama / Qwen2 / Qwen3
             classes (no remote code; sdpa / flash attention, gradient checkpointing, `logits_to_keep`, standard LoRA
@@ -148,7 +147,7 @@ class DiffusionGRPOConfig(GRPOConfig):
 
     mask_token_id: int | None = field(
         default=None,
-        metadata={"help": "Id of the mask token. None: from the model family, model.config or the tokenizer."},
+        metadata={"help": "Id of the mask token. None: model.config, then the model family, then the tokenizer."},
     )
     native_loading: bool = field(
         default=True,

@@ -588,6 +588,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             self._log_scalar("ratio/mean", ratio.mean())
             self._log_scalar("ratio/std", ratio.std() if ratio.numel() > 1 else torch.zeros(()))
             self._log_scalar("ratio/max", ratio.max())
+            self._log_scalar("ratio/min", ratio.min())
 
 
 class _RouterLoss:

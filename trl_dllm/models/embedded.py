@@ -3,8 +3,8 @@
     trl-dllm grpo --config recipes/tiny/stabledrl_gsm8k.yaml --output_dir out     # model_name_or_path: tiny
     DiffusionGRPOTrainer(model="tiny", ...)
 
-`tiny` is the random bidirectional dLLM of `trl_dllm.testing.save_tiny_dllm` (2 layers, hidden size 32, a word-level
-tokenizer of about 100 tokens), `tiny-block` the block-diffusion one of `save_tiny_block_dllm` (native blocks of 4).
+`tiny` is the random bidirectional dLLM of `trl_dllm.testing.save_tiny_dllm` (2 layers, hidden size 32, a 72-token
+word-level tokenizer), `tiny-block` the block-diffusion one of `save_tiny_block_dllm` (native blocks of 4).
 Both are built from fixed seeds on first use and saved under `$TRL_DLLM_CACHE` (default `~/.cache/trl_dllm`), so a
 name always means the same weights. A local directory of the same name takes precedence, as it does for
 `from_pretrained`.
