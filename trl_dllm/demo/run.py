@@ -79,7 +79,7 @@ def _demo_trainer_args(cfg: DemoConfig, task: Task, output_dir: str) -> Diffusio
         logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=cfg.seed, disable_tqdm=True,
         # On by default (TRL's bf16 and gradient checkpointing, our mc_checkpointing); for this model on CPU they only
         # cost time: bf16 autocast and recomputation made a step 2x slower, mc_checkpointing another 12-17%.
-        bf16=False, gradient_checkpointing=False, mc_checkpointing=False,
+        bf16=False, activation_checkpointing=False, mc_checkpointing=False,
     )
     # fmt: on
     return DiffusionGRPOConfig(**{**kwargs, **cfg.trainer_overrides})
