@@ -23,9 +23,9 @@ class DiffusionGRPOConfig(GRPOConfig):
     Configuration class for [`DiffusionGRPOTrainer`]: every field of TRL's [`~trl.GRPOConfig`] plus the fields below.
 
     `max_completion_length` is the generation canvas length (`gen_length` in LLaDA's code). With none of the fields
-    below set, generation uses blocks of at most 32 tokens and commits two tokens per step (LLaDA's and d1's schedule,
-    `diffusion_steps = max_completion_length / 2`), the likelihood is a one-sample antithetic ELBO, and `loss_type`
-    keeps TRL's default — an existing TRL GRPO script runs unchanged. The trainer logs the resulting cost once at the
+    below set, generation uses blocks of at most 32 tokens and commits two tokens per step
+    (`diffusion_steps = max_completion_length / 2`, the schedule of d1's released configs and of `recipes/llada/`),
+    the likelihood is a one-sample antithetic ELBO, and `loss_type` keeps TRL's default — an existing TRL GRPO script runs unchanged. The trainer logs the resulting cost once at the
     start (denoising forwards per rollout).
 
     On a machine without a bf16-capable GPU (or with `use_cpu=True`), TRL's default `bf16=None` (bf16 on) becomes
@@ -49,7 +49,7 @@ class DiffusionGRPOConfig(GRPOConfig):
             `max_completion_length / 2` (two tokens per step) rounded up to a multiple of the number of blocks.
         block_length (`int` or `None`, *optional*, defaults to `None`):
             Length of a semi-autoregressive block. Must divide `max_completion_length`. `None` means the largest divisor
-            of `max_completion_length` that is at most 32 (LLaDA's and d1's block), or one block spanning the
+            of `max_completion_length` that is at most 32 (d1's block), or one block spanning the
             completion when that divisor is below 8 or the completion is at most 32 tokens.
         remasking (`str`, *optional*, defaults to `"low_confidence"`):
             Which masked positions to commit at each step: `"low_confidence"` (highest probability of the sampled token
