@@ -25,8 +25,8 @@ class DiffusionGRPOConfig(GRPOConfig):
     `max_completion_length` is the generation canvas length (`gen_length` in LLaDA's code). With none of the fields
     below set, generation uses blocks of at most 32 tokens and commits two tokens per step
     (`diffusion_steps = max_completion_length / 2`, the schedule of d1's released configs and of `recipes/llada/`),
-    the likelihood is a one-sample antithetic ELBO, and `loss_type` keeps TRL's default — an existing TRL GRPO script runs unchanged. The trainer logs the resulting cost once at the
-    start (denoising forwards per rollout).
+    the likelihood is a one-sample antithetic ELBO, and `loss_type` keeps TRL's default — an existing TRL GRPO script
+    runs unchanged. The trainer logs the resulting cost once at the start (denoising forwards per rollout).
 
     On a machine without a bf16-capable GPU (or with `use_cpu=True`), TRL's default `bf16=None` (bf16 on) becomes
     `False`, said in one log line when the trainer starts; an explicit `bf16=True` there is an error. Without an
