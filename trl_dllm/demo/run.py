@@ -114,11 +114,11 @@ class HeldOutCallback(TrainerCallback):
         evaluated = self.heldout and (step % self.eval_every == 0 or step == state.max_steps or out_of_time)
         if evaluated:
             self.evaluate(model, step)
-        self._show(step, state.max_steps, line=evaluated or step == state.max_steps)
+        self._show(step, state.max_steps, line=evaluated or step == state.max_steps or out_of_time)
 
     def _show(self, step: int, max_steps: int, line: bool) -> None:
         """Update the bar; when the console is not a terminal (a log file, a pipe), where rich draws no bar, also
-        print one plain line at each held-out evaluation and at the last step."""
+        print one plain line at each held-out evaluation and at the last step (the last one the budget allows)."""
         if self._bar is None:
             return
         reward = "reward -" if self._reward != self._reward else f"reward {self._reward:.2f}"  # nan before any log
