@@ -8,6 +8,7 @@ Every ```python block is preceded by one marker line:
 - `<!-- doc: fragment -->`: a signature or an excerpt, not a program; not run.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -46,25 +47,55 @@ def test_hub_blocks_have_a_runnable_twin_on_their_page():
 
 RUNNABLE = [p for p in PAGES if any(kind == "run" for _, kind, _ in blocks(p))]
 
+# Runs in one fresh interpreter (imports are paid once): each page's runnable blocks, concatenated in order, execute
+# in their own namespace and their own working directory; the outcome of each page is written to a JSON file.
+RUNNER = textwrap.dedent(
+    """
+    import json, os, sys, traceback
+    pages, out = json.loads(sys.argv[1]), sys.argv[2]
+    results = {}
+    for name, (workdir, code) in pages.items():
+        os.chdir(workdir)
+        try:
+            exec(compile(code, name, "exec"), {"__name__": "__main__"})
+            results[name] = None
+        except BaseException:
+            results[name] = traceback.format_exc()
+    with open(out, "w") as f:
+        json.dump(results, f)
+    """
+)
 
-@pytest.mark.parametrize("page", RUNNABLE, ids=rel)
-def test_runnable_blocks_run(page, tmp_path, tiny_model_path):
-    code = "\n".join(
-        f"# --- {rel(page)}:{line}\n{block}" for line, kind, block in blocks(page) if kind == "run"
-    )
-    for name in ("tests", "recipes"):
-        (tmp_path / name).symlink_to(ROOT / name)
+
+@pytest.fixture(scope="module")
+def page_results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("docs")
+    pages = {}
+    for page in RUNNABLE:
+        workdir = root / rel(page).replace("/", "_")
+        workdir.mkdir()
+        for name in ("tests", "recipes"):
+            (workdir / name).symlink_to(ROOT / name)
+        code = "\n".join(f"# --- {rel(page)}:{line}\n{block}" for line, kind, block in blocks(page) if kind == "run")
+        pages[rel(page)] = (str(workdir), code)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",
-        "TRL_DLLM_CACHE": str(Path(tiny_model_path).parent / "embedded-cache"),  # built once per session
+        "TRL_DLLM_CACHE": str(root / "cache"),  # the embedded model is built once, by the first page that names it
     }
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, f"{rel(page)}:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    out = root / "results.json"
+    result = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(pages), str(out)], env=env,
+                            capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0 and out.exists(), result.stderr[-4000:]
+    return json.loads(out.read_text()), result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("page", RUNNABLE, ids=rel)
+def test_runnable_blocks_run(page, page_results):
+    results, output = page_results
+    assert results[rel(page)] is None, f"{rel(page)}:\n{results[rel(page)]}\n--- output:\n{output[-3000:]}"
 
 
 # Paths the docs cite from other repositories (ESPO's `recipes/`), next to that repository's name.
