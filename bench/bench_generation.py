@@ -11,19 +11,26 @@ Reports, measured in one run (see docs/benchmarks.md):
   afterwards (``logits_to_keep=False``, the reference implementations' way): the speedup of the block-only head.
 - ``threshold``: forwards per generated token with Fast-dLLM threshold decoding (if `generate` has
   ``confidence_threshold``), on a copy of the model whose LM head is scaled so that its predictions are confident.
+- ``masked_sampling``: at realistic vocabularies (32k, 126k; the model's head resized), `generate`'s overhead over its
+  forwards in run with sampling on the still-masked block positions only (the package) and with the step before
+  (sampling on every block position, ``_choose_full_block`` below), runs interleaved; and the speedup.
+- ``targets``: each ratio with a target, the target and whether it is met.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+from contextlib import contextmanager
 
 import torch
 
 from bench.common import (
+    REALISTIC_VOCABS,
     ForwardTimer,
     Size,
     build,
+    build_with_vocab,
     emit,
     environment,
     floor_ratios,
@@ -32,9 +39,12 @@ from bench.common import (
     random_ids,
     ratio,
     setup,
+    target,
     timed,
 )
+from trl_dllm.core import sampling
 from trl_dllm.core.logits import module_logits_fn
+from trl_dllm.core.remasking import REMASKING, sample_tokens, sampling_log_probs, select_above, select_top
 from trl_dllm.core.sampling import generate
 
 
@@ -77,8 +87,56 @@ def _threshold(model, size: Size, prompt, threshold: float, sharpen: float, temp
     }
 
 
+def _choose_full_block(logits, masked, num_transfer, opts, generator):
+    """The baseline: the denoising step before issue 14, sampling on every block position (committed ones too)."""
+    log_probs = sampling_log_probs(logits, temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p,
+                                   mask_token_id=opts.mask_token_id, min_p=opts.min_p)  # fmt: skip
+    tokens = sample_tokens(log_probs, opts.temperature, generator)
+    confidence = REMASKING[opts.remasking](log_probs, tokens, generator)
+    if num_transfer is None:
+        commit = select_above(confidence, masked, opts.confidence_threshold)
+    else:
+        commit = select_top(confidence, masked, num_transfer)
+    token_logprobs = log_probs.gather(-1, tokens[..., None]).squeeze(-1).float()
+    return sampling._StepResult(tokens=tokens, commit=commit, logprobs=token_logprobs)
+
+
+@contextmanager
+def _full_block_sampling():
+    original, sampling._choose = sampling._choose, _choose_full_block
+    try:
+        yield
+    finally:
+        sampling._choose = original
+
+
+def _masked_sampling(size: Size, vocabs, repeats: int, steps_per_block: int, temperature: float) -> dict:
+    """`generate` on 2 blocks at each vocabulary: overhead in run, masked-only sampling vs every block position."""
+    result = {"gen_length": 2 * size.block, "steps_per_block": steps_per_block, "temperature": temperature}
+    for vocab in vocabs:
+        tokenizer, model = build_with_vocab(size, vocab)
+        prompt = random_ids(size.batch, size.prompt, size.vocab, seed=0)
+        options = dict(mask_token_id=tokenizer.mask_token_id, gen_length=2 * size.block, block_length=size.block,
+                       diffusion_steps=2 * steps_per_block, temperature=temperature)  # fmt: skip
+        timer, runs = ForwardTimer(model), {"masked": [], "full_block": []}
+        with torch.no_grad():
+            _generate(model, timer, prompt, True, **options)  # warm-up
+            for _ in range(repeats):  # interleaved: adjacent runs see the same machine
+                runs["masked"].append(_generate(model, timer, prompt, True, **options)[:2])
+                with _full_block_sampling():
+                    runs["full_block"].append(_generate(model, timer, prompt, True, **options)[:2])
+        timer.close()
+        entry = {name: {"wall_seconds": round(median(r[0][0] for r in rs), 4),
+                        "overhead_ratio_in_run": round(median(r[0][0] / r[1][0] for r in rs), 3)}
+                 for name, rs in runs.items()}  # fmt: skip
+        entry["speedup_generate"] = ratio(entry["full_block"]["wall_seconds"], entry["masked"]["wall_seconds"])
+        result[f"vocab_{vocab}"] = entry
+        del model
+    return result
+
+
 def run(size: Size, repeats: int = 3, steps_per_block: int = 2, temperature: float = 1.0, threshold: float = 0.9,
-        sharpen: float = 32.0) -> dict:  # fmt: skip
+        sharpen: float = 32.0, vocabs=REALISTIC_VOCABS) -> dict:  # fmt: skip
     tokenizer, model = build(size)
     prompt = random_ids(size.batch, size.prompt, size.vocab, seed=0)
     num_blocks = size.completion // size.block
@@ -126,13 +184,22 @@ def run(size: Size, repeats: int = 3, steps_per_block: int = 2, temperature: flo
             result["threshold"] = _threshold(model, size, prompt, threshold, sharpen, temperature)
     else:
         result["threshold"] = {"skipped": "generate() has no confidence_threshold argument"}
+    result["masked_sampling"] = _masked_sampling(size, vocabs, repeats, steps_per_block, temperature)
+    result["targets"] = {
+        "overhead_ratio": target(result["overhead_ratio"], 1.05, "generate / (forwards x one standalone forward)"),
+        "overhead_ratio_in_run": target(result["overhead_ratio_in_run"], 1.05, "generate / its own forwards"),
+    }
+    for vocab in vocabs:
+        value = result["masked_sampling"][f"vocab_{vocab}"]["masked"]["overhead_ratio_in_run"]
+        result["targets"][f"overhead_ratio_in_run_vocab_{vocab}"] = target(value, 1.05, f"the same, vocabulary {vocab}")
     return result
 
 
 def main(argv=None) -> dict:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     size = setup(args)
-    result = run(size, repeats=args.repeats or (1 if args.quick else 3))
+    vocabs = (2 * size.vocab,) if args.quick else REALISTIC_VOCABS
+    result = run(size, repeats=args.repeats or (1 if args.quick else 3), vocabs=vocabs)
     emit("generation", result, args.out)
     return result
 

@@ -9,6 +9,10 @@ Reports, measured in one run (see docs/benchmarks.md):
   ``ratio_in_run`` divides by the time spent inside its own forwards. Configurations of 1-2 forwards run ``repeats``
   times, larger ones once.
 - ``memory``: peak memory of elbo at K = 1, 4, 8, without and with grad, and peak(K) / peak(1): see bench_memory.py.
+- ``kept_head``: at realistic vocabularies (32k, 126k; the model's head resized), the default estimate (elbo, K = 1,
+  antithetic) with the LM head on the masked positions only (the package) and on all completion positions, sliced
+  afterwards (the baseline); under no_grad and with grad (estimate + backward), runs interleaved; and the speedups.
+- ``targets``: each ratio with a target, the target and whether it is met.
 """
 
 from __future__ import annotations
@@ -17,19 +21,24 @@ import torch
 
 from bench import bench_memory
 from bench.common import (
+    REALISTIC_VOCABS,
     ForwardTimer,
     Size,
     build,
+    build_with_vocab,
     emit,
     environment,
     floor_ratios,
     likelihood_inputs,
     median,
     parser,
+    ratio,
     setup,
+    target,
     timed,
 )
 from trl_dllm.core.likelihood import estimate
+from trl_dllm.core.logits import module_logits_fn
 
 
 def configurations(ks) -> list[tuple[str, str, dict]]:
@@ -79,7 +88,45 @@ def time_estimators(size: Size, ks, repeats: int) -> tuple[list, dict]:
     return floor, results
 
 
-def run(size: Size, repeats: int = 3, ks=(1, 4, 8), memory: bool = True) -> dict:
+def kept_head(size: Size, vocabs, repeats: int) -> dict:
+    """The default estimate with the LM head on the masked positions only vs on every completion position."""
+    result = {"estimator": "elbo", "mc_samples": 1, "antithetic": True}
+    for vocab in vocabs:
+        result[f"vocab_{vocab}"] = _kept_head_at(size, vocab, repeats)
+    return result
+
+
+def _kept_head_at(size: Size, vocab: int, repeats: int) -> dict:
+    tokenizer, model = build_with_vocab(size, vocab)
+    inputs = likelihood_inputs(size, tokenizer.mask_token_id)
+    kept = module_logits_fn(model)
+
+    def full(*args, **kwargs):  # no `takes_keep`: logits at every completion position, then sliced
+        return kept(*args, **kwargs)
+
+    def once(logits_fn, grad):
+        with torch.set_grad_enabled(grad):
+            out = estimate("elbo", logits_fn, **inputs, mc_samples=1, antithetic=True, entropy_grad=False)
+            if grad:
+                out.logps.sum().backward()
+                model.zero_grad(set_to_none=True)
+
+    entry = {}
+    for grad in (False, True):
+        once(kept, grad)  # warm-up
+        times = {"kept": [], "full": []}
+        for _ in range(repeats):  # interleaved
+            times["kept"].append(timed(once, kept, grad)[0])
+            times["full"].append(timed(once, full, grad)[0])
+        seconds = {name: round(median(t), 4) for name, t in times.items()}
+        entry["grad" if grad else "no_grad"] = {
+            "kept_head_seconds": seconds["kept"], "full_head_seconds": seconds["full"],
+            "speedup": ratio(seconds["full"], seconds["kept"]),
+        }  # fmt: skip
+    return entry
+
+
+def run(size: Size, repeats: int = 3, ks=(1, 4, 8), memory: bool = True, vocabs=REALISTIC_VOCABS) -> dict:
     floor, estimators = time_estimators(size, ks, repeats)
     result = {
         "benchmark": "likelihood",
@@ -90,15 +137,30 @@ def run(size: Size, repeats: int = 3, ks=(1, 4, 8), memory: bool = True) -> dict
         "estimators": estimators,
         "target_ratio": "~1 (every forward is needed; the rest is bookkeeping)",
     }
+    worst = max(estimators, key=lambda name: estimators[name]["ratio_in_run"])
+    result["targets"] = {
+        "worst_estimator_ratio_in_run": {
+            **target(estimators[worst]["ratio_in_run"], 1.07, "estimator time / its own forwards, worst"),
+            "estimator": worst,
+        },
+    }
     if memory:
         result["memory"] = bench_memory.run(size, ks)
+        if "skipped" not in result["memory"]:
+            k = f"k{max(ks)}"
+            value = result["memory"]["grad_auto"]["peak_ratio_to_k1"][k]
+            result["targets"][f"memory_grad_{k}_over_k1"] = target(
+                value, 1.3, f"peak memory with grad, {k} / k1, trainer default (mc_checkpointing='auto')"
+            )
+    result["kept_head"] = kept_head(size, vocabs, repeats)
     return result
 
 
 def main(argv=None) -> dict:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     size = setup(args)
-    result = run(size, repeats=args.repeats or (1 if args.quick else 3), ks=(1, 2) if args.quick else (1, 4, 8))
+    result = run(size, repeats=args.repeats or (1 if args.quick else 3), ks=(1, 2) if args.quick else (1, 4, 8),
+                 vocabs=(2 * size.vocab,) if args.quick else REALISTIC_VOCABS)  # fmt: skip
     emit("likelihood", result, args.out)
     return result
 

@@ -3,7 +3,9 @@
     python -m bench.bench_memory [--quick] [--per-process] [--out bench_out]
 
 Part of the likelihood benchmark (``likelihood.json`` → ``memory``). One fresh child process (or one per configuration
-with ``--per-process``) runs, for K = 1, 4, 8 under ``no_grad`` and then with grad (estimate + backward of its sum):
+with ``--per-process``) runs, for K = 1, 4, 8 under ``no_grad`` and then with grad (estimate + backward of its sum;
+each chunk recomputed in backward never, always, or as the trainer's default ``mc_checkpointing="auto"`` decides;
+entropies out of the graph, as the trainer keeps them unless TRL's entropy bonus is on):
 ``gc.collect(); malloc_trim(0)``, reset the peak RSS (``echo 5 > /proc/self/clear_refs``), run, read ``VmHWM``. The
 peak is ``VmHWM`` minus the RSS just before. ``MALLOC_MMAP_THRESHOLD_=65536`` makes glibc map every tensor of 64 KiB or
 more on its own and unmap it when freed, so RSS follows the live tensors (torch's CPU allocator does not cache).
@@ -37,7 +39,8 @@ def _status_kb(field: str) -> int:
         return int(re.search(rf"^{field}:\s+(\d+)", f.read(), re.MULTILINE).group(1))
 
 
-MODES = ("no_grad", "grad", "grad_checkpointed")  # the last: checkpoint_views=True (the trainer's mc_checkpointing)
+# checkpoint_views of each mode with grad: never, always, and "auto" (the trainer's default mc_checkpointing)
+MODES = {"no_grad": False, "grad": False, "grad_checkpointed": True, "grad_auto": "auto"}
 
 
 def _reset_peak() -> None:
@@ -49,8 +52,8 @@ def _reset_peak() -> None:
 
 def memory_child(spec: dict) -> list[float]:
     """In the child: for each ``(k, mode)`` of ``spec["configs"]``, the peak RSS growth (MB) of one elbo estimate
-    (+ backward of its sum unless ``mode == "no_grad"``; each chunk recomputed in backward for ``"grad_checkpointed"``)
-    over the RSS just before it."""
+    (+ backward of its sum unless ``mode == "no_grad"``; chunks recomputed in backward as :data:`MODES` says) over the
+    RSS just before it."""
     size = Size(**spec["size"])
     tokenizer, model = build(size)
     inputs = likelihood_inputs(size, tokenizer.mask_token_id)
@@ -67,8 +70,9 @@ def memory_child(spec: dict) -> list[float]:
             model.zero_grad(set_to_none=True)
             _reset_peak()
             before = _status_kb("VmRSS")
+            # entropy_grad=False as in the trainer (entropies only logged) unless TRL's entropy bonus is on
             out = estimate("elbo", model, **inputs, mc_samples=k, antithetic=False, mc_batch_size=1,
-                           checkpoint_views=mode == "grad_checkpointed")
+                           checkpoint_views=MODES[mode], entropy_grad=False)  # fmt: skip
             if grad:
                 out.logps.sum().backward()
             peaks.append(round((_status_kb("VmHWM") - before) / 1024, 2))

@@ -3,6 +3,8 @@ step through TRL's own GRPOTrainer on an equally sized causal Llama, for scale.
 
     python -m bench.bench_train_step [--quick] [--repeats 3] [--out bench_out]
 
+``targets``: each ratio with a target (diffusion step / TRL step <= 1.3), the target and whether it is met.
+
 The step is ``compute_loss`` + backward + ``optimizer.step()`` on a batch prepared once by
 ``_generate_and_score_completions`` (generation, rewards and advantages are not timed). Its floor is the number of
 model forwards it makes (forward hooks) × the time of one plain forward + cross-entropy + backward of the same rows
@@ -31,6 +33,7 @@ from bench.common import (
     ratio,
     save,
     setup,
+    target,
     timed,
 )
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
@@ -130,6 +133,10 @@ def run(size: Size, repeats: int = 3, loss_types=("dapo", "stabledrl"), causal: 
         result["diffusion_over_trl_step_ratio"] = {
             name: ratio(entry["wall_seconds"], result["trl_causal"]["wall_seconds"])
             for name, entry in result["diffusion"].items()
+        }
+        result["targets"] = {
+            f"diffusion_over_trl_step_ratio_{name}": target(value, 1.3, f"{name} step / TRL's causal step")
+            for name, value in result["diffusion_over_trl_step_ratio"].items()
         }
     return result
 

@@ -60,6 +60,23 @@ def build(size: Size, seed: int = 0):
     return tokenizer, build_tiny_model(tokenizer, seed=seed, **model_kwargs(size))
 
 
+REALISTIC_VOCABS = (32000, 126464)  # Llama-2 / Dream-sized, and LLaDA's vocabulary
+
+
+def build_with_vocab(size: Size, vocab: int, seed: int = 0):
+    """``(tokenizer, model)`` of :func:`build` with the model's vocabulary resized to ``vocab`` entries (the LM head
+    grows to ``vocab × hidden``; the tokenizer keeps its ids, which are all below ``size.vocab``)."""
+    tokenizer, model = build(size, seed=seed)
+    torch.manual_seed(seed)  # the new rows are drawn from the global RNG
+    model.resize_token_embeddings(vocab, mean_resizing=False)
+    return tokenizer, model
+
+
+def target(value: float, bound: float, what: str) -> dict:
+    """``{"value", "target", "met"}`` of a ratio whose target is ``value <= bound`` (``what`` says what it is)."""
+    return {"what": what, "value": value, "target": f"<= {bound}", "met": bool(value <= bound)}
+
+
 def save(size: Size, path: str | os.PathLike) -> str:
     """:func:`trl_dllm.testing.save_tiny_dllm` at ``size`` (for the trainers, which load from a path)."""
     return save_tiny_dllm(path, extra_words=filler_words(size), **model_kwargs(size))

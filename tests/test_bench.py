@@ -73,7 +73,7 @@ def test_likelihood(results):
     assert {name: estimators[name]["num_forwards"] for name in views} == views  # one forward per view
     memory = result["memory"]
     if "skipped" not in memory:
-        for mode in ("no_grad", "grad", "grad_checkpointed"):
+        for mode in ("no_grad", "grad", "grad_checkpointed", "grad_auto"):
             assert set(memory[mode]["peak_mb"]) == {"k1", "k2"}
             assert all(math.isfinite(v) and v > 0 for v in memory[mode]["peak_mb"].values()), memory
     assert_finite_ratios(result, expected_count=3 * len(estimators))
@@ -86,3 +86,20 @@ def test_train_step(results):
     assert result["trl_causal"]["num_forwards"] == 1
     assert set(result["diffusion_over_trl_step_ratio"]) == set(result["diffusion"])
     assert_finite_ratios(result, expected_count=8)
+
+
+@pytest.mark.parametrize("name", sorted(run_all.BENCHMARKS))
+def test_every_benchmark_states_its_targets(results, name):
+    """Next to each ratio with a target: the target and whether the measured value meets it."""
+    targets = results[name]["targets"]
+    assert targets
+    for entry in targets.values():
+        assert entry["target"].startswith("<= ") and entry["met"] == (entry["value"] <= float(entry["target"][3:]))
+
+
+def test_realistic_vocabulary_sections(results):
+    vocab = 2 * results["generation"]["environment"]["size"]["vocab"]  # a smoke run uses twice its own vocabulary
+    sampling = results["generation"]["masked_sampling"][f"vocab_{vocab}"]
+    assert {"masked", "full_block", "speedup_generate"} <= set(sampling)
+    head = results["likelihood"]["kept_head"][f"vocab_{vocab}"]
+    assert {"no_grad", "grad"} == set(head) and all(head[mode]["speedup"] > 0 for mode in head)

@@ -80,6 +80,7 @@ def test_trl_gradient_checkpointing_name_reaches_transformers_without_deprecatio
         (dict(step_sampling="uniform"), r"step_sampling='uniform'"),
         (dict(elbo_counts="uniform"), r"elbo_counts='uniform' is not one of"),
         (dict(spg_beta=0.0), r"spg_beta=0.0 must be > 0"),
+        (dict(mc_checkpointing="sometimes"), r"mc_checkpointing='sometimes' must be 'auto', true or false"),
         (dict(spg_omega=1.5), r"spg_omega=1.5 must be in \[0, 1\]"),
         (dict(loss_type="spg", estimator="elbo"), r"loss_type='spg' cannot use estimator='elbo'"),
         (dict(whole_group_batches=True, per_device_train_batch_size=2, steps_per_generation=2),
@@ -94,3 +95,9 @@ def test_bad_input_raises_clear_error(kwargs, pattern):
 def test_num_generations_below_two_is_rejected():
     with pytest.raises(ValueError, match="num_generations"):
         make(num_generations=1, per_device_train_batch_size=1)
+
+
+@pytest.mark.parametrize("given,expected", [("auto", "auto"), (True, True), (False, False), ("false", False),
+                                            ("True", True)])  # fmt: skip
+def test_mc_checkpointing_is_auto_or_a_bool(given, expected):
+    assert make(mc_checkpointing=given).mc_checkpointing == expected

@@ -194,6 +194,8 @@ logs = [log["nonfinite/skipped_steps"] for log in trainer.state.log_history if "
 with open(f"{output_dir}/faults_{rank}.json", "w") as f:
     json.dump({"moved": moved, "finite": finite, "skipped": logs}, f)
 trainer.accelerator.print("trained on", trainer.accelerator.num_processes, "process(es)")
+trainer.accelerator.wait_for_everyone()  # every rank done before any tears down its gloo threads
+trainer.end()  # destroys the process group: left to interpreter exit, rank 1 once aborted in CI
 '''
 
 

@@ -99,11 +99,14 @@ class DiffusionGRPOConfig(GRPOConfig):
             (proportional to the entropy of the tokens revealed at each step, with importance weights).
         mc_batch_size (`int`, *optional*, defaults to `1`):
             Masked views stacked into one forward pass. Larger is faster on GPUs and uses more memory.
-        mc_checkpointing (`bool`, *optional*, defaults to `True`):
+        mc_checkpointing (`bool` or `str`, *optional*, defaults to `"auto"`):
             Recompute each chunk of masked views in the backward pass of the current policy, so activation memory is
-            that of one chunk (`mc_batch_size` views) whatever `mc_samples` is, for one extra forward per chunk. Off:
-            every view's activations stay alive until `backward` (memory grows with `mc_samples`). Not applied under
-            DeepSpeed ZeRO-3 or FSDP, which gather parameters per forward and break torch's recomputation.
+            that of one chunk (`mc_batch_size` views) whatever `mc_samples` is, for one extra forward per chunk.
+            `"auto"`: recompute only when an estimate has more than 2 chunks (the default ELBO, K = 1 antithetic, is
+            2 views: kept, 2 forwards per step instead of 4; K = 8 is recomputed: memory flat in K). `True`: always;
+            `False`: never (every view's activations stay alive until `backward`, memory grows with `mc_samples`).
+            Not applied under DeepSpeed ZeRO-3 or FSDP, which gather parameters per forward and break torch's
+            recomputation.
         independent_mc_noise (`bool`, *optional*, defaults to `False`):
             Draw fresh masks for every evaluation instead of sharing them between the old, reference and current
             policy (common random numbers). `True` reproduces the noisy-ratio regime studied by StableDRL (and its
@@ -199,9 +202,10 @@ class DiffusionGRPOConfig(GRPOConfig):
         default="stratified", metadata={"help": "trajectory estimator: stratified or entropy step sampling."}
     )
     mc_batch_size: int = field(default=1, metadata={"help": "Masked views stacked into one forward pass."})
-    mc_checkpointing: bool = field(
-        default=True,
-        metadata={"help": "Recompute each chunk of masked views in backward: memory independent of mc_samples."},
+    mc_checkpointing: str = field(
+        default="auto",
+        metadata={"help": "Recompute each chunk of masked views in backward (memory independent of mc_samples): "
+                  "'auto' (only beyond 2 chunks per estimate), true or false."},
     )
     independent_mc_noise: bool = field(
         default=False,
@@ -318,6 +322,7 @@ class DiffusionGRPOConfig(GRPOConfig):
             raise ValueError(f"mc_samples={self.mc_samples} must be >= 1 (Monte Carlo samples per sequence).")
         if self.mc_batch_size < 1:
             raise ValueError(f"mc_batch_size={self.mc_batch_size} must be >= 1.")
+        self.mc_checkpointing = _auto_or_bool("mc_checkpointing", self.mc_checkpointing)
         if not 0.0 <= self.p_mask_prompt < 1.0:
             raise ValueError(f"p_mask_prompt={self.p_mask_prompt} must be in [0, 1).")
         if self.kl_estimator is not None and self.kl_estimator not in KL_ESTIMATORS:
@@ -400,3 +405,13 @@ def default_block_length(gen_length: int) -> int:
 
 def _largest_divisor_at_most(n: int, bound: int) -> int:
     return max(d for d in range(1, max(1, min(n, bound)) + 1) if n % d == 0)
+
+
+def _auto_or_bool(name: str, value) -> bool | str:
+    """``True``, ``False`` or ``"auto"`` from a bool or its spelling on the command line / in YAML."""
+    if isinstance(value, bool) or value == "auto":
+        return value
+    spelled = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+    if isinstance(value, str) and value.lower() in spelled:
+        return spelled[value.lower()]
+    raise ValueError(f"{name}={value!r} must be 'auto', true or false; use 'auto' (the default) unless you need one.")

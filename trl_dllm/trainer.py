@@ -431,7 +431,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             "spg_beta": args.spg_beta,
             "p_mask_prompt": args.p_mask_prompt,
             "mc_batch_size": args.mc_batch_size,
-            "checkpoint_views": args.mc_checkpointing and not self._shards_parameters,
+            "checkpoint_views": False if self._shards_parameters else args.mc_checkpointing,  # True/False/"auto"
             "entropy_grad": self._entropy_bonus_enabled,  # only TRL's entropy bonus back-propagates through it
             "step_samples": args.step_samples,
             "step_sampling": args.step_sampling,

@@ -485,17 +485,41 @@ def test_unknown_estimator_and_bad_inputs():
 def test_checkpointed_views_give_identical_estimates_and_gradients(llama, name, options):
     """Recomputing each chunk in backward (constant activation memory in the number of views) changes nothing."""
     results = []
-    for checkpoint_views in (False, True):
+    for checkpoint_views in (False, True, "auto"):
         llama.zero_grad()
         out = estimate(name, llama, *_llama_batch(), mask_token_id=LLAMA_MASK, seeds=torch.arange(4),
                        checkpoint_views=checkpoint_views, **options)  # fmt: skip
         (out.logps * torch.linspace(0.5, 1.5, 6)).sum().backward()
         results.append((out.logps.detach(), [p.grad.clone() for p in llama.parameters() if p.grad is not None]))
     llama.zero_grad()
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=1e-6)
-    assert len(results[0][1]) == len(results[1][1])
-    for plain, recomputed in zip(results[0][1], results[1][1]):
-        torch.testing.assert_close(plain, recomputed, rtol=1e-5, atol=1e-6)
+    for other in results[1:]:
+        torch.testing.assert_close(results[0][0], other[0], rtol=0, atol=1e-6)
+        assert len(results[0][1]) == len(other[1])
+        for plain, recomputed in zip(results[0][1], other[1]):
+            torch.testing.assert_close(plain, recomputed, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("checkpoint_views,mc_samples,forwards", [
+    ("auto", 1, 2),  # the default estimate: one antithetic pair = 2 chunks, kept (no recomputation)
+    ("auto", 2, 8),  # 4 chunks > 2: each recomputed in backward
+    (True, 1, 4),
+    (False, 2, 4),
+])  # fmt: skip
+def test_auto_checkpointing_recomputes_only_beyond_two_chunks(llama, checkpoint_views, mc_samples, forwards):
+    calls = []
+    handle = llama.register_forward_hook(lambda *args: calls.append(1))
+    out = estimate("elbo", llama, *_llama_batch(), mask_token_id=LLAMA_MASK, seeds=torch.arange(4),
+                   mc_samples=mc_samples, antithetic=True, checkpoint_views=checkpoint_views)  # fmt: skip
+    out.logps.sum().backward()
+    handle.remove()
+    llama.zero_grad()
+    assert len(calls) == forwards
+
+
+def test_checkpoint_views_must_be_a_bool_or_auto(llama):
+    with pytest.raises(ValueError, match="checkpoint_views='yes' must be True, False or 'auto'"):
+        estimate("elbo", llama, *_llama_batch(), mask_token_id=LLAMA_MASK, seeds=torch.arange(4),
+                 checkpoint_views="yes")  # fmt: skip
 
 
 def test_entropy_grad_false_keeps_entropies_out_of_the_graph(llama):

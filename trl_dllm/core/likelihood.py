@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .logits import as_logits_fn
+from .logits import as_logits_fn, kept_logits
 from .masks import apply_mask, bernoulli_masks, prompt_noise_masks, random_subsets, row_generators, stratified_counts
 
 
@@ -81,28 +81,26 @@ def view_token_scores(chunk_logits, completion_ids, score_mask, views, mc_batch_
     """Per-view token scores: ``ℓ_i(x̃_view)`` and the predictive entropy at every kept position of every view.
 
     A position is kept in a view if it is masked there and scored (``m_i = 1``); both outputs are 0 elsewhere.
-    ``chunk_logits(chunk)`` returns the logits `(c·B, L, V)` of the views ``chunk`` (a slice), canvas row ``j·B + b``
-    being view ``j`` of row ``b``; views are run ``mc_batch_size`` per forward, and the float32 log-softmax is computed
-    only at the kept positions.
+    ``chunk_logits(chunk, keep)`` returns the logits `(n, V)` of the kept pairs of the views ``chunk`` (a slice),
+    ``keep`` `(c·B, L)` being view-major (canvas row ``j·B + b`` is view ``j`` of row ``b``); views are run
+    ``mc_batch_size`` per forward, and the LM head and the float32 log-softmax run at the kept positions only.
 
     Memory: with ``checkpoint_views`` and gradients enabled, each chunk's forward is recomputed in the backward pass
     (`torch.utils.checkpoint`), so activation memory stays that of one chunk whatever the number of views, for one
-    extra forward per chunk. ``entropy_grad=False`` keeps the entropies out of the autograd graph (they are then only
-    logged), which saves a `(kept positions, V)` tensor per chunk.
+    extra forward per chunk; ``"auto"`` does so only when there are more than :data:`AUTO_KEPT_CHUNKS` chunks
+    (:func:`recompute_chunks`). ``entropy_grad=False`` keeps the entropies out of the autograd graph (they are then
+    only logged), which saves a `(kept positions, V)` tensor per chunk.
 
     Returns:
         `tuple[torch.Tensor, torch.Tensor]`: log-probs and entropies, each of shape `(B, M, L)`.
     """
-    (batch_size, length), device = completion_ids.shape, completion_ids.device
+    device = completion_ids.device
     num_views, scored = views.completion.shape[1], score_mask.bool()
+    recompute = recompute_chunks(checkpoint_views, -(-num_views // mc_batch_size))
     token_logps, token_entropies = [], []
 
     def kept_scores(chunk, keep, targets):
-        logits = chunk_logits(chunk)
-        if logits.shape[:2] != (keep.shape[0] * batch_size, length):
-            raise ValueError(f"logits_fn returned {tuple(logits.shape)}; expected ({keep.shape[0] * batch_size}, "
-                             f"{length}, V).")
-        logp = logits.reshape(*keep.shape, -1)[keep].float().log_softmax(-1)  # (n_kept, V)
+        logp = chunk_logits(chunk, keep.flatten(0, 1)).float().log_softmax(-1)  # (n_kept, V)
         token_logp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         source = logp if entropy_grad else logp.detach()
         return token_logp, -(source.exp() * source).sum(-1)
@@ -112,13 +110,36 @@ def view_token_scores(chunk_logits, completion_ids, score_mask, views, mc_batch_
         masked = views.completion[:, chunk].transpose(0, 1).to(device)  # (c, B, L), view-major
         keep = masked & scored
         targets = completion_ids.expand(masked.shape[0], -1, -1)[keep]
-        if checkpoint_views and torch.is_grad_enabled():
+        if recompute:
             token_logp, entropy = checkpoint(kept_scores, chunk, keep, targets, use_reentrant=False)
         else:
             token_logp, entropy = kept_scores(chunk, keep, targets)
         token_logps.append(torch.zeros(keep.shape, device=device).masked_scatter(keep, token_logp))
         token_entropies.append(torch.zeros(keep.shape, device=device).masked_scatter(keep, entropy))
     return torch.cat(token_logps).transpose(0, 1), torch.cat(token_entropies).transpose(0, 1)
+
+
+AUTO_KEPT_CHUNKS = 2
+"""``checkpoint_views="auto"`` keeps the activations of up to this many chunks (the default estimate, one antithetic
+pair of views, is 2 chunks) and recomputes beyond: below it the saved memory does not pay for the extra forwards."""
+
+
+def recompute_chunks(checkpoint_views: bool | str, num_chunks: int) -> bool:
+    """Whether to recompute each chunk in backward: ``checkpoint_views`` if it is a bool, else (``"auto"``)
+    ``num_chunks > AUTO_KEPT_CHUNKS``; never without gradients.
+
+    Without recomputation the autograd graphs of all ``num_chunks`` chunks stay alive until backward (activation
+    memory ``∝ num_chunks``); with it, one chunk's graph at a time, for one extra forward per chunk. Recomputing a
+    single chunk saves nothing (its graph is rebuilt before its backward), so ``"auto"`` recomputes only when the
+    kept graphs would outnumber :data:`AUTO_KEPT_CHUNKS`.
+    """
+    if not torch.is_grad_enabled():
+        return False
+    if checkpoint_views == "auto":
+        return num_chunks > AUTO_KEPT_CHUNKS
+    if isinstance(checkpoint_views, bool):
+        return checkpoint_views
+    raise ValueError(f"checkpoint_views={checkpoint_views!r} must be True, False or 'auto'.")
 
 
 def score_view_chunks(chunk_logits, completion_ids, score_mask, views, mc_batch_size, **memory) -> LikelihoodOutput:
@@ -146,20 +167,21 @@ def memory_options(options: dict) -> dict:
 
 def view_logits(logits_fn, prompt_ids, prompt_mask, completion_ids, views, mask_token_id):
     """The ``chunk_logits`` of a bidirectional model for :func:`view_token_scores`: view ``j`` of row ``b`` is the canvas
-    ``[prompt' ; x with S masked]`` with the whole completion visible."""
+    ``[prompt' ; x with S masked]`` with the whole completion visible; logits only at the kept positions
+    (:func:`~trl_dllm.core.logits.kept_logits`)."""
     logits_fn = as_logits_fn(logits_fn)
     prompt_length, length = prompt_ids.shape[1], completion_ids.shape[1]
     positions = torch.arange(prompt_length, prompt_length + length, device=completion_ids.device)
     attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids, dtype=prompt_mask.dtype)], dim=1)
 
-    def chunk_logits(chunk):
+    def chunk_logits(chunk, keep):
         masked = views.completion[:, chunk].transpose(0, 1).to(completion_ids.device)
         num_chunk = masked.shape[0]
         noise = views.prompt[:, chunk].transpose(0, 1).to(completion_ids.device)
         prompt = apply_mask(prompt_ids.expand(num_chunk, -1, -1), noise, mask_token_id)
         completion = apply_mask(completion_ids.expand(num_chunk, -1, -1), masked, mask_token_id)
         canvas = torch.cat([prompt, completion], dim=2).flatten(0, 1)
-        return logits_fn(canvas, attention_mask=attention_mask.repeat(num_chunk, 1), positions=positions)
+        return kept_logits(logits_fn, canvas, attention_mask.repeat(num_chunk, 1), positions, keep)
 
     return chunk_logits
 

@@ -16,12 +16,17 @@ A *logits function* maps a canvas to per-position vocabulary logits::
 It returns `torch.Tensor` of shape `(B, K, V)` (or `(B, N, V)`), where row ``k`` holds the prediction *for* canvas
 position ``positions[k]`` — any logit shift of the model family (Dream predicts position ``i + 1`` at ``i``) is already
 undone. Tests pass ten-line toys; real models go through :func:`module_logits_fn`.
+
+Callers that need only some ``(row, position)`` pairs (the masked positions of a view) go through
+:func:`kept_logits`: a function made by :func:`module_logits_fn` then runs the LM head on those pairs alone (its
+``keep=`` keyword); any other logits function is sliced afterwards.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -32,8 +37,9 @@ LogitsFn = Callable[..., torch.Tensor]
 def module_logits_fn(model: nn.Module, *, shift_logits: bool = False, logits_to_keep: bool = True) -> LogitsFn:
     """Wrap a Hugging Face style module (``model(input_ids=..., attention_mask=...).logits``) as a logits function.
 
-    The returned function also takes an optional keyword ``position_ids`` `(B, N)`, forwarded to the module only when
-    given (the staircase layout needs it).
+    The returned function also takes the keywords ``position_ids`` `(B, N)`, forwarded to the module only when given
+    (the staircase layout needs it), and ``keep`` `(B, K)` (bool): return only the logits `(n, V)` of the kept pairs,
+    ``logits[keep]``, with the LM head run on those ``n`` hidden states alone (:func:`_head_on_kept_rows`).
 
     Args:
         model (`nn.Module`): any module returning an object with ``.logits`` of shape `(B, N, V)`.
@@ -43,7 +49,9 @@ def module_logits_fn(model: nn.Module, *, shift_logits: bool = False, logits_to_
             by transformers' causal-LM heads) so the LM head runs on those rows only; otherwise slice afterwards.
     """
 
-    def logits_fn(input_ids, attention_mask=None, positions=None, *, position_ids=None):
+    def logits_fn(input_ids, attention_mask=None, positions=None, *, position_ids=None, keep=None):
+        if keep is not None and positions is None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         source = positions
         if positions is not None and shift_logits:
             source = (positions - 1).clamp(min=0)
@@ -52,20 +60,90 @@ def module_logits_fn(model: nn.Module, *, shift_logits: bool = False, logits_to_
             kwargs["attention_mask"] = attention_mask
         if position_ids is not None:  # not passed otherwise: the model keeps its default 0..N-1
             kwargs["position_ids"] = position_ids
-        if source is not None and logits_to_keep:
-            logits = model(**kwargs, logits_to_keep=source).logits
-            if logits.size(1) == source.numel():
-                return logits
-            # a forward that takes **kwargs but ignores logits_to_keep returned every position: slice below
-        else:
+        head = _output_head(model) if keep is not None else None
+        if source is not None and logits_to_keep and head is None:
+            kwargs["logits_to_keep"] = source
+        with _head_on_kept_rows(head, input_ids.shape, source, keep) as gathered:
             logits = model(**kwargs).logits
+        if gathered:
+            if len(gathered) != 1 or logits.shape[:2] != (1, gathered[0]):
+                raise RuntimeError(f"{type(model).__name__}: its LM head ran {len(gathered)} times or its logits "
+                                   f"{tuple(logits.shape)} are not the head's output (1, {gathered[0]}, V); the "
+                                   "kept-rows head needs one head call whose output is the logits.")
+            return logits.reshape(-1, logits.shape[-1])  # (n, V): the head ran on the kept rows only
         if source is None:
             if shift_logits:  # prediction for p is at p - 1; position 0 keeps its own row
                 logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
             return logits
-        return logits[:, source]
+        if logits.size(1) != source.numel():  # logits_to_keep off, or a forward that takes **kwargs but ignores it
+            logits = logits[:, source]
+        return logits if keep is None else logits[keep]
 
+    logits_fn.takes_keep = True  # read by kept_logits
     return logits_fn
+
+
+def _output_head(model: nn.Module) -> nn.Module | None:
+    """The LM head module (``get_output_embeddings()``), or None where it is unknown or is the input embedding (tied
+    weights applied functionally, as LLaDA's remote code does with ``weight_tying``: hooking it would hook the input).
+    Wrappers that only hold the model as ``.module`` (DDP, DeepSpeed's engine) are looked through."""
+    while not hasattr(model, "get_output_embeddings") and isinstance(getattr(model, "module", None), nn.Module):
+        model = model.module
+    get_head, get_input = getattr(model, "get_output_embeddings", None), getattr(model, "get_input_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if not isinstance(head, nn.Module) or (callable(get_input) and head is get_input()):
+        return None
+    return head
+
+
+@contextmanager
+def _head_on_kept_rows(head: nn.Module | None, canvas_shape, source: torch.Tensor, keep: torch.Tensor):
+    """While active, the LM head sees ``hidden[:, source][keep]`` `(1, n, H)` instead of its input `(B, N, H)` (the
+    model is called without ``logits_to_keep``, so the head's input covers every canvas position); yields a list
+    holding ``n`` once per head call.
+
+    The head acts on each position separately (a linear map, or any per-position module), so its output rows are
+    exactly the kept rows of the full output: ``head(h[:, source][keep]) == head(h)[:, source][keep]``. A call whose
+    input is not `(B, N, H)` floating point is left alone. Without a head nothing is hooked (the caller then slices
+    the full logits).
+    """
+    gathered = []
+    if head is None:
+        yield gathered
+        return
+
+    def gather(module, args):
+        hidden = args[0] if args else None
+        if not (torch.is_tensor(hidden) and hidden.is_floating_point() and hidden.dim() == 3
+                and tuple(hidden.shape[:2]) == tuple(canvas_shape)):  # fmt: skip
+            return None
+        rows = hidden[:, source][keep]
+        gathered.append(rows.shape[0])
+        return (rows.unsqueeze(0), *args[1:])
+
+    handle = head.register_forward_pre_hook(gather)
+    try:
+        yield gathered
+    finally:
+        handle.remove()
+
+
+def kept_logits(logits_fn, input_ids, attention_mask, positions, keep, **kwargs) -> torch.Tensor:
+    """Logits `(n, V)` at the kept pairs: ``logits_fn(input_ids, attention_mask, positions, **kwargs)[keep]``.
+
+    ``keep`` (`torch.BoolTensor` of shape `(B, K)`, ``K = len(positions)``) marks the ``n`` (row, position) pairs
+    needed, in row-major order. A logits function from :func:`module_logits_fn` runs the LM head on those ``n`` hidden
+    states only (same values: the head acts on each position separately); any other one is sliced afterwards.
+
+    Raises:
+        `ValueError`: if the logits function returns a shape other than `(B, K, V)`.
+    """
+    if getattr(logits_fn, "takes_keep", False):
+        return logits_fn(input_ids, attention_mask, positions, keep=keep, **kwargs)
+    logits = logits_fn(input_ids, attention_mask, positions, **kwargs)
+    if logits.shape[:2] != keep.shape:
+        raise ValueError(f"logits_fn returned {tuple(logits.shape)}; expected ({keep.shape[0]}, {keep.shape[1]}, V).")
+    return logits[keep]
 
 
 def accepts_logits_to_keep(model: nn.Module) -> bool:

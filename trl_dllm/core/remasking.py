@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -31,6 +32,7 @@ __all__ = [
     "select_top",
     "transfer_schedule",
     "uniform_noise",
+    "RaggedNoise",
 ]
 
 # --- The distribution sampled from ---
@@ -41,11 +43,29 @@ from ``generator[b]``, so a row's noise does not depend on which other rows shar
 RNG)."""
 
 
-def uniform_noise(shape: tuple[int, ...], generator: Noise, device: torch.device) -> torch.Tensor:
+@dataclass(frozen=True)
+class RaggedNoise:
+    """Per-row generators for a flat batch of ragged rows: its first ``counts[0]`` entries belong to row 0 (drawn
+    from ``generators[0]``), the next ``counts[1]`` to row 1, and so on — e.g. the still-masked positions of a block,
+    gathered row-major. Row ``b`` draws ``counts[b]`` entries' worth of noise in one call, in entry order."""
+
+    generators: Sequence[torch.Generator]
+    counts: Sequence[int]
+
+
+def uniform_noise(shape: tuple[int, ...], generator: Noise | RaggedNoise, device: torch.device) -> torch.Tensor:
     """``U(0, 1)`` float64 noise of ``shape`` on ``device``, drawn from ``generator`` (see :data:`Noise`; per-row
-    generators must live on ``device``)."""
+    generators must live on ``device``; with :class:`RaggedNoise`, ``shape[0]`` is the sum of its counts)."""
     if generator is None or isinstance(generator, torch.Generator):
         return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+    if isinstance(generator, RaggedNoise):
+        if sum(generator.counts) != shape[0]:
+            raise ValueError(f"Ragged noise for {sum(generator.counts)} entries, asked for shape {tuple(shape)}.")
+        noise, start = torch.empty(shape, device=device, dtype=torch.float64), 0
+        for g, count in zip(generator.generators, generator.counts):  # in place: no copy of the (n, V) noise
+            noise[start : start + count].uniform_(generator=g)
+            start += count
+        return noise
     if len(generator) != shape[0]:
         raise ValueError(f"{len(generator)} per-row generators for noise of shape {tuple(shape)}.")
     return torch.stack([torch.rand(shape[1:], generator=g, device=device, dtype=torch.float64) for g in generator])
@@ -118,7 +138,10 @@ def sampling_log_probs(
     Returns:
         `torch.Tensor` of shape `(..., V)`, float64 if ``temperature > 0`` else float32.
     """
-    z = logits.double() / temperature if temperature > 0 else logits.float().clone()  # a copy: written below
+    if temperature > 0:  # a copy (written below), divided in place: one (..., V) float64 tensor, not two
+        z = logits.to(torch.float64, copy=True).div_(temperature)
+    else:
+        z = logits.float().clone()
     if mask_token_id is not None:
         z[..., mask_token_id] = float("-inf")
     return filter_logits(z, top_k, top_p, min_p).log_softmax(dim=-1)
@@ -145,11 +168,12 @@ def sample_tokens(log_probs: torch.Tensor, temperature: float, generator: Noise 
         return log_probs.argmax(dim=-1)
     uniform = uniform_noise(log_probs.shape, generator, log_probs.device)
     gumbel = uniform.clamp_(min=torch.finfo(torch.float64).tiny).log_().neg_().log_().neg_()  # -log(-log u)
-    return (log_probs.double() + gumbel).argmax(dim=-1)
+    return gumbel.add_(log_probs).argmax(dim=-1)  # in place: log q + g, float64
 
 
 # --- Remasking strategies: confidence of each block position; the most confident masked positions are committed. ---
-# A strategy is ``fn(log_probs (B, K, V), tokens (B, K), generator) -> confidence (B, K)``.
+# A strategy is ``fn(log_probs (..., V), tokens (...), generator) -> confidence (...)``; the sampler passes the gathered
+# masked positions, `(n, V)` and `(n,)`, with a generator, a list of them or a ``RaggedNoise`` (use ``uniform_noise``).
 
 ConfidenceFn = Callable[[torch.Tensor, torch.Tensor, "torch.Generator | None"], torch.Tensor]
 

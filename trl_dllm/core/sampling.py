@@ -24,6 +24,7 @@ from trl_dllm.core.logits import LogitsFn, as_logits_fn
 from trl_dllm.core.remasking import (
     REMASKING,
     Noise,
+    RaggedNoise,
     filter_logits,
     sample_tokens,
     sampling_log_probs,
@@ -101,7 +102,7 @@ class _Options:
 
 @dataclass
 class _StepResult:
-    tokens: torch.Tensor  # (b, K) sampled token at every block position
+    tokens: torch.Tensor  # (b, K) sampled token at every masked block position (0 elsewhere)
     commit: torch.Tensor  # (b, K) bool, positions committed this step (a subset of the masked ones)
     logprobs: torch.Tensor  # (b, K) float32, log q(tokens)
 
@@ -136,20 +137,39 @@ def _choose(
     opts: _Options,
     generator: Noise,
 ) -> _StepResult:
-    """Sample a token per block position and pick the positions to commit: the ``num_transfer`` most confident, or
-    (threshold decoding, ``num_transfer is None``) those above ``opts.confidence_threshold``."""
+    """Sample a token per still-masked block position and pick the positions to commit: the ``num_transfer`` most
+    confident, or (threshold decoding, ``num_transfer is None``) those above ``opts.confidence_threshold``.
+
+    Filters, softmax, Gumbel noise and confidence run on the ``n`` masked positions alone, gathered row-major to
+    `(n, V)` (committed positions can never change). Noise: a shared generator draws `(n, V)` (and `(n,)` for
+    ``remasking="random"``); per-row generators draw for their own masked positions only, row ``b`` `(n_b, V)`
+    (:class:`~trl_dllm.core.remasking.RaggedNoise`). Unmasked positions get token 0 and log-prob 0 (never committed).
+    """
+    flat_logits = logits[masked]  # (n, V)
     log_probs = sampling_log_probs(
-        logits, temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, mask_token_id=opts.mask_token_id,
-        min_p=opts.min_p,
-    )
-    tokens = sample_tokens(log_probs, opts.temperature, generator)
-    confidence = REMASKING[opts.remasking](log_probs, tokens, generator)
+        flat_logits, temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p,
+        mask_token_id=opts.mask_token_id, min_p=opts.min_p,
+    )  # fmt: skip
+    noise = _masked_noise(generator, masked)
+    flat_tokens = sample_tokens(log_probs, opts.temperature, noise)
+    flat_confidence = REMASKING[opts.remasking](log_probs, flat_tokens, noise)
+    confidence = flat_confidence.new_full(masked.shape, float("-inf")).masked_scatter(masked, flat_confidence)
     if num_transfer is None:
         commit = select_above(confidence, masked, opts.confidence_threshold)
     else:
         commit = select_top(confidence, masked, num_transfer)
-    token_logprobs = log_probs.gather(-1, tokens[..., None]).squeeze(-1).float()
+    flat_logprobs = log_probs.gather(-1, flat_tokens[:, None]).squeeze(-1).float()
+    tokens = flat_tokens.new_zeros(masked.shape).masked_scatter(masked, flat_tokens)
+    token_logprobs = flat_logprobs.new_zeros(masked.shape).masked_scatter(masked, flat_logprobs)
     return _StepResult(tokens=tokens, commit=commit, logprobs=token_logprobs)
+
+
+def _masked_noise(generator: Noise, masked: torch.Tensor) -> Noise | RaggedNoise:
+    """The noise source of the gathered masked positions: a shared generator (or ``None``) as is; per-row generators
+    as :class:`~trl_dllm.core.remasking.RaggedNoise` with each row's masked count."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return generator
+    return RaggedNoise(list(generator), masked.sum(dim=1).tolist())
 
 
 # --- The decoding loop, shared by `generate` and `block_sampling.generate_block_causal` ---

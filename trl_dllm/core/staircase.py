@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .likelihood import LikelihoodOutput, _check_inputs, _draw_views, memory_options, score_view_chunks
-from .logits import as_logits_fn
+from .logits import as_logits_fn, kept_logits
 from .masks import apply_mask, random_subsets, staircase_mask, stratified_counts
 
 __all__ = ["block", "block_subsets", "staircase_inputs", "staircase_logits"]
@@ -59,7 +59,8 @@ def staircase_inputs(prompt_ids, prompt_mask, noisy_ids, completion_ids, block_l
     return input_ids, attention_mask.to(device), positions.expand(batch_size, -1)
 
 
-def staircase_logits(logits_fn, prompt_ids, prompt_mask, noisy_ids, completion_ids, block_length) -> torch.Tensor:
+def staircase_logits(logits_fn, prompt_ids, prompt_mask, noisy_ids, completion_ids, block_length, keep=None
+                     ) -> torch.Tensor:  # fmt: skip
     """Logits for the noisy copy in one staircase forward: row ``i`` predicts completion position ``i`` given the
     prompt, the clean blocks before ``i``'s block and ``i``'s noisy block.
 
@@ -71,9 +72,11 @@ def staircase_logits(logits_fn, prompt_ids, prompt_mask, noisy_ids, completion_i
     Args:
         logits_fn (`nn.Module` or logits function): see :mod:`trl_dllm.core.logits`.
         prompt_ids, prompt_mask, noisy_ids, completion_ids, block_length: as in :func:`staircase_inputs`.
+        keep (`torch.BoolTensor` of shape `(B, L)`, *optional*): return only ``logits[keep]`` `(n, V)`, with the LM
+            head run on those noisy positions alone (:func:`~trl_dllm.core.logits.kept_logits`).
 
     Returns:
-        `torch.Tensor` of shape `(B, L, V)`.
+        `torch.Tensor` of shape `(B, L, V)`, or `(n, V)` with ``keep``.
     """
     params = logits_fn.parameters() if isinstance(logits_fn, nn.Module) else ()
     dtype = next((p.dtype for p in params if p.is_floating_point()), torch.float32)
@@ -82,7 +85,10 @@ def staircase_logits(logits_fn, prompt_ids, prompt_mask, noisy_ids, completion_i
     )
     prompt_length, length = prompt_ids.shape[1], completion_ids.shape[1]
     positions = torch.arange(prompt_length, prompt_length + length, device=completion_ids.device)
-    logits = as_logits_fn(logits_fn)(input_ids, attention_mask, positions, position_ids=position_ids)
+    logits_fn = as_logits_fn(logits_fn)
+    if keep is not None:
+        return kept_logits(logits_fn, input_ids, attention_mask, positions, keep, position_ids=position_ids)
+    logits = logits_fn(input_ids, attention_mask, positions, position_ids=position_ids)
     if logits.shape[:2] != completion_ids.shape:
         raise ValueError(f"logits_fn returned {tuple(logits.shape)}; expected ({len(input_ids)}, {length}, V).")
     return logits
@@ -121,7 +127,7 @@ def _score_staircase(logits_fn, prompt_ids, prompt_mask, completion_ids, score_m
     :func:`~trl_dllm.core.likelihood.score_view_chunks`); ``views.weights`` is per position here."""
     mask_token_id, device = opts["mask_token_id"], completion_ids.device
 
-    def chunk_logits(chunk):
+    def chunk_logits(chunk, keep):
         masked = views.completion[:, chunk].transpose(0, 1).to(device)  # (c, B, L), view-major
         num_chunk = masked.shape[0]
         prompt_noise = views.prompt[:, chunk].transpose(0, 1).to(device)
@@ -129,7 +135,7 @@ def _score_staircase(logits_fn, prompt_ids, prompt_mask, completion_ids, score_m
         noisy = apply_mask(completion_ids.expand(num_chunk, -1, -1), masked, mask_token_id)
         return staircase_logits(
             logits_fn, prompt.flatten(0, 1), prompt_mask.repeat(num_chunk, 1), noisy.flatten(0, 1),
-            completion_ids.repeat(num_chunk, 1), opts["block_length"],
+            completion_ids.repeat(num_chunk, 1), opts["block_length"], keep,
         )  # fmt: skip
 
     return score_view_chunks(
@@ -187,7 +193,7 @@ def block(
     taken in every block), each half weighted ``½ L_b / |S ∩ block|``, exactly as ``elbo``'s pair per block.
 
     Cost: ``K`` forwards of length ``P + 2L`` (``2K`` with ``antithetic``), ``mc_batch_size`` views per forward; the LM
-    head runs on the ``L`` noisy positions only. The model must honour a 4-D additive float attention mask
+    head runs on the masked (kept) noisy positions only. The model must honour a 4-D additive float attention mask
     (``ModelSpec.accepts_4d_mask``) and explicit ``position_ids``, and its logits must not be shifted.
 
     Args:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .likelihood import LikelihoodOutput, _check_inputs, memory_options
+from .likelihood import LikelihoodOutput, _check_inputs, memory_options, recompute_chunks
 from .logits import as_logits_fn
 from .masks import block_causal_mask, make_generator
 from .sampling import sampling_log_probs
@@ -234,6 +234,7 @@ def _score_steps(model, prompt_ids, prompt_mask, completion_ids, scored, unmask_
     device, (batch_size, length), prompt_length = completion_ids.device, completion_ids.shape, prompt_ids.shape[1]
     logps = torch.zeros(batch_size, length, device=device)
     entropies = torch.zeros(batch_size, length, device=device)
+    recompute = recompute_chunks(opts.get("checkpoint_views", False), -(-plan.rows.numel() // chunk_rows))
     for start in range(0, plan.rows.numel(), chunk_rows):
         rows = plan.rows[start : start + chunk_rows].to(device)
         steps = plan.steps[start : start + chunk_rows].to(device)
@@ -266,7 +267,7 @@ def _score_steps(model, prompt_ids, prompt_mask, completion_ids, scored, unmask_
 
         # As for the ELBO views (likelihood.score_view_chunks): recompute the chunk in backward so memory does not
         # grow with the number of sampled steps.
-        if opts.get("checkpoint_views") and torch.is_grad_enabled():
+        if recompute:
             token_logp, entropy = checkpoint(scores, canvas, attention_mask, columns, selected, tokens,
                                              use_reentrant=False)
         else:
