@@ -20,7 +20,8 @@ def test_tiny_is_built_once_and_is_the_testing_model(tmp_path, monkeypatch):
     reference = load_file(f"{save_tiny_dllm(tmp_path / 'ref')}/model.safetensors")
     built = load_file(f"{path}/model.safetensors")
     assert reference.keys() == built.keys() and all(torch.equal(reference[k], built[k]) for k in reference)
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [path.rsplit("/", 1)[-1]]  # no staging left behind
+    left = [p.name for p in (tmp_path / "cache").iterdir() if p.name != ".tiny.lock"]
+    assert left == [path.rsplit("/", 1)[-1]]  # no staging directory left behind
 
 
 def test_tiny_block_is_a_block_diffusion_model(tmp_path, monkeypatch):
@@ -38,3 +39,33 @@ def test_other_names_local_directories_and_objects_pass_through(tmp_path, monkey
     model = torch.nn.Linear(1, 1)
     assert resolve_model_name(model) is model
     assert not (tmp_path / "cache").exists() and set(EMBEDDED_MODELS) == {"tiny", "tiny-block"}
+
+
+def test_built_completely_on_a_rank_other_than_0(tmp_path, monkeypatch):
+    """Under torchrun the process group exists before the model is named; `save_pretrained` writes no weights on a
+    rank other than 0, so the embedded model must not depend on it."""
+    from transformers import PreTrainedModel
+
+    names = PreTrainedModel.should_save_on_this_rank.__globals__  # where transformers looks the rank up
+    monkeypatch.setitem(names, "_is_torch_distributed_initialized", lambda: True)
+    monkeypatch.setitem(names, "_get_torch_distributed_rank", lambda: 1)
+    assert not PreTrainedModel.should_save_on_this_rank(None, True)  # save_pretrained would write no weights here
+    monkeypatch.setenv("TRL_DLLM_CACHE", str(tmp_path))
+    path = Path(resolve_model_name("tiny"))
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= {
+        p.name for p in path.iterdir()}
+    assert json.loads((path / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+
+
+def test_processes_that_start_together_share_one_build(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    code = "from trl_dllm.models.embedded import resolve_model_name; print(resolve_model_name('tiny'))"
+    env = {**os.environ, "TRL_DLLM_CACHE": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    paths = {proc.communicate(timeout=300)[0].strip() for proc in procs}
+    assert all(proc.returncode == 0 for proc in procs) and len(paths) == 1
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == [Path(paths.pop()).name]
