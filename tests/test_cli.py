@@ -157,10 +157,38 @@ def test_missing_model_path(in_repo, tmp_path, capsys):
     assert "model_name_or_path" in line and missing in line
 
 
-def test_unset_environment_variable(in_repo, monkeypatch, capsys):
+def test_unset_environment_variable(in_repo, monkeypatch, tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(Path(TINY).read_text().replace("${TRL_DLLM_TINY_MODEL:-tiny}", "${MY_MODEL_PATH}"))
+    monkeypatch.delenv("MY_MODEL_PATH", raising=False)
+    line = run_bad(capsys, grpo.main, ["--config", str(recipe)])
+    assert "model_name_or_path" in line and "MY_MODEL_PATH" in line
+
+
+def test_recipe_variable_with_default(tmp_path, monkeypatch):
+    from trl_dllm.scripts.parsing import load_recipe
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model_name_or_path: ${MY_MODEL_PATH:-tiny}\noutput_dir: ${MY_OUT:-}out\n")
+    monkeypatch.delenv("MY_MODEL_PATH", raising=False)
+    monkeypatch.setenv("MY_OUT", "runs/")
+    assert load_recipe(str(recipe)) == {"model_name_or_path": "tiny", "output_dir": "runs/out"}
+    monkeypatch.setenv("MY_MODEL_PATH", "")  # empty counts as unset, as in the shell's ${VAR:-default}
+    assert load_recipe(str(recipe))["model_name_or_path"] == "tiny"
+    monkeypatch.setenv("MY_MODEL_PATH", "/models/mine")
+    assert load_recipe(str(recipe))["model_name_or_path"] == "/models/mine"
+
+
+def test_tiny_recipe_runs_with_nothing_prepared(in_repo, monkeypatch, tmp_path, capsys):
+    """`trl-dllm grpo --config recipes/tiny/stabledrl_gsm8k.yaml --output_dir out` with no model built beforehand: the
+    recipe names the embedded `tiny` model, built into an empty cache on first use."""
     monkeypatch.delenv("TRL_DLLM_TINY_MODEL")
-    line = run_bad(capsys, grpo.main, ["--config", TINY])
-    assert "model_name_or_path" in line and "TRL_DLLM_TINY_MODEL" in line
+    monkeypatch.setenv("TRL_DLLM_CACHE", str(tmp_path / "cache"))
+    assert cli.main(["grpo", "--config", TINY, "--output_dir", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    assert next((tmp_path / "cache").glob("tiny-*/config.json"))
+    out = capsys.readouterr().out
+    assert "4 denoising forwards" in out  # the cost of a rollout, said once at the start
 
 
 def test_missing_recipe_and_bad_values(in_repo, capsys):
@@ -168,3 +196,29 @@ def test_missing_recipe_and_bad_values(in_repo, capsys):
     assert "block_length=3" in run_bad(capsys, grpo.main, ["--config", TINY, "--block_length", "3"])
     assert "--max_steps" in run_bad(capsys, grpo.main, ["--config", TINY, "--max_steps", "many"])
     assert "task" in run_bad(capsys, grpo.main, ["--config", TINY, "--task", "chess"])
+
+
+def test_grpo_help_lists_config_then_our_groups_then_trl(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("TRL_DLLM_CACHE", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "100")
+    assert cli.main(["grpo", "--help"]) == 0
+    out = capsys.readouterr().out
+    titles = ["recipe:", "data and rewards:", "diffusion generation:", "likelihood estimation:", "objective:",
+              "model and LoRA (TRL's ModelConfig):", "inherited by DiffusionGRPOConfig"]
+    assert [out.index(t) for t in titles] == sorted(out.index(t) for t in titles)
+    assert "--config RECIPE.yaml" in out and out.index("--block_length") < out.index("--learning_rate")
+    assert all(f"--{name} " in out for name in grpo.make_parser().field_names())  # every field, once grouped
+    # Cached: the second --help, in a fresh interpreter, answers without importing TRL.
+    check = "import sys; from trl_dllm import cli; cli.main(['grpo', '--help']); print('trl' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout == out + "False\n", result.stderr[-2000:]
+
+
+def test_demo_help_does_not_import_the_trainer():
+    check = (
+        "import sys, trl_dllm.demo as demo\n"
+        "try:\n    demo.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('trl' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip().endswith("False"), result.stderr[-2000:]

@@ -26,9 +26,34 @@ def test_our_fields_have_help_and_docstring_entries():
         assert re.search(rf"^\s+{f.name} \(`", DiffusionGRPOConfig.__doc__, re.M), f"{f.name} missing from docstring"
 
 
-def test_defaults_span_the_completion():
-    args = make()
-    assert args.block_length == 16 and args.diffusion_steps == 16 and args.num_blocks == 1
+def test_default_schedule_two_tokens_per_step_in_blocks_of_at_most_32():
+    # (max_completion_length, block_length, diffusion_steps): blocks of <= 32 (one block up to 32 tokens, or when the
+    # largest divisor <= 32 is below 8), ceil(L / 2) steps rounded up to a multiple of the number of blocks.
+    expected = [(16, 16, 8), (7, 7, 4), (256, 32, 128), (512, 32, 256), (33, 11, 18), (37, 37, 19), (100, 25, 52)]
+    for length, block, steps in expected:
+        args = make(max_completion_length=length)
+        assert (args.block_length, args.diffusion_steps) == (block, steps), length
+
+
+def test_cpu_machine_turns_trl_bf16_default_off_and_refuses_explicit_bf16():
+    if make().bf16 is not False or make(use_cpu=False)._device_choices == ():
+        pytest.skip("a bf16-capable GPU is present")
+    args = make(use_cpu=False)
+    assert args.bf16 is False and args._device_choices == ("bf16=False",)
+    assert make(bf16=True).bf16 is True  # use_cpu=True: bf16 autocast on CPU, the user's explicit choice
+    with pytest.raises(ValueError, match=r"bf16=True needs a GPU with bf16 support.*Set bf16=False"):
+        make(use_cpu=False, bf16=True)
+
+
+def test_trl_gradient_checkpointing_name_reaches_transformers_without_deprecation_warning():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        args = make(gradient_checkpointing=False)
+        default = make()
+    assert args.activation_checkpointing is False and args.gradient_checkpointing is False
+    assert default.activation_checkpointing is True  # TRL's default, under transformers' current name
 
 
 @pytest.mark.parametrize(

@@ -46,3 +46,8 @@ def test_trl_quickstart_with_swapped_names(tmp_path, tiny_model_path):
     assert result.returncode == 0, result.stderr[-4000:]
     losses = [line for line in result.stdout.splitlines() if line.startswith("LOSSES")]
     assert losses and "nan" not in losses[0], result.stdout[-2000:]
+    # A quiet console: no warning that is not the user's business (DeepSpeed's CPU notice, transformers' deprecations
+    # of names TRL uses, pin_memory without an accelerator), and one line for each choice made for the machine.
+    warnings = [line for line in result.stderr.splitlines() if "warn" in line.lower()]
+    assert not warnings, warnings
+    assert "each rollout batch takes 4 denoising forwards" in result.stdout, result.stdout[-2000:]

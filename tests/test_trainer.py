@@ -140,13 +140,13 @@ def test_old_estimates_match_current_before_update(tmp_path, tiny_model_path, mi
 
 
 def test_model_instance_and_default_config(tmp_path, tiny_model_path):
-    """A model object and only TRL's own arguments: defaults (one block, one token per step) must work."""
+    """A model object and only TRL's own arguments: defaults (one block up to 32 tokens, two tokens per step) work."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     args = DiffusionGRPOConfig(
         output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, max_completion_length=6,
         max_steps=1, logging_steps=1, report_to="none", use_cpu=True,
     )
-    assert (args.block_length, args.diffusion_steps) == (6, 6)
+    assert (args.block_length, args.diffusion_steps) == (6, 3)
     trainer = DiffusionGRPOTrainer(model=model, reward_funcs=distinct_tokens_reward, args=args,
                                    train_dataset=make_dataset(4))
     trainer.train()

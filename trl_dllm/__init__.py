@@ -8,7 +8,11 @@ Names are imported on first use, so ``import trl_dllm.core`` or ``trl_dllm.rewar
 
 import importlib
 
+from .console import install_log_filters
+
 __version__ = "0.1.0"
+
+install_log_filters()  # before TRL / transformers import DeepSpeed, which warns on every CPU run (see console.py)
 
 _EXPORTS = {
     "DiffusionGRPOConfig": "config",

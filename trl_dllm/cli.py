@@ -24,12 +24,16 @@ See docs/cli.md and docs/recipes.md."""
 
 
 def _grpo(argv: Sequence[str]) -> int | None:
+    if _help("grpo", argv):
+        return 0
     from .scripts.grpo import main
 
     return main(argv)
 
 
 def _eval(argv: Sequence[str]) -> int | None:
+    if _help("eval", argv):
+        return 0
     from .scripts.eval import main
 
     return main(argv)
@@ -39,6 +43,15 @@ def _demo(argv: Sequence[str]) -> int | None:
     from .demo import main
 
     return main(list(argv))
+
+
+def _help(command: str, argv: Sequence[str]) -> bool:
+    """Print the command's `--help` (cached: `trl_dllm.scripts.help`) when asked for; whether it was."""
+    from .scripts.help import help_text, wants_help
+
+    if wants_help(argv):
+        print(help_text(command), end="")
+    return wants_help(argv)
 
 
 COMMANDS = {"grpo": _grpo, "eval": _eval, "demo": _demo}

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from .console import announce_deepspeed_cpu_build
 from .core.bidirectional_cache import GENERATION_CACHES
 from .core.likelihood import ELBO_COUNTS, ESTIMATORS
 from .core.objectives import KL_ESTIMATORS, OBJECTIVES
@@ -23,25 +24,34 @@ class DiffusionGRPOConfig(GRPOConfig):
     Configuration class for [`DiffusionGRPOTrainer`]: every field of TRL's [`~trl.GRPOConfig`] plus the fields below.
 
     `max_completion_length` is the generation canvas length (`gen_length` in LLaDA's code). With none of the fields
-    below set, generation uses one block spanning the completion and one token per step, the likelihood is a one-sample
-    antithetic ELBO, and `loss_type` keeps TRL's default — an existing TRL GRPO script runs unchanged.
+    below set, generation uses blocks of at most 32 tokens and commits two tokens per step
+    (`diffusion_steps = max_completion_length / 2`, the schedule of d1's released configs and of `recipes/llada/`),
+    the likelihood is a one-sample antithetic ELBO, and `loss_type` keeps TRL's default — an existing TRL GRPO script
+    runs unchanged. The trainer logs the resulting cost once at the start (denoising forwards per rollout).
+
+    On a machine without a bf16-capable GPU (or with `use_cpu=True`), TRL's default `bf16=None` (bf16 on) becomes
+    `False`, said in one log line when the trainer starts; an explicit `bf16=True` there is an error. Without an
+    accelerator `dataloader_pin_memory` is off. TRL's `gradient_checkpointing` is passed to transformers under its
+    current name (`activation_checkpointing`) unless that is set.
 
     Parameters:
         > Parameters that control diffusion generation
 
         mask_token_id (`int` or `None`, *optional*, defaults to `None`):
-            Id of the mask token. `None` takes it from the model family (LLaDA 126336, Dream 151666), then
-            `model.config.mask_token_id`, then the tokenizer's `mask_token`.
+            Id of the mask token. `None` takes the first of `model.config.mask_token_id`, the model family's
+            (LLaDA 126336, Dream 151666), the tokenizer's `mask_token`.
         native_loading (`bool`, *optional*, defaults to `True`):
             Load LLaDA, Dream and SDAR / TraDo checkpoints given by name into transformers' own Llama / Qwen2 / Qwen3
             classes (no remote code; sdpa / flash attention, gradient checkpointing, `logits_to_keep`, standard LoRA
             names). `False` keeps the checkpoint's own remote code (with `trust_remote_code=True`).
         diffusion_steps (`int` or `None`, *optional*, defaults to `None`):
-            Number of denoising steps over the whole completion (`steps` in LLaDA's code). Must be a multiple of the
-            number of blocks. `None` means `max_completion_length` (one token per step).
+            Number of denoising steps over the whole completion (`steps` in LLaDA's code), i.e. model forwards per
+            rollout (twice that with `cfg_scale`). Must be a multiple of the number of blocks. `None` means
+            `max_completion_length / 2` (two tokens per step) rounded up to a multiple of the number of blocks.
         block_length (`int` or `None`, *optional*, defaults to `None`):
-            Length of a semi-autoregressive block. Must divide `max_completion_length`. `None` means one block spanning
-            the whole completion.
+            Length of a semi-autoregressive block. Must divide `max_completion_length`. `None` means the largest divisor
+            of `max_completion_length` that is at most 32 (d1's block), or one block spanning the
+            completion when that divisor is below 8 or the completion is at most 32 tokens.
         remasking (`str`, *optional*, defaults to `"low_confidence"`):
             Which masked positions to commit at each step: `"low_confidence"` (highest probability of the sampled token
             first), `"random"`, `"entropy"` or `"margin"`. Sampling itself uses TRL's `temperature`, `top_k`, `top_p`,
@@ -146,7 +156,7 @@ class DiffusionGRPOConfig(GRPOConfig):
 
     mask_token_id: int | None = field(
         default=None,
-        metadata={"help": "Id of the mask token. None: from the model family, model.config or the tokenizer."},
+        metadata={"help": "Id of the mask token. None: model.config, then the model family, then the tokenizer."},
     )
     native_loading: bool = field(
         default=True,
@@ -154,11 +164,11 @@ class DiffusionGRPOConfig(GRPOConfig):
     )
     diffusion_steps: int | None = field(
         default=None,
-        metadata={"help": "Denoising steps over the whole completion. None: max_completion_length (one token/step)."},
+        metadata={"help": "Denoising steps (forwards per rollout). None: max_completion_length / 2 (two tokens/step)."},
     )
     block_length: int | None = field(
         default=None,
-        metadata={"help": "Semi-autoregressive block length; must divide max_completion_length. None: one block."},
+        metadata={"help": "Semi-autoregressive block length; must divide max_completion_length. None: at most 32."},
     )
     remasking: str = field(
         default="low_confidence",
@@ -249,6 +259,8 @@ class DiffusionGRPOConfig(GRPOConfig):
                 f"num_generations={self.num_generations}: group advantages need at least 2 completions per prompt. "
                 "Set num_generations >= 2 (and a batch size divisible by it)."
             )
+        announce_deepspeed_cpu_build()  # before TRL / transformers set up the devices, which starts the build
+        self._device_choices = choose_for_device(self)
         super().__post_init__()
         self._check_generation()
         self._check_estimation()
@@ -272,9 +284,10 @@ class DiffusionGRPOConfig(GRPOConfig):
             )
         gen_length = self.max_completion_length
         if self.block_length is None:
-            self.block_length = gen_length
+            self.block_length = default_block_length(gen_length)
         if self.diffusion_steps is None:
-            self.diffusion_steps = gen_length
+            blocks, half = gen_length // self.block_length, (gen_length + 1) // 2  # two tokens per step
+            self.diffusion_steps = -(-half // blocks) * blocks  # rounded up to a multiple of the number of blocks
         if self.block_length < 1 or gen_length % self.block_length != 0:
             raise ValueError(
                 f"block_length={self.block_length} must be a positive divisor of max_completion_length={gen_length}; "
@@ -361,6 +374,53 @@ class DiffusionGRPOConfig(GRPOConfig):
                 f"StableDRL clip bounds must satisfy 0 <= stabledrl_clip_low < stabledrl_clip_high, got "
                 f"{self.stabledrl_clip_low} and {self.stabledrl_clip_high}."
             )
+
+
+def choose_for_device(args) -> tuple[str, ...]:
+    """Settings TRL's defaults get wrong for the machine, changed before `GRPOConfig.__post_init__` checks them; returns
+    what was changed (`"bf16=False"`), for the trainer's start-up line (`trl_dllm.console.startup_lines`).
+
+    - No bf16-capable GPU, or `use_cpu=True`: TRL's `bf16=None` (which TRL turns on) becomes `False` — transformers
+      refuses bf16 without such a GPU, and on CPU bf16 autocast only costs time. An explicit `bf16=True` without the
+      GPU is an error naming the fix.
+    - No accelerator, or `use_cpu=True`: `dataloader_pin_memory` becomes `False` (pinned memory needs a device to
+      copy to; torch warns when there is none).
+    - TRL's `gradient_checkpointing` (documented by TRL, on by default) goes to transformers' current name,
+      `activation_checkpointing`, when that is unset: transformers warns on the old name on every run otherwise.
+    """
+    from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
+
+    changed = []
+    if getattr(args, "activation_checkpointing", "absent") is None and args.gradient_checkpointing is not None:
+        args.activation_checkpointing = args.gradient_checkpointing
+        if args.gradient_checkpointing_kwargs is not None and args.activation_checkpointing_kwargs is None:
+            args.activation_checkpointing_kwargs = args.gradient_checkpointing_kwargs
+    if args.dataloader_pin_memory and (args.use_cpu or not _has_accelerator()):
+        args.dataloader_pin_memory = False  # nothing to pin for; torch warns at every epoch otherwise
+    bf16_device = not args.use_cpu and (is_torch_bf16_gpu_available() or is_torch_xla_available())
+    if not bf16_device and args.bf16 is None and not args.fp16:
+        args.bf16 = False
+        changed.append("bf16=False")
+    elif args.bf16 and not bf16_device and not args.use_cpu:
+        raise ValueError(
+            "bf16=True needs a GPU with bf16 support, and this machine has none. Set bf16=False (or use_cpu=True to "
+            "train on CPU under bf16 autocast)."
+        )
+    return tuple(changed)
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)
+    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+
+
+def default_block_length(gen_length: int) -> int:
+    """`block_length=None`: the largest divisor of `gen_length` that is at most 32, or `gen_length` (one block) when the
+    completion is at most 32 tokens or that divisor is below 8 (blocks that small decode almost autoregressively)."""
+    divisor = _largest_divisor_at_most(gen_length, 32)
+    return gen_length if gen_length <= 32 or divisor < 8 else divisor
 
 
 def _largest_divisor_at_most(n: int, bound: int) -> int:

@@ -30,11 +30,13 @@ from trl.trainer.utils import pad, split_tensor_dict, use_adapter
 
 from .checkpoints import resolve_resume_checkpoint
 from .config import DiffusionGRPOConfig
+from .console import quiet_trl_internals, startup_lines
 from .core.likelihood import SHARED_SEED_ESTIMATORS, LikelihoodOutput, estimate
 from .core.objectives import OBJECTIVES
 from .core.trajectory import trajectory_entropies
 from .decoding import check_cache_model, decoding_plan, sampling_distribution
 from .models import make_bidirectional, model_logits_fn, require_4d_mask, resolve_model_spec
+from .models.embedded import resolve_model_name
 from .models.loading import (
     attends_bidirectionally,
     honours_padding,
@@ -67,6 +69,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
     _tag_names = ["trl", "grpo", "trl_dllm", "diffusion"]
 
     def __init__(self, model, reward_funcs=None, args: DiffusionGRPOConfig | None = None, *pargs, **kwargs):
+        model = resolve_model_name(model)  # "tiny" / "tiny-block": the embedded models (trl_dllm.models.embedded)
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = DiffusionGRPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-DiffusionGRPO")
@@ -100,6 +103,9 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         self._check_block_layout()
         self._probe_remote_code()
         check_model(self)  # text-only, mask id in the vocabulary, prompts + completion within the model's positions
+        block = self.model_spec.block_length if self.model_spec.family == "block" else None
+        for line in startup_lines(args, block):
+            self.accelerator.print(line)
         self._estimation_context: _EstimationContext | None = None
         self._deferring_scoring = False
         self._pending_rollout: dict[str, torch.Tensor] | None = None
@@ -239,7 +245,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         iteration, with the seeds the current policy will use."""
         self._deferring_scoring = True
         try:
-            output = super()._generate_and_score_completions(inputs)
+            with quiet_trl_internals():  # TRL reads a deprecated transformers property at every rollout
+                output = super()._generate_and_score_completions(inputs)
         finally:
             self._deferring_scoring = False
         rollout, self._pending_rollout = self._pending_rollout, None
@@ -582,6 +589,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             self._log_scalar("ratio/mean", ratio.mean())
             self._log_scalar("ratio/std", ratio.std() if ratio.numel() > 1 else torch.zeros(()))
             self._log_scalar("ratio/max", ratio.max())
+            self._log_scalar("ratio/min", ratio.min())
 
 
 class _RouterLoss:

@@ -42,9 +42,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     """Entry point of `python -m trl_dllm.demo` and `trl-dllm demo`; returns the summary it wrote."""
+    args = parse_args(argv)  # before importing the trainer: `--help` and bad flags answer at once
     from .run import QUICK, QUICK_STABILITY, DemoConfig, StabilityConfig, run_demo, run_stability
 
-    args = parse_args(argv)
     cfg = DemoConfig(task=args.task, out_dir=args.out, seed=args.seed, threads=args.threads)
     if args.quick:
         cfg = replace(cfg, **QUICK)

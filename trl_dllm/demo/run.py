@@ -79,7 +79,7 @@ def _demo_trainer_args(cfg: DemoConfig, task: Task, output_dir: str) -> Diffusio
         logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=cfg.seed, disable_tqdm=True,
         # On by default (TRL's bf16 and gradient checkpointing, our mc_checkpointing); for this model on CPU they only
         # cost time: bf16 autocast and recomputation made a step 2x slower, mc_checkpointing another 12-17%.
-        bf16=False, gradient_checkpointing=False, mc_checkpointing=False,
+        bf16=False, activation_checkpointing=False, mc_checkpointing=False,
     )
     # fmt: on
     return DiffusionGRPOConfig(**{**kwargs, **cfg.trainer_overrides})
@@ -102,19 +102,31 @@ class HeldOutCallback(TrainerCallback):
             self._bar = self.progress.add_task(self.label, total=state.max_steps, info="")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "reward" in logs:
+        if logs and "reward" in logs:  # logged after `on_step_end`: the bar shows a step's reward from here
             self._reward = logs["reward"]
+            self._show(state.global_step, state.max_steps, line=False)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         step = state.global_step
         out_of_time = time.monotonic() - self.start > self.budget_s
         if out_of_time:
             control.should_training_stop = True
-        if self.heldout and (step % self.eval_every == 0 or step == state.max_steps or out_of_time):
+        evaluated = self.heldout and (step % self.eval_every == 0 or step == state.max_steps or out_of_time)
+        if evaluated:
             self.evaluate(model, step)
-        if self._bar is not None:
-            best = f" | best val {self.best['val_reward']:.2f} @ {self.best['step']}" if self.best else ""
-            self.progress.update(self._bar, completed=step, info=f"reward {self._reward:.2f}{best}")
+        self._show(step, state.max_steps, line=evaluated or step == state.max_steps or out_of_time)
+
+    def _show(self, step: int, max_steps: int, line: bool) -> None:
+        """Update the bar; when the console is not a terminal (a log file, a pipe), where rich draws no bar, also
+        print one plain line at each held-out evaluation and at the last step (the last one the budget allows)."""
+        if self._bar is None:
+            return
+        reward = "reward -" if self._reward != self._reward else f"reward {self._reward:.2f}"  # nan before any log
+        best = f" | best val {self.best['val_reward']:.2f} @ {self.best['step']}" if self.best else ""
+        self.progress.update(self._bar, completed=step, info=f"{reward}{best}")
+        if line and not self.progress.console.is_terminal:
+            elapsed = time.monotonic() - self.start
+            self.progress.console.print(f"{self.label}: step {step}/{max_steps}, {reward}{best}, {elapsed:.0f} s")
 
     def evaluate(self, model, step: int) -> dict:
         val = greedy_eval(model, self.prep["tokenizer"], self.prep["task"], self.prep["val"])

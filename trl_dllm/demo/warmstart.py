@@ -166,6 +166,8 @@ def prepare(cfg, console=None) -> dict:
     train = task.problems("train", cfg.num_train_problems, seed=cfg.seed)
     val = task.problems("val", cfg.num_val, seed=cfg.seed, unique=True)
     test = task.problems("test", cfg.num_test, seed=cfg.seed, unique=True)
+    if console is not None:
+        console.print(f"warm start: {cfg.sft_steps} SFT steps of the {cfg.task} task...")
     start = time.monotonic()
     losses = warm_start(
         model,

@@ -147,10 +147,13 @@ def _check_local_files(data_files) -> None:
 
 
 def check_model_path(name_or_path: str | None) -> str:
-    """Fail early, naming the path, when the model is neither a local directory nor a possible Hub id."""
+    """Fail early, naming the path, when the model is neither a local directory nor a possible Hub id; an embedded
+    model's name (`tiny`, `tiny-block`) becomes its path."""
+    from ..models.embedded import resolve_model_name
+
     if not name_or_path:
         raise UsageError("model_name_or_path is not set: pass --model_name_or_path or set it in the recipe")
-    path = os.path.expanduser(name_or_path)
+    path = os.path.expanduser(resolve_model_name(name_or_path))  # "tiny", "tiny-block": built on first use
     if os.path.isdir(path):
         return path
     if os.path.exists(path):

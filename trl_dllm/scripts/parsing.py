@@ -3,15 +3,18 @@
 A recipe is TRL's YAML config: a flat mapping of field names of the script's dataclasses, plus an optional `env:`
 mapping of environment variables to set. On top of `TrlParser` this adds:
 
-- `${VAR}` in a string value is replaced by the environment variable `VAR` (tiny recipes read the model path from
-  `$TRL_DLLM_TINY_MODEL`); an unset variable is an error unless the field is also given on the command line;
+- `${VAR}` in a string value is replaced by the environment variable `VAR`, `${VAR:-default}` by `default` when `VAR`
+  is unset or empty (tiny recipes read `${TRL_DLLM_TINY_MODEL:-tiny}`: the embedded tiny model unless the variable
+  names another); an unset variable without a default is an error unless the field is also given on the command line;
 - an unknown field (in the recipe or as a flag) is an error naming it, with the closest known field;
 - argparse's errors (bad values) raise instead of printing the multi-hundred-line usage of `GRPOConfig`.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import dataclasses
 import difflib
 import os
 import re
@@ -24,7 +27,7 @@ from trl import TrlParser
 
 from ..validation import REMOVED_ARGUMENTS
 
-_ENV_VAR = re.compile(r"\$\{(\w+)\}")
+_ENV_VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
 
 class UsageError(Exception):
@@ -52,12 +55,73 @@ def exit_on_bad_input(prog: str) -> Iterator[None]:
         raise SystemExit(2) from None
 
 
+# Section titles of `--help` for the dataclasses without `> Parameters that control ...` headings in their docstring.
+_TITLES = {
+    "GRPOScriptArguments": "data and rewards",
+    "EvalArguments": "evaluation",
+    "ModelConfig": "model and LoRA (TRL's ModelConfig)",
+}
+_HEADING = re.compile(r"^\s*> Parameters that control (.+?)\s*$")
+_DOC_FIELD = re.compile(r"^\s+(\w+) \(`")
+
+
 class ScriptParser(TrlParser):
-    """`TrlParser` whose argparse errors raise `UsageError` (the default prints the full usage, then exits), and
-    which takes no abbreviated flags (`--num_iteration` is a typo, not `--num_iterations`)."""
+    """`TrlParser` whose argparse errors raise `UsageError` (the default prints the full usage, then exits), which
+    takes no abbreviated flags (`--num_iteration` is a typo, not `--num_iterations`), and whose `--help` lists
+    `--config`, then the fields of trl_dllm grouped as in `DiffusionGRPOConfig`'s docstring, then TRL's."""
 
     def __init__(self, dataclass_types, **kwargs):
+        prog = kwargs.get("prog") or "trl-dllm"
+        kwargs.setdefault("usage", f"{prog} [--config RECIPE.yaml] [--field value ...]")
+        kwargs.setdefault(
+            "description",
+            "Every field can be set in the YAML recipe (--config) or as a flag; flags override the recipe. The fields "
+            "of trl_dllm come first, grouped; those of TRL's GRPOConfig and transformers' TrainingArguments last.",
+        )
         super().__init__(dataclass_types, allow_abbrev=False, **kwargs)
+
+    def format_help(self) -> str:
+        formatter = self._get_formatter()
+        formatter.add_usage(self.usage, self._actions, [])
+        formatter.add_text(self.description)
+        config = argparse.Action(
+            ["--config"], dest="config", metavar="RECIPE.yaml", default=argparse.SUPPRESS,
+            help="YAML recipe: a mapping of the fields below, plus an optional `env:` mapping of environment "
+            "variables; ${VAR} and ${VAR:-default} expand from the environment (docs/cli.md).",
+        )
+        by_dest: dict[str, list[argparse.Action]] = {}
+        for action in self._actions:
+            by_dest.setdefault(action.dest, []).append(action)
+        sections = [("recipe", [config, *by_dest.get("help", [])]), *self._field_sections()]
+        for title, names in sections:
+            actions = [a for name in names for a in (by_dest.get(name, []) if isinstance(name, str) else [name])]
+            formatter.start_section(title)
+            formatter.add_arguments(actions)
+            formatter.end_section()
+        return formatter.format_help()
+
+    def _field_sections(self) -> list[tuple[str, list[str]]]:
+        """(title, field names) of each dataclass: the headed groups of its docstring (the trl_dllm fields of
+        `DiffusionGRPOConfig`) in order, its other fields after all the dataclasses' own."""
+        first, last = [], []
+        for cls in self.dataclass_types:
+            names = [f.name for f in dataclasses.fields(cls) if f.init]
+            groups, title = [], None
+            for line in (cls.__doc__ or "").splitlines():
+                if heading := _HEADING.match(line):
+                    title = heading.group(1).removeprefix("the ")
+                    groups.append((title, []))
+                elif title is not None and (doc_field := _DOC_FIELD.match(line)) and doc_field.group(1) in names:
+                    groups[-1][1].append(doc_field.group(1))
+            covered = {name for _, group in groups for name in group}
+            others = [name for name in names if name not in covered]
+            first.extend(groups)
+            if groups and others:
+                last.append((f"inherited by {cls.__name__}: TRL's GRPOConfig and transformers' TrainingArguments",
+                             others))
+            elif others:
+                first.append((_TITLES.get(cls.__name__, cls.__name__), others))
+        return first + last
 
     def error(self, message: str):
         raise UsageError(message)
@@ -131,9 +195,17 @@ def load_recipe(path: str, overridden: Iterable[str] = ()) -> dict[str, Any]:
     return expanded
 
 
+def _variable(match: re.Match) -> str:
+    """`${VAR}` → `$VAR` (KeyError when unset); `${VAR:-default}` → `$VAR`, or `default` when unset or empty."""
+    name, default = match.group(1), match.group(2)
+    if default is not None:
+        return os.environ.get(name) or default
+    return os.environ[name]
+
+
 def _expand(value: Any) -> Any:
     if isinstance(value, str):
-        return _ENV_VAR.sub(lambda m: os.environ[m.group(1)], value)
+        return _ENV_VAR.sub(_variable, value)
     if isinstance(value, list):
         return [_expand(v) for v in value]
     if isinstance(value, dict):

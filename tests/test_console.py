@@ -1,0 +1,76 @@
+"""What the console shows: DeepSpeed's CPU notice filtered unless DeepSpeed is used, the one-time build announced,
+the start-up lines (machine choices, forwards per rollout), TRL's deprecated-name warnings silenced."""
+
+import logging
+import warnings
+
+import pytest
+
+from trl_dllm.config import DiffusionGRPOConfig
+from trl_dllm.console import (
+    announce_deepspeed_cpu_build,
+    deepspeed_cpu_build_pending,
+    install_log_filters,
+    quiet_trl_internals,
+    startup_lines,
+)
+
+
+def make(**kwargs):
+    base = dict(output_dir="unused", per_device_train_batch_size=4, num_generations=4, report_to="none")
+    return DiffusionGRPOConfig(**{**base, **kwargs})
+
+
+def test_deepspeed_cpu_notice_dropped_unless_deepspeed_is_used(monkeypatch):
+    install_log_filters()
+    install_log_filters()  # idempotent
+    filters = [f for f in logging.getLogger("DeepSpeed").filters if type(f).__name__ == "_DeepSpeedCpuNotice"]
+    assert len(filters) == 1
+
+    def passes(message: str) -> bool:
+        return filters[0].filter(logging.LogRecord("DeepSpeed", logging.WARNING, __file__, 1, message, None, None))
+
+    notice = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
+    assert not passes(notice) and passes("something else")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    assert passes(notice)
+
+
+def test_deepspeed_build_announced_only_when_pending(monkeypatch, tmp_path, capsys):
+    pytest.importorskip("torch.utils.cpp_extension")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
+    assert not deepspeed_cpu_build_pending()
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert deepspeed_cpu_build_pending()
+    announce_deepspeed_cpu_build()
+    assert "compiles its communication op" in capsys.readouterr().err
+    monkeypatch.setenv("LOCAL_RANK", "1")  # one line per machine
+    announce_deepspeed_cpu_build()
+    assert capsys.readouterr().err == ""
+    (tmp_path / "deepspeed_shm_comm").mkdir(exist_ok=True)  # torch creates it when asked where it is
+    (tmp_path / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").write_bytes(b"")
+    assert not deepspeed_cpu_build_pending()
+
+
+def test_startup_lines_say_the_cost_of_a_rollout():
+    args = make(max_completion_length=512)
+    lines = startup_lines(args)
+    assert "each rollout batch takes 256 denoising forwards" in lines[-1] and "block_length=32" in lines[-1]
+    guided = startup_lines(make(max_completion_length=16, cfg_scale=1.0, confidence_threshold=0.9), block_length=4)
+    assert "at most 16 denoising forwards (x2 for cfg_scale)" in guided[-1] and "block_length=4" in guided[-1]
+    if args._device_choices:  # no bf16 GPU here: the choice is said
+        assert lines[0].startswith("trl_dllm: no bf16-capable GPU") and "bf16=False" in lines[0]
+
+
+def test_trl_deprecated_names_silenced_only_inside():
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet_trl_internals():
+            for name in ("is_gradient_checkpointing", "gradient_checkpointing_enable", "gradient_checkpointing_disable"):
+                warnings.warn(f"`{name}` is deprecated and will be removed in v6.", FutureWarning, stacklevel=1)
+        warnings.warn("`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning,
+                      stacklevel=1)
+    assert len(seen) == 1

@@ -1,0 +1,107 @@
+"""What the console shows: the trainer's start-up lines, and other libraries' messages that are not the user's business.
+
+- `startup_lines(args)`: the settings chosen for the machine (`DiffusionGRPOConfig`'s `choose_for_device`) and the
+  cost of a rollout in denoising forwards, printed once by the trainer on the main process.
+- `install_log_filters()`: drops DeepSpeed's "Setting accelerator to CPU" warning, which `import deepspeed` (done by
+  transformers and accelerate whenever DeepSpeed is installed) prints on every CPU run, unless DeepSpeed is in use
+  (`ACCELERATE_USE_DEEPSPEED=true`, set by `accelerate launch` with a DeepSpeed config).
+- `announce_deepspeed_cpu_build()`: DeepSpeed on CPU compiles its shared-memory communication op with gcc the first
+  time it starts, silently and for minutes on a small machine; one line says so before it begins.
+- `quiet_trl_internals()`: TRL 1.16's `unwrap_model_for_generation` reads `model.is_gradient_checkpointing` and calls
+  `gradient_checkpointing_disable()` / `_enable()`, which transformers >= 5.23 deprecates with a `FutureWarning` at
+  every rollout; the user cannot act on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+
+_DEEPSPEED_CPU_NOTICE = "Setting accelerator to CPU"
+
+
+class _DeepSpeedCpuNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+            return True
+        return not str(record.msg).startswith(_DEEPSPEED_CPU_NOTICE)
+
+
+def install_log_filters() -> None:
+    """Install the filter on DeepSpeed's logger (by name: DeepSpeed need not be imported, or installed). Idempotent."""
+    ds_logger = logging.getLogger("DeepSpeed")
+    if not any(isinstance(f, _DeepSpeedCpuNotice) for f in ds_logger.filters):
+        ds_logger.addFilter(_DeepSpeedCpuNotice())
+
+
+def deepspeed_cpu_build_pending() -> bool:
+    """DeepSpeed is in use (`ACCELERATE_USE_DEEPSPEED=true`), there is no CUDA device, and DeepSpeed's CPU
+    communication op (`deepspeed_shm_comm`) is not in torch's extension cache yet."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
+        return False
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    from torch.utils.cpp_extension import _get_build_directory
+
+    name = "deepspeed_shm_comm"
+    return not os.path.isfile(os.path.join(_get_build_directory(name, verbose=False), f"{name}.so"))
+
+
+def announce_deepspeed_cpu_build() -> None:
+    """Print, once per machine (local rank 0), that DeepSpeed is about to compile its CPU op."""
+    if os.environ.get("LOCAL_RANK", "0") == "0" and deepspeed_cpu_build_pending():
+        print(
+            "trl_dllm: DeepSpeed on CPU compiles its communication op (deepspeed_shm_comm) with gcc before training "
+            "starts; this happens once per machine and can take minutes. It is cached in torch's extension directory "
+            "($TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions).",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+@contextlib.contextmanager
+def quiet_trl_internals() -> Iterator[None]:
+    """Silence transformers' deprecation of the `gradient_checkpointing` names TRL's `unwrap_model_for_generation`
+    uses (`is_gradient_checkpointing`, `gradient_checkpointing_enable`, `gradient_checkpointing_disable`)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message=r"`(is_gradient_checkpointing|gradient_checkpointing_enable|gradient_checkpointing_disable)` is "
+            "deprecated",
+            category=FutureWarning,
+        )
+        yield
+
+
+def startup_lines(args, block_length: int | None = None) -> list[str]:
+    """The lines the trainer prints once when it starts: device choices, and forwards per rollout.
+
+    Args:
+        args (`DiffusionGRPOConfig`): the training arguments.
+        block_length (`int` or `None`): the block length generation uses, when it is not `args.block_length` (a
+            block-diffusion model decodes in its native blocks).
+    """
+    lines = []
+    choices = getattr(args, "_device_choices", ())
+    if choices:
+        lines.append(
+            f"trl_dllm: no bf16-capable GPU (or use_cpu=True): {', '.join(choices)} instead of TRL's default. "
+            "Set it explicitly to silence this line."
+        )
+    per_step = 2 if args.cfg_scale > 0 else 1
+    forwards = args.diffusion_steps * per_step
+    bound = "at most " if args.confidence_threshold is not None or args.eos_early_exit else ""
+    guidance = " (x2 for cfg_scale)" if per_step == 2 else ""
+    lines.append(
+        f"trl_dllm: each rollout batch takes {bound}{forwards} denoising forwards{guidance}: "
+        f"max_completion_length={args.max_completion_length}, block_length={block_length or args.block_length}, "
+        f"diffusion_steps={args.diffusion_steps}. Fewer steps or confidence_threshold make rollouts faster "
+        "(docs/generation.md)."
+    )
+    return lines
