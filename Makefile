@@ -28,7 +28,7 @@ demo:
 stability:
 	$(PYTHON) -m trl_dllm.demo --stability
 
-# Every method on the same budget (docs/compare.md): make compare [COMPARE_ARGS="--quick" | "--methods d1 sft ..."]
+# Every method on the same budget (docs/compare.md): make compare [COMPARE_ARGS="--short" | "--quick" | "--methods d1 sft ..."]
 COMPARE_ARGS ?=
 compare:
 	$(PYTHON) -m trl_dllm.demo.compare $(COMPARE_ARGS)

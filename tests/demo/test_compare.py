@@ -13,6 +13,7 @@ from trl_dllm.core.objectives import OBJECTIVES
 from trl_dllm.demo.compare import METHODS, SFT, SHORT_COMPARE, collapses, main, parse_args
 from trl_dllm.demo.compare_report import mean_std, table_markdown
 from trl_dllm.demo.run import DemoConfig
+from trl_dllm.demo.tasks import get_task
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +124,14 @@ def test_cli_forwards_compare_arguments(monkeypatch):
     monkeypatch.setitem(sys.modules, "trl_dllm.demo.compare", fake)
     assert cli.main(["compare", "--quick", "--seeds", "1"]) == 0
     assert seen == [["--quick", "--seeds", "1"]]
+
+
+def test_subset_demonstrations_score_as_documented():
+    """docs/compare.md: the `subset` demonstrations, scored by the task's reward (seeded; no model involved)."""
+    task = get_task("subset")
+    train, test = task.problems("train", 4000, seed=0), task.problems("test", 256, seed=0, unique=True)
+    right = task.score([p["answer"] for p in train], train)
+    held_out = task.score([p["answer"] for p in test], test)
+    assert round(sum(r == 1.0 for r in right) / len(train), 3) == 0.179
+    assert round(statistics.fmean(held_out), 3) == 0.451
+    assert round(sum(r == 1.0 for r in held_out) / len(test), 3) == 0.18
