@@ -35,8 +35,10 @@ def test_quick_writes_results_table_and_figure(quick):
         assert run["heldout_before"] == results["warm_starts"][run["task"]]["heldout"]["reward"]  # same warm start
         assert run["curve"][0]["step"] == 0 and run["curve"][0]["test_reward"] == run["heldout_before"]
         assert run["best_step"] in [p["step"] for p in run["curve"][1:]]
+        assert all(p["load1"] >= 0 and p["seconds"] >= 0 for p in run["curve"][1:])  # the load every evaluation saw
         assert run["forwards"] > 0 and run["wall_seconds"] > 0 and run["collapses"] >= 0
     table = (out / "table.md").read_text()
+    assert table.startswith(f"Run {results['date']}: ") and f"{results['wall_minutes']:.1f} min in all" in table
     for task in ("sort", "subset"):
         section = table.split(f"### {task}")[1].split("###")[0]
         assert [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ")][1:] == list(

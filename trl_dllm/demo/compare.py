@@ -107,7 +107,8 @@ class ForwardCounter:
 
 class TrackedEval(HeldOutCallback):
     """The demo's held-out callback, with evaluations left out of both the forward count and the time budget (the
-    clock is moved forward by each evaluation's duration), and the training seconds recorded with every point."""
+    clock is moved forward by each evaluation's duration), and the training seconds and the machine's 1-minute load
+    average recorded with every point."""
 
     counter: ForwardCounter | None = None
 
@@ -116,6 +117,7 @@ class TrackedEval(HeldOutCallback):
         with self.counter.paused() if self.counter else _nothing():
             point = super().evaluate(model, step)
         point["seconds"] = began - self.start
+        point["load1"] = os.getloadavg()[0]  # a shared machine's load moves the wall-clock cap's worth in steps
         self.start += time.monotonic() - began
         return point
 

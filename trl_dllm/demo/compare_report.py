@@ -32,6 +32,12 @@ def group_runs(results: dict) -> dict[tuple[str, str], list[dict]]:
 def table_markdown(results: dict) -> str:
     """One table per task: a row per method, mean ± std over its seeds."""
     cfg, lines = results["config"], []
+    if "machine" in results:  # what the numbers were measured on
+        m = results["machine"]
+        lines += [f"Run {results['date']}: {m['cpu_count']} CPUs, torch {m['torch']}, {m['threads']} thread(s), 1-min "
+                  f"load {m['loadavg_start'][0]:.1f} at start and {m.get('loadavg_end', [float('nan')])[0]:.1f} at "
+                  f"the end; {results.get('wall_minutes', float('nan')):.1f} min in all. The steps and best step of "
+                  f"`sft` count SFT steps (its `sft_examples` in results.json: steps × batch).", ""]  # fmt: skip
     head = ("| method | seeds | held-out before | held-out after (best val) | gain | held-out last | best step | steps "
             "| collapses | train s | forwards |")  # fmt: skip
     for task in cfg["tasks"]:
@@ -95,8 +101,11 @@ def plot_compare(results: dict, path: Path) -> None:
         for ax in (by_step, by_time):
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7, loc="lower right")
-    date, load = results["date"], results["machine"]["loadavg_start"]
-    fig.suptitle(f"trl-dllm compare — seeds {results['config']['seeds']}, {date}, load {load[0]:.1f}")
+    loads = [p["load1"] for r in results["runs"] for p in r["curve"] if "load1" in p]
+    loads += [results["machine"]["loadavg_start"][0], results["machine"].get("loadavg_end", [float("nan")])[0]]
+    loads = [x for x in loads if x == x]
+    seeds = ", ".join(map(str, results["config"]["seeds"]))
+    fig.suptitle(f"trl-dllm compare — seeds {seeds}, {results['date']}, 1-min load {min(loads):.1f}–{max(loads):.1f}")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
