@@ -4,7 +4,7 @@ PYTHON ?= python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow lint bench demo stability
+.PHONY: install test test-slow lint bench demo stability compare
 
 install:
 	$(PYTHON) -m pip install "$(TORCH_SPEC)"
@@ -27,6 +27,11 @@ demo:
 # grpo vs stabledrl with noisy likelihood ratios, 3 seeds → demo_out/stability.png (docs/demo.md)
 stability:
 	$(PYTHON) -m trl_dllm.demo --stability
+
+# Every method on the same budget (docs/compare.md): make compare [COMPARE_ARGS="--short" | "--quick" | "--methods d1 sft ..."]
+COMPARE_ARGS ?=
+compare:
+	$(PYTHON) -m trl_dllm.demo.compare $(COMPARE_ARGS)
 
 # Benchmarks (docs/benchmarks.md): ratios measured in one run; writes bench_out/*.json and prints them.
 bench:

@@ -6,6 +6,7 @@ Every ```python block is preceded by one marker line:
   see earlier blocks' names), in an empty working directory where `tests/` and `recipes/` point into the repository.
 - `<!-- doc: hub -->`: needs the Hub or a large model; not run. The page gives a runnable twin next to it.
 - `<!-- doc: fragment -->`: a signature or an excerpt, not a program; not run.
+- `<!-- doc: long -->`: reads the output of a long run whose command the page gives next to it; not run.
 """
 
 import json
@@ -21,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _BLOCK = re.compile(r"(?:^[ \t]*<!-- doc: (\w+) -->\n)?^[ \t]*```python\n(.*?)^[ \t]*```", re.M | re.S)
-KINDS = ("run", "hub", "fragment")
+KINDS = ("run", "hub", "fragment", "long")
 
 
 def blocks(page: Path) -> list[tuple[int, str | None, str]]:
@@ -36,7 +37,7 @@ def rel(page: Path) -> str:
 
 def test_every_python_block_is_marked():
     unmarked = [f"{rel(p)}:{line}" for p in PAGES for line, kind, _ in blocks(p) if kind not in KINDS]
-    assert not unmarked, f"Python blocks without a `<!-- doc: run|hub|fragment -->` line before them: {unmarked}"
+    assert not unmarked, f"Python blocks without a `<!-- doc: run|hub|fragment|long -->` line before them: {unmarked}"
 
 
 def test_hub_blocks_have_a_runnable_twin_on_their_page():

@@ -3,6 +3,7 @@
     trl-dllm grpo --config recipes/tiny/stabledrl_gsm8k.yaml --model_name_or_path tiny-dllm
     trl-dllm eval --model_name_or_path out --task gsm8k --data_files test.jsonl
     trl-dllm demo
+    trl-dllm compare --methods d1 stabledrl sft --tasks subset --seeds 0 1
 
 Unlike `trl grpo`, which wraps `accelerate launch` itself, `trl-dllm grpo` trains in the current process, so it runs
 under any launcher: `accelerate launch [--config_file ...] -m trl_dllm grpo ...` or `torchrun -m trl_dllm grpo ...`.
@@ -13,11 +14,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-USAGE = """usage: trl-dllm {grpo,eval,demo} [--help] [args ...]
+USAGE = """usage: trl-dllm {grpo,eval,demo,compare} [--help] [args ...]
 
-  grpo   train with DiffusionGRPOTrainer from a YAML recipe: trl-dllm grpo --config recipe.yaml [--field value ...]
-  eval   accuracy of a model or checkpoint on a task, with diffusion decoding (greedy by default); writes JSON
-  demo   the CPU demo (trl_dllm.demo)
+  grpo     train with DiffusionGRPOTrainer from a YAML recipe: trl-dllm grpo --config recipe.yaml [--field value ...]
+  eval     accuracy of a model or checkpoint on a task, with diffusion decoding (greedy by default); writes JSON
+  demo     the CPU demo (trl_dllm.demo)
+  compare  every method on the same budget, tasks and seeds (trl_dllm.demo.compare; docs/compare.md)
 
 Several processes: accelerate launch --config_file recipes/accelerate/zero2.yaml -m trl_dllm grpo --config ...
 See docs/cli.md and docs/recipes.md."""
@@ -54,7 +56,13 @@ def _help(command: str, argv: Sequence[str]) -> bool:
     return wants_help(argv)
 
 
-COMMANDS = {"grpo": _grpo, "eval": _eval, "demo": _demo}
+def _compare(argv: Sequence[str]) -> int | None:
+    from .demo.compare import main
+
+    main(list(argv))
+
+
+COMMANDS = {"grpo": _grpo, "eval": _eval, "demo": _demo, "compare": _compare}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,5 +1,6 @@
 """Rewards of the demo's synthetic tasks on real completion strings, and the disjointness of their splits."""
 
+import itertools
 import random
 
 import pytest
@@ -15,6 +16,8 @@ from trl_dllm.demo.tasks import (
     sort_reward,
     sort_score,
     split_of,
+    subset_reward,
+    subset_score,
 )
 from trl_dllm.testing import build_tokenizer
 
@@ -68,13 +71,38 @@ def test_gold_answers_score_one_and_fit_the_canvas(name):
     task, tokenizer = get_task(name), build_tokenizer(("countdown", "to"))
     problems = task.problems("train", 200, seed=1)
     golds = [p["answer"] for p in problems]
-    assert task.score(golds, problems) == [1.0] * len(problems)
+    if task.verifier_only:  # demonstrations are well-formed but right only by chance
+        assert all(0.1 <= s <= 1.0 for s in task.score(golds, problems)) and min(task.score(golds, problems)) < 1.0
+    else:
+        assert task.score(golds, problems) == [1.0] * len(problems)
     for p in problems:
         prompt_ids = tokenizer(p["prompt"], add_special_tokens=False)["input_ids"]
         answer_ids = tokenizer(p["answer"], add_special_tokens=False)["input_ids"]
         assert tokenizer.unk_token_id not in prompt_ids + answer_ids
         assert len(answer_ids) < task.completion_length  # room for at least one EOS
         assert tokenizer.decode(answer_ids) == p["answer"]  # what the trainer decodes is what the reward reads
+
+
+def test_subset_score():
+    assert subset_score("9 7 7", 23, [7, 7, 7, 9, 4]) == 1.0
+    assert subset_score("7 9 7", 23, [7, 7, 7, 9, 4]) == 1.0  # any order
+    assert subset_score("7 7 4", 23, [7, 7, 7, 9, 4]) == pytest.approx(0.1 + 0.4 * (1 - 5 / 9))  # sum 18, 5 short
+    assert subset_score("9 9 4", 22, [7, 7, 7, 9, 4]) == 0.0  # 9 given once, used twice
+    assert subset_score("1 2 3", 6, [7, 7, 7, 9, 4]) == 0.0  # digits not given
+    assert subset_score("7 7", 14, [7, 7, 7, 9, 4]) == 0.0  # two digits, not three
+    assert subset_score("9 4 0", 13, [0, 9, 4, 1, 1]) == 1.0
+    assert subset_score("0 1 1", 24, [0, 9, 4, 1, 1]) == pytest.approx(0.1)  # 22 short: the closeness term is 0
+    chat = [[{"role": "assistant", "content": "9 4 0"}]]
+    assert subset_reward(chat, target=[13], nums=[[0, 9, 4, 1, 1]]) == [1.0]
+
+
+def test_subset_problems_are_solvable_and_carry_no_solution():
+    task = get_task("subset")
+    problems = task.problems("train", 500, seed=0)
+    for p in problems:  # some three of the five digits hit the target
+        assert any(sum(c) == p["target"] for c in itertools.combinations(p["nums"], 3))
+    right = sum(s == 1.0 for s in task.score([p["answer"] for p in problems], problems))
+    assert 0.05 < right / len(problems) < 0.5  # demonstrations are right by chance, not by construction
 
 
 def test_scores_are_in_unit_interval_on_random_strings():
@@ -86,6 +114,7 @@ def test_scores_are_in_unit_interval_on_random_strings():
             sort_score(text, "0 1 2 5 5 9"),
             add_score(text, "1 4 2"),
             countdown_lite_score(text, 6, [1, 2, 3]),
+            subset_score(text, 6, [1, 2, 3, 3, 0]),
         ):
             assert 0.0 <= score <= 1.0
 

@@ -14,16 +14,16 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+from .tasks import TASKS
+
 __all__ = ["main", "parse_args"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from .tasks import TASKS
-
     parser = argparse.ArgumentParser(prog="python -m trl_dllm.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few steps of a tiny model (seconds; for tests)")
     parser.add_argument("--stability", action="store_true", help="run the grpo-vs-stabledrl study instead")
-    parser.add_argument("--task", default="sort", choices=sorted(TASKS), help="the synthetic task")
+    parser.add_argument("--task", default="sort", choices=tuple(TASKS), help="the synthetic task")
     parser.add_argument("--out", default="demo_out", help="output directory (default: demo_out)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1; see docs/demo.md)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model, warm start, data and RL")

@@ -8,9 +8,13 @@ Tokens are space-separated (the demo's word-level tokenizer splits digits: ``"85
 space between tokens), so a completion such as ``"1 2 3 4 7 9"`` is read token by token.
 
 Splits are by *problem identity*, not by row: a problem's canonical key (the digit multiset for `sort`, the unordered
-pair for `add`, numbers + target for `countdown`) is hashed (CRC-32, stable across runs and machines) into ten
+pair for `add`, numbers + target for `countdown` and `subset`) is hashed (CRC-32, stable across runs and machines) into ten
 buckets: bucket 0 is the held-out **test** split, bucket 1 the **val** split (checkpoint selection), the rest
 **train**. Prompts of different splits therefore never share a problem, whatever the digit order.
+
+`subset` is *verifier-only*: its rows carry no solution. Its `answer` (what the warm start imitates) is three of the
+given digits chosen without looking at the target — a well-formed answer, right only by chance — so demonstrations
+teach the format and only the reward knows which answers are right.
 """
 
 from __future__ import annotations
@@ -86,6 +90,30 @@ def countdown_lite_reward(
     return [countdown_lite_score(t, g, n) for t, g, n in zip(texts, target, nums)]
 
 
+def subset_score(text: str, target: int, nums: list[int]) -> float:
+    """Subset sum: 1.0 if the completion is three of the given digits (each used at most as often as given) whose sum
+    is `target`; else `0.1 + 0.4 · max(0, 1 - |sum - target| / 9)` if it is three of the given digits (closer sums
+    earn more); 0.0 if it is not three digits or uses a digit not given. Any order; many problems have several
+    answers."""
+    tokens = text.split()
+    if len(tokens) != 3 or not all(t.isdigit() and len(t) == 1 for t in tokens):
+        return 0.0
+    picked, pool = sorted(int(t) for t in tokens), list(nums)
+    for digit in picked:
+        if digit not in pool:
+            return 0.0
+        pool.remove(digit)
+    if sum(picked) == target:
+        return 1.0
+    return 0.1 + 0.4 * max(0.0, 1.0 - abs(sum(picked) - target) / 9)
+
+
+def subset_reward(completions: list[Any], target: list[int], nums: list[list[int]], **kwargs: Any) -> list[float]:
+    """TRL reward for `subset`: see [`subset_score`]; reads the `target` and `nums` columns."""
+    texts = completions_to_texts(completions)
+    return [subset_score(t, g, n) for t, g, n in zip(texts, target, nums)]
+
+
 # --------------------------------------------------------------------------- problem generators
 def _sort_problem(rng: random.Random, length: int = 6) -> dict:
     digits = [rng.randrange(10) for _ in range(length)]
@@ -127,6 +155,16 @@ def _countdown_problem(rng: random.Random) -> dict:
     }
 
 
+def _subset_problem(rng: random.Random) -> dict:
+    """Five digits 0-9 and the sum of three of them; the `answer` is three *other* random picks (format only)."""
+    nums = [rng.randrange(10) for _ in range(5)]
+    target = sum(rng.sample(nums, 3))
+    answer = " ".join(map(str, rng.sample(nums, 3)))  # drawn without looking at the target: right only by chance
+    key = f"{sorted(nums)}->{target}"
+    return {"key": key, "prompt": f"sum {' '.join(map(str, nums))} to {target} =", "target": target, "nums": nums,
+            "answer": answer}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Task:
     """A synthetic task: problem generator, TRL reward, and the completion length its answers need (with EOS)."""
@@ -136,6 +174,7 @@ class Task:
     reward: Callable[..., list[float]]
     columns: tuple[str, ...]  # dataset columns the reward reads
     completion_length: int  # canvas length: longest gold answer + at least one EOS
+    verifier_only: bool = False  # the `answer` column is a well-formed demonstration, not a solution
 
     def problems(self, split: str, n: int, seed: int = 0, unique: bool = False) -> list[dict]:
         """`n` problems of `split` (`"train"`, `"val"` or `"test"`), drawn with `random.Random(seed)`. With `unique`,
@@ -165,6 +204,7 @@ TASKS: dict[str, Task] = {
                       completion_length=16),
     "add": Task("add", _add_problem, add_reward, ("target",), completion_length=4),
     "countdown": Task("countdown", _countdown_problem, countdown_lite_reward, ("target", "nums"), completion_length=8),
+    "subset": Task("subset", _subset_problem, subset_reward, ("target", "nums"), completion_length=4, verifier_only=True),
 }
 
 

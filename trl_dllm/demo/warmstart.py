@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,11 +80,13 @@ def warm_start(
     batch_size: int = 64,
     learning_rate: float = 1e-3,
     seed: int = 0,
+    on_step: Callable[[int], bool] | None = None,
 ) -> list[float]:
     """Train `model` in place for `steps` AdamW steps of masked-diffusion SFT on (prompt, answer) pairs.
 
     Batches are drawn without replacement (reshuffled each epoch) by a seeded `random.Random`; masks come from a seeded
-    `torch.Generator`. Returns the loss of every step. The model is left in eval mode.
+    `torch.Generator`. `on_step(step)` (1-based), if given, runs after every step; returning `True` stops training
+    (the comparison's time budget). Returns the loss of every step. The model is left in eval mode.
     """
     make_bidirectional(model)
     spec = resolve_model_spec(model, tokenizer, None)
@@ -94,7 +97,7 @@ def warm_start(
     order: list[int] = []
     losses = []
     model.train()
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         if len(order) < batch_size:
             order += order_rng.sample(range(len(prompts)), len(prompts))
         rows, order = torch.tensor(order[:batch_size]), order[batch_size:]
@@ -104,6 +107,8 @@ def warm_start(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
+        if on_step is not None and on_step(step):
+            break
     model.eval()
     return losses
 
@@ -196,6 +201,7 @@ def prepare(cfg, console=None) -> dict:
         "tokenizer": tokenizer,
         "path": path,
         "dataset": dataset,
+        "train": train,
         "val": val,
         "test": test,
         "before": before,

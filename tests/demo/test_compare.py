@@ -1,0 +1,139 @@
+"""`trl-dllm compare` shortened (`--quick`): every method from one warm start per task, equal budgets, the SFT row,
+and the files it writes; plus the selection parsing, the collapse count and the table's mean ± std."""
+
+import json
+import statistics
+import sys
+import types
+
+import pytest
+
+from trl_dllm import DiffusionGRPOConfig, cli
+from trl_dllm.core.objectives import OBJECTIVES
+from trl_dllm.demo.compare import METHODS, SFT, SHORT_COMPARE, collapses, main, parse_args
+from trl_dllm.demo.compare_report import mean_std, table_markdown
+from trl_dllm.demo.run import DemoConfig
+from trl_dllm.demo.tasks import get_task
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """One `--quick` run of every method on both default tasks (a tiny model, 2 RL steps, seed 0)."""
+    out = tmp_path_factory.mktemp("compare")
+    return out, main(["--quick", "--out", str(out)])
+
+
+def test_quick_writes_results_table_and_figure(quick):
+    out, results = quick
+    assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(results))
+    assert (out / "compare.png").stat().st_size > 10_000
+    runs = {(r["method"], r["task"], r["seed"]): r for r in results["runs"]}
+    assert set(runs) == {(m, t, 0) for m in METHODS for t in ("sort", "subset")}
+    for run in runs.values():
+        for key in ("heldout_before", "heldout_after", "heldout_last"):
+            assert 0.0 <= run[key] <= 1.0, (key, run)
+        assert run["heldout_before"] == results["warm_starts"][run["task"]]["heldout"]["reward"]  # same warm start
+        assert run["curve"][0]["step"] == 0 and run["curve"][0]["test_reward"] == run["heldout_before"]
+        assert run["best_step"] in [p["step"] for p in run["curve"][1:]]
+        assert all(p["load1"] >= 0 and p["seconds"] >= 0 for p in run["curve"][1:])  # the load every evaluation saw
+        assert run["forwards"] > 0 and run["wall_seconds"] > 0 and run["collapses"] >= 0
+    table = (out / "table.md").read_text()
+    assert table.startswith(f"Run {results['date']}: ") and f"{results['wall_minutes']:.1f} min in all" in table
+    for task in ("sort", "subset"):
+        section = table.split(f"### {task}")[1].split("###")[0]
+        assert [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ")][1:] == list(
+            METHODS
+        )
+
+
+def test_quick_rl_methods_share_one_budget(quick):
+    _, results = quick
+    rl = [r for r in results["runs"] if r["method"] != SFT]
+    assert {(r["rollouts_per_step"], r["max_steps"], r["max_minutes"]) for r in rl} == {(2 * 4, 2, 1.0)}
+    assert {r["rollouts"] for r in rl} == {2 * 2 * 4} and {r["steps"] for r in rl} == {2}  # the cap did not bind
+    assert {r["method"]: r["trainer_fields"] for r in rl} == {m: f for m, f in METHODS.items() if f is not None}
+
+
+def test_quick_sft_row_trains_as_long_as_the_longest_rl_run(quick):
+    _, results = quick
+    for task in ("sort", "subset"):
+        rl = [r for r in results["runs"] if r["task"] == task and r["method"] != SFT]
+        (sft,) = [r for r in results["runs"] if r["task"] == task and r["method"] == SFT]
+        assert sft["sft_budget_seconds"] == max(r["wall_seconds"] for r in rl)
+        assert sft["rollouts"] == 0 and sft["sft_examples"] == sft["steps"] * DemoConfig().sft_batch_size
+        assert sft["wall_seconds"] >= sft["sft_budget_seconds"] and sft["steps"] >= 1
+        assert sft["forwards"] == sft["steps"]  # one forward per SFT step; evaluations are not counted
+
+
+def test_every_shipped_objective_is_compared():
+    loss_types = {f["loss_type"] for f in METHODS.values() if f is not None}
+    assert set(OBJECTIVES) <= loss_types and {"grpo", "bnpo"} <= loss_types
+    assert METHODS["d1"]["estimator"] == "mean_field" and METHODS["d1"]["loss_type"] == "bnpo"
+    for fields in filter(None, METHODS.values()):  # each passes the config checks
+        DiffusionGRPOConfig(output_dir="unused", use_cpu=True, report_to="none", **fields)
+
+
+def test_parse_args_selection():
+    full = parse_args([])
+    assert full.methods == tuple(METHODS) and full.tasks == ("sort", "subset") and full.seeds == (0, 1, 2)
+    short = parse_args(["--short"])
+    assert (short.methods, short.tasks, short.seeds, short.max_minutes) == tuple(
+        SHORT_COMPARE[k] for k in ("methods", "tasks", "seeds", "max_minutes")
+    )
+    picked = parse_args(["--quick", "--methods", "d1", "sft", "d1", "--seeds", "3", "4", "--max-steps", "5"])
+    assert (picked.methods, picked.seeds, picked.max_steps, picked.quick) == (("d1", "sft"), (3, 4), 5, True)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max-minutes", "0"], "--max-minutes 0.0: must be > 0"),
+        (["--methods", "ppo"], "invalid choice: 'ppo'"),
+        (["--short", "--quick"], "not allowed with argument"),
+    ],
+)
+def test_parse_args_refuses(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_collapses_counts_falls_not_low_points():
+    assert collapses([0.5, 0.8, 0.5, 0.55, 0.9, 0.6], 0.2) == 2  # 0.8 → 0.5 (stays down), 0.9 → 0.6
+    assert collapses([0.5, 0.6, 0.45, 0.7], 0.2) == 0  # dips of ≤ 0.2
+    assert collapses([0.9, 0.1, 0.9, 0.1], 0.2) == 2  # fall, recover, fall again
+    assert collapses([], 0.2) == 0
+
+
+def test_table_is_mean_and_sample_std_over_seeds():
+    assert mean_std([0.5]) == (0.5, None)
+    assert mean_std([0.2, 0.4, 0.9]) == (pytest.approx(0.5), pytest.approx(statistics.stdev([0.2, 0.4, 0.9])))
+    run = dict(method="d1", task="sort", heldout_before=0.4, heldout_last=0.5, best_step=10, steps=20, collapses=1,
+               wall_seconds=3.0, forwards=7, rollouts_per_step=8, curve=[])  # fmt: skip
+    results = {
+        "config": {"tasks": ["sort"], "methods": ["d1"], "max_steps": 20, "max_minutes": 1.0},
+        "warm_starts": {"sort": {"sft_steps": 40, "heldout": {"reward": 0.4}}},
+        "runs": [{**run, "seed": 0, "heldout_after": 0.6}, {**run, "seed": 1, "heldout_after": 0.8}],
+    }
+    row = [line for line in table_markdown(results).splitlines() if line.startswith("| d1")][0]
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[1] == "2" and cells[3] == "0.700 ± 0.141" and cells[4] == "0.300 ± 0.141" and cells[8] == "2"
+
+
+def test_cli_forwards_compare_arguments(monkeypatch):
+    seen = []
+    fake = types.SimpleNamespace(main=lambda argv=None: seen.append(argv))
+    monkeypatch.setitem(sys.modules, "trl_dllm.demo.compare", fake)
+    assert cli.main(["compare", "--quick", "--seeds", "1"]) == 0
+    assert seen == [["--quick", "--seeds", "1"]]
+
+
+def test_subset_demonstrations_score_as_documented():
+    """docs/compare.md: the `subset` demonstrations, scored by the task's reward (seeded; no model involved)."""
+    task = get_task("subset")
+    train, test = task.problems("train", 4000, seed=0), task.problems("test", 256, seed=0, unique=True)
+    right = task.score([p["answer"] for p in train], train)
+    held_out = task.score([p["answer"] for p in test], test)
+    assert round(sum(r == 1.0 for r in right) / len(train), 3) == 0.179
+    assert round(statistics.fmean(held_out), 3) == 0.451
+    assert round(sum(r == 1.0 for r in held_out) / len(test), 3) == 0.18

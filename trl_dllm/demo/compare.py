@@ -1,0 +1,319 @@
+"""Every method on the same budget: the papers' comparison in miniature, on the demo's tasks and model.
+
+    python -m trl_dllm.demo.compare                      # (or `make compare`, `trl-dllm compare`) → compare_out/
+    python -m trl_dllm.demo.compare --methods d1 stabledrl sft --tasks subset --seeds 0 1
+    python -m trl_dllm.demo.compare --short              # the 30-minute selection of docs/compare.md
+    python -m trl_dllm.demo.compare --quick              # a few steps of a tiny model (what the tests run)
+
+Per task, one warm start (the demo's masked-diffusion SFT, `--warmstart-seed`); from it, every selected method × seed
+trains with the same rollout budget (prompts × completions × steps), the same wall-clock cap and the same held-out
+evaluation (greedy decodes of the test split; the checkpoint kept is the best on val, as in the demo). The methods are
+`DiffusionGRPOConfig` settings (`METHODS`, one line each) plus `sft`: the warm start trained further by the same SFT,
+for as long as the longest RL run of that task and seed took. Writes `results.json`, `table.md` and `compare.png`.
+See docs/compare.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from .run import QUICK, DemoConfig, HeldOutCallback, _demo_trainer_args, _make_trainer, _progress, _session, _train_log
+from .tasks import TASKS
+from .warmstart import prepare, warm_start
+
+SFT = "sft"
+# One line per method: the `DiffusionGRPOConfig` fields that define it (everything else is shared, see
+# `_demo_trainer_args`: lr 2e-4 constant, T 1.0, scale_rewards "none", on-policy). Objective-level knobs follow each
+# paper's released recipe (docs/algorithms.md); `None` is the SFT-equal-compute row.
+# fmt: off
+METHODS: dict[str, dict | None] = {
+    "d1": dict(loss_type="bnpo", estimator="mean_field", p_mask_prompt=0.15, beta=0.04, epsilon=0.5),
+    "grpo": dict(loss_type="grpo", estimator="elbo"),
+    "espo": dict(loss_type="espo", estimator="elbo", elbo_counts="espo", score_padding_eos=True, beta=3e-3,
+                 leave_one_out=True),
+    "stabledrl": dict(loss_type="stabledrl", estimator="elbo"),
+    "agrpo": dict(loss_type="agrpo", estimator="trajectory"),
+    "spg": dict(loss_type="spg", estimator="spg", p_mask_prompt=0.15),
+    "wd1": dict(loss_type="wd1", estimator="mean_field", p_mask_prompt=0.15),
+    SFT: None,
+}
+# fmt: on
+
+
+@dataclass
+class CompareConfig:
+    """The selection and the budget; the defaults are what `make compare` runs (the full comparison)."""
+
+    methods: tuple[str, ...] = tuple(METHODS)
+    tasks: tuple[str, ...] = ("sort", "subset")
+    seeds: tuple[int, ...] = (0, 1, 2)
+    out_dir: str = "compare_out"
+    threads: int = 1
+    warmstart_seed: int = 0  # one warm start per task, shared by every method and seed
+    max_steps: int = 300  # RL steps per run: the rollout budget is prompts_per_step × num_generations × max_steps
+    max_minutes: float = 3.0  # wall-clock cap of each run's training (held-out evaluations not counted)
+    eval_every: int = 25
+    collapse_drop: float = 0.2  # a collapse: held-out reward this far below the best so far (warm start included)
+    quick: bool = False
+
+    def demo(self, task: str) -> DemoConfig:
+        """The demo's configuration of `task` under this budget (`--quick`: the demo's tiny model and batches)."""
+        cfg = DemoConfig(task=task, out_dir=str(Path(self.out_dir) / task), seed=self.warmstart_seed)
+        cfg = replace(cfg, **QUICK) if self.quick else replace(cfg, eval_every=self.eval_every)
+        return replace(cfg, max_steps=self.max_steps, max_minutes=self.max_minutes, threads=self.threads)
+
+
+QUICK_COMPARE = dict(max_steps=2, max_minutes=1.0, seeds=(0,))
+# `--short`: the documented selection for a 30-minute slot (docs/compare.md): 3 RL methods + SFT, the verifier-only
+# task, 3 seeds, each run capped at 2 minutes of training (12 runs, ≤ 24 min of training plus evaluations).
+SHORT_COMPARE = dict(methods=("d1", "grpo", "stabledrl", SFT), tasks=("subset",), seeds=(0, 1, 2), max_minutes=2.0)
+
+
+class ForwardCounter:
+    """Counts model forward calls and the rows they process (pre-hooks on each module); `paused()` stops counting."""
+
+    def __init__(self, *modules):
+        self.calls, self.rows, self.active = 0, 0, True
+        self._handles = [m.register_forward_pre_hook(self._hook, with_kwargs=True) for m in modules if m is not None]
+
+    def _hook(self, module, args, kwargs):
+        if self.active:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            ids = kwargs.get("inputs_embeds") if ids is None else ids
+            self.calls, self.rows = self.calls + 1, self.rows + (ids.shape[0] if torch.is_tensor(ids) else 0)
+
+    @contextmanager
+    def paused(self):
+        self.active = False
+        try:
+            yield
+        finally:
+            self.active = True
+
+    def remove(self):
+        for handle in self._handles:
+            handle.remove()
+
+
+class TrackedEval(HeldOutCallback):
+    """The demo's held-out callback, with evaluations left out of both the forward count and the time budget (the
+    clock is moved forward by each evaluation's duration), and the training seconds and the machine's 1-minute load
+    average recorded with every point."""
+
+    counter: ForwardCounter | None = None
+
+    def evaluate(self, model, step: int) -> dict:
+        began = time.monotonic()
+        with self.counter.paused() if self.counter else _nothing():
+            point = super().evaluate(model, step)
+        point["seconds"] = began - self.start
+        point["load1"] = os.getloadavg()[0]  # a shared machine's load moves the wall-clock cap's worth in steps
+        self.start += time.monotonic() - began
+        return point
+
+
+@contextmanager
+def _nothing():
+    yield
+
+
+def collapses(rewards: list[float], drop: float) -> int:
+    """Episodes in which the reward sits more than `drop` below its best so far (one per fall, until it recovers).
+
+    >>> collapses([0.5, 0.8, 0.5, 0.55, 0.9, 0.6], 0.2)  # 0.8 → 0.5 (stays down at 0.55), 0.9 → 0.6
+    2
+    """
+    count, best, down = 0, float("-inf"), False
+    for r in rewards:
+        fallen = r < best - drop
+        count += fallen and not down
+        down, best = fallen, max(best, r)
+    return count
+
+
+def _summarise(method, task, seed, prep, callback, steps, seconds, counter, budget, drop) -> dict:
+    start = {"step": 0, "seconds": 0.0, "val_reward": prep["before_val"]["reward"],
+             **{f"test_{k}": v for k, v in prep["before"].items()}}  # fmt: skip
+    curve = [start, *callback.curve]
+    best = callback.best or start
+    return {
+        "method": method,
+        "task": task,
+        "seed": seed,
+        "heldout_before": prep["before"]["reward"],
+        "heldout_after": best["test_reward"],  # the test reward of the best-on-val checkpoint (greedy: deterministic)
+        "heldout_accuracy_after": best["test_accuracy"],
+        "heldout_last": curve[-1]["test_reward"],
+        "best_step": best["step"],
+        "steps": steps,
+        "collapses": collapses([p["test_reward"] for p in curve], drop),
+        "wall_seconds": seconds,
+        "forwards": counter.calls,
+        "forward_rows": counter.rows,
+        **budget,
+        "curve": curve,
+    }
+
+
+def _rl_run(cfg: CompareConfig, demo: DemoConfig, prep: dict, method: str, seed: int, progress) -> dict:
+    run_cfg = replace(demo, trainer_overrides={**METHODS[method], "seed": seed})
+    args = _demo_trainer_args(run_cfg, prep["task"], str(Path(demo.out_dir) / "trainer"))
+    label = f"{method} · {demo.task} · seed {seed}"
+    callback = TrackedEval(prep, demo.eval_every, demo.max_minutes, progress, label)
+    trainer = _make_trainer(prep, args, callback)
+    callback.counter = counter = ForwardCounter(trainer.model, getattr(trainer, "ref_model", None))
+    trainer.train()
+    counter.remove()
+    per_step = demo.prompts_per_step * demo.num_generations
+    steps = trainer.state.global_step
+    budget = {"rollouts_per_step": per_step, "max_steps": demo.max_steps, "rollouts": per_step * steps,
+              "max_minutes": demo.max_minutes, "sft_examples": 0}  # fmt: skip
+    run = _summarise(method, demo.task, seed, prep, callback, steps, callback.curve[-1]["seconds"], counter, budget,
+                     cfg.collapse_drop)  # fmt: skip
+    grads = _train_log(trainer.state.log_history)["grad_norm"]
+    run["non_finite_grad_steps"] = sum(g is not None and not abs(g) < float("inf") for g in grads)
+    run["trainer_fields"] = METHODS[method]
+    return run
+
+
+def _sft_run(cfg: CompareConfig, demo: DemoConfig, prep: dict, seed: int, budget_s: float, progress) -> dict:
+    """The warm start trained further by the same SFT (its optimizer, batch and learning rate) for `budget_s` seconds
+    of training, evaluated as often as an RL run (`max_steps / eval_every` times, evenly in time)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(prep["path"])
+    tracker = TrackedEval(prep, 0, budget_s / 60, progress, f"sft · {demo.task} · seed {seed}")
+    tracker.counter = counter = ForwardCounter(model)
+    evals, bar = max(1, demo.max_steps // demo.eval_every), progress.add_task(tracker.label, total=None, info="")
+    tracker.start = time.monotonic()
+
+    def on_step(step: int) -> bool:
+        elapsed = time.monotonic() - tracker.start
+        done = elapsed >= budget_s
+        if done or elapsed >= budget_s * (len(tracker.curve) + 1) / evals:
+            tracker.evaluate(model, step)
+        progress.update(bar, completed=step, info=f"{elapsed:.0f}/{budget_s:.0f} s")
+        return done
+
+    train = prep["train"]
+    # Seeded by the run's seed, offset so that it does not replay the warm start's batches and masks.
+    warm_start(model, prep["tokenizer"], [p["prompt"] for p in train], [p["answer"] for p in train],
+               completion_length=prep["task"].completion_length, steps=10**9, batch_size=demo.sft_batch_size,
+               learning_rate=demo.sft_learning_rate, seed=10_000 + seed, on_step=on_step)  # fmt: skip
+    counter.remove()
+    steps = tracker.curve[-1]["step"]
+    budget = {"rollouts_per_step": 0, "max_steps": demo.max_steps, "rollouts": 0, "max_minutes": budget_s / 60,
+              "sft_examples": steps * demo.sft_batch_size}  # fmt: skip
+    run = _summarise(SFT, demo.task, seed, prep, tracker, steps, tracker.curve[-1]["seconds"], counter, budget,
+                     cfg.collapse_drop)  # fmt: skip
+    run["sft_budget_seconds"] = budget_s
+    return run
+
+
+def _machine() -> dict:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "loadavg_start": os.getloadavg()}  # fmt: skip
+
+
+@_session
+def run_compare(cfg: CompareConfig) -> dict:
+    """Run the selection; write `results.json`, `table.md` and `compare.png` to `cfg.out_dir`; return the results."""
+    from rich.console import Console
+
+    from .compare_report import plot_compare, table_markdown
+
+    console, wall_start = Console(), time.monotonic()
+    rl = [m for m in cfg.methods if METHODS[m] is not None]
+    results = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "machine": _machine(), "config": asdict(cfg), "methods": {m: METHODS[m] for m in cfg.methods},
+               "warm_starts": {}, "runs": []}  # fmt: skip
+    with _progress(console) as progress:
+        for task in cfg.tasks:
+            demo = cfg.demo(task)
+            prep = prepare(demo, console)
+            results["warm_starts"][task] = {"heldout": prep["before"], "val": prep["before_val"],
+                                            "seconds": prep["sft_seconds"], "sft_steps": demo.sft_steps}  # fmt: skip
+            for seed in cfg.seeds:
+                runs = [_rl_run(cfg, demo, prep, m, seed, progress) for m in rl]
+                if SFT in cfg.methods:  # as long as the longest RL run of this task and seed, else the cap
+                    budget_s = max((r["wall_seconds"] for r in runs), default=60.0 * cfg.max_minutes)
+                    runs.append(_sft_run(cfg, demo, prep, seed, budget_s, progress))
+                results["runs"] += runs
+    results["machine"]["loadavg_end"] = os.getloadavg()
+    results["wall_minutes"] = (time.monotonic() - wall_start) / 60
+    out = Path(cfg.out_dir)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "table.md").write_text(table_markdown(results))
+    plot_compare(results, out / "compare.png")
+    console.print(table_markdown(results))
+    console.print(f"{len(results['runs'])} runs in {results['wall_minutes']:.1f} min. Wrote {out}/results.json, "
+                  f"table.md and compare.png")  # fmt: skip
+    return results
+
+
+def parse_args(argv=None) -> CompareConfig:
+    """The selection: the full comparison by default, `--short` or `--quick` as a base; explicit flags override it."""
+    parser = argparse.ArgumentParser(prog="trl-dllm compare", description=__doc__.splitlines()[0])
+    default = CompareConfig()
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=tuple(METHODS),
+        default=None,
+        help=f"methods to run (default: all: {' '.join(METHODS)})",
+    )
+    parser.add_argument(
+        "--tasks",
+        nargs="+",
+        choices=tuple(TASKS),
+        default=None,
+        help=f"demo tasks (default: {' '.join(default.tasks)})",
+    )
+    parser.add_argument("--seeds", nargs="+", type=int, default=None, help="RL seeds (default: 0 1 2; --quick: 0)")
+    parser.add_argument("--out", default=default.out_dir, help="output directory (default: compare_out)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1; see docs/demo.md)")
+    parser.add_argument("--max-steps", type=int, default=None, help="RL steps per run (default 300; --quick: 2)")
+    parser.add_argument(
+        "--max-minutes", type=float, default=None, help="wall-clock cap of each run's training (default 3; --short: 2)"
+    )
+    parser.add_argument("--eval-every", type=int, default=default.eval_every, help="held-out evaluation interval")
+    parser.add_argument("--warmstart-seed", type=int, default=0, help="seed of the model and its warm start")
+    preset = parser.add_mutually_exclusive_group()
+    preset.add_argument(
+        "--short",
+        action="store_true",
+        help="d1 grpo stabledrl sft on subset, seeds 0 1 2, 2 min per run (docs/compare.md)",
+    )
+    preset.add_argument("--quick", action="store_true", help="a tiny model, 2 steps, seed 0 (seconds; for tests)")
+    args = parser.parse_args(argv)
+    for name in ("max_steps", "max_minutes", "eval_every", "threads"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            parser.error(f"--{name.replace('_', '-')} {value}: must be > 0")
+    cfg = CompareConfig(out_dir=args.out, threads=args.threads, eval_every=args.eval_every,
+                        warmstart_seed=args.warmstart_seed, quick=args.quick)  # fmt: skip
+    cfg = replace(cfg, **QUICK_COMPARE) if args.quick else replace(cfg, **SHORT_COMPARE) if args.short else cfg
+    given = {"methods": args.methods, "tasks": args.tasks, "seeds": args.seeds, "max_steps": args.max_steps,
+             "max_minutes": args.max_minutes}  # fmt: skip
+    given = {k: tuple(dict.fromkeys(v)) if isinstance(v, list) else v for k, v in given.items() if v is not None}
+    return replace(cfg, **given)
+
+
+def main(argv=None) -> dict:
+    """Entry point of `python -m trl_dllm.demo.compare`, `trl-dllm compare` and `make compare`."""
+    return run_compare(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

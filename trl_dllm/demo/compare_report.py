@@ -1,0 +1,111 @@
+"""The comparison's table (mean ± std over seeds) and figure (held-out reward vs step and vs training time)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from .run import _plt
+
+
+def mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (`None` with a single value: one seed has no spread)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def _fmt(values: list[float], digits: int = 3) -> str:
+    mean, std = mean_std(values)
+    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def group_runs(results: dict) -> dict[tuple[str, str], list[dict]]:
+    """Runs keyed by (task, method), in the order the methods were selected."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for task in results["config"]["tasks"]:
+        for method in results["config"]["methods"]:
+            runs = [r for r in results["runs"] if r["task"] == task and r["method"] == method]
+            if runs:
+                groups[(task, method)] = runs
+    return groups
+
+
+def table_markdown(results: dict) -> str:
+    """One table per task: a row per method, mean ± std over its seeds."""
+    cfg, lines = results["config"], []
+    if "machine" in results:  # what the numbers were measured on
+        m = results["machine"]
+        lines += [f"Run {results['date']}: {m['cpu_count']} CPUs, torch {m['torch']}, {m['threads']} thread(s), 1-min "
+                  f"load {m['loadavg_start'][0]:.1f} at start and {m.get('loadavg_end', [float('nan')])[0]:.1f} at "
+                  f"the end; {results.get('wall_minutes', float('nan')):.1f} min in all. The steps and best step of "
+                  f"`sft` count SFT steps (its `sft_examples` in results.json: steps × batch).", ""]  # fmt: skip
+    head = ("| method | seeds | held-out before | held-out after (best val) | gain | held-out last | best step | steps "
+            "| collapses | train s | forwards |")  # fmt: skip
+    for task in cfg["tasks"]:
+        ws = results["warm_starts"][task]
+        lines += [f"### {task}", "", f"Warm start: {ws['sft_steps']} SFT steps, held-out reward "
+                  f"{ws['heldout']['reward']:.3f}. Budget per RL run: {cfg['max_steps']} steps × "
+                  f"{_rollouts_per_step(results, task)} rollouts, cap {cfg['max_minutes']:g} min.", "",
+                  head, "|" + "---|" * (head.count("|") - 1)]  # fmt: skip
+        for (t, method), runs in group_runs(results).items():
+            if t != task:
+                continue
+            col = {k: [r[k] for r in runs] for k in runs[0] if not isinstance(runs[0][k], (list, dict))}
+            gains = [a - b for a, b in zip(col["heldout_after"], col["heldout_before"])]
+            lines.append(
+                f"| {method} | {len(runs)} | {_fmt(col['heldout_before'])} | {_fmt(col['heldout_after'])} "
+                f"| {_fmt(gains)} | {_fmt(col['heldout_last'])} | {_fmt(col['best_step'], 0)} | {_fmt(col['steps'], 0)} "
+                f"| {sum(col['collapses'])} | {_fmt(col['wall_seconds'], 1)} | {_fmt(col['forwards'], 0)} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _rollouts_per_step(results: dict, task: str) -> int:
+    return max((r["rollouts_per_step"] for r in results["runs"] if r["task"] == task), default=0)
+
+
+def _mean_curve(runs: list[dict], x: str) -> tuple[list, list]:
+    """Mean held-out reward over seeds at the x values every seed evaluated."""
+    common = set.intersection(*({p[x] for p in r["curve"]} for r in runs))
+    xs = sorted(common)
+    ys = [statistics.fmean(p["test_reward"] for r in runs for p in r["curve"] if p[x] == v) for v in xs]
+    return xs, ys
+
+
+def plot_compare(results: dict, path: Path) -> None:
+    """Per task: held-out reward vs RL step (RL methods), and vs training seconds (every method, SFT included)."""
+    plt = _plt()
+    tasks = results["config"]["tasks"]
+    fig, axes = plt.subplots(len(tasks), 2, figsize=(12, 4 * len(tasks)), dpi=110, squeeze=False)
+    colors = {m: f"C{i % 10}" for i, m in enumerate(results["config"]["methods"])}
+    for row, task in enumerate(tasks):
+        by_step, by_time = axes[row]
+        for (t, method), runs in group_runs(results).items():
+            if t != task:
+                continue
+            for run in runs:  # thin: each seed
+                if run["rollouts"]:
+                    by_step.plot([p["step"] for p in run["curve"]], [p["test_reward"] for p in run["curve"]],
+                                 color=colors[method], lw=0.6, alpha=0.35)  # fmt: skip
+                by_time.plot([p["seconds"] for p in run["curve"]], [p["test_reward"] for p in run["curve"]],
+                             color=colors[method], lw=0.8 if method != "sft" else 1.6, alpha=0.6,
+                             ls="-" if run["rollouts"] else "--", label=method if run is runs[0] else None)  # fmt: skip
+            if runs[0]["rollouts"]:
+                by_step.plot(*_mean_curve(runs, "step"), color=colors[method], lw=1.8, label=f"{method} (mean)")
+        by_step.set(
+            xlabel="RL step", ylabel="held-out reward (greedy)", title=f"{task}: held-out reward vs step", ylim=(0, 1)
+        )
+        by_time.set(
+            xlabel="training seconds (evaluations excluded)", title=f"{task}: vs time (dashed: SFT)", ylim=(0, 1)
+        )
+        for ax in (by_step, by_time):
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, loc="lower right")
+    loads = [p["load1"] for r in results["runs"] for p in r["curve"] if "load1" in p]
+    loads += [results["machine"]["loadavg_start"][0], results["machine"].get("loadavg_end", [float("nan")])[0]]
+    loads = [x for x in loads if x == x]
+    seeds = ", ".join(map(str, results["config"]["seeds"]))
+    fig.suptitle(f"trl-dllm compare — seeds {seeds}, {results['date']}, 1-min load {min(loads):.1f}–{max(loads):.1f}")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
