@@ -53,6 +53,7 @@ def _args(size: Size, out: str) -> dict:
         output_dir=out, per_device_train_batch_size=size.batch, num_generations=size.batch,
         max_completion_length=size.completion, max_steps=1, learning_rate=1e-5, report_to="none",
         save_strategy="no", use_cpu=True, seed=0, logging_steps=1,
+        bf16=False,  # one precision for both: DiffusionGRPOConfig picks float32 on CPU, TRL's GRPOConfig would use bf16
     )  # fmt: skip
 
 
@@ -72,7 +73,7 @@ def _measure(trainer, size: Size, repeats: int) -> dict:
         optimizer.zero_grad(set_to_none=True)
 
     def plain():  # the floor: one forward + cross-entropy + backward of the same rows and canvas, same autocast
-        with trainer.accelerator.autocast():  # both trainers score under it (bf16 on CPU by TRL's default bf16=True)
+        with trainer.accelerator.autocast():  # the trainers' own autocast (float32 here: bf16=False for both)
             logits = model(input_ids=canvas, attention_mask=torch.ones_like(canvas), logits_to_keep=width).logits
         torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), inputs["completion_ids"].flatten()).backward()
         model.zero_grad(set_to_none=True)
