@@ -7,7 +7,8 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from trl_dllm.demo import main, parse_args
-from trl_dllm.demo.run import QUICK, DemoConfig
+from trl_dllm.demo.run import QUICK, ROLLOUTS, DemoConfig, _demo_trainer_args
+from trl_dllm.demo.tasks import TASKS
 from trl_dllm.demo.warmstart import decode_completions, encode_examples, greedy_eval, prepare, warm_start
 from trl_dllm.testing import build_tiny_model, build_tokenizer
 
@@ -89,3 +90,54 @@ def test_parse_args_defaults():
         False,
         "medium",
     )
+
+
+def test_parse_rollout_settings():
+    assert (parse_args([]).rollout, parse_args([]).rollout_threshold) == ("fixed", 0.7)
+    args = parse_args(["--rollout", "threshold_cache", "--rollout-threshold", "0.5"])
+    assert (args.rollout, args.rollout_threshold) == ("threshold_cache", 0.5)
+    with pytest.raises(SystemExit):
+        parse_args(["--rollout", "fast"])
+
+
+def test_rollout_settings_reach_the_trainer_config_and_bad_ones_are_refused():
+    task = TASKS["sort"]
+    fields = {
+        rollout: _demo_trainer_args(DemoConfig(rollout=rollout, rollout_threshold=0.8), task, "unused")
+        for rollout in ROLLOUTS
+    }
+    assert (fields["fixed"].confidence_threshold, fields["fixed"].generation_cache) == (None, "none")
+    assert (fields["threshold"].confidence_threshold, fields["threshold"].generation_cache) == (0.8, "none")
+    assert (fields["threshold_cache"].confidence_threshold, fields["threshold_cache"].generation_cache) == (
+        0.8,
+        "dual",
+    )
+    with pytest.raises(ValueError, match="DemoConfig.rollout='fast'"):
+        _demo_trainer_args(DemoConfig(rollout="fast"), task, "unused")
+    with pytest.raises(ValueError, match="rollout_threshold=0.0 must be in"):
+        _demo_trainer_args(DemoConfig(rollout="threshold", rollout_threshold=0.0), task, "unused")
+
+
+def test_quick_demo_with_each_rollout_setting_records_it_and_its_forwards(tmp_path):
+    # The 5-step warm start is far from confident (at 0.05 no sampled token passed the threshold: as many forwards as
+    # `fixed`); at 0.001 steps commit several tokens, so fewer forwards than `fixed`.
+    summaries = {
+        rollout: main(
+            ["--quick", "--rollout", rollout, "--rollout-threshold", "0.001", "--out", str(tmp_path / rollout)]
+        )
+        for rollout in ROLLOUTS
+    }
+    rows, length = QUICK["prompts_per_step"] * QUICK["num_generations"], TASKS["sort"].completion_length
+    for rollout, summary in summaries.items():
+        written = json.loads((tmp_path / rollout / "summary.json").read_text())["rollout"]
+        assert written == summary["rollout"] and written["setting"] == rollout
+        assert summary["config"]["rollout"] == rollout and summary["train_steps"] == written["rollout_steps"] == 3
+        per_step = [v for v in summary["train_log"]["generation/forwards_per_token"]]
+        assert written["row_forwards"] == round(sum(v * rows * length for v in per_step))
+        assert written["grad_norm_max"] >= written["grad_norm_median"] > 0 and written["ratio_max"] > 0
+    fixed, threshold, cached = (summaries[r]["rollout"] for r in ROLLOUTS)
+    assert (fixed["confidence_threshold"], fixed["generation_cache"]) == (None, "none")
+    assert (threshold["confidence_threshold"], threshold["generation_cache"]) == (0.001, "none")
+    assert (cached["confidence_threshold"], cached["generation_cache"]) == (0.001, "dual")
+    assert fixed["forwards_per_token_mean"] == 1.0 and fixed["row_forwards"] == 3 * rows * length
+    assert threshold["row_forwards"] < fixed["row_forwards"] and cached["row_forwards"] < fixed["row_forwards"]

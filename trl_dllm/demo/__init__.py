@@ -3,6 +3,7 @@
     python -m trl_dllm.demo                    # (or `make demo`, `trl-dllm demo`) warm start + StableDRL → demo_out/
     python -m trl_dllm.demo --stability        # grpo vs stabledrl with noisy ratios, 3 seeds → demo_out/stability.png
     python -m trl_dllm.demo --quick            # a few steps on a tiny model, for tests
+    python -m trl_dllm.demo --rollout threshold_cache   # RL with fast rollouts (threshold decoding + dual KV cache)
 
 See docs/demo.md for what it shows and the numbers measured.
 """
@@ -29,6 +30,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the model, warm start, data and RL")
     parser.add_argument("--max-steps", type=int, default=None, help="RL steps (demo) or steps per run (stability)")
     parser.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget of the RL phase (demo)")
+    parser.add_argument(
+        "--rollout",
+        default="fixed",
+        choices=("fixed", "threshold", "threshold_cache"),
+        help="demo: RL rollout decoding — fixed (one token per step, default), threshold (confidence_threshold), "
+        "threshold_cache (+ generation_cache='dual'); see docs/demo.md",
+    )
+    parser.add_argument(
+        "--rollout-threshold", type=float, default=0.7, help="demo: confidence_threshold of threshold rollouts (0.7)"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="stability: seeds (default: 0 1 2)")
     parser.add_argument(
         "--noise",
@@ -45,7 +56,8 @@ def main(argv=None) -> dict:
     args = parse_args(argv)  # before importing the trainer: `--help` and bad flags answer at once
     from .run import QUICK, QUICK_STABILITY, DemoConfig, StabilityConfig, run_demo, run_stability
 
-    cfg = DemoConfig(task=args.task, out_dir=args.out, seed=args.seed, threads=args.threads)
+    cfg = DemoConfig(task=args.task, out_dir=args.out, seed=args.seed, threads=args.threads, rollout=args.rollout,
+                     rollout_threshold=args.rollout_threshold)  # fmt: skip
     if args.quick:
         cfg = replace(cfg, **QUICK)
     if args.max_minutes is not None:

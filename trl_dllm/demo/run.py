@@ -53,6 +53,8 @@ class DemoConfig:
     num_generations: int = 8
     learning_rate: float = 2e-4
     temperature: float = 1.0
+    rollout: str = "fixed"  # RL rollout decoding: one of ROLLOUTS (docs/demo.md, "RL with fast rollouts")
+    rollout_threshold: float = 0.7  # `confidence_threshold` of the "threshold" / "threshold_cache" rollouts
     trainer_overrides: dict = field(default_factory=dict)  # any other DiffusionGRPOConfig field
     # evaluation
     mc_samples: int = 1  # one antithetic pair of masks per sequence
@@ -66,6 +68,29 @@ QUICK = dict(hidden_size=32, num_layers=2, intermediate_size=64, sft_steps=5, nu
              prompts_per_step=2, num_generations=4, eval_every=1, num_val=8, num_test=16)
 # fmt: on
 QUICK_STABILITY = dict(seeds=(0,), num_iterations=2, max_steps=2)
+
+# RL rollout decoding of the demo. `fixed`: one token per denoising step (`diffusion_steps = L`, the default schedule);
+# `threshold`: Fast-dLLM parallel decoding, every position with confidence above `rollout_threshold` per step (at
+# least one); `threshold_cache`: that, with the approximate dual KV cache (over the demo's single block it equals the
+# prefix cache: the prompt's keys/values are reused). Greedy held-out evaluation is the same for all three.
+ROLLOUTS = ("fixed", "threshold", "threshold_cache")
+
+
+def _rollout_fields(cfg: DemoConfig) -> dict:
+    """The `DiffusionGRPOConfig` fields of `cfg.rollout`; a clear error for an unknown setting or threshold."""
+    if cfg.rollout not in ROLLOUTS:
+        raise ValueError(f"DemoConfig.rollout={cfg.rollout!r} is not one of {list(ROLLOUTS)}: pick one of them.")
+    if cfg.rollout == "fixed":
+        return {}
+    if not 0.0 < cfg.rollout_threshold <= 1.0:
+        raise ValueError(
+            f"DemoConfig.rollout_threshold={cfg.rollout_threshold} must be in (0, 1]: it is the confidence_threshold "
+            f"of the {cfg.rollout!r} rollouts (docs/generation.md); e.g. 0.7."
+        )
+    fields = {"confidence_threshold": cfg.rollout_threshold}
+    if cfg.rollout == "threshold_cache":
+        fields["generation_cache"] = "dual"
+    return fields
 
 
 def _demo_trainer_args(cfg: DemoConfig, task: Task, output_dir: str) -> DiffusionGRPOConfig:
@@ -82,7 +107,7 @@ def _demo_trainer_args(cfg: DemoConfig, task: Task, output_dir: str) -> Diffusio
         bf16=False, activation_checkpointing=False, mc_checkpointing=False,
     )
     # fmt: on
-    return DiffusionGRPOConfig(**{**kwargs, **cfg.trainer_overrides})
+    return DiffusionGRPOConfig(**{**kwargs, **_rollout_fields(cfg), **cfg.trainer_overrides})
 
 
 class HeldOutCallback(TrainerCallback):
@@ -162,8 +187,28 @@ def _train_log(history: list[dict]) -> dict[str, list]:
     """Per optimizer step: the logged metrics (`None` where a step did not log one: with `num_iterations > 1` the
     reward is logged only at steps that generate)."""
     rows = [h for h in history if "loss" in h and "step" in h]
-    names = ("step", "reward", "grad_norm", "entropy", "weights/ess", "ratio/max")
+    names = ("step", "reward", "grad_norm", "entropy", "weights/ess", "ratio/max", "generation/forwards_per_token")
     return {n: [None if h.get(n) is None else float(h[n]) for h in rows] for n in names}
+
+
+def _rollout_summary(args: DiffusionGRPOConfig, log: dict[str, list], rows_per_step: int) -> dict:
+    """The rollout setting and its cost. `row_forwards` = Σ_steps forwards_per_token · rows · L: one rollout batch of
+    `rows_per_step` completions of L tokens per optimizer step (the demo's batch is one generation batch), each step's
+    logged `generation/forwards_per_token` being its row forwards / (rows · L). Also the instability signs: largest
+    importance ratio and gradient norm (before clipping) over the run."""
+    per_token = [v for v in log["generation/forwards_per_token"] if v is not None]
+    tokens = rows_per_step * args.max_completion_length
+    _, grads = _points(log["step"], log["grad_norm"])
+    return {
+        "confidence_threshold": args.confidence_threshold,
+        "generation_cache": args.generation_cache,
+        "rollout_steps": len(per_token),
+        "row_forwards": round(sum(v * tokens for v in per_token)),
+        "forwards_per_token_mean": sum(per_token) / len(per_token) if per_token else float("nan"),
+        "grad_norm_max": max(grads, default=float("nan")),
+        "grad_norm_median": sorted(grads)[len(grads) // 2] if grads else float("nan"),
+        "ratio_max": max(_points(log["step"], log["ratio/max"])[1], default=float("nan")),
+    }
 
 
 def _points(steps: list, values: list) -> tuple[list, list]:
@@ -213,6 +258,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     trainer.model.save_pretrained(Path(cfg.out_dir) / "best_model")
     tokenizer.save_pretrained(Path(cfg.out_dir) / "best_model")
     steps = trainer.state.global_step
+    log = _train_log(trainer.state.log_history)
     start = {
         "step": 0,
         "val_reward": prep["before_val"]["reward"],
@@ -233,8 +279,9 @@ def run_demo(cfg: DemoConfig) -> dict:
         "seconds_per_step": rl_seconds / max(steps, 1),
         "num_threads": torch.get_num_threads(),
         "num_heldout": len(prep["test"]),
+        "rollout": {"setting": cfg.rollout, **_rollout_summary(args, log, cfg.prompts_per_step * cfg.num_generations)},
         "curve": [start, *callback.curve],
-        "train_log": _train_log(trainer.state.log_history),
+        "train_log": log,
         "config": asdict(cfg),
     }
     Path(cfg.out_dir, "summary.json").write_text(json.dumps(summary, indent=2))
@@ -242,7 +289,8 @@ def run_demo(cfg: DemoConfig) -> dict:
     console.print(
         f"held-out reward {summary['heldout_reward_before']:.3f} → {summary['heldout_reward_after']:.3f} "
         f"(accuracy {summary['heldout_accuracy_before']:.3f} → {summary['heldout_accuracy_after']:.3f}; "
-        f"best val at step {summary['best_step']} of {steps}) in {summary['wall_minutes']:.1f} min. "
+        f"best val at step {summary['best_step']} of {steps}) in {summary['wall_minutes']:.1f} min; rollouts "
+        f"{cfg.rollout}: {summary['rollout']['forwards_per_token_mean']:.3f} forwards per token. "
         f"Wrote {cfg.out_dir}/summary.json and {cfg.out_dir}/reward.png"
     )
     return summary
