@@ -10,8 +10,8 @@ import pytest
 
 from trl_dllm import DiffusionGRPOConfig, cli
 from trl_dllm.core.objectives import OBJECTIVES
-from trl_dllm.demo.compare import METHODS, SFT, SHORT_COMPARE, collapses, main, parse_args
-from trl_dllm.demo.compare_report import mean_std, table_markdown
+from trl_dllm.demo.compare import METHODS, SFT, SHORT_COMPARE, TASK_STEPS, CompareConfig, collapses, main, parse_args
+from trl_dllm.demo.compare_report import mean_std, merge_results, table_markdown
 from trl_dllm.demo.run import DemoConfig
 from trl_dllm.demo.tasks import get_task
 
@@ -84,12 +84,60 @@ def test_parse_args_selection():
     assert (picked.methods, picked.seeds, picked.max_steps, picked.quick) == (("d1", "sft"), (3, 4), 5, True)
 
 
+def test_step_budget_is_per_task_unless_given():
+    full = CompareConfig()
+    assert (full.steps("sort"), full.steps("subset")) == (300, TASK_STEPS["subset"]) == (300, 600)
+    assert full.demo("subset").max_steps == 600 and full.demo("sort").max_steps == 300
+    assert CompareConfig(max_steps=50).steps("subset") == 50
+    assert parse_args(["--short"]).steps("subset") == 300  # the documented --short numbers were measured at 300
+
+
+def _split_by_task(results: dict, tmp_path, minutes=(0.0, 2.0)) -> list[str]:
+    """Write `results` as two output directories, one per task, as two parallel `--tasks` runs would have."""
+    dirs = []
+    for task, offset in zip(("sort", "subset"), minutes):
+        part = json.loads(json.dumps(results))
+        part["config"]["tasks"] = [task]
+        part["runs"] = [r for r in part["runs"] if r["task"] == task]
+        part["warm_starts"] = {task: part["warm_starts"][task]}
+        part["date"] = f"2026-11-22T10:0{int(offset)}:00+00:00"
+        part["wall_minutes"] = 10.0
+        (tmp_path / task).mkdir()
+        (tmp_path / task / "results.json").write_text(json.dumps(part))
+        dirs.append(str(tmp_path / task))
+    return dirs
+
+
+def test_merge_joins_per_task_runs(quick, tmp_path):
+    _, results = quick
+    dirs = _split_by_task(results, tmp_path)
+    merged = main(["--merge", *dirs, "--out", str(tmp_path / "all")])
+    assert merged["runs"] == json.loads(json.dumps(results["runs"]))
+    assert merged["config"]["tasks"] == ["sort", "subset"] and merged["config"]["methods"] == list(METHODS)
+    assert merged["date"] == "2026-11-22T10:00:00+00:00" and merged["wall_minutes"] == pytest.approx(12.0)
+    assert [p["source"] for p in merged["merged_from"]] == dirs
+    table = (tmp_path / "all" / "table.md").read_text()
+    assert table.count("Merged: ") == 2 and "### sort" in table and "### subset" in table
+    assert (tmp_path / "all" / "compare.png").stat().st_size > 10_000
+    assert json.loads((tmp_path / "all" / "results.json").read_text()) == json.loads(json.dumps(merged))
+
+
+def test_merge_refuses_a_run_twice_and_a_missing_directory(quick, tmp_path):
+    _, results = quick
+    part = json.loads(json.dumps(results)) | {"source": "a"}
+    with pytest.raises(ValueError, match=r"\('d1', 'sort', 0\) is in both 'a' and 'b'"):
+        merge_results([part, part | {"source": "b"}])
+    with pytest.raises(FileNotFoundError, match="--merge .*nowhere: no results.json there"):
+        main(["--merge", str(tmp_path / "nowhere")])
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
         (["--max-minutes", "0"], "--max-minutes 0.0: must be > 0"),
         (["--methods", "ppo"], "invalid choice: 'ppo'"),
         (["--short", "--quick"], "not allowed with argument"),
+        (["--merge", "a", "--quick"], "not allowed with argument"),
     ],
 )
 def test_parse_args_refuses(capsys, argv, message):

@@ -50,6 +50,11 @@ METHODS: dict[str, dict | None] = {
 # fmt: on
 
 
+# RL steps per run where a task's default differs from 300: `subset`'s canvas is 4 tokens (4 denoising forwards per
+# rollout, half of `sort`'s 8), so 600 of its steps cost about what 300 `sort` steps do (docs/compare.md).
+TASK_STEPS = {"subset": 600}
+
+
 @dataclass
 class CompareConfig:
     """The selection and the budget; the defaults are what `make compare` runs (the full comparison)."""
@@ -60,23 +65,29 @@ class CompareConfig:
     out_dir: str = "compare_out"
     threads: int = 1
     warmstart_seed: int = 0  # one warm start per task, shared by every method and seed
-    max_steps: int = 300  # RL steps per run: the rollout budget is prompts_per_step × num_generations × max_steps
+    max_steps: int | None = None  # RL steps per run (None: `TASK_STEPS`); rollouts = prompts × completions × steps
     max_minutes: float = 3.0  # wall-clock cap of each run's training (held-out evaluations not counted)
     eval_every: int = 25
     collapse_drop: float = 0.2  # a collapse: held-out reward this far below the best so far (warm start included)
     quick: bool = False
+    merge: tuple[str, ...] = ()  # `--merge`: combine these output directories (no training)
+
+    def steps(self, task: str) -> int:
+        """RL steps per run on `task`: `max_steps` when given, else the task's default (`TASK_STEPS`, else 300)."""
+        return self.max_steps if self.max_steps is not None else TASK_STEPS.get(task, 300)
 
     def demo(self, task: str) -> DemoConfig:
         """The demo's configuration of `task` under this budget (`--quick`: the demo's tiny model and batches)."""
         cfg = DemoConfig(task=task, out_dir=str(Path(self.out_dir) / task), seed=self.warmstart_seed)
         cfg = replace(cfg, **QUICK) if self.quick else replace(cfg, eval_every=self.eval_every)
-        return replace(cfg, max_steps=self.max_steps, max_minutes=self.max_minutes, threads=self.threads)
+        return replace(cfg, max_steps=self.steps(task), max_minutes=self.max_minutes, threads=self.threads)
 
 
 QUICK_COMPARE = dict(max_steps=2, max_minutes=1.0, seeds=(0,))
 # `--short`: the documented selection for a 30-minute slot (docs/compare.md): 3 RL methods + SFT, the verifier-only
-# task, 3 seeds, each run capped at 2 minutes of training (12 runs, ≤ 24 min of training plus evaluations).
-SHORT_COMPARE = dict(methods=("d1", "grpo", "stabledrl", SFT), tasks=("subset",), seeds=(0, 1, 2), max_minutes=2.0)
+# task, 3 seeds, 300 steps, each run capped at 2 minutes of training (12 runs, ≤ 24 min of training plus evaluations).
+SHORT_COMPARE = dict(methods=("d1", "grpo", "stabledrl", SFT), tasks=("subset",), seeds=(0, 1, 2), max_steps=300,
+                     max_minutes=2.0)  # fmt: skip
 
 
 class ForwardCounter:
@@ -231,8 +242,6 @@ def run_compare(cfg: CompareConfig) -> dict:
     """Run the selection; write `results.json`, `table.md` and `compare.png` to `cfg.out_dir`; return the results."""
     from rich.console import Console
 
-    from .compare_report import plot_compare, table_markdown
-
     console, wall_start = Console(), time.monotonic()
     rl = [m for m in cfg.methods if METHODS[m] is not None]
     results = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -252,7 +261,30 @@ def run_compare(cfg: CompareConfig) -> dict:
                 results["runs"] += runs
     results["machine"]["loadavg_end"] = os.getloadavg()
     results["wall_minutes"] = (time.monotonic() - wall_start) / 60
-    out = Path(cfg.out_dir)
+    return _write(results, Path(cfg.out_dir), console)
+
+
+def merge_compare(dirs: tuple[str, ...], out_dir: str) -> dict:
+    """`--merge`: one comparison from the `results.json` of several output directories (`merge_results`)."""
+    from rich.console import Console
+
+    from .compare_report import merge_results
+
+    parts = []
+    for d in dirs:
+        path = Path(d) / "results.json"
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"--merge {d}: no results.json there; pass output directories of `trl-dllm compare`."
+            )
+        parts.append(json.loads(path.read_text()) | {"source": str(d)})
+    return _write(merge_results(parts), Path(out_dir), Console())
+
+
+def _write(results: dict, out: Path, console) -> dict:
+    from .compare_report import plot_compare, table_markdown
+
+    out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "table.md").write_text(table_markdown(results))
     plot_compare(results, out / "compare.png")
@@ -283,7 +315,9 @@ def parse_args(argv=None) -> CompareConfig:
     parser.add_argument("--seeds", nargs="+", type=int, default=None, help="RL seeds (default: 0 1 2; --quick: 0)")
     parser.add_argument("--out", default=default.out_dir, help="output directory (default: compare_out)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1; see docs/demo.md)")
-    parser.add_argument("--max-steps", type=int, default=None, help="RL steps per run (default 300; --quick: 2)")
+    parser.add_argument(
+        "--max-steps", type=int, default=None, help="RL steps per run (default: sort 300, subset 600; --quick: 2)"
+    )
     parser.add_argument(
         "--max-minutes", type=float, default=None, help="wall-clock cap of each run's training (default 3; --short: 2)"
     )
@@ -296,13 +330,21 @@ def parse_args(argv=None) -> CompareConfig:
         help="d1 grpo stabledrl sft on subset, seeds 0 1 2, 2 min per run (docs/compare.md)",
     )
     preset.add_argument("--quick", action="store_true", help="a tiny model, 2 steps, seed 0 (seconds; for tests)")
+    preset.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="DIR",
+        default=(),
+        help="no training: combine the results.json of these output directories (e.g. one per task, run in "
+        "parallel) into --out's results.json, table.md and compare.png",
+    )
     args = parser.parse_args(argv)
     for name in ("max_steps", "max_minutes", "eval_every", "threads"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             parser.error(f"--{name.replace('_', '-')} {value}: must be > 0")
     cfg = CompareConfig(out_dir=args.out, threads=args.threads, eval_every=args.eval_every,
-                        warmstart_seed=args.warmstart_seed, quick=args.quick)  # fmt: skip
+                        warmstart_seed=args.warmstart_seed, quick=args.quick, merge=tuple(args.merge))  # fmt: skip
     cfg = replace(cfg, **QUICK_COMPARE) if args.quick else replace(cfg, **SHORT_COMPARE) if args.short else cfg
     given = {"methods": args.methods, "tasks": args.tasks, "seeds": args.seeds, "max_steps": args.max_steps,
              "max_minutes": args.max_minutes}  # fmt: skip
@@ -312,7 +354,8 @@ def parse_args(argv=None) -> CompareConfig:
 
 def main(argv=None) -> dict:
     """Entry point of `python -m trl_dllm.demo.compare`, `trl-dllm compare` and `make compare`."""
-    return run_compare(parse_args(argv))
+    cfg = parse_args(argv)
+    return merge_compare(cfg.merge, cfg.out_dir) if cfg.merge else run_compare(cfg)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,45 @@ def group_runs(results: dict) -> dict[tuple[str, str], list[dict]]:
     return groups
 
 
+def merge_results(parts: list[dict]) -> dict:
+    """One comparison from several (e.g. one process per task): runs, warm starts and selections united.
+
+    A (method, task, seed) run found in two parts raises. `date` and `loadavg_start` come from the part that started
+    first, `loadavg_end` from the one that ended last, `wall_minutes` spans first start to last end (parallel parts
+    overlap); each part's date, wall time, machine, config and `source` are kept in `merged_from`.
+    """
+    from datetime import datetime, timedelta
+
+    def span(part):
+        start = datetime.fromisoformat(part["date"])
+        return start, start + timedelta(minutes=part["wall_minutes"])
+
+    seen, runs = {}, []
+    for part in parts:
+        for run in part["runs"]:
+            key = (run["method"], run["task"], run["seed"])
+            if key in seen:
+                raise ValueError(
+                    f"run {key} is in both {seen[key]!r} and {part.get('source')!r}: merge disjoint runs."
+                )
+            seen[key] = part.get("source")
+            runs.append(run)
+    first = min(parts, key=lambda p: span(p)[0])
+    last = max(parts, key=lambda p: span(p)[1])
+    union = lambda key: list(dict.fromkeys(x for p in parts for x in p["config"][key]))  # noqa: E731
+    config = {**first["config"], "tasks": union("tasks"), "methods": union("methods"), "seeds": sorted(union("seeds"))}
+    return {
+        "date": first["date"],
+        "machine": {**first["machine"], "loadavg_end": last["machine"].get("loadavg_end")},
+        "config": config,
+        "methods": {k: v for p in parts for k, v in p["methods"].items()},
+        "warm_starts": {k: v for p in parts for k, v in p["warm_starts"].items()},
+        "runs": runs,
+        "wall_minutes": (span(last)[1] - span(first)[0]).total_seconds() / 60,
+        "merged_from": [{k: p.get(k) for k in ("source", "date", "wall_minutes", "machine", "config")} for p in parts],
+    }
+
+
 def table_markdown(results: dict) -> str:
     """One table per task: a row per method, mean ± std over its seeds."""
     cfg, lines = results["config"], []
@@ -38,12 +77,15 @@ def table_markdown(results: dict) -> str:
                   f"load {m['loadavg_start'][0]:.1f} at start and {m.get('loadavg_end', [float('nan')])[0]:.1f} at "
                   f"the end; {results.get('wall_minutes', float('nan')):.1f} min in all. The steps and best step of "
                   f"`sft` count SFT steps (its `sft_examples` in results.json: steps × batch).", ""]  # fmt: skip
+        for part in results.get("merged_from", []):
+            lines[-1:-1] = [f"Merged: `{part['source']}` ({', '.join(part['config']['tasks'])}), started "
+                            f"{part['date']}, {part['wall_minutes']:.1f} min."]  # fmt: skip
     head = ("| method | seeds | held-out before | held-out after (best val) | gain | held-out last | best step | steps "
             "| collapses | train s | forwards |")  # fmt: skip
     for task in cfg["tasks"]:
         ws = results["warm_starts"][task]
         lines += [f"### {task}", "", f"Warm start: {ws['sft_steps']} SFT steps, held-out reward "
-                  f"{ws['heldout']['reward']:.3f}. Budget per RL run: {cfg['max_steps']} steps × "
+                  f"{ws['heldout']['reward']:.3f}. Budget per RL run: {_max_steps(results, task)} steps × "
                   f"{_rollouts_per_step(results, task)} rollouts, cap {cfg['max_minutes']:g} min.", "",
                   head, "|" + "---|" * (head.count("|") - 1)]  # fmt: skip
         for (t, method), runs in group_runs(results).items():
@@ -58,6 +100,12 @@ def table_markdown(results: dict) -> str:
             )
         lines.append("")
     return "\n".join(lines)
+
+
+def _max_steps(results: dict, task: str) -> int:
+    """The RL step budget of `task` (recorded in each run; per task since the defaults differ by task)."""
+    runs = [r for r in results["runs"] if r["task"] == task and r.get("rollouts_per_step") and "max_steps" in r]
+    return max((r["max_steps"] for r in runs), default=results["config"].get("max_steps"))
 
 
 def _rollouts_per_step(results: dict, task: str) -> int:
