@@ -158,6 +158,7 @@ class HeldOutCallback(TrainerCallback):
         test = greedy_eval(model, self.prep["tokenizer"], self.prep["task"], self.prep["test"])
         point = {
             "step": step,
+            "seconds": time.monotonic() - self.start,  # RL seconds so far, earlier evaluations included
             "val_reward": val["reward"],
             "test_reward": test["reward"],
             "test_accuracy": test["accuracy"],
@@ -261,6 +262,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     log = _train_log(trainer.state.log_history)
     start = {
         "step": 0,
+        "seconds": 0.0,
         "val_reward": prep["before_val"]["reward"],
         **{f"test_{k}": v for k, v in prep["before"].items()},
     }

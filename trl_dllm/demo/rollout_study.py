@@ -1,0 +1,186 @@
+"""RL with fast rollouts: the demo's StableDRL run under each rollout decoding, several seeds, one table and figure.
+
+    python -m trl_dllm.demo.rollout_study --out rollout_study_out     # fixed / threshold / threshold_cache × seeds 0 1 2
+    python -m trl_dllm.demo.rollout_study --quick --out /tmp/rs        # a tiny model, a few steps (what the tests run)
+
+Each (setting, seed) is the demo (`run_demo`) with `--rollout setting --seed seed`: its own warm start (seeded), the
+same RL budget, the same greedy held-out evaluation. A run whose `<out>/<setting>_s<seed>/summary.json` exists is
+read, not rerun, so an interrupted study resumes and runs made one by one with `python -m trl_dllm.demo --rollout …
+--seed … --out <out>/<setting>_s<seed>` count. Writes `study.json` (per run and per setting), `study.md` and
+`study.png`. What it measures and why: docs/demo.md, "RL with fast rollouts".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+from .compare import collapses
+from .compare_report import _fmt
+from .run import QUICK, ROLLOUTS, DemoConfig, _plt, _points, run_demo
+from .tasks import TASKS, get_task
+
+TARGETS = (0.7, 0.8)  # held-out rewards whose first crossing is timed (the warm start is at 0.46 on `sort`)
+
+
+def run_dir(out: str | Path, setting: str, seed: int) -> Path:
+    return Path(out) / f"{setting}_s{seed}"
+
+
+def cumulative_forwards(summary: dict) -> dict[int, float]:
+    """Row forwards of the rollouts up to each step: Σ_{s ≤ step} forwards_per_token(s) · rows · L."""
+    log, cfg = summary["train_log"], summary["config"]
+    tokens = cfg["prompts_per_step"] * cfg["num_generations"] * get_task(summary["task"]).completion_length
+    total, out = 0.0, {0: 0.0}
+    for step, per_token in zip(*_points(log["step"], log["generation/forwards_per_token"])):
+        total += per_token * tokens
+        out[int(step)] = total
+    return out
+
+
+def first_reach(summary: dict, target: float) -> dict | None:
+    """The first held-out evaluation at or above `target`: its step, RL seconds and rollout row forwards."""
+    forwards = cumulative_forwards(summary)
+    for point in summary["curve"]:
+        if point["test_reward"] >= target:
+            return {"step": point["step"], "seconds": point.get("seconds"), "row_forwards": forwards[point["step"]]}
+    return None
+
+
+def run_row(summary: dict) -> dict:
+    """One run's numbers: held-out outcome, cost, time to the targets and the instability signs."""
+    rollout, curve = summary["rollout"], summary["curve"]
+    return {
+        "heldout_after": summary["heldout_reward_after"],
+        "accuracy_after": summary["heldout_accuracy_after"],
+        "heldout_last": summary["heldout_reward_last_step"],
+        "best_step": summary["best_step"],
+        "steps": summary["train_steps"],
+        "rl_minutes": summary["rl_minutes"],
+        "forwards_per_token": rollout["forwards_per_token_mean"],
+        "row_forwards": rollout["row_forwards"],
+        "grad_norm_max": rollout["grad_norm_max"],
+        "grad_norm_median": rollout["grad_norm_median"],
+        "ratio_max": rollout["ratio_max"],
+        "collapses": collapses([p["test_reward"] for p in curve], 0.2),
+        "reach": {str(t): first_reach(summary, t) for t in TARGETS},
+    }
+
+
+def summarise(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per setting: each number as a list over seeds, and for each target how many seeds reached it."""
+    out = {}
+    for setting, rows in runs.items():
+        keys = [k for k in rows[0] if k != "reach"]
+        agg = {k: [r[k] for r in rows] for k in keys}
+        agg["reach"] = {t: [r["reach"][t] for r in rows] for t in rows[0]["reach"]}
+        out[setting] = agg
+    return out
+
+
+def table_markdown(study: dict) -> str:
+    """Per setting: mean ± std over seeds; time to each target over the seeds that reached it (k/n)."""
+    head = ["rollout", "seeds", "held-out after (best val)", "accuracy", "test at last step", "RL min",
+            "forwards / token", "row forwards"]  # fmt: skip
+    head += [f"to {t}: RL s · row forwards (seeds)" for t in TARGETS]
+    head += ["grad norm max", "grad norm median", "ratio max", "collapses"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for setting, agg in study["settings"].items():
+        cells = [setting, str(len(agg["steps"])), _fmt(agg["heldout_after"]), _fmt(agg["accuracy_after"]),
+                 _fmt(agg["heldout_last"]), _fmt(agg["rl_minutes"], 2), _fmt(agg["forwards_per_token"]),
+                 _fmt(agg["row_forwards"], 0)]  # fmt: skip
+        for t in TARGETS:
+            hits = [h for h in agg["reach"][str(t)] if h is not None]
+            seconds = [h["seconds"] for h in hits if h["seconds"] is not None]
+            cells.append(
+                f"{_fmt(seconds, 0) if seconds else '–'} · {_fmt([h['row_forwards'] for h in hits], 0) if hits else '–'}"
+                f" ({len(hits)}/{len(agg['steps'])})"
+            )
+        cells += [_fmt(agg["grad_norm_max"], 2), _fmt(agg["grad_norm_median"], 3), _fmt(agg["ratio_max"], 2),
+                  str(sum(agg["collapses"]))]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _mean_curve(summaries: list[dict], x: str) -> tuple[list, list]:
+    steps = sorted(set.intersection(*({p["step"] for p in s["curve"]} for s in summaries)))
+    xs = [statistics.fmean(p[x] for s in summaries for p in s["curve"] if p["step"] == v) for v in steps]
+    ys = [statistics.fmean(p["test_reward"] for s in summaries for p in s["curve"] if p["step"] == v) for v in steps]
+    return xs, ys
+
+
+def plot_study(summaries: dict[str, list[dict]], path: Path, title: str) -> None:
+    """Held-out reward vs RL step and vs RL seconds (thin: each seed; thick: mean), forwards per token vs step."""
+    plt = _plt()
+    fig, (by_step, by_time, cost) = plt.subplots(1, 3, figsize=(16, 4.4), dpi=110)
+    for i, (setting, runs) in enumerate(summaries.items()):
+        color = f"C{i}"
+        for s in runs:
+            by_step.plot([p["step"] for p in s["curve"]], [p["test_reward"] for p in s["curve"]], color=color,
+                         lw=0.6, alpha=0.35)  # fmt: skip
+            if all("seconds" in p for p in s["curve"]):
+                by_time.plot([p["seconds"] for p in s["curve"]], [p["test_reward"] for p in s["curve"]], color=color,
+                             lw=0.6, alpha=0.35)  # fmt: skip
+            steps, per_token = _points(s["train_log"]["step"], s["train_log"]["generation/forwards_per_token"])
+            cost.plot(steps, per_token, color=color, lw=0.5, alpha=0.4, label=setting if s is runs[0] else None)
+        by_step.plot(*_mean_curve(runs, "step"), color=color, lw=2, label=f"{setting} (mean of {len(runs)})")
+        if all("seconds" in p for s in runs for p in s["curve"]):
+            by_time.plot(*_mean_curve(runs, "seconds"), color=color, lw=2, label=setting)
+    by_step.set(xlabel="RL step", ylabel="held-out reward (greedy)", ylim=(0, 1), title="held-out reward vs step")
+    by_time.set(xlabel="RL seconds (evaluations included)", ylim=(0, 1), title="held-out reward vs wall time")
+    cost.set(xlabel="RL step", ylabel="rollout forwards per token", ylim=(0, 1.05), title="rollout cost")
+    for ax in (by_step, by_time, cost):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right" if ax is not cost else "upper right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run_study(base: DemoConfig, settings: tuple[str, ...], seeds: tuple[int, ...], out: str) -> dict:
+    """Run the missing (setting, seed) demos, then write `study.json`, `study.md` and `study.png` to `out`."""
+    summaries: dict[str, list[dict]] = {}
+    for setting in settings:
+        for seed in seeds:
+            path = run_dir(out, setting, seed)
+            if not (path / "summary.json").is_file():
+                run_demo(replace(base, rollout=setting, seed=seed, out_dir=str(path)))
+            summaries.setdefault(setting, []).append(json.loads((path / "summary.json").read_text()))
+    runs = {setting: [run_row(s) for s in ss] for setting, ss in summaries.items()}
+    study = {"task": base.task, "seeds": list(seeds), "targets": list(TARGETS), "runs": runs,
+             "settings": summarise(runs)}  # fmt: skip
+    Path(out, "study.json").write_text(json.dumps(study, indent=2))
+    Path(out, "study.md").write_text(table_markdown(study))
+    seeds_text = ", ".join(map(str, seeds))
+    plot_study(
+        summaries, Path(out, "study.png"), f"StableDRL on '{base.task}' with fast rollouts — seeds {seeds_text}"
+    )
+    print(table_markdown(study))
+    return study
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m trl_dllm.demo.rollout_study", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="rollout_study_out", help="output directory (one folder per run)")
+    parser.add_argument("--settings", nargs="+", choices=ROLLOUTS, default=list(ROLLOUTS), help="rollout settings")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds (default 0 1 2)")
+    parser.add_argument("--task", default="sort", choices=tuple(TASKS), help="demo task (default sort)")
+    parser.add_argument("--max-steps", type=int, default=1000, help="RL steps per run (default 1000)")
+    parser.add_argument("--max-minutes", type=float, default=12.0, help="RL wall-clock cap per run (default 12)")
+    parser.add_argument("--rollout-threshold", type=float, default=0.7, help="confidence_threshold (default 0.7)")
+    parser.add_argument("--quick", action="store_true", help="a tiny model, a few steps, one seed (for tests)")
+    args = parser.parse_args(argv)
+    base = DemoConfig(task=args.task, max_steps=args.max_steps, max_minutes=args.max_minutes,
+                      rollout_threshold=args.rollout_threshold)  # fmt: skip
+    seeds = tuple(args.seeds)
+    if args.quick:
+        base, seeds = replace(base, **QUICK), (0,)
+    return run_study(base, tuple(args.settings), seeds, args.out)
+
+
+if __name__ == "__main__":
+    main()
