@@ -221,6 +221,14 @@ def test_low_precision_weights_warn(tmp_path, tiny_model_path, caplog):
     assert "Trainable parameters are stored in bfloat16" in caplog.text and "learning_rate=1e-06" in caplog.text
 
 
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_trajectory_replay_of_cached_rollouts_warns(tmp_path, tiny_model_path, caplog, cache):
+    args = make(output_dir=str(tmp_path), loss_type="agrpo", estimator="trajectory", confidence_threshold=0.5,
+                generation_cache=cache)  # fmt: skip
+    with caplog.at_level("WARNING", logger="trl_dllm.validation"):
+        DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=reward, args=args, train_dataset=DATA)
+    assert ("generation_cache='dual' samples from approximate (cached) logits" in caplog.text) == (cache == "dual")
+
 
 def test_positional_dataset_is_checked(tmp_path, tiny_model_path):
     args = make(output_dir=str(tmp_path))

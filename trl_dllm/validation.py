@@ -324,6 +324,14 @@ def _warn_silent_settings(trainer, model) -> None:
             "float32 (model_init_kwargs={'dtype': 'float32'}) and set bf16=True for mixed precision, or train LoRA "
             "adapters.", "/".join(sorted(str(d).removeprefix("torch.") for d in low)), trainer.args.learning_rate,
         )  # fmt: skip
+    if trainer.args.estimator == "trajectory" and trainer.args.generation_cache != "none":
+        logger.warning(
+            "estimator='trajectory' replays every rollout step without a cache, but generation_cache=%r samples from "
+            "approximate (cached) logits: the log-probabilities the trainer computes are not those the tokens were "
+            "drawn from, and nothing corrects for it (measured on the demo's trained model: per-sequence weights "
+            "pi/q from 0.008 to 5.8; docs/demo.md). For an exact replay keep confidence_threshold and set "
+            "generation_cache='none'.", trainer.args.generation_cache,
+        )  # fmt: skip
     requested = trainer.args.fsdp_plugin_args is not None or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
     if requested and not trainer.is_fsdp_enabled:
         logger.warning(

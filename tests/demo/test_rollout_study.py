@@ -65,3 +65,16 @@ def test_run_row_counts_collapses_and_keeps_the_instability_signs():
     row = run_row(summary)
     assert row["collapses"] == 1 and row["grad_norm_max"] == 3.0 and row["ratio_max"] == 1.0
     assert row["reach"]["0.7"]["step"] == 2 and row["reach"]["0.8"]["step"] == 2
+
+
+def test_probe_replay_is_exact_without_the_cache(quick, tmp_path):
+    """The trajectory replay reproduces the rollout's own log-probabilities for fixed and threshold decoding (the
+    cache's are approximate: its difference is measured, not asserted)."""
+    out, _ = quick
+    probe = main(["--probe", str(run_dir(out, "fixed", 0) / "best_model"), "--out", str(tmp_path), "--task", "sort"])
+    assert json.loads((tmp_path / "probe.json").read_text())["settings"] == json.loads(json.dumps(probe))
+    for setting in ("fixed", "threshold"):
+        assert probe[setting]["token_abs_diff_max"] < 1e-4, probe[setting]
+        assert probe[setting]["seq_weight_min"] == pytest.approx(1.0, abs=1e-3) == probe[setting]["seq_weight_max"]
+    assert probe["fixed"]["forwards_per_token"] == 1.0 and probe["threshold"]["forwards_per_token"] <= 1.0
+    assert probe["threshold_cache"]["token_abs_diff_mean"] >= 0.0 and 1 <= probe["fixed"]["distinct_per_group"] <= 8

@@ -18,6 +18,8 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from .compare import collapses
 from .compare_report import _fmt
 from .run import QUICK, ROLLOUTS, DemoConfig, _plt, _points, run_demo
@@ -163,6 +165,71 @@ def run_study(base: DemoConfig, settings: tuple[str, ...], seeds: tuple[int, ...
     return study
 
 
+@torch.no_grad()
+def rollout_probe(model_dir: str, setting: str, threshold: float = 0.7, task: str = "sort", prompts: int = 64,
+                  generations: int = 8, seed: int = 0) -> dict:  # fmt: skip
+    """What a rollout setting does to the samples and to their likelihood, on a trained checkpoint (no training).
+
+    `prompts` test prompts × `generations` completions at temperature 1 under `setting`, with the trajectory recorded;
+    then the trajectory estimator replays every denoising step *without* any cache and scores each revealed token
+    (`step_samples` = the canvas length, so every step is scored). Per revealed token, ``d = log π_replay − log q``
+    (``log q``: the rollout's own log-probability of the token it sampled). ``d = 0`` means the likelihood the trainer
+    computes is the one the sample was drawn from; the sequence sum ``Σ d`` is the log importance weight an exact
+    off-policy correction would need. Also: mean reward, distinct completions per group, the fraction of groups whose
+    rewards are all equal (no learning signal), mean ``log q`` per token (how confident the committed tokens were),
+    forwards per token.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..api import estimate
+    from ..api import generate as generate_any
+    from ..core.bidirectional_cache import generate_cached
+    from ..models import make_bidirectional, resolve_model_spec
+    from .warmstart import decode_completions
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    make_bidirectional(model)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    spec, the_task = resolve_model_spec(model, tokenizer), get_task(task)
+    problems = the_task.problems("test", prompts, seed=0, unique=True)
+    rows = [p for p in problems for _ in range(generations)]
+    enc = tokenizer([p["prompt"] for p in rows], add_special_tokens=False, padding=True, padding_side="left",
+                    return_tensors="pt")  # fmt: skip
+    length = the_task.completion_length
+    options = dict(mask_token_id=spec.mask_token_id, gen_length=length, diffusion_steps=length, block_length=length,
+                   temperature=1.0, return_trajectory=True, generator=torch.Generator().manual_seed(seed))  # fmt: skip
+    if setting != "fixed":
+        options["confidence_threshold"] = threshold
+    if setting == "threshold_cache":
+        out = generate_cached(model, enc["input_ids"], enc["attention_mask"], generation_cache="dual", **options)
+    else:
+        out = generate_any(model, enc["input_ids"], enc["attention_mask"], **options)
+    revealed = out.unmask_step >= 0
+    replay = estimate("trajectory", model, enc["input_ids"], enc["attention_mask"], out.completion_ids, revealed,
+                      mask_token_id=spec.mask_token_id, seeds=torch.arange(len(rows)), unmask_step=out.unmask_step,
+                      step_samples=length, temperature=1.0)  # fmt: skip
+    d = torch.where(revealed, replay.logps - out.logprobs, 0.0)
+    texts = decode_completions(tokenizer, out.completion_ids)
+    rewards = the_task.score(texts, rows)
+    groups = range(0, len(texts), generations)
+    distinct = [len(set(texts[i : i + generations])) for i in groups]
+    flat = [len(set(rewards[i : i + generations])) == 1 for i in groups]  # every advantage of the group is 0
+    log_w = d.sum(-1)
+    return {
+        "setting": setting,
+        "forwards_per_token": out.num_row_forwards / (len(rows) * length),
+        "reward_mean": statistics.fmean(rewards),
+        "distinct_per_group": statistics.fmean(distinct),
+        "frac_zero_std_groups": statistics.fmean(flat),
+        "logq_per_token": (out.logprobs[revealed]).mean().item(),
+        "token_abs_diff_mean": d[revealed].abs().mean().item(),
+        "token_abs_diff_max": d[revealed].abs().max().item(),
+        "seq_log_weight_std": log_w.std().item(),
+        "seq_weight_min": log_w.exp().min().item(),
+        "seq_weight_max": log_w.exp().max().item(),
+    }
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m trl_dllm.demo.rollout_study", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="rollout_study_out", help="output directory (one folder per run)")
@@ -173,7 +240,20 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-minutes", type=float, default=12.0, help="RL wall-clock cap per run (default 12)")
     parser.add_argument("--rollout-threshold", type=float, default=0.7, help="confidence_threshold (default 0.7)")
     parser.add_argument("--quick", action="store_true", help="a tiny model, a few steps, one seed (for tests)")
+    parser.add_argument(
+        "--probe",
+        metavar="MODEL_DIR",
+        default=None,
+        help="no training: each setting's samples and rollout-vs-replay log-probabilities on this checkpoint "
+        "(e.g. a run's best_model), written to --out/probe.json",
+    )
     args = parser.parse_args(argv)
+    if args.probe:
+        probe = {s: rollout_probe(args.probe, s, args.rollout_threshold, args.task) for s in args.settings}
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, "probe.json").write_text(json.dumps({"model": args.probe, "settings": probe}, indent=2))
+        print(json.dumps(probe, indent=2))
+        return probe
     base = DemoConfig(task=args.task, max_steps=args.max_steps, max_minutes=args.max_minutes,
                       rollout_threshold=args.rollout_threshold)  # fmt: skip
     seeds = tuple(args.seeds)
