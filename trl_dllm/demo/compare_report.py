@@ -112,12 +112,14 @@ def _rollouts_per_step(results: dict, task: str) -> int:
     return max((r["rollouts_per_step"] for r in results["runs"] if r["task"] == task), default=0)
 
 
-def _mean_curve(runs: list[dict], x: str) -> tuple[list, list]:
-    """Mean held-out reward over seeds at the x values every seed evaluated."""
-    common = set.intersection(*({p[x] for p in r["curve"]} for r in runs))
-    xs = sorted(common)
-    ys = [statistics.fmean(p["test_reward"] for r in runs for p in r["curve"] if p[x] == v) for v in xs]
-    return xs, ys
+def mean_curve(runs: list[dict], x: str = "step") -> tuple[list, list]:
+    """Mean held-out reward over runs at each step every run evaluated, against the mean of `x` there (`"step"`, or
+    `"seconds"`: runs reach a step at different times)."""
+    steps = sorted(set.intersection(*({p["step"] for p in r["curve"]} for r in runs)))
+    at = [[p for r in runs for p in r["curve"] if p["step"] == v] for v in steps]
+    return [statistics.fmean(p[x] for p in ps) for ps in at], [
+        statistics.fmean(p["test_reward"] for p in ps) for ps in at
+    ]
 
 
 def plot_compare(results: dict, path: Path) -> None:
@@ -139,7 +141,7 @@ def plot_compare(results: dict, path: Path) -> None:
                              color=colors[method], lw=0.8 if method != "sft" else 1.6, alpha=0.6,
                              ls="-" if run["rollouts"] else "--", label=method if run is runs[0] else None)  # fmt: skip
             if runs[0]["rollouts"]:
-                by_step.plot(*_mean_curve(runs, "step"), color=colors[method], lw=1.8, label=f"{method} (mean)")
+                by_step.plot(*mean_curve(runs), color=colors[method], lw=1.8, label=f"{method} (mean)")
         by_step.set(
             xlabel="RL step", ylabel="held-out reward (greedy)", title=f"{task}: held-out reward vs step", ylim=(0, 1)
         )

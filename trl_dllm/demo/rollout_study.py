@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from .compare import collapses
-from .compare_report import _fmt
+from .compare_report import _fmt, mean_curve
 from .run import QUICK, ROLLOUTS, DemoConfig, _plt, _points, run_demo
 from .tasks import TASKS, get_task
 
@@ -73,7 +73,7 @@ def run_row(summary: dict) -> dict:
 
 
 def summarise(runs: dict[str, list[dict]]) -> dict[str, dict]:
-    """Per setting: each number as a list over seeds, and for each target how many seeds reached it."""
+    """Per setting: each number as a list over seeds; for each target, each seed's first crossing (`None`: not reached)."""
     out = {}
     for setting, rows in runs.items():
         keys = [k for k in rows[0] if k != "reach"]
@@ -107,13 +107,6 @@ def table_markdown(study: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _mean_curve(summaries: list[dict], x: str) -> tuple[list, list]:
-    steps = sorted(set.intersection(*({p["step"] for p in s["curve"]} for s in summaries)))
-    xs = [statistics.fmean(p[x] for s in summaries for p in s["curve"] if p["step"] == v) for v in steps]
-    ys = [statistics.fmean(p["test_reward"] for s in summaries for p in s["curve"] if p["step"] == v) for v in steps]
-    return xs, ys
-
-
 def plot_study(summaries: dict[str, list[dict]], path: Path, title: str) -> None:
     """Held-out reward vs RL step and vs RL seconds (thin: each seed; thick: mean), forwards per token vs step."""
     plt = _plt()
@@ -128,9 +121,9 @@ def plot_study(summaries: dict[str, list[dict]], path: Path, title: str) -> None
                              lw=0.6, alpha=0.35)  # fmt: skip
             steps, per_token = _points(s["train_log"]["step"], s["train_log"]["generation/forwards_per_token"])
             cost.plot(steps, per_token, color=color, lw=0.5, alpha=0.4, label=setting if s is runs[0] else None)
-        by_step.plot(*_mean_curve(runs, "step"), color=color, lw=2, label=f"{setting} (mean of {len(runs)})")
+        by_step.plot(*mean_curve(runs), color=color, lw=2, label=f"{setting} (mean of {len(runs)})")
         if all("seconds" in p for s in runs for p in s["curve"]):
-            by_time.plot(*_mean_curve(runs, "seconds"), color=color, lw=2, label=setting)
+            by_time.plot(*mean_curve(runs, "seconds"), color=color, lw=2, label=setting)
     by_step.set(xlabel="RL step", ylabel="held-out reward (greedy)", ylim=(0, 1), title="held-out reward vs step")
     by_time.set(xlabel="RL seconds (evaluations included)", ylim=(0, 1), title="held-out reward vs wall time")
     cost.set(xlabel="RL step", ylabel="rollout forwards per token", ylim=(0, 1.05), title="rollout cost")
