@@ -72,7 +72,8 @@ def test_gold_answers_score_one_and_fit_the_canvas(name):
     problems = task.problems("train", 200, seed=1)
     golds = [p["answer"] for p in problems]
     if task.verifier_only:  # demonstrations are well-formed but right only by chance
-        assert all(0.1 <= s <= 1.0 for s in task.score(golds, problems)) and min(task.score(golds, problems)) < 1.0
+        scores = task.score(golds, problems)
+        assert sum(s == 1.0 for s in scores) < len(problems) / 2 and sum(scores) / len(scores) < 0.5
     else:
         assert task.score(golds, problems) == [1.0] * len(problems)
     for p in problems:
@@ -101,8 +102,21 @@ def test_subset_problems_are_solvable_and_carry_no_solution():
     problems = task.problems("train", 500, seed=0)
     for p in problems:  # some three of the five digits hit the target
         assert any(sum(c) == p["target"] for c in itertools.combinations(p["nums"], 3))
-    right = sum(s == 1.0 for s in task.score([p["answer"] for p in problems], problems))
-    assert 0.05 < right / len(problems) < 0.5  # demonstrations are right by chance, not by construction
+    scores = task.score([p["answer"] for p in problems], problems)
+    assert min(scores) >= 0.1  # every demonstration is three of the given digits
+    assert 0.05 < sum(s == 1.0 for s in scores) / len(problems) < 0.5  # right by chance, not by construction
+
+
+def test_sort_shuffled_is_sort_with_shuffled_demonstrations():
+    """Same prompts, key and reward as `sort`; the demonstration is the prompt's digits in a random order."""
+    task, sort = get_task("sort_shuffled"), get_task("sort")
+    assert task.reward is sort.reward and task.completion_length == sort.completion_length
+    problems = task.problems("train", 500, seed=0)
+    for p in problems:
+        digits = p["prompt"].split()[1:-1]
+        assert sorted(p["answer"].split()) == sorted(digits) and p["target"] == p["key"] == " ".join(sorted(digits))
+    scores = task.score([p["answer"] for p in problems], problems)
+    assert 0.15 < sum(scores) / len(scores) < 0.35  # a random order of six digits: about a quarter of the positions
 
 
 def test_scores_are_in_unit_interval_on_random_strings():

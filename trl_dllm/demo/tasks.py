@@ -121,6 +121,14 @@ def _sort_problem(rng: random.Random, length: int = 6) -> dict:
     return {"key": ordered, "prompt": f"sort {' '.join(map(str, digits))} =", "target": ordered, "answer": ordered}
 
 
+def _sort_shuffled_problem(rng: random.Random) -> dict:
+    """`sort`'s problem whose `answer` is the same digits in a random order: well-formed, sorted only by chance."""
+    problem = _sort_problem(rng)
+    digits = problem["target"].split()
+    rng.shuffle(digits)
+    return problem | {"answer": " ".join(digits)}
+
+
 def _add_problem(rng: random.Random) -> dict:
     a, b = rng.randrange(10, 100), rng.randrange(10, 100)
     total = " ".join(str(a + b))
@@ -202,6 +210,9 @@ TASKS: dict[str, Task] = {
     # the longer answer of the rollout trade-off benchmark (bench/bench_rollout_tradeoff.py): 12 digits + EOS in 16
     "sort_long": Task("sort_long", functools.partial(_sort_problem, length=12), sort_reward, ("target",),
                       completion_length=16),
+    # `sort` with shuffled demonstrations: the same problems and reward, but imitation learns the format only
+    "sort_shuffled": Task("sort_shuffled", _sort_shuffled_problem, sort_reward, ("target",), completion_length=8,
+                          verifier_only=True),
     "add": Task("add", _add_problem, add_reward, ("target",), completion_length=4),
     "countdown": Task("countdown", _countdown_problem, countdown_lite_reward, ("target", "nums"), completion_length=8),
     "subset": Task("subset", _subset_problem, subset_reward, ("target", "nums"), completion_length=4, verifier_only=True),
