@@ -18,7 +18,7 @@ from trl_dllm.demo.tasks import get_task
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    """One `--quick` run of every method on both default tasks (a tiny model, 2 RL steps, seed 0)."""
+    """One `--quick` run of every method on every default task (a tiny model, 2 RL steps, seed 0)."""
     out = tmp_path_factory.mktemp("compare")
     return out, main(["--quick", "--out", str(out)])
 
@@ -28,7 +28,7 @@ def test_quick_writes_results_table_and_figure(quick):
     assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(results))
     assert (out / "compare.png").stat().st_size > 10_000
     runs = {(r["method"], r["task"], r["seed"]): r for r in results["runs"]}
-    assert set(runs) == {(m, t, 0) for m in METHODS for t in ("sort", "subset")}
+    assert set(runs) == {(m, t, 0) for m in METHODS for t in CompareConfig().tasks}
     for run in runs.values():
         for key in ("heldout_before", "heldout_after", "heldout_last"):
             assert 0.0 <= run[key] <= 1.0, (key, run)
@@ -39,8 +39,13 @@ def test_quick_writes_results_table_and_figure(quick):
         assert run["forwards"] > 0 and run["wall_seconds"] > 0 and run["collapses"] >= 0
     table = (out / "table.md").read_text()
     assert table.startswith(f"Run {results['date']}: ") and f"{results['wall_minutes']:.1f} min in all" in table
-    for task in ("sort", "subset"):
-        section = table.split(f"### {task}")[1].split("###")[0]
+    for task in CompareConfig().tasks:
+        section = table.split(f"### {task}\n")[1].split("###")[0]
+        demos = results["warm_starts"][task]["demonstrations"]  # exact imitation's held-out reward
+        if get_task(task).verifier_only:
+            assert demos < 0.5 and f"demonstrations themselves score {demos:.3f}" in section
+        else:
+            assert demos == 1.0 and "demonstrations" not in section
         assert [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ")][1:] == list(
             METHODS
         )
@@ -56,7 +61,7 @@ def test_quick_rl_methods_share_one_budget(quick):
 
 def test_quick_sft_row_trains_as_long_as_the_longest_rl_run(quick):
     _, results = quick
-    for task in ("sort", "subset"):
+    for task in CompareConfig().tasks:
         rl = [r for r in results["runs"] if r["task"] == task and r["method"] != SFT]
         (sft,) = [r for r in results["runs"] if r["task"] == task and r["method"] == SFT]
         assert sft["sft_budget_seconds"] == max(r["wall_seconds"] for r in rl)
@@ -75,7 +80,7 @@ def test_every_shipped_objective_is_compared():
 
 def test_parse_args_selection():
     full = parse_args([])
-    assert full.methods == tuple(METHODS) and full.tasks == ("sort", "subset") and full.seeds == (0, 1, 2)
+    assert full.methods == tuple(METHODS) and full.tasks == ("sort", "subset", "sort_shuffled") and full.seeds == (0, 1, 2)
     short = parse_args(["--short"])
     assert (short.methods, short.tasks, short.seeds, short.max_minutes) == tuple(
         SHORT_COMPARE[k] for k in ("methods", "tasks", "seeds", "max_minutes")
@@ -87,15 +92,16 @@ def test_parse_args_selection():
 def test_step_budget_is_per_task_unless_given():
     full = CompareConfig()
     assert (full.steps("sort"), full.steps("subset")) == (300, TASK_STEPS["subset"]) == (300, 600)
+    assert full.steps("sort_shuffled") == 300  # sort's canvas, sort's budget
     assert full.demo("subset").max_steps == 600 and full.demo("sort").max_steps == 300
     assert CompareConfig(max_steps=50).steps("subset") == 50
     assert parse_args(["--short"]).steps("subset") == 300  # the documented --short numbers were measured at 300
 
 
-def _split_by_task(results: dict, tmp_path, minutes=(0.0, 2.0)) -> list[str]:
-    """Write `results` as two output directories, one per task, as two parallel `--tasks` runs would have."""
+def _split_by_task(results: dict, tmp_path) -> list[str]:
+    """Write `results` as one output directory per task, started a minute apart, as parallel `--tasks` runs would."""
     dirs = []
-    for task, offset in zip(("sort", "subset"), minutes):
+    for offset, task in enumerate(results["config"]["tasks"]):
         part = json.loads(json.dumps(results))
         part["config"]["tasks"] = [task]
         part["runs"] = [r for r in part["runs"] if r["task"] == task]
@@ -113,11 +119,13 @@ def test_merge_joins_per_task_runs(quick, tmp_path):
     dirs = _split_by_task(results, tmp_path)
     merged = main(["--merge", *dirs, "--out", str(tmp_path / "all")])
     assert merged["runs"] == json.loads(json.dumps(results["runs"]))
-    assert merged["config"]["tasks"] == ["sort", "subset"] and merged["config"]["methods"] == list(METHODS)
-    assert merged["date"] == "2026-11-22T10:00:00+00:00" and merged["wall_minutes"] == pytest.approx(12.0)
+    tasks = list(CompareConfig().tasks)
+    assert merged["config"]["tasks"] == tasks and merged["config"]["methods"] == list(METHODS)
+    end = len(tasks) - 1 + 10.0  # the last part started len(tasks) - 1 minutes after the first and ran 10
+    assert merged["date"] == "2026-11-22T10:00:00+00:00" and merged["wall_minutes"] == pytest.approx(end)
     assert [p["source"] for p in merged["merged_from"]] == dirs
     table = (tmp_path / "all" / "table.md").read_text()
-    assert table.count("Merged: ") == 2 and "### sort" in table and "### subset" in table
+    assert table.count("Merged: ") == len(tasks) and all(f"### {t}" in table for t in tasks)
     assert (tmp_path / "all" / "compare.png").stat().st_size > 10_000
     assert json.loads((tmp_path / "all" / "results.json").read_text()) == json.loads(json.dumps(merged))
 
@@ -185,3 +193,14 @@ def test_subset_demonstrations_score_as_documented():
     assert round(sum(r == 1.0 for r in right) / len(train), 3) == 0.179
     assert round(statistics.fmean(held_out), 3) == 0.451
     assert round(sum(r == 1.0 for r in held_out) / len(test), 3) == 0.18
+
+
+def test_sort_shuffled_demonstrations_score_as_documented():
+    """docs/compare.md: `sort_shuffled`'s demonstrations (the digits in a random order) scored by `sort`'s reward."""
+    task = get_task("sort_shuffled")
+    train, test = task.problems("train", 4000, seed=0), task.problems("test", 256, seed=0, unique=True)
+    right = task.score([p["answer"] for p in train], train)
+    held_out = task.score([p["answer"] for p in test], test)
+    assert round(statistics.fmean(right), 3) == 0.246 and round(sum(r == 1.0 for r in right) / len(train), 4) == 0.0045
+    assert round(statistics.fmean(held_out), 3) == 0.264
+    assert round(sum(r == 1.0 for r in held_out) / len(test), 3) == 0.012

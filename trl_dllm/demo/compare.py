@@ -20,6 +20,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
@@ -60,7 +61,7 @@ class CompareConfig:
     """The selection and the budget; the defaults are what `make compare` runs (the full comparison)."""
 
     methods: tuple[str, ...] = tuple(METHODS)
-    tasks: tuple[str, ...] = ("sort", "subset")
+    tasks: tuple[str, ...] = ("sort", "subset", "sort_shuffled")
     seeds: tuple[int, ...] = (0, 1, 2)
     out_dir: str = "compare_out"
     threads: int = 1
@@ -231,6 +232,13 @@ def _sft_run(cfg: CompareConfig, demo: DemoConfig, prep: dict, seed: int, budget
     return run
 
 
+def demonstrations_reward(prep: dict) -> float:
+    """Mean reward of the `answer` column itself on the held-out test problems: what exact imitation of the
+    demonstrations would score (1.0 where they are the answers; below 1 for a verifier-only task)."""
+    task, test = prep["task"], prep["test"]
+    return statistics.fmean(task.score([p["answer"] for p in test], test))
+
+
 def _machine() -> dict:
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -252,7 +260,8 @@ def run_compare(cfg: CompareConfig) -> dict:
             demo = cfg.demo(task)
             prep = prepare(demo, console)
             results["warm_starts"][task] = {"heldout": prep["before"], "val": prep["before_val"],
-                                            "seconds": prep["sft_seconds"], "sft_steps": demo.sft_steps}  # fmt: skip
+                                            "seconds": prep["sft_seconds"], "sft_steps": demo.sft_steps,
+                                            "demonstrations": demonstrations_reward(prep)}  # fmt: skip
             for seed in cfg.seeds:
                 runs = [_rl_run(cfg, demo, prep, m, seed, progress) for m in rl]
                 if SFT in cfg.methods:  # as long as the longest RL run of this task and seed, else the cap
@@ -316,7 +325,7 @@ def parse_args(argv=None) -> CompareConfig:
     parser.add_argument("--out", default=default.out_dir, help="output directory (default: compare_out)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1; see docs/demo.md)")
     parser.add_argument(
-        "--max-steps", type=int, default=None, help="RL steps per run (default: sort 300, subset 600; --quick: 2)"
+        "--max-steps", type=int, default=None, help="RL steps per run (default: 300; subset 600; --quick: 2)"
     )
     parser.add_argument(
         "--max-minutes", type=float, default=None, help="wall-clock cap of each run's training (default 3; --short: 2)"

@@ -86,8 +86,8 @@ def table_markdown(results: dict) -> str:
         ws = results["warm_starts"][task]
         lines += [f"### {task}", "", f"Warm start: {ws['sft_steps']} SFT steps, held-out reward "
                   f"{ws['heldout']['reward']:.3f}. Budget per RL run: {_max_steps(results, task)} steps × "
-                  f"{_rollouts_per_step(results, task)} rollouts, cap {cfg['max_minutes']:g} min.", "",
-                  head, "|" + "---|" * (head.count("|") - 1)]  # fmt: skip
+                  f"{_rollouts_per_step(results, task)} rollouts, cap {cfg['max_minutes']:g} min."
+                  + _imitation_note(ws), "", head, "|" + "---|" * (head.count("|") - 1)]  # fmt: skip
         for (t, method), runs in group_runs(results).items():
             if t != task:
                 continue
@@ -100,6 +100,12 @@ def table_markdown(results: dict) -> str:
             )
         lines.append("")
     return "\n".join(lines)
+
+
+def _imitation_note(warm_start: dict) -> str:
+    """For a verifier-only task: what exact imitation of its demonstrations would score (`demonstrations_reward`)."""
+    demos = warm_start.get("demonstrations", 1.0)
+    return f" The demonstrations themselves score {demos:.3f} (exact imitation's held-out reward)." if demos < 1 else ""
 
 
 def _max_steps(results: dict, task: str) -> int:
@@ -149,6 +155,9 @@ def plot_compare(results: dict, path: Path) -> None:
             xlabel="training seconds (evaluations excluded)", title=f"{task}: vs time (dashed: SFT)", ylim=(0, 1)
         )
         for ax in (by_step, by_time):
+            demos = results["warm_starts"][task].get("demonstrations", 1.0)
+            if demos < 1:  # verifier-only: the most that imitating the demonstrations can reach
+                ax.axhline(demos, color="black", lw=0.8, ls=":", label="demonstrations")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7, loc="lower right")
     loads = [p["load1"] for r in results["runs"] for p in r["curve"] if "load1" in p]
