@@ -159,7 +159,7 @@ def plot_compare(results: dict, path: Path) -> None:
             if demos < 1:  # verifier-only: the most that imitating the demonstrations can reach
                 ax.axhline(demos, color="black", lw=0.8, ls=":", label="demonstrations")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, loc="lower right")
+            ax.legend(fontsize=7, loc="best")
     loads = [p["load1"] for r in results["runs"] for p in r["curve"] if "load1" in p]
     loads += [results["machine"]["loadavg_start"][0], results["machine"].get("loadavg_end", [float("nan")])[0]]
     loads = [x for x in loads if x == x]
