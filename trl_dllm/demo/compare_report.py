@@ -102,9 +102,14 @@ def table_markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _demonstrations(warm_start: dict) -> float:
+    """What exact imitation of the task's demonstrations scores (`demonstrations_reward`; 1.0 where not recorded)."""
+    return warm_start.get("demonstrations", 1.0)
+
+
 def _imitation_note(warm_start: dict) -> str:
-    """For a verifier-only task: what exact imitation of its demonstrations would score (`demonstrations_reward`)."""
-    demos = warm_start.get("demonstrations", 1.0)
+    """For a verifier-only task: what exact imitation of its demonstrations would score."""
+    demos = _demonstrations(warm_start)
     return f" The demonstrations themselves score {demos:.3f} (exact imitation's held-out reward)." if demos < 1 else ""
 
 
@@ -154,8 +159,8 @@ def plot_compare(results: dict, path: Path) -> None:
         by_time.set(
             xlabel="training seconds (evaluations excluded)", title=f"{task}: vs time (dashed: SFT)", ylim=(0, 1)
         )
+        demos = _demonstrations(results["warm_starts"][task])
         for ax in (by_step, by_time):
-            demos = results["warm_starts"][task].get("demonstrations", 1.0)
             if demos < 1:  # verifier-only: the most that imitating the demonstrations can reach
                 ax.axhline(demos, color="black", lw=0.8, ls=":", label="demonstrations")
             ax.grid(alpha=0.3)
