@@ -42,10 +42,9 @@ from bench.common import (
     target,
     timed,
 )
-from trl_dllm.core import sampling
 from trl_dllm.core.logits import module_logits_fn
-from trl_dllm.core.remasking import REMASKING, sample_tokens, sampling_log_probs, select_above, select_top
-from trl_dllm.core.sampling import generate
+from trl_dllm.core.sampling import REMASKING, generate, sample_tokens, sampling_log_probs, select_above, select_top
+from trl_dllm.core.sampling import loop as sampling_loop
 
 
 def _generate(model, timer, prompt, keep_positions: bool, **options):
@@ -98,16 +97,16 @@ def _choose_full_block(logits, masked, num_transfer, opts, generator):
     else:
         commit = select_top(confidence, masked, num_transfer)
     token_logprobs = log_probs.gather(-1, tokens[..., None]).squeeze(-1).float()
-    return sampling._StepResult(tokens=tokens, commit=commit, logprobs=token_logprobs)
+    return sampling_loop._StepResult(tokens=tokens, commit=commit, logprobs=token_logprobs)
 
 
 @contextmanager
 def _full_block_sampling():
-    original, sampling._choose = sampling._choose, _choose_full_block
+    original, sampling_loop._choose = sampling_loop._choose, _choose_full_block
     try:
         yield
     finally:
-        sampling._choose = original
+        sampling_loop._choose = original
 
 
 def _masked_sampling(size: Size, vocabs, repeats: int, steps_per_block: int, temperature: float) -> dict:

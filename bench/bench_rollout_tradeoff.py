@@ -12,7 +12,7 @@ test split (the demo's 256 test problems, seed 0) greedily (temperature 0) under
 - ``threshold_C``: Fast-dLLM threshold decoding, every masked token with confidence ``>= C`` revealed in one step;
 - ``eos_exit``: EOS early exit (a row stops once its first EOS is committed with nothing masked before it);
 - ``dual_cache``, ``blockB``, ``blockB_prefix_cache``, ``blockB_dual_cache``: Fast-dLLM's approximate KV cache
-  (:mod:`trl_dllm.core.bidirectional_cache`), on the whole canvas (refreshed once, or every 4 steps:
+  (:mod:`trl_dllm.core.sampling.prefix_cache`), on the whole canvas (refreshed once, or every 4 steps:
   ``dual_cache_refresh4``) and on blocks of ``B`` (against the uncached ``blockB`` schedule); and threshold + cache.
 
 Each row: ``forwards_per_token`` (row forwards / generated tokens), ``wall_ratio`` (wall time / the ``fixed`` row's
@@ -37,8 +37,7 @@ from pathlib import Path
 import torch
 
 from bench.common import QUICK, Size, emit, environment, median, parser, ratio, setup, target, timed
-from trl_dllm.core.bidirectional_cache import generate_cached
-from trl_dllm.core.sampling import generate
+from trl_dllm.core.sampling import generate, generate_cached
 from trl_dllm.demo.tasks import get_task
 from trl_dllm.demo.warmstart import decode_completions
 from trl_dllm.models import make_bidirectional, model_logits_fn, resolve_model_spec

@@ -129,11 +129,9 @@ def test_old_estimates_match_current_before_update(tmp_path, tiny_model_path, mi
     batch = trainer._generate_and_score_completions([{"prompt": "add 1 and 2 ."}] * 3)
     assert batch["old_logps"].shape == (3, 2, 8) and batch["mc_seeds"].shape == (3, 2)
     assert batch["old_logps"][:, 0].isnan().all() is not misaligned
-    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     for it in range(0 if misaligned else 1, 2):
-        with torch.no_grad(), trainer._estimation(batch["mc_seeds"][:, it]):
-            current, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, attention_mask, 8)
+        with torch.no_grad():
+            current = trainer.scoring.estimate(trainer.model, batch, batch["mc_seeds"][:, it], current=True)[0].logps
         torch.testing.assert_close(current, batch["old_logps"][:, it], rtol=0, atol=0)
     if misaligned:
         assert not torch.equal(batch["old_logps"][:, 0], batch["old_logps"][:, 1])  # iterations draw their own masks

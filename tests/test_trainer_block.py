@@ -2,9 +2,13 @@
 staircase `block` estimator under StableDRL, ESPO and TRL's loss types."""
 
 import pytest
+import torch
 from test_trainer import distinct_tokens_reward, make_args, make_dataset, train_and_check
 
 from trl_dllm import DiffusionGRPOTrainer
+from trl_dllm.core.likelihood.trajectory import trajectory_entropies
+from trl_dllm.models import model_logits_fn
+from trl_dllm.training.rollouts import sampling_distribution
 
 
 def make_trainer(tmp_path, model_path, **overrides):
@@ -16,8 +20,29 @@ def make_trainer(tmp_path, model_path, **overrides):
 def test_agrpo_on_block_model(tmp_path, tiny_block_model_path):
     trainer = make_trainer(tmp_path, tiny_block_model_path, loss_type="agrpo", estimator="trajectory",
                            step_samples=2, num_iterations=2, block_length=8)
-    assert trainer.args.block_length == 4  # the model's block size replaces the one-block default
+    assert trainer.scoring.block_length == 4  # the model's block size replaces the one-block default
+    assert trainer.args.block_length == 8  # ... without rewriting the user's config
     train_and_check(trainer)
+
+
+def test_entropy_replay_on_block_model_is_block_causal(tmp_path, tiny_block_model_path):
+    """Entropy-weighted step sampling replays every rollout step to get the proposal's entropies; on a block-diffusion
+    model the replay must attend as the rollout did (block-causal), not bidirectionally."""
+    trainer = make_trainer(tmp_path, tiny_block_model_path, loss_type="agrpo", estimator="trajectory",
+                           step_sampling="entropy", step_samples=2, max_steps=1)
+    trainer.model.train()
+    prompts = [{"prompt": "add 1 and 2 ."}, {"prompt": "sort 3 1 2 ."}, {"prompt": "add 1 and 2 ."}]
+    batch = trainer._generate_and_score_completions(prompts)
+    replay = dict(mask_token_id=trainer.model_spec.mask_token_id, unmask_step=batch["unmask_step"],
+                  **sampling_distribution(trainer.args))
+    logits_fn = model_logits_fn(trainer.model, trainer.model_spec)
+    ids = (batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"])
+    with torch.no_grad():
+        block_causal = trajectory_entropies(logits_fn, *ids, block_causal=True, block_length=4, **replay)
+        bidirectional = trajectory_entropies(logits_fn, *ids, **replay)
+    assert batch["completion_ids"].size(1) // 4 >= 2  # at least two blocks: the layouts differ
+    torch.testing.assert_close(batch["token_entropies"], block_causal)
+    assert not torch.allclose(batch["token_entropies"], bidirectional)
 
 
 def test_block_rollouts_cached_and_uncached_agree(tmp_path, tiny_block_model_path):

@@ -1,6 +1,6 @@
 """DiffusionGRPOTrainer on tiny LLaDA, Dream and SDAR checkpoints written in each family's original layout and
 loaded by name (natively, no remote code), with TRL's defaults (gradient checkpointing on); padding invariance of
-native generation; the adaptations made for remote-code models (trainer._adapt_to_model, the padding probe)."""
+native generation; the adaptations made for remote-code models (training.model_setup.adapt_to_model, the padding probe)."""
 
 import json
 import zlib
@@ -15,7 +15,7 @@ from torch import nn
 import trl_dllm
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 from trl_dllm.models.loading import honours_padding, load_pretrained
-from trl_dllm.trainer import _adapt_to_model
+from trl_dllm.training.model_setup import adapt_to_model
 
 
 def id_checksum_reward(completion_ids, **kwargs):
@@ -150,7 +150,7 @@ def test_adapt_to_a_remote_style_model(tmp_path, caplog):
     args = make_args(tmp_path)
     peft_config = LoraConfig(target_modules=["head"], task_type="CAUSAL_LM")
     with caplog.at_level("WARNING"):
-        _adapt_to_model(_RemoteStyle(honour_mask=True), args, peft_config)
+        adapt_to_model(_RemoteStyle(honour_mask=True), args, peft_config)
     assert args.gradient_checkpointing is False and "does not support gradient checkpointing" in caplog.text
     assert getattr(args, "activation_checkpointing", False) is False  # the name transformers 5's Trainer reads
     assert peft_config.task_type is None  # PEFT's CAUSAL_LM wrapper needs prepare_inputs_for_generation
@@ -159,7 +159,7 @@ def test_adapt_to_a_remote_style_model(tmp_path, caplog):
 def test_llada_module_names_become_llama_names(tmp_path, original_checkpoints):
     model = load_pretrained(original_checkpoints["llada"])
     peft_config = LoraConfig(target_modules=["q_proj", "attn_out", "ff_proj", "ff_out", "up_proj"])
-    _adapt_to_model(model, make_args(tmp_path), peft_config)
+    adapt_to_model(model, make_args(tmp_path), peft_config)
     assert set(peft_config.target_modules) == {"q_proj", "o_proj", "gate_proj", "down_proj", "up_proj"}
 
 
@@ -209,9 +209,10 @@ def test_unknown_causal_remote_family_is_refused(tmp_path, tiny_model_path, monk
     import trl_dllm.models
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
-    monkeypatch.setattr(trl_dllm.models, "_is_transformers_native", lambda m: False)  # as if it were remote code
+    monkeypatch.setattr(trl_dllm.models, "is_transformers_native", lambda m: False)  # as if it were remote code
+    monkeypatch.setattr("trl_dllm.training.model_setup.is_transformers_native", lambda m: False)
     monkeypatch.setattr(trl_dllm.models, "make_bidirectional", lambda m: None)
-    monkeypatch.setattr("trl_dllm.trainer.make_bidirectional", lambda m: None)  # its code ignores config.is_causal
+    monkeypatch.setattr("trl_dllm.training.model_setup.make_bidirectional", lambda m: None)  # ignores is_causal
     model.config.is_causal = True
     with pytest.raises(ValueError, match=r"attends causally.*config.is_causal=False.*not a known diffusion family"):
         DiffusionGRPOTrainer(model=model, reward_funcs=id_checksum_reward, args=make_args(tmp_path),

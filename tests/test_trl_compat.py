@@ -71,7 +71,7 @@ def test_trl_loss_path_calls_our_likelihood_hook(tmp_path, tiny_model_path, monk
 
     def spy(self, *a, **kw):
         out = original(self, *a, **kw)
-        calls.append((self._estimation_context is not None, out[0] is not None))
+        calls.append((self._estimation is not None, out[0] is not None))
         return out
 
     monkeypatch.setattr(DiffusionGRPOTrainer, "_get_per_token_logps_and_entropies", spy)

@@ -11,10 +11,9 @@ from typing import Any
 
 from torch import nn
 
-from .core.block_sampling import generate_block_causal
 from .core.likelihood import LikelihoodOutput
 from .core.likelihood import estimate as _estimate
-from .core.sampling import GenerationOutput
+from .core.sampling import GenerationOutput, generate_block_causal
 from .core.sampling import generate as _generate
 from .models import model_logits_fn, resolve_model_spec
 
@@ -28,7 +27,7 @@ def denoiser(model: Any, mask_token_id: int | None = None, tokenizer: Any = None
 
 def generate(model: Any, input_ids, attention_mask=None, **kwargs: Any) -> GenerationOutput:
     """:func:`trl_dllm.core.sampling.generate` for any denoiser. A block-diffusion model (`block` family: SDAR / TraDo)
-    is decoded by :func:`trl_dllm.core.block_sampling.generate_block_causal` with its own block size instead
+    is decoded by :func:`trl_dllm.core.sampling.generate_block_causal` with its own block size instead
     (``cfg_scale`` is not supported there). Keyword arguments are the core function's."""
     if isinstance(model, nn.Module):
         spec = resolve_model_spec(model, mask_token_id=kwargs.get("mask_token_id"))

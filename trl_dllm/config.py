@@ -7,15 +7,9 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .console import announce_deepspeed_cpu_build
-from .core.bidirectional_cache import GENERATION_CACHES
-from .core.likelihood import ELBO_COUNTS, ESTIMATORS
-from .core.objectives import KL_ESTIMATORS, OBJECTIVES
-from .core.sampling import REMASKING
-from .validation import check_config, check_removed_arguments
-
-# TRL's own loss types run through TRL's `_compute_loss`, fed with estimated per-token log-probs.
-TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "luspo", "sapo", "vespo")
-
+from .core.objectives import OBJECTIVES
+from .training import checks
+from .training.checks import TRL_LOSS_TYPES  # noqa: F401  (its home before training/checks.py; kept for one release)
 
 
 @dataclass
@@ -250,21 +244,28 @@ class DiffusionGRPOConfig(GRPOConfig):
     )
 
     def __new__(cls, *args, **kwargs):
-        check_removed_arguments(kwargs)  # TRL < 1.16 and LLaDA names: say what replaced them, not "unexpected keyword"
+        checks.check_removed_arguments(kwargs)  # TRL < 1.16 and LLaDA names: say what replaced them
         return super().__new__(cls)
 
     def __post_init__(self):
-        if self.num_generations is not None and self.num_generations < 2:
-            raise ValueError(
-                f"num_generations={self.num_generations}: group advantages need at least 2 completions per prompt. "
-                "Set num_generations >= 2 (and a batch size divisible by it)."
-            )
+        checks.check_num_generations(self)
         announce_deepspeed_cpu_build()  # before TRL / transformers set up the devices, which starts the build
         self._device_choices = choose_for_device(self)
         super().__post_init__()
-        self._check_generation()
-        self._check_estimation()
-        check_config(self)
+        checks.check_completion_length(self)
+        self._fill_decoding_defaults()
+        self.mc_checkpointing = checks.auto_or_bool("mc_checkpointing", self.mc_checkpointing)
+        checks.check_config(self)
+
+    def _fill_decoding_defaults(self):
+        """`block_length=None`: :func:`default_block_length`; `diffusion_steps=None`: two tokens per step, rounded up to
+        a multiple of the number of blocks."""
+        gen_length = self.max_completion_length
+        if self.block_length is None:
+            self.block_length = default_block_length(gen_length)
+        if self.diffusion_steps is None and self.block_length >= 1 and gen_length % self.block_length == 0:
+            blocks, half = gen_length // self.block_length, (gen_length + 1) // 2
+            self.diffusion_steps = -(-half // blocks) * blocks
 
     @property
     def records_trajectory(self) -> bool:
@@ -275,105 +276,6 @@ class DiffusionGRPOConfig(GRPOConfig):
     @property
     def num_blocks(self) -> int:
         return self.max_completion_length // self.block_length
-
-    def _check_generation(self):
-        if self.max_completion_length is None or self.max_completion_length < 1:
-            raise ValueError(
-                f"max_completion_length={self.max_completion_length!r}: a diffusion model generates on a canvas of "
-                "fixed length, so set max_completion_length to a positive integer (e.g. 256)."
-            )
-        gen_length = self.max_completion_length
-        if self.block_length is None:
-            self.block_length = default_block_length(gen_length)
-        if self.diffusion_steps is None:
-            blocks, half = gen_length // self.block_length, (gen_length + 1) // 2  # two tokens per step
-            self.diffusion_steps = -(-half // blocks) * blocks  # rounded up to a multiple of the number of blocks
-        if self.block_length < 1 or gen_length % self.block_length != 0:
-            raise ValueError(
-                f"block_length={self.block_length} must be a positive divisor of max_completion_length={gen_length}; "
-                f"e.g. block_length={_largest_divisor_at_most(gen_length, self.block_length)}."
-            )
-        if self.diffusion_steps < self.num_blocks or self.diffusion_steps % self.num_blocks != 0:
-            raise ValueError(
-                f"diffusion_steps={self.diffusion_steps} must be a positive multiple of the number of blocks "
-                f"(max_completion_length / block_length = {gen_length} / {self.block_length} = {self.num_blocks}), "
-                f"e.g. diffusion_steps={self.num_blocks * max(1, self.diffusion_steps // self.num_blocks)}."
-            )
-        if self.remasking not in REMASKING:
-            raise ValueError(f"remasking={self.remasking!r} is not one of {sorted(REMASKING)}.")
-        if self.confidence_threshold is not None and not 0.0 < self.confidence_threshold <= 1.0:
-            raise ValueError(f"confidence_threshold={self.confidence_threshold} must be in (0, 1] or None.")
-        if self.confidence_threshold is not None and self.remasking == "entropy":
-            raise ValueError(
-                "confidence_threshold needs a confidence in [0, 1], but remasking='entropy' scores -H <= 0: use "
-                "remasking='low_confidence' or 'margin' with a threshold."
-            )
-        if self.generation_cache not in GENERATION_CACHES:
-            raise ValueError(
-                f"generation_cache={self.generation_cache!r} is not one of {list(GENERATION_CACHES)}: use 'none' "
-                "(exact), 'prefix' or 'dual' (Fast-dLLM's approximate caches)."
-            )
-        if self.generation_cache != "none" and self.cfg_scale > 0:
-            raise ValueError(
-                f"generation_cache={self.generation_cache!r} does not support classifier-free guidance "
-                f"(cfg_scale={self.cfg_scale}): set cfg_scale=0.0 or generation_cache='none'."
-            )
-        if self.generation_chunk_size is not None and self.generation_chunk_size < 1:
-            raise ValueError(f"generation_chunk_size={self.generation_chunk_size} must be >= 1 or None.")
-
-    def _check_spg_and_groups(self):
-        if self.elbo_counts not in ELBO_COUNTS:
-            raise ValueError(f"elbo_counts={self.elbo_counts!r} is not one of {list(ELBO_COUNTS)}.")
-        if self.spg_beta <= 0:
-            raise ValueError(f"spg_beta={self.spg_beta} must be > 0 (the EUBO's beta; SPG and StableDRL use 1.5).")
-        if not 0.0 <= self.spg_omega <= 1.0:
-            raise ValueError(f"spg_omega={self.spg_omega} must be in [0, 1] (SPG's mix weight; 0.5 in SPG/StableDRL).")
-        if self.whole_group_batches and self.per_device_train_batch_size % self.num_generations:
-            raise ValueError(
-                f"whole_group_batches=True needs per_device_train_batch_size={self.per_device_train_batch_size} to be "
-                f"a multiple of num_generations={self.num_generations} (each micro-batch holds whole groups); e.g. "
-                f"per_device_train_batch_size={self.num_generations}."
-            )
-
-    def _check_estimation(self):
-        if self.estimator not in ESTIMATORS:
-            raise ValueError(f"estimator={self.estimator!r} is not one of {sorted(ESTIMATORS)}.")
-        if self.mc_samples < 1:
-            raise ValueError(f"mc_samples={self.mc_samples} must be >= 1 (Monte Carlo samples per sequence).")
-        if self.mc_batch_size < 1:
-            raise ValueError(f"mc_batch_size={self.mc_batch_size} must be >= 1.")
-        self.mc_checkpointing = _auto_or_bool("mc_checkpointing", self.mc_checkpointing)
-        if not 0.0 <= self.p_mask_prompt < 1.0:
-            raise ValueError(f"p_mask_prompt={self.p_mask_prompt} must be in [0, 1).")
-        if self.kl_estimator is not None and self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"kl_estimator={self.kl_estimator!r} is not one of {list(KL_ESTIMATORS)}.")
-        if self.step_samples < 1:
-            raise ValueError(f"step_samples={self.step_samples} must be >= 1.")
-        if self.step_sampling not in ("stratified", "entropy"):
-            raise ValueError(f"step_sampling={self.step_sampling!r} is not one of ['stratified', 'entropy'].")
-        if self.estimator == "trajectory" and not self.records_trajectory:
-            raise ValueError(
-                f"estimator='trajectory' replays the rollout's denoising steps and only works with loss_type='agrpo' "
-                f"(got loss_type={self.loss_type!r}). Use loss_type='agrpo', or another estimator."
-            )
-        if self.loss_type in OBJECTIVES:
-            allowed = OBJECTIVES[self.loss_type].estimators
-            if self.estimator not in allowed:
-                raise ValueError(
-                    f"loss_type={self.loss_type!r} cannot use estimator={self.estimator!r}: it needs one of "
-                    f"{list(allowed)}. Set estimator={allowed[0]!r}."
-                )
-        elif self.loss_type not in TRL_LOSS_TYPES:
-            raise ValueError(
-                f"loss_type={self.loss_type!r} is unknown. Diffusion objectives: {sorted(OBJECTIVES)}; "
-                f"TRL loss types (run on estimated log-probs): {list(TRL_LOSS_TYPES)}."
-            )
-        self._check_spg_and_groups()
-        if not 0.0 <= self.stabledrl_clip_low < self.stabledrl_clip_high:
-            raise ValueError(
-                f"StableDRL clip bounds must satisfy 0 <= stabledrl_clip_low < stabledrl_clip_high, got "
-                f"{self.stabledrl_clip_low} and {self.stabledrl_clip_high}."
-            )
 
 
 def choose_for_device(args) -> tuple[str, ...]:
@@ -419,19 +321,5 @@ def _has_accelerator() -> bool:
 def default_block_length(gen_length: int) -> int:
     """`block_length=None`: the largest divisor of `gen_length` that is at most 32, or `gen_length` (one block) when the
     completion is at most 32 tokens or that divisor is below 8 (blocks that small decode almost autoregressively)."""
-    divisor = _largest_divisor_at_most(gen_length, 32)
+    divisor = checks.largest_divisor_at_most(gen_length, 32)
     return gen_length if gen_length <= 32 or divisor < 8 else divisor
-
-
-def _largest_divisor_at_most(n: int, bound: int) -> int:
-    return max(d for d in range(1, max(1, min(n, bound)) + 1) if n % d == 0)
-
-
-def _auto_or_bool(name: str, value) -> bool | str:
-    """``True``, ``False`` or ``"auto"`` from a bool or its spelling on the command line / in YAML."""
-    if isinstance(value, bool) or value == "auto":
-        return value
-    spelled = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-    if isinstance(value, str) and value.lower() in spelled:
-        return spelled[value.lower()]
-    raise ValueError(f"{name}={value!r} must be 'auto', true or false; use 'auto' (the default) unless you need one.")

@@ -1,303 +1,47 @@
-"""Offline tiny dLLMs for tests, the CPU demo and the docs: a word-level tokenizer and a random bidirectional decoder.
+"""Offline tiny dLLMs for tests, the CPU demo and the docs — a re-export of :mod:`trl_dllm.models.tiny` (tokenizer,
+bidirectional and block-diffusion models) and :mod:`trl_dllm.models.tiny_families` (tiny checkpoints in the original
+layout of LLaDA, Dream and SDAR), where they are defined.
 
 Nothing here touches the Hugging Face Hub::
 
     from trl_dllm.testing import save_tiny_dllm
     path = save_tiny_dllm("/tmp/tiny-dllm")  # config.json, model.safetensors, tokenizer files
-    model = AutoModelForCausalLM.from_pretrained(path)  # bidirectional: config.is_causal is False
-    tokenizer = AutoTokenizer.from_pretrained(path)  # [MASK] / [PAD] / [EOS] and a chat template
 
-Saving matters: TRL reloads the reference model from ``config.name_or_path`` when ``beta > 0`` without PEFT.
+Code inside ``trl_dllm`` imports the builders from :mod:`trl_dllm.models.tiny`, never from here.
 """
 
-from __future__ import annotations
-
-import os
-import string
-from collections.abc import Sequence
-
-import torch
-from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedModel,
-    PreTrainedTokenizerFast,
-    Qwen3Config,
-    Qwen3ForCausalLM,
+from .models.tiny import (
+    CHAT_TEMPLATE,
+    ROLE_TOKENS,
+    SPECIAL_TOKENS,
+    SYMBOLS,
+    WORDS,
+    build_tiny_block_model,
+    build_tiny_model,
+    build_tokenizer,
+    save_tiny_block_dllm,
+    save_tiny_dllm,
+)
+from .models.tiny_families import (
+    FAMILY_SPECIAL_TOKENS,
+    build_family_tokenizer,
+    save_tiny_original_checkpoint,
+    tiny_original_config,
 )
 
-SPECIAL_TOKENS = ("[PAD]", "[EOS]", "[MASK]", "[UNK]", "[BOS]")
-ROLE_TOKENS = ("<system>", "<user>", "<assistant>")
-SYMBOLS = ("+", "-", "*", "/", "=", "(", ")", ",", ".", "?", ":", "<", ">")
-WORDS = (
-    "answer", "sort", "add", "reverse", "count", "sum", "the", "is", "of", "and", "what",
-    "<reasoning>", "</reasoning>", "<answer>", "</answer>",
-)  # fmt: skip
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
-    "{% if add_generation_prompt %}<assistant> {% endif %}"
-)
-# One token per role tag / closing tag, per digit, per word and per symbol. Whitespace is split off first.
-_PIECES = r"</?\w+>|\d|[A-Za-z_]+|[^\w\s]"
-_ARCHITECTURES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
-
-
-def build_tokenizer(extra_words: Sequence[str] = ()) -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over a tiny fixed vocabulary, built offline.
-
-    The vocabulary is, in order: :data:`SPECIAL_TOKENS` (ids 0-4: pad, eos, mask, unk, bos), the digits 0-9, the
-    letters a-z, common symbols, role tags (`<user>`, `<assistant>`, `<system>`), a few words, then ``extra_words``
-    (duplicates skipped). Text is split on whitespace, then into role tags, single digits (`"123"` → `1 2 3`), words
-    and single symbols; anything else becomes `[UNK]`. No special tokens are added on encoding.
-
-    There is no decoder, so ``decode`` joins tokens with one space: space-separated text round-trips exactly.
-    The chat template renders ``<role> content `` per message, and ``<assistant> `` for the generation prompt.
-
-    Args:
-        extra_words (`Sequence[str]`, *optional*): more whole-word tokens; each must match one piece of the split above.
-    """
-    vocab: dict[str, int] = {}
-    for token in (*SPECIAL_TOKENS, *string.digits, *string.ascii_lowercase, *SYMBOLS, *ROLE_TOKENS, *WORDS):
-        vocab.setdefault(token, len(vocab))
-    for word in extra_words:
-        vocab.setdefault(word, len(vocab))
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex(_PIECES), behavior="isolated")]
-    )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token="[PAD]",
-        eos_token="[EOS]",
-        mask_token="[MASK]",
-        unk_token="[UNK]",
-        bos_token="[BOS]",
-        model_max_length=512,
-        clean_up_tokenization_spaces=False,  # keep " ." etc. as decoded, so text round-trips
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
-
-
-def build_tiny_model(
-    tokenizer: PreTrainedTokenizerFast,
-    *,
-    hidden_size: int = 32,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    intermediate_size: int = 64,
-    seed: int = 0,
-    architecture: str = "llama",
-) -> PreTrainedModel:
-    """A randomly initialised bidirectional decoder (`LlamaForCausalLM` or `Qwen3ForCausalLM`) for ``tokenizer``.
-
-    The config has ``is_causal=False`` (bidirectional attention), ``mask_token_id`` and the pad / eos / bos ids of the
-    tokenizer, untied embeddings and 512 positions. Weights depend on ``seed`` only; the global RNG is left untouched.
-
-    Args:
-        tokenizer (`PreTrainedTokenizerFast`): e.g. from :func:`build_tokenizer`; sets the vocabulary and special ids.
-        hidden_size, num_layers, num_heads, intermediate_size (`int`): model size (`head_dim = hidden_size / num_heads`).
-        seed (`int`): seed of the weight initialisation.
-        architecture (`str`): `"llama"` or `"qwen3"`.
-    """
-    if architecture not in _ARCHITECTURES:
-        raise ValueError(f"architecture={architecture!r} is not one of {sorted(_ARCHITECTURES)}.")
-    if hidden_size % num_heads:
-        raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}.")
-    config_class, model_class = _ARCHITECTURES[architecture]
-    config = config_class(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
-        head_dim=hidden_size // num_heads,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=512,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        tie_word_embeddings=False,
-    )
-    config.is_causal = False  # honoured by transformers >= 5.2 and saved in config.json
-    config.mask_token_id = tokenizer.mask_token_id
-    # transformers initialises weights from the global RNG; fork it so the caller's RNG state is restored afterwards.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = model_class(config)
-    return model.eval()
-
-
-def save_tiny_dllm(path: str | os.PathLike, *, extra_words: Sequence[str] = (), **model_kwargs) -> str:
-    """Build :func:`build_tokenizer` + :func:`build_tiny_model` and ``save_pretrained`` both to ``path``.
-
-    ``AutoModelForCausalLM.from_pretrained(path)`` and ``AutoTokenizer.from_pretrained(path)`` then give the same
-    bidirectional model and tokenizer. Keyword arguments go to :func:`build_tiny_model`. Returns ``str(path)``.
-    """
-    tokenizer = build_tokenizer(extra_words)
-    model = build_tiny_model(tokenizer, **model_kwargs)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
-# --- Block-diffusion (block-causal) tiny model ---
-
-
-def build_tiny_block_model(
-    tokenizer: PreTrainedTokenizerFast, block_length: int = 4, **model_kwargs
-) -> PreTrainedModel:
-    """A tiny block-diffusion model: :func:`build_tiny_model` marked as a block-causal family.
-
-    The config records ``dllm_family="block"`` and ``block_length``, so :func:`trl_dllm.models.resolve_model_spec`
-    returns the `"block"` spec; ``model_type`` stays the architecture's (`"llama"` / `"qwen3"`), so it loads with
-    ``AutoModelForCausalLM`` and no remote code. ``is_causal`` is left ``True`` (like the autoregressive checkpoints
-    SDAR / TraDo start from): the library drives it with explicit 4-D block-causal masks
-    (:func:`trl_dllm.core.masks.block_causal_mask`), and a plain 2-D call is causal.
-
-    Args:
-        tokenizer (`PreTrainedTokenizerFast`): as for :func:`build_tiny_model`.
-        block_length (`int`): native block size, saved as ``config.block_length``.
-        **model_kwargs: passed to :func:`build_tiny_model` (size, seed, architecture).
-    """
-    if block_length < 1:
-        raise ValueError(f"block_length must be >= 1, got {block_length}.")
-    model = build_tiny_model(tokenizer, **model_kwargs)
-    model.config.is_causal = True  # read at every forward by transformers' mask creation
-    model.config.dllm_family = "block"  # the marker of trl_dllm.models.specs.MARKED_SPECS
-    model.config.block_length = block_length
-    return model
-
-
-def save_tiny_block_dllm(
-    path: str | os.PathLike, block_length: int = 4, *, extra_words: Sequence[str] = (), **model_kwargs
-) -> str:
-    """Build :func:`build_tokenizer` + :func:`build_tiny_block_model` and ``save_pretrained`` both to ``path``.
-
-    ``AutoModelForCausalLM.from_pretrained(path)`` gives back the same model with ``config.dllm_family == "block"``
-    and ``config.block_length``. Returns ``str(path)``.
-    """
-    tokenizer = build_tokenizer(extra_words)
-    model = build_tiny_block_model(tokenizer, block_length, **model_kwargs)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
-# --- Tiny checkpoints in the original layout of the known families (LLaDA, Dream, SDAR) ---
-
-# Special tokens at their real ids (facts from each family's tokenizer_config.json / added_tokens.json / config.json).
-FAMILY_SPECIAL_TOKENS = {
-    "llada": {"<|startoftext|>": 126080, "<|endoftext|>": 126081, "<|mdm_mask|>": 126336,
-              "<|start_header_id|>": 126346, "<|end_header_id|>": 126347, "<|eot_id|>": 126348},
-    "dream": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|beginoftext|>": 151665,
-              "<|mask|>": 151666},
-    "sdar": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|MASK|>": 151669},
-}  # fmt: skip
-_FAMILY_ROLES = {  # bos, eos, pad, mask tokens as each family's tokenizer declares them (LLaDA's declares no mask)
-    "llada": ("<|startoftext|>", "<|endoftext|>", "<|endoftext|>", None),
-    "dream": ("<|beginoftext|>", "<|endoftext|>", "<|endoftext|>", "<|mask|>"),
-    "sdar": (None, "<|endoftext|>", "<|endoftext|>", "<|MASK|>"),
-}
-_FAMILY_TEMPLATES = {  # the shape of each family's chat template: role headers and end-of-turn tokens
-    "llada": (
-        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|> {{ m['content'] }}"
-        "<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|> {% endif %}"
-    ),
-    "qwen": (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}"
-    ),
-}
-# The released config.json of LLaDA-8B-Instruct, Dream-v0-Instruct-7B and SDAR-1.7B-Chat, less their sizes (facts).
-_RELEASED_CONFIGS = {
-    "llada": {
-        "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
-        "attention_dropout": 0.0, "attention_layer_norm": False, "attention_layer_norm_with_affine": True,
-        "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig",
-                     "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM", "AutoModel": "modeling_llada.LLaDAModelLM"},
-        "bias_for_layer_norm": False, "block_group_size": 1, "block_type": "llama", "embedding_dropout": 0.0,
-        "embedding_size": 126464, "eos_token_id": 126081, "flash_attention": False, "include_bias": False,
-        "include_qkv_bias": False, "init_cutoff_factor": None, "init_device": "meta", "init_fn": "mitchell",
-        "init_std": 0.02, "input_emb_norm": False, "layer_norm_type": "rms", "layer_norm_with_affine": True,
-        "mask_token_id": 126336, "max_sequence_length": 4096, "mlp_ratio": 4, "model_type": "llada",
-        "multi_query_attention": None, "pad_token_id": 126081, "precision": "amp_bf16", "residual_dropout": 0.0,
-        "rms_norm_eps": 1e-05, "rope": True, "rope_full_precision": True, "rope_theta": 500000.0, "scale_logits": False,
-        "transformers_version": "4.46.3", "use_cache": False, "vocab_size": 126464, "weight_tying": False,
-    },
-    "dream": {
-        "architectures": ["DreamModel"], "attention_dropout": 0.0,
-        "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
-        "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "initializer_range": 0.02,
-        "mask_token_id": 151666, "max_position_embeddings": 131072, "model_type": "Dream", "pad_token_id": 151643,
-        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": None,
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.46.2", "use_cache": True,
-        "use_mrope": False, "use_sliding_window": False, "vocab_size": 152064,
-    },
-    "sdar": {
-        "architectures": ["SDARForCausalLM"],
-        "auto_map": {"AutoConfig": "configuration_sdar.SDARConfig", "AutoModel": "modeling_sdar.SDARModel",
-                     "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
-        "attention_bias": False, "attention_dropout": 0.0, "attn_implementation": "flex_attention",
-        "bos_token_id": 151643, "debug": False, "eos_token_id": 151643, "mask_token_id": 151669, "ep_size": 1,
-        "fuse_cross_entropy": True, "hidden_act": "silu", "initializer_range": 0.02, "max_position_embeddings": 32768,
-        "micro_forward": False, "model_type": "sdar", "rms_norm_eps": 1e-06, "rope_scaling": None,
-        "rope_theta": 1000000, "skip_checkpoint": False, "sliding_window": None, "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16", "transformers_version": "4.52.4", "use_cache": False, "use_deepep": False,
-        "use_sliding_window": False, "vocab_size": 151936,
-    },
-}  # fmt: skip
-
-
-def tiny_original_config(family: str, *, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
-                         num_kv_heads: int = 2, intermediate_size: int = 64, block_size: int = 4) -> dict:
-    """The ``config.json`` of a tiny ``family`` checkpoint (`"llada"`, `"dream"`, `"sdar"`): the released
-    checkpoint's config (every field, its vocabulary size and special ids) with tiny sizes."""
-    if family not in _RELEASED_CONFIGS:
-        raise ValueError(f"family={family!r} is not one of {sorted(_RELEASED_CONFIGS)}.")
-    config = dict(_RELEASED_CONFIGS[family])
-    if family == "llada":
-        config.update(d_model=hidden_size, n_heads=num_heads, n_kv_heads=num_kv_heads, n_layers=num_layers,
-                      mlp_hidden_size=intermediate_size)
-        return config
-    config.update(hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
-                  num_key_value_heads=num_kv_heads, intermediate_size=intermediate_size, max_window_layers=num_layers)
-    if family == "sdar":
-        config.update(head_dim=hidden_size // num_heads, block_size=block_size)
-    return config
-
-
-def build_family_tokenizer(family: str) -> PreTrainedTokenizerFast:
-    """:func:`build_tokenizer`'s word-level vocabulary plus ``family``'s special tokens at their real ids, with the
-    family's bos / eos / pad / mask roles and a chat template of the family's shape."""
-    base = build_tokenizer()
-    vocab = {token: i for token, i in base.get_vocab().items() if token not in SPECIAL_TOKENS[:3]}
-    vocab.update(FAMILY_SPECIAL_TOKENS[family])
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = base.backend_tokenizer.pre_tokenizer
-    bos, eos, pad, mask = _FAMILY_ROLES[family]
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token=bos, eos_token=eos, pad_token=pad, mask_token=mask, unk_token="[UNK]",
-        additional_special_tokens=[t for t in FAMILY_SPECIAL_TOKENS[family] if t not in (bos, eos, pad, mask)],
-        model_max_length=4096, clean_up_tokenization_spaces=False,
-    )
-    tokenizer.chat_template = _FAMILY_TEMPLATES["llada" if family == "llada" else "qwen"]
-    return tokenizer
-
-
-def save_tiny_original_checkpoint(path: str | os.PathLike, family: str, *, seed: int = 0, **sizes) -> str:
-    """Write a tiny random ``family`` checkpoint in the family's **original** layout to ``path``: its ``config.json``
-    (:func:`tiny_original_config`), its weight names (LLaDA's ``model.transformer.blocks.N.*``; Dream's and SDAR's are
-    Qwen2's / Qwen3's) and a tokenizer with the real special ids (:func:`build_family_tokenizer`). No remote code is
-    written: ``trl_dllm`` loads it natively (:func:`trl_dllm.models.loading.load_pretrained`). Returns ``str(path)``."""
-    from .models.native import native_config, native_layout
-
-    original = tiny_original_config(family, **sizes)
-    config = native_config(original)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = native_layout(original).model_class(config)
-    model.save_pretrained(path)  # original key names (transformers reverts the renaming) and config.json
-    build_family_tokenizer(family).save_pretrained(path)
-    return str(path)
+__all__ = [
+    "CHAT_TEMPLATE",
+    "FAMILY_SPECIAL_TOKENS",
+    "ROLE_TOKENS",
+    "SPECIAL_TOKENS",
+    "SYMBOLS",
+    "WORDS",
+    "build_family_tokenizer",
+    "build_tiny_block_model",
+    "build_tiny_model",
+    "build_tokenizer",
+    "save_tiny_block_dllm",
+    "save_tiny_dllm",
+    "save_tiny_original_checkpoint",
+    "tiny_original_config",
+]

@@ -176,7 +176,7 @@ def rollout_probe(model_dir: str, setting: str, threshold: float = 0.7, task: st
 
     from ..api import estimate
     from ..api import generate as generate_any
-    from ..core.bidirectional_cache import generate_cached
+    from ..core.sampling import generate_cached
     from ..models import make_bidirectional, resolve_model_spec
     from .warmstart import decode_completions
 

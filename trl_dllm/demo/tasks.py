@@ -33,7 +33,7 @@ from ..rewards.countdown import countdown_score
 from ..rewards.extract import completions_to_texts
 
 SPLITS = ("train", "val", "test")
-EXTRA_WORDS = ("countdown", "to")  # words the prompts use beyond `trl_dllm.testing.WORDS`
+EXTRA_WORDS = ("countdown", "to")  # words the prompts use beyond `trl_dllm.models.tiny.WORDS`
 
 
 def split_of(key: str) -> str:

@@ -25,7 +25,7 @@ from datasets import Dataset
 
 from ..core.sampling import generate
 from ..models import make_bidirectional, model_logits_fn, resolve_model_spec
-from ..testing import build_tiny_model, build_tokenizer
+from ..models.tiny import build_tiny_model, build_tokenizer
 from .tasks import EXTRA_WORDS, Task, get_task
 
 

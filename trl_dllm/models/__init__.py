@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 
-def _base_model(model: Any) -> Any:
+def base_model(model: Any) -> Any:
     """Look through PEFT (`PeftModel.get_base_model`) and DDP / DeepSpeed (`.module`) wrappers to the model proper."""
     for _ in range(8):  # wrappers nest a few levels at most; the bound guards against self-returning accessors
         if not hasattr(model, "config") and isinstance(getattr(model, "module", None), nn.Module):
@@ -90,7 +90,7 @@ def _vocab_size(model: Any) -> int | None:
     return int(size)
 
 
-def _is_transformers_native(model: Any) -> bool:
+def is_transformers_native(model: Any) -> bool:
     """A transformers architecture (or a subclass of one, like the native LLaDA / Dream / SDAR classes), not remote
     code (which subclasses only transformers' `PreTrainedModel`)."""
     return any(cls.__module__.startswith("transformers.models.") for cls in type(model).__mro__)
@@ -110,7 +110,7 @@ def _generic_spec(model: Any) -> ModelSpec:
         family="generic",
         mask_token_id=None,
         accepts_logits_to_keep=keeps,
-        accepts_4d_mask=_is_transformers_native(model),
+        accepts_4d_mask=is_transformers_native(model),
     )
 
 
@@ -182,7 +182,7 @@ def resolve_model_spec(model: Any, tokenizer: Any = None, mask_token_id: int | N
         ValueError: no mask id can be found, the mask id is outside the vocabulary, or it is also an EOS id; or a
             block family's config has no ``block_length``.
     """
-    base = _base_model(model)
+    base = base_model(model)
     config = base.config
     family = _family_spec(base)
     tokenizer = _inner_tokenizer(tokenizer)
@@ -235,11 +235,11 @@ def make_bidirectional(model: Any) -> None:
     Args:
         model (`transformers.PreTrainedModel`): the model, possibly wrapped by PEFT or DDP / DeepSpeed.
     """
-    base = _base_model(model)
+    base = base_model(model)
     config = base.config
     if getattr(config, "model_type", None) in MODEL_SPECS or _config_value(config, FAMILY_MARKER) in MARKED_SPECS:
         return
-    if not _is_transformers_native(base):
+    if not is_transformers_native(base):
         logger.warning(
             f"{type(base).__name__} runs remote code, which may ignore `config.is_causal`; check that a later token "
             "changes an earlier position's logits before training."

@@ -3,7 +3,7 @@
     trl-dllm grpo --config recipes/tiny/stabledrl_gsm8k.yaml --output_dir out     # model_name_or_path: tiny
     DiffusionGRPOTrainer(model="tiny", ...)
 
-`tiny` is the random bidirectional dLLM of `trl_dllm.testing.save_tiny_dllm` (2 layers, hidden size 32, a 72-token
+`tiny` is the random bidirectional dLLM of `trl_dllm.models.tiny.save_tiny_dllm` (2 layers, hidden size 32, a 72-token
 word-level tokenizer), `tiny-block` the block-diffusion one of `save_tiny_block_dllm` (native blocks of 4).
 Both are built from fixed seeds on first use and saved under `$TRL_DLLM_CACHE` (default `~/.cache/trl_dllm`), so a
 name always means the same weights. A local directory of the same name takes precedence, as it does for
@@ -36,14 +36,14 @@ def _save(model, tokenizer, path: str) -> None:
 
 
 def _build_tiny(path: str) -> None:
-    from ..testing import build_tiny_model, build_tokenizer
+    from .tiny import build_tiny_model, build_tokenizer
 
     tokenizer = build_tokenizer()
     _save(build_tiny_model(tokenizer), tokenizer, path)
 
 
 def _build_tiny_block(path: str) -> None:
-    from ..testing import build_tiny_block_model, build_tokenizer
+    from .tiny import build_tiny_block_model, build_tokenizer
 
     tokenizer = build_tokenizer()
     _save(build_tiny_block_model(tokenizer, block_length=4), tokenizer, path)

@@ -91,7 +91,7 @@ MODEL_SPECS: dict[str, ModelSpec] = {
 
 # Block-diffusion models (SDAR / TraDo / Fast-dLLM v2 style: causal across blocks, bidirectional inside a block)
 # built on a transformers-native architecture keep that architecture's model_type, so they load without remote code,
-# and mark themselves in config.json with `dllm_family` and `block_length` (`trl_dllm.testing.build_tiny_block_model`).
+# and mark themselves in config.json with `dllm_family` and `block_length` (`trl_dllm.models.tiny.build_tiny_block_model`).
 # transformers-native classes pass a 4-D additive float mask through `masking_utils` unchanged (sdpa and eager).
 FAMILY_MARKER = "dllm_family"
 BLOCK = ModelSpec(family="block", mask_token_id=None, accepts_4d_mask=True)

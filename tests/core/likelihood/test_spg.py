@@ -1,12 +1,14 @@
-"""SPG's block_random forward process and its ELBO / EUBO (trl_dllm/core/spg.py), checked against explicit loops."""
+"""SPG's block_random forward process and its ELBO / EUBO (trl_dllm/core/likelihood/spg.py), checked against explicit
+loops."""
 
 import math
 
 import pytest
 import torch
 
+from trl_dllm.core.likelihood import LikelihoodOutput
+from trl_dllm.core.likelihood.spg import SPGOutput, block_random_views, spg
 from trl_dllm.core.masks import make_generator
-from trl_dllm.core.spg import SPGOutput, block_random_views, spg
 
 V, MASK = 8, 7
 
@@ -137,3 +139,16 @@ def test_more_samples_than_blocks_and_bad_inputs():
     with pytest.raises(ValueError, match="spg_beta"):
         spg(model, prompt_ids, prompt_mask, completion_ids, torch.ones(1, 4), mask_token_id=MASK,
             seeds=torch.arange(1), block_length=2, spg_beta=0.0)  # fmt: skip
+
+
+def test_without_eubo_the_elbo_is_unchanged():
+    """``return_eubo=False`` (the trainer's old / reference passes) skips the EUBO: a plain `LikelihoodOutput` whose
+    fields equal the full output's."""
+    model = TableModel(3 + 8)
+    batch = _batch(3, 8, [8, 5, 1, 6])
+    kwargs = dict(mask_token_id=MASK, seeds=torch.arange(4), block_length=2, mc_samples=3, p_mask_prompt=0.3)
+    full = spg(model, *batch, **kwargs)
+    elbo_only = spg(model, *batch, return_eubo=False, **kwargs)
+    assert type(elbo_only) is LikelihoodOutput and not hasattr(elbo_only, "eubo_logps")
+    for field in ("logps", "entropies", "sample_estimates"):
+        assert torch.equal(getattr(elbo_only, field), getattr(full, field))

@@ -7,9 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from trl_dllm.core.block_sampling import generate_block_causal
 from trl_dllm.core.masks import additive_mask, block_causal_mask, block_ids
-from trl_dllm.core.sampling import generate
+from trl_dllm.core.sampling import generate, generate_block_causal
 from trl_dllm.testing import build_tiny_block_model, build_tokenizer
 
 BLOCK = 4

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from trl_dllm.core.likelihood import ESTIMATORS, LikelihoodOutput, elbo, estimate
+from trl_dllm.core.likelihood.block import block, staircase_inputs, staircase_logits
 from trl_dllm.core.logits import module_logits_fn
 from trl_dllm.core.masks import block_causal_mask, staircase_mask
-from trl_dllm.core.staircase import block, staircase_inputs, staircase_logits
 from trl_dllm.testing import build_tiny_block_model, build_tiny_model, build_tokenizer
 
 P, L, BLOCK = 5, 12, 4  # 3 blocks
@@ -355,10 +355,11 @@ def test_module_logits_fn_passes_position_ids_only_when_given(block_model):
 def test_registry_and_errors():
     model = PositionTable(P + L)
     batch = _toy_batch(2)
-    assert ESTIMATORS["block"] is block
-    # The trainer passes one option dict to every estimator: options block does not use are ignored.
-    out = estimate("block", model, *batch, mask_token_id=MASK, seeds=torch.arange(2), block_length=BLOCK,
-                   block_causal=True, step_samples=8, temperature=1.0)  # fmt: skip
+    assert ESTIMATORS["block"].fn is block and ESTIMATORS["block"].block_causal
+    out = estimate("block", model, *batch, mask_token_id=MASK, seeds=torch.arange(2), block_length=BLOCK)
+    with pytest.raises(TypeError, match="'block' estimator does not take block_causal, step_samples, temperature"):
+        estimate("block", model, *batch, mask_token_id=MASK, seeds=torch.arange(2), block_length=BLOCK,
+                 block_causal=True, step_samples=8, temperature=1.0)  # fmt: skip
     assert isinstance(out, LikelihoodOutput) and out.sample_estimates.shape == (2, 1)
     with pytest.raises(ValueError, match="block_length=5 to divide the completion length 12"):
         block(model, *batch, mask_token_id=MASK, seeds=torch.arange(2), block_length=5)

@@ -73,11 +73,11 @@ def test_removed_arguments_say_what_replaced_them(name, pattern):
 
 
 def test_greedy_rollouts_warn(caplog):
-    with caplog.at_level("WARNING", logger="trl_dllm.validation"):
+    with caplog.at_level("WARNING", logger="trl_dllm.training.checks"):
         make(temperature=0.0)
     assert "advantages are 0" in caplog.text
     caplog.clear()
-    with caplog.at_level("WARNING", logger="trl_dllm.validation"):
+    with caplog.at_level("WARNING", logger="trl_dllm.training.checks"):
         make(temperature=0.0, remasking="random")  # random commit order: completions still differ
     assert "advantages are 0" not in caplog.text
 
@@ -85,7 +85,7 @@ def test_greedy_rollouts_warn(caplog):
 def test_min_p_is_honoured_by_rollouts(tmp_path, tiny_model_path):
     args = make(output_dir=str(tmp_path), min_p=0.05, max_steps=1, logging_steps=1, save_strategy="no")
     trainer = DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=reward, args=args, train_dataset=DATA)
-    assert trainer._estimator_options()["min_p"] == 0.05  # the trajectory replay uses it too
+    assert trainer.scoring.estimator_options("trajectory")["min_p"] == 0.05  # the trajectory replay uses it too
     trainer.train()
 
 
@@ -178,7 +178,7 @@ def test_vision_language_model(tmp_path, tiny_model_path):
 def in_repo(monkeypatch, tiny_model_path):
     from pathlib import Path
 
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
     monkeypatch.setenv("TRL_DLLM_TINY_MODEL", tiny_model_path)
 
 
@@ -216,7 +216,7 @@ def test_cli_empty_data_file(in_repo, capsys, tmp_path):
 
 def test_low_precision_weights_warn(tmp_path, tiny_model_path, caplog):
     args = make(output_dir=str(tmp_path), model_init_kwargs={"dtype": "bfloat16"}, learning_rate=1e-6)
-    with caplog.at_level("WARNING", logger="trl_dllm.validation"):
+    with caplog.at_level("WARNING", logger="trl_dllm.training.checks"):
         DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=reward, args=args, train_dataset=DATA)
     assert "Trainable parameters are stored in bfloat16" in caplog.text and "learning_rate=1e-06" in caplog.text
 
@@ -225,7 +225,7 @@ def test_low_precision_weights_warn(tmp_path, tiny_model_path, caplog):
 def test_trajectory_replay_of_cached_rollouts_warns(tmp_path, tiny_model_path, caplog, cache):
     args = make(output_dir=str(tmp_path), loss_type="agrpo", estimator="trajectory", confidence_threshold=0.5,
                 generation_cache=cache)  # fmt: skip
-    with caplog.at_level("WARNING", logger="trl_dllm.validation"):
+    with caplog.at_level("WARNING", logger="trl_dllm.training.checks"):
         DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=reward, args=args, train_dataset=DATA)
     assert ("generation_cache='dual' samples from approximate (cached) logits" in caplog.text) == (cache == "dual")
 

@@ -1,4 +1,4 @@
-"""Tests for Fast-dLLM's approximate prefix / dual KV cache of bidirectional models (`core/bidirectional_cache.py`).
+"""Tests for Fast-dLLM's approximate prefix / dual KV cache of bidirectional models (`core/sampling/prefix_cache.py`).
 
 Exactness where it must hold: refreshing at every step reproduces uncached decoding (tokens, steps, log-probs,
 forwards); a cached step on an unchanged canvas gives the refresh's logits; tokens revealed at a refresh step carry the
@@ -9,8 +9,7 @@ agreement on a trained model is measured by `bench/bench_rollout_tradeoff.py`, n
 import pytest
 import torch
 
-from trl_dllm.core.bidirectional_cache import BidirectionalKVCache, generate_cached
-from trl_dllm.core.sampling import generate
+from trl_dllm.core.sampling import BidirectionalKVCache, generate, generate_cached
 from trl_dllm.core.trajectory import trajectory
 from trl_dllm.testing import build_tiny_model, build_tokenizer
 

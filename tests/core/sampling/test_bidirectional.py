@@ -1,4 +1,5 @@
-"""Tests for `trl_dllm.core.sampling` on a toy bidirectional logits function and a tiny bidirectional Llama."""
+"""Tests for `trl_dllm.core.sampling.bidirectional.generate` (and the step loop it runs) on a toy bidirectional logits
+function and a tiny bidirectional Llama."""
 
 import math
 
@@ -7,15 +8,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from trl_dllm.core.sampling import (
-    REMASKING,
-    GenerationOutput,
-    filter_logits,
-    generate,
-    sample_tokens,
-    sampling_log_probs,
-    transfer_schedule,
-)
+from trl_dllm.core.sampling import REMASKING, GenerationOutput, generate
 
 VOCAB = 16
 MASK = VOCAB - 1
@@ -71,12 +64,6 @@ def llama():
 
 
 # ---------------------------------------------------------------------------------------------------- schedule
-
-
-def test_transfer_schedule_by_hand():
-    # 7 over 3: 7 // 3 = 2 each, remainder 1 to step 0 -> [3, 2, 2]; 4 -> [2, 1, 1]; 2 -> [1, 1, 0]; 0 -> zeros
-    schedule = transfer_schedule(torch.tensor([7, 4, 2, 0]), 3)
-    assert schedule.tolist() == [[3, 2, 2], [2, 1, 1], [1, 1, 0], [0, 0, 0]]
 
 
 @pytest.mark.parametrize("remasking", sorted(REMASKING))
@@ -265,46 +252,6 @@ def test_top_k_one_equals_greedy():
     assert (out.logprobs == 0).all()  # probability 1 under the truncated distribution
 
 
-def test_filter_logits_by_hand():
-    logits = torch.tensor([0.15, 0.5, 0.05, 0.3]).log()
-    kept = lambda **kw: torch.isfinite(filter_logits(logits, **kw)).nonzero().flatten().tolist()  # noqa: E731
-    assert kept(top_k=2) == [1, 3]
-    assert kept(top_p=0.75) == [1, 3]  # mass before 0.15 is 0.8 >= 0.75
-    assert kept(top_p=0.85) == [0, 1, 3]  # mass before 0.05 is 0.95
-    assert kept(top_p=0.4) == [1]  # the most likely token is always kept
-    assert kept(top_p=0.6) == [1, 3]  # mass before 0.3 is 0.5 < 0.6
-    assert kept(top_k=2, top_p=0.6) == [1]  # top-p sees the renormalised top-2: mass before 0.3 is 0.5 / 0.8 >= 0.6
-    assert kept(top_k=10, top_p=1.0) == [0, 1, 2, 3]
-
-
-def test_sampling_log_probs_temperature_and_mask():
-    logits = torch.tensor([[1.0, 2.0, 3.0, 9.0]])
-    log_q = sampling_log_probs(logits, temperature=2.0, mask_token_id=3)
-    assert log_q.dtype == torch.float64 and log_q[0, 3] == -math.inf
-    torch.testing.assert_close(log_q[0, :3], torch.log_softmax(torch.tensor([0.5, 1.0, 1.5], dtype=torch.float64), 0))
-    assert sampling_log_probs(logits).dtype == torch.float32
-
-
-def test_gumbel_sampling_matches_distribution():
-    probs = torch.tensor([0.6, 0.3, 0.1, 0.0])
-    log_q = probs.log().double().expand(20000, 4)
-    tokens = sample_tokens(log_q, 1.0, torch.Generator().manual_seed(0))
-    freq = torch.bincount(tokens, minlength=4).double() / 20000
-    torch.testing.assert_close(freq, probs.double(), atol=0.015, rtol=0)
-    assert torch.equal(sample_tokens(log_q[:2], 0.0), torch.zeros(2, dtype=torch.long))
-
-
-def test_confidences_by_hand():
-    q = torch.tensor([[[0.7, 0.2, 0.1, 0.0]]])
-    log_q, tokens = q.log(), torch.tensor([[1]])
-    torch.testing.assert_close(REMASKING["low_confidence"](log_q, tokens, None), torch.tensor([[0.2]]))
-    neg_entropy = 0.7 * math.log(0.7) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1)  # 0 log 0 = 0
-    torch.testing.assert_close(REMASKING["entropy"](log_q, tokens, None), torch.tensor([[neg_entropy]]))
-    torch.testing.assert_close(REMASKING["margin"](log_q, tokens, None), torch.tensor([[0.5]]))
-    random = REMASKING["random"](log_q, tokens, torch.Generator().manual_seed(0))
-    assert random.shape == (1, 1) and 0 <= random.item() < 1
-
-
 # ---------------------------------------------------------------------------------------------------- threshold decoding
 
 
@@ -466,19 +413,6 @@ def test_bad_arguments_raise(kwargs, match):
         run(ToyDenoiser(), **kwargs)
 
 
-def test_min_p_by_hand():
-    # probabilities ∝ e^z: 1, e^-1 (0.37), e^-3 (0.05); min_p = 0.1 keeps z >= max + log 0.1 = -2.30: the first two
-    logits = torch.tensor([[0.0, -1.0, -3.0]])
-    kept = torch.isfinite(filter_logits(logits, min_p=0.1)).nonzero()[:, 1].tolist()
-    assert kept == [0, 1]
-    assert torch.isfinite(filter_logits(logits, min_p=0.0)).all()  # 0 disables
-    assert torch.isfinite(filter_logits(logits, min_p=1.0)).sum() == 1  # only the most likely token
-    log_q = sampling_log_probs(logits, temperature=1.0, min_p=0.1)
-    expected = torch.log_softmax(torch.tensor([0.0, -1.0]), dim=0)
-    torch.testing.assert_close(log_q[0, :2].float(), expected)
-    assert log_q[0, 2] == float("-inf")
-
-
 def test_min_p_restricts_sampled_tokens():
     fn = ToyDenoiser()
     out = run(fn, temperature=5.0, min_p=0.5, generator=torch.Generator().manual_seed(0))
@@ -517,62 +451,3 @@ def test_per_row_generators_make_rows_independent_of_the_batch(remasking, thresh
 def test_per_row_generators_must_match_the_batch():
     with pytest.raises(ValueError, match="Per-row generators: got 2 for a batch of 3 prompts"):
         run(ToyDenoiser(), generator=[torch.Generator(), torch.Generator()], temperature=1.0)
-
-
-# ------------------------------------------------------------------ sampling on the still-masked positions only
-
-
-def _step_inputs(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(3, 6, VOCAB, generator=g) * 3
-    masked = torch.tensor([[True, False, True, True, False, True],
-                           [False, False, False, True, False, False],
-                           [True, True, True, True, True, True]])  # fmt: skip
-    return logits, masked
-
-
-@pytest.mark.parametrize("remasking", sorted(REMASKING))
-def test_greedy_step_equals_sampling_every_block_position(remasking):
-    """At T = 0 the gathered step picks the tokens, confidences and commits of a step over the whole block."""
-    from trl_dllm.core.remasking import select_top
-    from trl_dllm.core.sampling import _choose, _Options
-
-    logits, masked = _step_inputs()
-    num_transfer = torch.tensor([2, 1, 3])
-    opts = _Options(MASK, 0.0, None, None, remasking)
-    result = _choose(logits, masked, num_transfer, opts, [torch.Generator().manual_seed(i) for i in range(3)])
-    log_q = sampling_log_probs(logits, mask_token_id=MASK)  # the reference: every block position
-    tokens = log_q.argmax(-1)
-    if remasking == "random":  # its noise: row b draws one uniform per masked position
-        confidence = torch.full(masked.shape, float("-inf"), dtype=torch.float64)
-        for b in range(3):
-            confidence[b, masked[b]] = torch.rand(int(masked[b].sum()), generator=torch.Generator().manual_seed(b),
-                                                  dtype=torch.float64)  # fmt: skip
-    else:
-        confidence = REMASKING[remasking](log_q, tokens, None)
-    assert torch.equal(result.commit, select_top(confidence, masked, num_transfer))
-    assert torch.equal(result.tokens[masked], tokens[masked]) and not result.tokens[~masked].any()
-    torch.testing.assert_close(result.logprobs[masked], log_q.gather(-1, tokens[..., None]).squeeze(-1)[masked])
-
-
-@pytest.mark.parametrize("per_row", [True, False])
-def test_gumbel_noise_is_drawn_for_the_masked_positions_only(per_row):
-    """The random-stream contract at T > 0: per-row generators draw `(n_b, V)` for row b's masked positions; a shared
-    generator draws `(n, V)` for all of them, row-major."""
-    from trl_dllm.core.sampling import _choose, _Options
-
-    logits, masked = _step_inputs(1)
-    opts = _Options(MASK, 0.7, 5, 0.9, "low_confidence")
-    generators = [torch.Generator().manual_seed(10 + b) for b in range(3)] if per_row else torch.Generator().manual_seed(3)
-    result = _choose(logits, masked, torch.tensor([1, 1, 2]), opts, generators)
-    log_q = sampling_log_probs(logits[masked], temperature=0.7, top_k=5, top_p=0.9, mask_token_id=MASK)
-    if per_row:
-        counts = masked.sum(1).tolist()
-        uniform = torch.cat([torch.rand(c, VOCAB, generator=torch.Generator().manual_seed(10 + b), dtype=torch.float64)
-                             for b, c in enumerate(counts)])  # fmt: skip
-    else:
-        uniform = torch.rand(int(masked.sum()), VOCAB, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    expected = (log_q + -(-uniform.log()).log()).argmax(-1)
-    assert torch.equal(result.tokens[masked], expected)
-    torch.testing.assert_close(result.logprobs[masked], log_q.gather(-1, expected[:, None]).squeeze(-1).float())
-    assert result.commit.sum(1).tolist() == [1, 1, 2] and not (result.commit & ~masked).any()

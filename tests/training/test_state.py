@@ -18,7 +18,7 @@ from datasets import Dataset
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 from trl_dllm.scripts import grpo
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def checksum_reward(completions, **kwargs):
@@ -110,7 +110,7 @@ def test_torn_checkpoint_is_skipped_on_resume(tiny_model_path, tmp_path, uninter
     shutil.copytree(uninterrupted[0], output_dir)
     tear(output_dir / "checkpoint-4", what)
     trainer = make_trainer(tiny_model_path, output_dir)
-    with caplog.at_level("WARNING", logger="trl_dllm.checkpoints"):
+    with caplog.at_level("WARNING", logger="trl_dllm.training.state"):
         trainer.train(resume_from_checkpoint=True)
     assert "Skipping torn checkpoint(s)" in caplog.text and "checkpoint-4 (trainer_state.json is" in caplog.text
     assert f"resuming from {output_dir / 'checkpoint-3'}" in caplog.text

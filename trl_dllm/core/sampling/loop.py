@@ -1,4 +1,4 @@
-"""Iterative unmasking: generation for masked diffusion language models (LLaDA, Dream, ...).
+"""The decoding loop shared by every generator: one denoising step, the rollout it writes, and the block loop.
 
 The canvas starts as ``[left-padded prompt ; [MASK] * gen_length]``. The completion is split into ``num_blocks`` blocks
 of ``block_length`` tokens decoded left to right (semi-autoregressive decoding, LLaDA §2.4 / App. B.3); inside a block,
@@ -6,26 +6,26 @@ each step predicts every position of the block, samples a token for each, scores
 *remasking* confidence and commits the most confident ones (a scheduled count, or every one above a threshold).
 Committed tokens are never changed.
 
-Only the current block can be committed, so logits, softmax and noise are computed on the block's positions alone
-(``positions`` of the logits function), never on the whole canvas. The step loop (:func:`_decode_blocks`) takes the
-block logits from a *source*, so block-causal models with a KV cache (:mod:`trl_dllm.core.block_sampling`) reuse it.
+Only the current block can be committed, so logits, softmax and noise are computed on the block's positions alone,
+never on the whole canvas. :func:`decode_blocks` takes the block logits from a *source* (:data:`BlockLogits`): the
+bidirectional :func:`~trl_dllm.core.sampling.bidirectional.generate`, block-causal models with an exact KV cache
+(:mod:`trl_dllm.core.sampling.block_causal`) and Fast-dLLM's approximate caches
+(:mod:`trl_dllm.core.sampling.prefix_cache`) differ only there.
 
 See ``docs/generation.md`` for the options, formulas and trajectory fields.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from trl_dllm.core.logits import LogitsFn, as_logits_fn
-from trl_dllm.core.remasking import (
+from .remasking import (
     REMASKING,
     Noise,
     RaggedNoise,
-    filter_logits,
     sample_tokens,
     sampling_log_probs,
     select_above,
@@ -34,19 +34,22 @@ from trl_dllm.core.remasking import (
 )
 
 __all__ = [
-    "REMASKING",
+    "BlockLogits",
     "GenerationOutput",
-    "filter_logits",
-    "generate",
-    "sample_tokens",
-    "sampling_log_probs",
-    "transfer_schedule",
+    "Rollout",
+    "Rows",
+    "StepOptions",
+    "decode_blocks",
+    "validate_eos",
+    "validate_generation",
 ]
 
 
 @dataclass
 class GenerationOutput:
-    """Result of :func:`generate` and :func:`~trl_dllm.core.block_sampling.generate_block_causal`.
+    """Result of :func:`~trl_dllm.core.sampling.bidirectional.generate`,
+    :func:`~trl_dllm.core.sampling.block_causal.generate_block_causal` and
+    :func:`~trl_dllm.core.sampling.prefix_cache.generate_cached`.
 
     Args:
         sequences (`torch.LongTensor` of shape `(B, P + L)`):
@@ -89,7 +92,9 @@ class GenerationOutput:
 
 
 @dataclass(frozen=True)
-class _Options:
+class StepOptions:
+    """The options of one denoising step (the sampling distribution, remasking, CFG, threshold decoding)."""
+
     mask_token_id: int
     temperature: float
     top_k: int | None
@@ -107,34 +112,11 @@ class _StepResult:
     logprobs: torch.Tensor  # (b, K) float32, log q(tokens)
 
 
-def _block_logits(
-    logits_fn: LogitsFn,
-    canvas: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    prompt_length: int,
-    positions: torch.Tensor,
-    opts: _Options,
-) -> torch.Tensor:
-    """Logits `(B, K, V)` at ``positions``; with ``cfg_scale = s > 0`` returns ``u + (s + 1)(c − u)``.
-
-    ``c`` is conditioned on the canvas, ``u`` on the same canvas with every visible prompt token (attention 1, or all
-    prompt tokens when there is no attention mask) replaced by the mask id. Both go through one batched call.
-    """
-    if opts.cfg_scale <= 0:
-        return logits_fn(canvas, attention_mask, positions)
-    visible = torch.zeros_like(canvas, dtype=torch.bool)
-    visible[:, :prompt_length] = True if attention_mask is None else attention_mask[:, :prompt_length].bool()
-    unconditional = canvas.masked_fill(visible, opts.mask_token_id)
-    both_mask = None if attention_mask is None else attention_mask.repeat(2, 1)
-    cond, uncond = logits_fn(torch.cat([canvas, unconditional]), both_mask, positions).chunk(2)
-    return uncond + (opts.cfg_scale + 1) * (cond - uncond)
-
-
 def _choose(
     logits: torch.Tensor,
     masked: torch.Tensor,
     num_transfer: torch.Tensor | None,
-    opts: _Options,
+    opts: StepOptions,
     generator: Noise,
 ) -> _StepResult:
     """Sample a token per still-masked block position and pick the positions to commit: the ``num_transfer`` most
@@ -143,7 +125,7 @@ def _choose(
     Filters, softmax, Gumbel noise and confidence run on the ``n`` masked positions alone, gathered row-major to
     `(n, V)` (committed positions can never change). Noise: a shared generator draws `(n, V)` (and `(n,)` for
     ``remasking="random"``); per-row generators draw for their own masked positions only, row ``b`` `(n_b, V)`
-    (:class:`~trl_dllm.core.remasking.RaggedNoise`). Unmasked positions get token 0 and log-prob 0 (never committed).
+    (:class:`~.remasking.RaggedNoise`). Unmasked positions get token 0 and log-prob 0 (never committed).
     """
     flat_logits = logits[masked]  # (n, V)
     log_probs = sampling_log_probs(
@@ -166,18 +148,18 @@ def _choose(
 
 def _masked_noise(generator: Noise, masked: torch.Tensor) -> Noise | RaggedNoise:
     """The noise source of the gathered masked positions: a shared generator (or ``None``) as is; per-row generators
-    as :class:`~trl_dllm.core.remasking.RaggedNoise` with each row's masked count."""
+    as :class:`~.remasking.RaggedNoise` with each row's masked count."""
     if generator is None or isinstance(generator, torch.Generator):
         return generator
     return RaggedNoise(list(generator), masked.sum(dim=1).tolist())
 
 
-# --- The decoding loop, shared by `generate` and `block_sampling.generate_block_causal` ---
+# --- The decoding loop, shared by `generate`, `generate_block_causal` and `generate_cached` ---
 
 Rows = slice | torch.Tensor  # all rows (``slice(None)``: views, no copies) or a LongTensor of row indices
 
 
-class _Rollout:
+class Rollout:
     """Canvas, trajectory and forward counts of one generation call; the step loop mutates it in place."""
 
     def __init__(self, input_ids, gen_length, mask_token_id, eos_token_ids=None, eos_early_exit=False):
@@ -244,10 +226,10 @@ def _row_noise(generator: Noise, rows: Rows) -> Noise:
     return [generator[i] for i in rows.tolist()]
 
 
-def _decode_blocks(
-    rollout: _Rollout,
+def decode_blocks(
+    rollout: Rollout,
     source: BlockLogits,
-    opts: _Options,
+    opts: StepOptions,
     block_length: int,
     steps_per_block: int,
     generator: Noise,
@@ -282,14 +264,15 @@ def _decode_blocks(
             step += 1
 
 
-# --- generate ---
+# --- Argument checks, shared by the generators ---
 
 
-def _validate(
+def validate_generation(
     gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking, confidence_threshold=None,
     min_p=None, generator=None, batch_size=None,
 ) -> tuple[int, int]:
-    """Check the arguments of :func:`generate`; return ``(num_blocks, steps_per_block)``."""
+    """Check the arguments of :func:`~trl_dllm.core.sampling.bidirectional.generate` (and of the other generators);
+    return ``(num_blocks, steps_per_block)``."""
     for name, value in dict(gen_length=gen_length, block_length=block_length, diffusion_steps=diffusion_steps).items():
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {name}={value}.")
@@ -329,99 +312,7 @@ def _validate(
     return num_blocks, diffusion_steps // num_blocks
 
 
-def _validate_eos(eos_token_ids, eos_early_exit) -> None:
+def validate_eos(eos_token_ids, eos_early_exit) -> None:
+    """Check that EOS early exit has EOS ids to stop on."""
     if eos_early_exit and not eos_token_ids:
         raise ValueError("eos_early_exit=True needs eos_token_ids (the ids that end a completion; the first fills).")
-
-
-@torch.no_grad()
-def generate(
-    model,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    mask_token_id: int,
-    gen_length: int,
-    diffusion_steps: int,
-    block_length: int,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    remasking: str = "low_confidence",
-    cfg_scale: float = 0.0,
-    confidence_threshold: float | None = None,
-    eos_token_ids: Sequence[int] | None = None,
-    eos_early_exit: bool = False,
-    generator: Noise = None,
-    return_trajectory: bool = False,
-    min_p: float | None = None,
-) -> GenerationOutput:
-    """Generate ``gen_length`` tokens after each prompt by block-wise iterative unmasking.
-
-    Blocks of ``block_length`` tokens are decoded left to right, each in ``steps_per_block = diffusion_steps /
-    num_blocks`` steps. At step ``s`` of a block with ``m`` masked tokens (per row), ``n_s = m // S + (s < m % S)``
-    tokens are committed (:func:`transfer_schedule`). One step:
-
-    1. logits ``z`` of the block positions; with ``cfg_scale = w > 0``, ``z = u + (w + 1)(c − u)`` where ``u`` is
-       computed with the prompt replaced by mask tokens;
-    2. ``log q = log_softmax(filter(z / T))`` (:func:`sampling_log_probs`: top-k, top-p, min-p; mask token
-       excluded);
-    3. ``x̂ = argmax log q`` at ``T = 0``, else ``argmax(log q + Gumbel)`` in float64 (:func:`sample_tokens`);
-    4. confidence ``REMASKING[remasking](log q, x̂)`` on the masked block positions; commit the ``n_s`` highest —
-       or, with ``confidence_threshold = τ`` (Fast-dLLM parallel decoding), every masked position with confidence
-       ``> τ`` and at least the most confident one; the block then takes as many steps as it needs (``<=
-       block_length``) and ``diffusion_steps`` only has to pass validation.
-
-    Steps that commit nothing (``steps_per_block > block_length``) are skipped without a forward pass. With
-    ``eos_early_exit``, a row is finished once its first EOS is committed and nothing before it is masked: its masked
-    positions are filled with ``eos_token_ids[0]`` and it is no longer forwarded (an approximation of the full
-    rollout, exact when the model would have decoded EOS there anyway; opt-in).
-
-    Args:
-        model (`nn.Module` or logits function): denoiser; modules are wrapped by
-            :func:`trl_dllm.core.logits.as_logits_fn`.
-        input_ids (`torch.LongTensor` of shape `(B, P)`): left-padded prompts.
-        attention_mask (`torch.Tensor` of shape `(B, P)`, *optional*): 1 for prompt tokens, 0 for padding.
-        mask_token_id (`int`): id of ``[MASK]``.
-        gen_length (`int`): completion length ``L``.
-        diffusion_steps (`int`): total denoising steps over all blocks.
-        block_length (`int`): block size; must divide ``gen_length``.
-        temperature (`float`): ``0`` for greedy decoding.
-        top_k (`int`, *optional*): top-k filter of the sampling distribution.
-        top_p (`float`, *optional*): top-p (nucleus) filter of the sampling distribution.
-        remasking (`str`): a key of :data:`REMASKING` — ``"low_confidence"``, ``"random"``, ``"entropy"``,
-            ``"margin"``.
-        cfg_scale (`float`): classifier-free guidance scale; ``0`` disables it (one forward per step).
-        confidence_threshold (`float`, *optional*): threshold ``τ ∈ (0, 1]`` of parallel decoding; ``None`` keeps
-            the schedule. ``τ = 1`` commits one token per step. Not with ``remasking="entropy"``.
-        eos_token_ids (`Sequence[int]`, *optional*): ids that end a completion; the first one fills finished rows.
-        eos_early_exit (`bool`): stop decoding rows that are finished (see above); needs ``eos_token_ids``.
-        generator (`torch.Generator` or a sequence of ``B`` of them, *optional*): source of all randomness. With one
-            generator per row, row ``b`` draws only from ``generator[b]``, so its completion does not depend on the
-            other rows of the batch (chunking or splitting the batch across processes changes nothing); ``None`` uses
-            the global RNG.
-        return_trajectory (`bool`): also return ``unmask_step`` and ``logprobs``.
-        min_p (`float`, *optional*): min-p filter of the sampling distribution (:func:`filter_logits`).
-
-    Returns:
-        [`GenerationOutput`].
-    """
-    _, steps_per_block = _validate(
-        gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking, confidence_threshold, min_p,
-        generator, len(input_ids),
-    )
-    _validate_eos(eos_token_ids, eos_early_exit)
-    opts = _Options(mask_token_id, temperature, top_k, top_p, remasking, cfg_scale, confidence_threshold, min_p)
-    logits_fn = as_logits_fn(model)
-    rollout = _Rollout(input_ids, gen_length, mask_token_id, eos_token_ids, eos_early_exit)
-    prompt_length = input_ids.shape[1]
-    if attention_mask is not None:
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(input_ids), gen_length))], dim=1)
-
-    def source(canvas, rows, start, end):
-        positions = torch.arange(prompt_length + start, prompt_length + end, device=canvas.device)
-        mask = None if attention_mask is None else attention_mask[rows]
-        return _block_logits(logits_fn, canvas[rows], mask, prompt_length, positions, opts)
-
-    _decode_blocks(rollout, source, opts, block_length, steps_per_block, generator)
-    return rollout.output(return_trajectory)

@@ -1,0 +1,124 @@
+"""Policy objectives for masked diffusion language models, one module each, and their registry `OBJECTIVES`.
+
+- `espo` (ESPO) and `stabledrl` (StableDRL): sequence-level importance ratios of the estimated likelihood.
+- `agrpo` (AGRPO): per-token PPO over the denoising steps the `trajectory` estimator samples.
+- `spg` (SPG) and `wd1` (wd1): weighted likelihoods without an importance ratio (no old policy).
+- `_common`: what they share (`ObjectiveOutput`, `sequence_logps`, `kl_divergence`, group weights, the clamped
+  log-ratio, `sandwich`, `ratio_metrics`) and the notation `S_i`, `L_i`, `S̄_i`.
+
+Every objective is called `fn(logps, old_logps, ref_logps, mask, advantages, *, <its declared keywords>)` and
+returns an [`ObjectiveOutput`]; its registry entry declares the keywords it takes, so the trainer passes exactly those.
+TRL's own loss types (`grpo`, `bnpo`, `dr_grpo`, `dapo`, …) are not here: the trainer feeds them the same per-token
+estimates and keeps TRL's code path. The package imports only torch; it never logs — objectives return `metrics`.
+
+To add an objective: one module here (its formula in the module docstring), one line in `OBJECTIVES` declaring its
+estimators and keywords, one test file `tests/core/objectives/test_<name>.py`, one `## <name>` section in
+`docs/algorithms.md` (`tests/core/objectives/test_registry.py` checks all four).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ._common import (
+    KL_ESTIMATORS,
+    LOG_RATIO_CLAMP,
+    ObjectiveOutput,
+    group_normalised_weights,
+    group_softmax,
+    kl_divergence,
+    ratio_metrics,
+    sandwich,
+    sequence_logps,
+)
+from .agrpo import STEP_NORMALIZATIONS, agrpo
+from .espo import espo
+from .spg import spg
+from .stabledrl import stabledrl
+from .wd1 import wd1
+
+__all__ = [
+    "KL_ESTIMATORS",
+    "LOG_RATIO_CLAMP",
+    "OBJECTIVES",
+    "STEP_NORMALIZATIONS",
+    "Objective",
+    "ObjectiveOutput",
+    "agrpo",
+    "espo",
+    "group_normalised_weights",
+    "group_softmax",
+    "kl_divergence",
+    "ratio_metrics",
+    "sandwich",
+    "sequence_logps",
+    "spg",
+    "stabledrl",
+    "wd1",
+]
+
+
+@dataclass(frozen=True)
+class Objective:
+    """Registry entry: the loss function, the likelihood estimators it is valid with, and what the trainer must pass.
+
+    The trainer calls `fn(logps, old_logps, ref_logps, mask, advantages, **keywords)` where `keywords` holds exactly
+    the names in `options`, `inputs` and `estimate_fields` (see :attr:`keywords`); `fn` takes no other keyword.
+
+    Args:
+        fn (`Callable[..., ObjectiveOutput]`): the objective, e.g. :func:`espo`.
+        estimators (`tuple[str, ...]`): names of the estimators in `trl_dllm.core.likelihood` it can use.
+        options (`tuple[str, ...]`, *optional*, defaults to `()`): keyword options of `fn` the trainer passes from
+            its configuration, by `fn`'s keyword names (`"epsilon_low"`, `"beta"`, `"kl_estimator"`, `"clip_high"`, …).
+        inputs (`tuple[str, ...]`, *optional*, defaults to `()`): batch tensors `fn` takes by keyword (`"group_ids"`:
+            one id per prompt).
+        estimate_fields (`tuple[str, ...]`, *optional*, defaults to `()`): fields of the likelihood estimator's
+            output `fn` takes by keyword (`"step_weights"`, `"num_steps"`, `"eubo_logps"`); the trainer passes `None`
+            for a field the estimator does not produce.
+        uses_old (`bool`, *optional*, defaults to `True`): `fn` reads `old_logps` (an importance ratio). With `False`
+            the trainer runs no old-policy pass and passes `old_logps=None`.
+        needs_trajectory (`bool`, *optional*, defaults to `False`): the rollout must record its trajectory
+            (`unmask_step`) and the estimator is `"trajectory"` (AGRPO). Conversely, only an objective with
+            `needs_trajectory=True` may list the `"trajectory"` estimator: its per-token values are raw step
+            log-probs, not contributions whose row sum is a sequence estimate.
+    """
+
+    fn: Callable[..., ObjectiveOutput]
+    estimators: tuple[str, ...]
+    options: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()
+    estimate_fields: tuple[str, ...] = ()
+    uses_old: bool = True
+    needs_trajectory: bool = False
+
+    @property
+    def keywords(self) -> tuple[str, ...]:
+        """Every keyword `fn` takes: `options + inputs + estimate_fields`."""
+        return self.options + self.inputs + self.estimate_fields
+
+
+_KL = ("beta", "kl_estimator")
+_PPO_CLIP = ("epsilon_low", "epsilon_high")
+
+OBJECTIVES: dict[str, Objective] = {
+    "espo": Objective(espo, ("elbo", "coupled", "block", "spg"), options=(*_PPO_CLIP, *_KL)),
+    "stabledrl": Objective(
+        stabledrl,
+        ("elbo", "coupled", "mean_field", "block", "spg"),
+        options=("clip_low", "clip_high", "spg_omega", *_KL),
+        inputs=("group_ids",),
+        estimate_fields=("eubo_logps",),
+    ),
+    "agrpo": Objective(
+        agrpo,
+        ("trajectory",),
+        options=("step_normalization", *_PPO_CLIP, *_KL),
+        estimate_fields=("step_weights", "num_steps"),
+        needs_trajectory=True,
+    ),
+    "spg": Objective(spg, ("spg",), options=("spg_omega", *_KL), estimate_fields=("eubo_logps",), uses_old=False),
+    "wd1": Objective(
+        wd1, ("mean_field", "elbo", "coupled", "block", "spg"), options=_KL, inputs=("group_ids",), uses_old=False
+    ),
+}

@@ -1,0 +1,67 @@
+"""Iterative unmasking: generation for masked diffusion language models (LLaDA, Dream, SDAR / TraDo, ...).
+
+The canvas starts as ``[left-padded prompt ; [MASK] * gen_length]`` and is decoded block by block, left to right; a
+step samples a token at every masked position of the current block, scores it with a *remasking* confidence and
+commits the most confident ones. The leaves:
+
+- :mod:`~trl_dllm.core.sampling.remasking`: the sampling distribution, Gumbel-max sampling, the confidence strategies
+  (:data:`REMASKING`) and which positions a step commits;
+- :mod:`~trl_dllm.core.sampling.loop`: :class:`GenerationOutput` and the step loop shared by every generator, which
+  takes the block logits from a *source*;
+- :mod:`~trl_dllm.core.sampling.bidirectional`: :func:`generate`, bidirectional models, whole canvas at every step;
+- :mod:`~trl_dllm.core.sampling.block_causal`: :func:`generate_block_causal`, block-causal models;
+- :mod:`~trl_dllm.core.sampling.kv_cache`: the exact KV cache of block-causal models (:class:`BlockCausalKVCache`);
+- :mod:`~trl_dllm.core.sampling.prefix_cache`: Fast-dLLM's approximate prefix / dual caches of bidirectional models
+  (:class:`BidirectionalKVCache`, :func:`generate_cached`).
+
+See ``docs/generation.md`` for the options, formulas and trajectory fields.
+"""
+
+from .bidirectional import generate
+from .block_causal import generate_block_causal
+from .kv_cache import BlockCausalKVCache, module_dtype
+from .loop import GenerationOutput
+from .prefix_cache import GENERATION_CACHES, BidirectionalKVCache, generate_cached
+from .remasking import (
+    REMASKING,
+    ConfidenceFn,
+    Noise,
+    RaggedNoise,
+    filter_logits,
+    low_confidence,
+    margin_confidence,
+    negative_entropy,
+    random_confidence,
+    sample_tokens,
+    sampling_log_probs,
+    select_above,
+    select_top,
+    transfer_schedule,
+    uniform_noise,
+)
+
+__all__ = [
+    "GENERATION_CACHES",
+    "REMASKING",
+    "BidirectionalKVCache",
+    "BlockCausalKVCache",
+    "ConfidenceFn",
+    "GenerationOutput",
+    "Noise",
+    "RaggedNoise",
+    "filter_logits",
+    "generate",
+    "generate_block_causal",
+    "generate_cached",
+    "low_confidence",
+    "margin_confidence",
+    "module_dtype",
+    "negative_entropy",
+    "random_confidence",
+    "sample_tokens",
+    "sampling_log_probs",
+    "select_above",
+    "select_top",
+    "transfer_schedule",
+    "uniform_noise",
+]

@@ -1,0 +1,112 @@
+"""Generation for block-causal diffusion models (SDAR / TraDo / Fast-dLLM v2 style).
+
+Attention is causal across blocks and bidirectional inside a block (:func:`trl_dllm.core.masks.block_causal_mask`):
+the prompt is one block, completion block ``b`` sees the prompt and blocks ``<= b``. Blocks are committed left to
+right with the same step (sampling, remasking, schedule or threshold, EOS early exit, the loop of
+:mod:`trl_dllm.core.sampling.loop`) as :func:`trl_dllm.core.sampling.generate`; while block ``b`` is decoded the model
+sees only the prompt, the committed blocks and block ``b`` — later blocks are invisible under the mask, so they are not
+even forwarded. With ``use_cache=True`` the prompt and committed blocks sit in an exact KV cache
+(:class:`trl_dllm.core.sampling.kv_cache.BlockCausalKVCache`) and each step forwards only the current block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from ..logits import LogitsFn, as_logits_fn
+from ..masks import block_causal_mask
+from .kv_cache import BlockCausalKVCache, module_dtype
+from .loop import BlockLogits, GenerationOutput, Rollout, StepOptions, decode_blocks, validate_eos, validate_generation
+from .remasking import Noise
+
+__all__ = ["generate_block_causal"]
+
+
+def _uncached_source(
+    logits_fn: LogitsFn, attention_mask: torch.Tensor | None, prompt_length: int, block_length: int, dtype
+) -> BlockLogits:
+    """Block logits from the canvas up to the end of the current block, under the block-causal 4-D mask."""
+
+    def source(canvas, rows, start, end):
+        hi = prompt_length + end
+        padding = None if attention_mask is None else attention_mask[rows, :hi]
+        mask = block_causal_mask(
+            hi, block_length, prompt_length, attention_mask=padding, dtype=dtype, device=canvas.device
+        )
+        positions = torch.arange(prompt_length + start, hi, device=canvas.device)
+        return logits_fn(canvas[rows, :hi], mask, positions)
+
+    return source
+
+
+@torch.no_grad()
+def generate_block_causal(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    mask_token_id: int,
+    gen_length: int,
+    diffusion_steps: int,
+    block_length: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    remasking: str = "low_confidence",
+    confidence_threshold: float | None = None,
+    eos_token_ids: Sequence[int] | None = None,
+    eos_early_exit: bool = False,
+    use_cache: bool = True,
+    generator: Noise = None,
+    return_trajectory: bool = False,
+    min_p: float | None = None,
+) -> GenerationOutput:
+    """Generate ``gen_length`` tokens after each prompt with a block-causal model, one block at a time.
+
+    Each step is the step of :func:`trl_dllm.core.sampling.generate` (same arguments, same trajectory fields), with the
+    logits of block ``b`` computed from ``[prompt ; committed blocks < b ; block b]`` under
+    :func:`~trl_dllm.core.masks.block_causal_mask`. ``block_length`` is both the decoding block and the attention
+    block, so it must be the model's native block size (``ModelSpec.block_length``). No classifier-free guidance.
+
+    Args:
+        model (`nn.Module` or logits function): with ``use_cache=True``, a transformers causal-LM module (see
+            :class:`~.kv_cache.BlockCausalKVCache`); with ``use_cache=False``, a module or a logits function
+            that honours a 4-D additive float attention mask (0 = visible, -inf = blocked).
+        input_ids (`torch.LongTensor` of shape `(B, P)`): left-padded prompts.
+        attention_mask (`torch.Tensor` of shape `(B, P)`, *optional*): 1 for prompt tokens, 0 for padding.
+        mask_token_id, gen_length, diffusion_steps, block_length, temperature, top_k, top_p, remasking,
+        confidence_threshold, eos_token_ids, eos_early_exit, generator, return_trajectory, min_p:
+            as in :func:`~trl_dllm.core.sampling.generate`.
+        use_cache (`bool`): keep the prompt and committed blocks in an exact KV cache (each step forwards the current
+            block only); ``False`` re-forwards ``[prompt ; blocks <= b]`` at every step.
+
+    Returns:
+        [`GenerationOutput`].
+    """
+    _, steps_per_block = validate_generation(
+        gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking, confidence_threshold, min_p,
+        generator, len(input_ids),
+    )
+    validate_eos(eos_token_ids, eos_early_exit)
+    if use_cache and not isinstance(model, nn.Module):
+        raise TypeError(
+            f"use_cache=True needs the transformers module itself (it passes past_key_values and position_ids), got "
+            f"{type(model).__name__}; pass use_cache=False to generate through a logits function."
+        )
+    opts = StepOptions(
+        mask_token_id, temperature, top_k, top_p, remasking, confidence_threshold=confidence_threshold, min_p=min_p
+    )
+    rollout = Rollout(input_ids, gen_length, mask_token_id, eos_token_ids, eos_early_exit)
+    prompt_length = input_ids.shape[1]
+    if attention_mask is not None:
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(input_ids), gen_length))], dim=1)
+    if use_cache:
+        source = BlockCausalKVCache(model, prompt_length, block_length, mask_token_id, attention_mask)
+    else:
+        dtype = module_dtype(model) if isinstance(model, nn.Module) else torch.float32
+        source = _uncached_source(as_logits_fn(model), attention_mask, prompt_length, block_length, dtype)
+    decode_blocks(rollout, source, opts, block_length, steps_per_block, generator)
+    return rollout.output(return_trajectory)

@@ -1,0 +1,212 @@
+"""Approximate KV cache for bidirectional diffusion models (LLaDA, Dream-style, generic): Fast-dLLM's prefix and dual
+cache (Wu et al. 2025, arXiv 2505.22618, §3.2).
+
+Under bidirectional attention every position attends to every other, so the keys and values of the prompt change
+whenever a completion token is committed: caching them is an **approximation** (unlike the block-causal cache of
+:mod:`trl_dllm.core.sampling.kv_cache`, which is exact). Fast-dLLM's observation is that, within one block, the K/V of
+positions outside the block barely change, so it reuses them for the whole block and recomputes them when the block
+completes:
+
+- ``"prefix"``: at the first step of block ``b`` the whole canvas is forwarded (its logits serve that step) and the
+  K/V of ``[prompt ; blocks < b]`` are kept; later steps of the block forward ``[block b ; blocks > b]`` against them.
+- ``"dual"``: the K/V of the later blocks (still ``[MASK]``) are kept too; later steps forward only block ``b``.
+
+``refresh_every = r`` also refreshes (forwards the whole canvas) every ``r``-th step of a block; ``r = 1`` refreshes
+at every step and reproduces uncached decoding exactly. Refreshing costs no extra forward: the refreshing forward's
+logits are that step's logits. :class:`BidirectionalKVCache` is a block-logits source of the step loop of
+:mod:`trl_dllm.core.sampling.loop`; :func:`generate_cached` is :func:`~trl_dllm.core.sampling.generate` with it.
+
+It calls the Hugging Face module itself (``past_key_values`` as a transformers ``DynamicCache``, ``position_ids``, a
+4-D float ``attention_mask``, ``logits_to_keep``); the ``DynamicCache`` class is taken from the model's own output, so
+this module imports only torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from .kv_cache import module_dtype
+from .loop import GenerationOutput, Rollout, StepOptions, decode_blocks, validate_eos, validate_generation
+from .remasking import Noise
+
+__all__ = ["GENERATION_CACHES", "BidirectionalKVCache", "generate_cached"]
+
+GENERATION_CACHES = ("none", "prefix", "dual")
+
+
+def _as_index(rows, batch: int, device) -> torch.Tensor:
+    return torch.arange(batch, device=device) if isinstance(rows, slice) else rows
+
+
+def _padding_bias(visible: torch.Tensor, queries: int, dtype) -> torch.Tensor:
+    """Additive 4-D mask `(b, 1, queries, keys)`: ``0`` where ``visible`` (b, keys) is true, the dtype's minimum
+    elsewhere (every query sees the same keys: attention is bidirectional)."""
+    bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    bias = bias.masked_fill(~visible.bool(), torch.finfo(dtype).min)
+    return bias[:, None, None, :].expand(-1, 1, queries, -1)
+
+
+class BidirectionalKVCache:
+    """Block logits of a bidirectional Hugging Face model with Fast-dLLM's approximate prefix or dual KV cache.
+
+    Call as ``cache(canvas, rows, start, end) -> logits (len(rows), end - start, V)`` for completion positions
+    ``[start, end)`` (the current block) of canvas rows ``rows``; blocks must be visited left to right.
+
+    A *refresh* forwards the whole canvas of ``rows`` once (``use_cache=True``), returns the block's logits and keeps,
+    per layer, the K/V at the reused positions ``R`` (prefix: ``[0, P + start)``; dual: also ``[P + end, N)``). A cached
+    step forwards ``S`` (prefix: ``[P + start, N)``; dual: ``[P + start, P + end)``) with the stored K/V as
+    ``past_key_values``, explicit ``position_ids = S`` (rotary embeddings see the true positions) and a 4-D additive
+    mask over ``[R ; S]`` that hides only padding. Refreshes happen at the first call of each block, every
+    ``refresh_every`` calls within it, and when a requested row is not cached.
+
+    Args:
+        model (`nn.Module`): a transformers module with bidirectional attention and unshifted logits that accepts
+            ``past_key_values``, ``position_ids``, a 4-D additive float ``attention_mask`` and ``logits_to_keep``.
+        prompt_length (`int`): ``P``; the completion starts at canvas position ``P``.
+        mode (`str`): ``"prefix"`` or ``"dual"``.
+        attention_mask (`torch.Tensor` of shape `(B, P + L)`, *optional*): padding mask of the whole canvas.
+        refresh_every (`int`, *optional*): also refresh every ``refresh_every``-th call within a block; ``1`` is exact.
+    """
+
+    def __init__(self, model, prompt_length, mode="dual", attention_mask=None, refresh_every=None):
+        if mode not in ("prefix", "dual"):
+            raise ValueError(f"mode={mode!r} is not a cache mode; expected 'prefix' or 'dual'.")
+        if refresh_every is not None and refresh_every < 1:
+            raise ValueError(f"refresh_every={refresh_every} must be >= 1 or None (refresh at block starts only).")
+        self.model, self.prompt_length, self.mode = model, prompt_length, mode
+        self.attention_mask, self.refresh_every = attention_mask, refresh_every
+        self.dtype = module_dtype(model)
+        self.block = None  # (start, end) of the block the cache was built for
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer, K/V (b, H, |R|, D) of the cached rows
+        self.rows = torch.empty(0, dtype=torch.long)  # canvas rows of the cached K/V, in order
+        self.calls_since_refresh = 0
+        self.num_refreshes = 0
+
+    def _reused(self, length: int, start: int, end: int, device) -> torch.Tensor:
+        """Canvas positions whose K/V are reused: ``[0, P + start)`` (+ ``[P + end, N)`` for the dual cache)."""
+        positions = torch.arange(length, device=device)
+        keep = positions < self.prompt_length + start
+        if self.mode == "dual":
+            keep |= positions >= self.prompt_length + end
+        return positions[keep]
+
+    def _needs_refresh(self, index: torch.Tensor, start: int, end: int) -> bool:
+        if self.block != (start, end) or not bool(torch.isin(index, self.rows.to(index.device)).all()):
+            return True
+        return self.refresh_every is not None and self.calls_since_refresh % self.refresh_every == 0
+
+    def _refresh(self, canvas: torch.Tensor, index: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """Forward the whole canvas of ``index``; keep the K/V at the reused positions; return the block's logits."""
+        lo, hi = self.prompt_length + start, self.prompt_length + end
+        kwargs = {} if self.attention_mask is None else {"attention_mask": self.attention_mask[index]}
+        out = self.model(
+            input_ids=canvas[index], use_cache=True, logits_to_keep=torch.arange(lo, hi, device=canvas.device),
+            **kwargs,
+        )  # fmt: skip
+        past = getattr(out, "past_key_values", None)
+        if not hasattr(past, "layers") or not all(hasattr(layer, "keys") for layer in past.layers):
+            raise TypeError(
+                f"generation_cache={self.mode!r} reads the keys/values from a transformers cache object (a "
+                f"DynamicCache with `.layers`), but {type(self.model).__name__} returned past_key_values of type "
+                f"{type(past).__name__} with use_cache=True (remote-code models return tuples or nothing). Load the "
+                "model natively (native_loading=True) or set generation_cache='none'."
+            )
+        reused = self._reused(canvas.shape[1], start, end, canvas.device)
+        self.kv = [(layer.keys[:, :, reused], layer.values[:, :, reused]) for layer in past.layers]
+        self.cache_class = type(past)
+        self.rows, self.block, self.calls_since_refresh = index, (start, end), 0
+        self.num_refreshes += 1
+        return out.logits
+
+    def _cached_step(self, canvas: torch.Tensor, index: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """Forward ``S`` against the stored K/V of ``R`` (rows of ``index``)."""
+        lo = self.prompt_length + start
+        hi = self.prompt_length + end if self.mode == "dual" else canvas.shape[1]
+        where = torch.full((canvas.shape[0],), -1, dtype=torch.long, device=self.rows.device)
+        where[self.rows] = torch.arange(len(self.rows), device=self.rows.device)
+        pick = where[index.to(self.rows.device)]
+        past = self.cache_class(ddp_cache_data=[(k[pick], v[pick]) for k, v in self.kv])
+        reused = self._reused(canvas.shape[1], start, end, canvas.device)
+        visible = torch.ones((len(index), reused.numel() + hi - lo), dtype=torch.bool, device=canvas.device)
+        if self.attention_mask is not None:
+            visible[:, : reused.numel()] = self.attention_mask[index][:, reused].bool()
+        out = self.model(
+            input_ids=canvas[index, lo:hi],
+            attention_mask=_padding_bias(visible, hi - lo, self.dtype),
+            position_ids=torch.arange(lo, hi, device=canvas.device)[None].expand(len(index), -1),
+            past_key_values=past,
+            use_cache=True,
+            logits_to_keep=torch.arange(end - start, device=canvas.device),
+        )
+        return out.logits
+
+    def __call__(self, canvas: torch.Tensor, rows, start: int, end: int) -> torch.Tensor:
+        index = _as_index(rows, canvas.shape[0], canvas.device)
+        if self._needs_refresh(index, start, end):
+            logits = self._refresh(canvas, index, start, end)
+        else:
+            logits = self._cached_step(canvas, index, start, end)
+        self.calls_since_refresh += 1
+        return logits
+
+
+@torch.no_grad()
+def generate_cached(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    mask_token_id: int,
+    gen_length: int,
+    diffusion_steps: int,
+    block_length: int,
+    generation_cache: str = "dual",
+    refresh_every: int | None = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    remasking: str = "low_confidence",
+    confidence_threshold: float | None = None,
+    eos_token_ids: Sequence[int] | None = None,
+    eos_early_exit: bool = False,
+    generator: Noise = None,
+    return_trajectory: bool = False,
+    min_p: float | None = None,
+) -> GenerationOutput:
+    """:func:`trl_dllm.core.sampling.generate` with block logits from a :class:`BidirectionalKVCache` (approximate).
+
+    Same step, arguments and output as ``generate`` (no classifier-free guidance), with ``num_forwards`` unchanged
+    (a refresh is one of the steps' forwards); each cached step forwards ``block_length`` (dual) or ``L − start``
+    (prefix) positions instead of ``P + L``. ``GenerationOutput.logprobs`` are those of the distribution actually
+    sampled from, i.e. under the cached (approximate) logits.
+
+    Args:
+        model (`nn.Module`): see :class:`BidirectionalKVCache`.
+        generation_cache (`str`): ``"prefix"`` or ``"dual"``.
+        refresh_every (`int`, *optional*): also refresh every this many steps of a block; ``1`` is exact.
+        input_ids, attention_mask, mask_token_id, gen_length, diffusion_steps, block_length, temperature, top_k,
+        top_p, remasking, confidence_threshold, eos_token_ids, eos_early_exit, generator, return_trajectory, min_p:
+            as in :func:`~trl_dllm.core.sampling.generate`.
+    """
+    _, steps_per_block = validate_generation(
+        gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking, confidence_threshold, min_p,
+        generator, len(input_ids),
+    )
+    validate_eos(eos_token_ids, eos_early_exit)
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"generation_cache={generation_cache!r} needs the transformers module itself (it passes past_key_values "
+            f"and position_ids), got {type(model).__name__}; use generation_cache='none' with a logits function."
+        )
+    opts = StepOptions(
+        mask_token_id, temperature, top_k, top_p, remasking, confidence_threshold=confidence_threshold, min_p=min_p
+    )
+    rollout = Rollout(input_ids, gen_length, mask_token_id, eos_token_ids, eos_early_exit)
+    if attention_mask is not None:
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(input_ids), gen_length))], dim=1)
+    source = BidirectionalKVCache(model, input_ids.shape[1], generation_cache, attention_mask, refresh_every)
+    decode_blocks(rollout, source, opts, block_length, steps_per_block, generator)
+    return rollout.output(return_trajectory)

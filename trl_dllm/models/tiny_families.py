@@ -1,0 +1,137 @@
+"""Tiny random checkpoints in the **original** layout of the known families (LLaDA, Dream, SDAR): the released
+``config.json`` (every field, the real vocabulary size and special ids) with tiny sizes, the family's weight names and
+a tokenizer with the real special ids, built offline on :func:`trl_dllm.models.tiny.build_tokenizer`'s vocabulary.
+They test native loading (:mod:`trl_dllm.models.native`) without the Hub or remote code.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
+
+from .native import native_config, native_layout
+from .tiny import SPECIAL_TOKENS, build_tokenizer
+
+__all__ = [
+    "FAMILY_SPECIAL_TOKENS",
+    "build_family_tokenizer",
+    "save_tiny_original_checkpoint",
+    "tiny_original_config",
+]
+
+
+# Special tokens at their real ids (facts from each family's tokenizer_config.json / added_tokens.json / config.json).
+FAMILY_SPECIAL_TOKENS = {
+    "llada": {"<|startoftext|>": 126080, "<|endoftext|>": 126081, "<|mdm_mask|>": 126336,
+              "<|start_header_id|>": 126346, "<|end_header_id|>": 126347, "<|eot_id|>": 126348},
+    "dream": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|beginoftext|>": 151665,
+              "<|mask|>": 151666},
+    "sdar": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|MASK|>": 151669},
+}  # fmt: skip
+_FAMILY_ROLES = {  # bos, eos, pad, mask tokens as each family's tokenizer declares them (LLaDA's declares no mask)
+    "llada": ("<|startoftext|>", "<|endoftext|>", "<|endoftext|>", None),
+    "dream": ("<|beginoftext|>", "<|endoftext|>", "<|endoftext|>", "<|mask|>"),
+    "sdar": (None, "<|endoftext|>", "<|endoftext|>", "<|MASK|>"),
+}
+_FAMILY_TEMPLATES = {  # the shape of each family's chat template: role headers and end-of-turn tokens
+    "llada": (
+        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|> {{ m['content'] }}"
+        "<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|> {% endif %}"
+    ),
+    "qwen": (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}"
+    ),
+}
+# The released config.json of LLaDA-8B-Instruct, Dream-v0-Instruct-7B and SDAR-1.7B-Chat, less their sizes (facts).
+_RELEASED_CONFIGS = {
+    "llada": {
+        "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
+        "attention_dropout": 0.0, "attention_layer_norm": False, "attention_layer_norm_with_affine": True,
+        "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig",
+                     "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM", "AutoModel": "modeling_llada.LLaDAModelLM"},
+        "bias_for_layer_norm": False, "block_group_size": 1, "block_type": "llama", "embedding_dropout": 0.0,
+        "embedding_size": 126464, "eos_token_id": 126081, "flash_attention": False, "include_bias": False,
+        "include_qkv_bias": False, "init_cutoff_factor": None, "init_device": "meta", "init_fn": "mitchell",
+        "init_std": 0.02, "input_emb_norm": False, "layer_norm_type": "rms", "layer_norm_with_affine": True,
+        "mask_token_id": 126336, "max_sequence_length": 4096, "mlp_ratio": 4, "model_type": "llada",
+        "multi_query_attention": None, "pad_token_id": 126081, "precision": "amp_bf16", "residual_dropout": 0.0,
+        "rms_norm_eps": 1e-05, "rope": True, "rope_full_precision": True, "rope_theta": 500000.0, "scale_logits": False,
+        "transformers_version": "4.46.3", "use_cache": False, "vocab_size": 126464, "weight_tying": False,
+    },
+    "dream": {
+        "architectures": ["DreamModel"], "attention_dropout": 0.0,
+        "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+        "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "initializer_range": 0.02,
+        "mask_token_id": 151666, "max_position_embeddings": 131072, "model_type": "Dream", "pad_token_id": 151643,
+        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": None,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.46.2", "use_cache": True,
+        "use_mrope": False, "use_sliding_window": False, "vocab_size": 152064,
+    },
+    "sdar": {
+        "architectures": ["SDARForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_sdar.SDARConfig", "AutoModel": "modeling_sdar.SDARModel",
+                     "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
+        "attention_bias": False, "attention_dropout": 0.0, "attn_implementation": "flex_attention",
+        "bos_token_id": 151643, "debug": False, "eos_token_id": 151643, "mask_token_id": 151669, "ep_size": 1,
+        "fuse_cross_entropy": True, "hidden_act": "silu", "initializer_range": 0.02, "max_position_embeddings": 32768,
+        "micro_forward": False, "model_type": "sdar", "rms_norm_eps": 1e-06, "rope_scaling": None,
+        "rope_theta": 1000000, "skip_checkpoint": False, "sliding_window": None, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "transformers_version": "4.52.4", "use_cache": False, "use_deepep": False,
+        "use_sliding_window": False, "vocab_size": 151936,
+    },
+}  # fmt: skip
+
+
+def tiny_original_config(family: str, *, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
+                         num_kv_heads: int = 2, intermediate_size: int = 64, block_size: int = 4) -> dict:
+    """The ``config.json`` of a tiny ``family`` checkpoint (`"llada"`, `"dream"`, `"sdar"`): the released
+    checkpoint's config (every field, its vocabulary size and special ids) with tiny sizes."""
+    if family not in _RELEASED_CONFIGS:
+        raise ValueError(f"family={family!r} is not one of {sorted(_RELEASED_CONFIGS)}.")
+    config = dict(_RELEASED_CONFIGS[family])
+    if family == "llada":
+        config.update(d_model=hidden_size, n_heads=num_heads, n_kv_heads=num_kv_heads, n_layers=num_layers,
+                      mlp_hidden_size=intermediate_size)
+        return config
+    config.update(hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                  num_key_value_heads=num_kv_heads, intermediate_size=intermediate_size, max_window_layers=num_layers)
+    if family == "sdar":
+        config.update(head_dim=hidden_size // num_heads, block_size=block_size)
+    return config
+
+
+def build_family_tokenizer(family: str) -> PreTrainedTokenizerFast:
+    """:func:`build_tokenizer`'s word-level vocabulary plus ``family``'s special tokens at their real ids, with the
+    family's bos / eos / pad / mask roles and a chat template of the family's shape."""
+    base = build_tokenizer()
+    vocab = {token: i for token, i in base.get_vocab().items() if token not in SPECIAL_TOKENS[:3]}
+    vocab.update(FAMILY_SPECIAL_TOKENS[family])
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = base.backend_tokenizer.pre_tokenizer
+    bos, eos, pad, mask = _FAMILY_ROLES[family]
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=bos, eos_token=eos, pad_token=pad, mask_token=mask, unk_token="[UNK]",
+        additional_special_tokens=[t for t in FAMILY_SPECIAL_TOKENS[family] if t not in (bos, eos, pad, mask)],
+        model_max_length=4096, clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = _FAMILY_TEMPLATES["llada" if family == "llada" else "qwen"]
+    return tokenizer
+
+
+def save_tiny_original_checkpoint(path: str | os.PathLike, family: str, *, seed: int = 0, **sizes) -> str:
+    """Write a tiny random ``family`` checkpoint in the family's **original** layout to ``path``: its ``config.json``
+    (:func:`tiny_original_config`), its weight names (LLaDA's ``model.transformer.blocks.N.*``; Dream's and SDAR's are
+    Qwen2's / Qwen3's) and a tokenizer with the real special ids (:func:`build_family_tokenizer`). No remote code is
+    written: ``trl_dllm`` loads it natively (:func:`trl_dllm.models.loading.load_pretrained`). Returns ``str(path)``."""
+    original = tiny_original_config(family, **sizes)
+    config = native_config(original)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = native_layout(original).model_class(config)
+    model.save_pretrained(path)  # original key names (transformers reverts the renaming) and config.json
+    build_family_tokenizer(family).save_pretrained(path)
+    return str(path)

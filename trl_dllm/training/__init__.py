@@ -1,0 +1,12 @@
+"""The trainer's TRL-aware collaborators: each override in `trl_dllm/trainer.py` delegates here.
+
+- `checks`: every config / input check (called from the config, the trainer, the API and the CLI);
+- `rollouts`: how a config decodes, the canvas and its EOS, the generation batch, the entropy replay;
+- `scoring`: the estimators' and objectives' options (mapped once from config fields), old / reference / current
+  estimates per inner iteration, their seeds and row chunks, the MoE router loss;
+- `model_setup`: loading a model by name, adapting TRL's settings to it, the tokenizer, probes of remote code;
+- `state`: checkpoint resume (torn checkpoints skipped) and our generation state in checkpoints.
+
+These modules import `trl_dllm.core` and `trl_dllm.models`, never the tasks, the demo or the CLI. Nothing is imported
+here, so `import trl_dllm.training.checks` does not import the others.
+"""

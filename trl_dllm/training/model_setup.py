@@ -1,0 +1,129 @@
+"""Model setup: loading a model by name, adapting TRL's settings to it, its tokenizer, and probes of remote code.
+
+While TRL's `__init__` runs, models it loads by name go through [`loading_models`]; a model passed as an object is
+adapted with [`adapt_to_model`] first. After TRL built the trainer, [`probe_remote_code`] checks a remote-code model
+with one forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from ..models import base_model, is_transformers_native, make_bidirectional
+from ..models.loading import (
+    attends_bidirectionally,
+    honours_padding,
+    is_native_layout,
+    load_pretrained,
+    native_lora_targets,
+    supports_gradient_checkpointing,
+)
+from ..models.native import native_config, native_layout, read_config_dict
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def loading_models(args, peft_config):
+    """While TRL's `__init__` runs, models it loads by name (the policy, and the reference when `beta > 0` without
+    PEFT) go through `trl_dllm.models.loading.load_pretrained`: LLaDA / Dream / SDAR natively unless
+    `args.native_loading` is off, the auto class from `auto_map` otherwise; then [`adapt_to_model`]."""
+    import trl.trainer.grpo_trainer as grpo_module
+
+    trl_create = grpo_module.create_model_from_path
+
+    def create(model_id, architecture=None, **kwargs):
+        if architecture is not None:
+            return trl_create(model_id, architecture, **kwargs)
+        model = load_pretrained(model_id, native=args.native_loading, create=trl_create, **kwargs)
+        adapt_to_model(model, args, peft_config)
+        return model
+
+    grpo_module.create_model_from_path = create
+    try:
+        yield
+    finally:
+        grpo_module.create_model_from_path = trl_create
+
+
+def native_tokenizer(name_or_path: str, args):
+    """The tokenizer of a LLaDA / Dream / SDAR checkpoint loaded natively, with `AutoTokenizer` given the native config
+    (TRL would use `AutoProcessor`, which resolves the family's remote config class first); `None` (TRL decides) for
+    other models."""
+    from transformers import AutoTokenizer
+
+    init_kwargs = args.model_init_kwargs or {}
+    config_dict = read_config_dict(name_or_path, **init_kwargs)
+    if native_layout(config_dict) is None:
+        return None
+    hub = {k: init_kwargs[k] for k in ("revision", "cache_dir", "token") if init_kwargs.get(k) is not None}
+    return AutoTokenizer.from_pretrained(
+        name_or_path, config=native_config(config_dict), trust_remote_code=args.trust_remote_code, **hub
+    )
+
+
+def _checkpointing(args) -> bool:
+    """Gradient checkpointing requested: `activation_checkpointing` (transformers >= 5.23) or its old name."""
+    return bool(getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing)
+
+
+def adapt_to_model(model, args, peft_config) -> None:
+    """What TRL would trip on with this model: gradient checkpointing it does not support (turned off, one warning),
+    a LoRA task type PEFT cannot wrap it with, LLaDA module names on a natively loaded LLaDA."""
+    if _checkpointing(args) and not supports_gradient_checkpointing(model):
+        logger.warning(
+            f"{type(model).__name__} does not support gradient checkpointing: gradient_checkpointing is set to False. "
+            "Load the model natively (native_loading=True) to train with it."
+        )
+        args.gradient_checkpointing = False  # transformers 5 reads the new name, TRL the old one: set both
+        if hasattr(args, "activation_checkpointing"):
+            args.activation_checkpointing = False
+    if peft_config is None:
+        return
+    task_type = getattr(peft_config, "task_type", None)
+    if str(task_type) in ("CAUSAL_LM", "TaskType.CAUSAL_LM") and not hasattr(model, "prepare_inputs_for_generation"):
+        logger.info(
+            f"LoRA task_type CAUSAL_LM needs `prepare_inputs_for_generation`, which {type(model).__name__} "
+            "lacks; wrapping it as a plain PeftModel (task_type=None)."
+        )
+        peft_config.task_type = None
+    if hasattr(peft_config, "target_modules"):
+        peft_config.target_modules = native_lora_targets(model, peft_config.target_modules)
+
+
+def make_models_bidirectional(*models) -> None:
+    """`config.is_causal = False` on each model that is not `None` (through PEFT / DDP / DeepSpeed wrappers)."""
+    for model in models:
+        if model is not None:
+            make_bidirectional(model)
+
+
+def probe_remote_code(model, spec, shards_parameters: bool) -> None:
+    """Remote-code models are probed with one forward each: an unknown family must attend bidirectionally (else a
+    clear error), and a forward that ignores `attention_mask` (older Hub revisions of LLaDA's code) would give
+    left-padded prompts other completions and estimates than unpadded ones (a warning). Native models, transformers
+    architectures (`make_bidirectional` is reliable for them) and sharded parameters are not probed."""
+    if shards_parameters or is_native_layout(model) or is_transformers_native(base_model(model)):
+        return
+    if spec.family == "generic" and not attends_bidirectionally(model):
+        config = base_model(model).config
+        raise ValueError(
+            f"{type(model).__name__} (model_type={getattr(config, 'model_type', None)!r}, remote code) attends "
+            "causally: a later token does not change an earlier position's logits, and its code ignores the "
+            "bidirectional switch `config.is_causal=False`. It is not a known diffusion family (LLaDA, Dream, "
+            "SDAR). Supply a model whose attention is bidirectional (its own config switch, or a transformers "
+            "architecture with `trl_dllm.models.make_bidirectional`), or add a ModelSpec for its family "
+            "(docs/models.md, 'Adding a family')."
+        )
+    try:
+        honoured = honours_padding(model)
+    except Exception as err:  # remote code may reject a plain 2-D mask; say so rather than guess
+        logger.warning(f"Could not probe whether {type(model).__name__} honours `attention_mask` ({err}).")
+        return
+    if not honoured:
+        logger.warning(
+            f"{type(model).__name__} ignores `attention_mask`: left-padded prompts change its outputs, so "
+            "completions and likelihoods of prompts of different lengths in one batch are not what an unpadded "
+            "run gives. Load the model natively (native_loading=True, the default) or update its remote code."
+        )

@@ -1,0 +1,146 @@
+"""Rollouts: how a config decodes, the canvas and its EOS, the generation batch's shuffle, the entropy replay.
+
+Shared by the trainer and `trl-dllm eval`, so evaluation decodes exactly as training does (only the temperature may
+differ).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..core.likelihood.trajectory import trajectory_entropies
+from ..core.sampling import generate, generate_block_causal, generate_cached
+from ..models import ModelSpec, model_logits_fn
+from .checks import check_cache_model
+
+
+def sampling_distribution(args, temperature: float | None = None) -> dict:
+    """What defines the distribution tokens are sampled from: temperature, TRL's top-k / top-p / min-p, and CFG."""
+    return {
+        "temperature": args.temperature if temperature is None else temperature,
+        "top_k": args.top_k or None,
+        "top_p": args.top_p if args.top_p is not None and args.top_p < 1.0 else None,
+        "min_p": getattr(args, "min_p", None) or None,
+        "cfg_scale": args.cfg_scale,
+    }
+
+
+def decoding_plan(
+    model,
+    spec: ModelSpec,
+    args,
+    *,
+    eos_token_ids: Sequence[int],
+    temperature: float | None = None,
+    return_trajectory: bool = False,
+) -> tuple[Callable, object, dict]:
+    """`(sampler, denoiser, options)` such that `sampler(denoiser, input_ids, attention_mask, generator=g, **options)`
+    decodes as `args` says. Block-diffusion models decode with their native blocks and an exact KV cache and get the
+    module itself (the cache needs `past_key_values`), as do bidirectional models with `generation_cache` (Fast-dLLM's
+    approximate cache); the others get a logits function."""
+    options = {
+        "mask_token_id": spec.mask_token_id,
+        "gen_length": args.max_completion_length,
+        "diffusion_steps": args.diffusion_steps,
+        "block_length": args.block_length,
+        "remasking": args.remasking,
+        "confidence_threshold": args.confidence_threshold,
+        "eos_token_ids": list(eos_token_ids),
+        "eos_early_exit": args.eos_early_exit,
+        "return_trajectory": return_trajectory,
+        **sampling_distribution(args, temperature),
+    }
+    if spec.family == "block":
+        options.pop("cfg_scale")
+        options.update(block_length=spec.block_length, use_cache=args.block_kv_cache)
+        check_cache_model(spec, args.generation_cache)
+        return generate_block_causal, model, options
+    cache = args.generation_cache
+    if cache != "none":
+        check_cache_model(spec, cache)
+        options.pop("cfg_scale")
+        return generate_cached, model, {**options, "generation_cache": cache}
+    return generate, model_logits_fn(model, spec), options
+
+
+@dataclass
+class Rollout:
+    """The sampler's output for a generation batch: the full canvas (EOS filler included), the step that revealed each
+    token (when recorded) and the model forwards it took, counted per row."""
+
+    completion_ids: torch.Tensor  # (B, L)
+    unmask_step: torch.Tensor | None  # (B, L) or None
+    row_forwards: int
+
+
+def generate_rollouts(
+    model,
+    spec: ModelSpec,
+    args,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    generators,
+    *,
+    eos_token_ids: Sequence[int],
+    return_trajectory: bool,
+) -> Rollout:
+    """Decode left-padded prompts `(B, P)` as `args` says, `args.generation_chunk_size` rows per sampler call, row `b`
+    drawing its noise from `generators[b]` (so a row's completion does not depend on its chunk)."""
+    chunk = args.generation_chunk_size or input_ids.size(0)
+    sampler, denoiser, options = decoding_plan(
+        model, spec, args, eos_token_ids=eos_token_ids, return_trajectory=return_trajectory
+    )
+    outputs = [
+        sampler(denoiser, input_ids[start : start + chunk], attention_mask[start : start + chunk],
+                generator=generators[start : start + chunk], **options)
+        for start in range(0, input_ids.size(0), chunk)
+    ]  # fmt: skip
+    return Rollout(
+        completion_ids=torch.cat([out.completion_ids for out in outputs]),
+        unmask_step=torch.cat([out.unmask_step for out in outputs]) if return_trajectory else None,
+        row_forwards=sum(out.num_row_forwards for out in outputs),  # a forward of B rows counts B
+    )
+
+
+def completion_mask(canvas: torch.Tensor, eos_token_ids: Sequence[int], upto_first_eos: bool) -> torch.Tensor:
+    """(B, L) long: 1 on positions up to and including the first EOS (everything if no EOS, or if not cutting)."""
+    if not upto_first_eos:
+        return torch.ones_like(canvas)
+    is_eos = torch.isin(canvas, torch.tensor(list(eos_token_ids), device=canvas.device))
+    after_eos = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0  # strictly after the first EOS
+    return (~after_eos).long()
+
+
+@torch.no_grad()
+def rollout_entropies(model, spec: ModelSpec, batch: dict, replay_options: dict) -> torch.Tensor:
+    """(B, L) entropy of the sampling distribution at each revealed token, for entropy-weighted step sampling: one
+    replay of every step (as many forwards as the rollout). `replay_options` are exactly the trajectory estimator's
+    (`Scoring.estimator_options("trajectory")`), so the replay attends as the rollout did (block-causal on a
+    block-diffusion model) and samples from the same distribution."""
+    return trajectory_entropies(
+        model_logits_fn(model, spec),
+        batch["prompt_ids"],
+        batch["prompt_mask"],
+        batch["completion_ids"],
+        mask_token_id=spec.mask_token_id,
+        unmask_step=batch["unmask_step"],
+        **replay_options,
+    )
+
+
+def shuffle_groups(batch: dict) -> dict:
+    """TRL's `shuffle_sequence_dict` with a permutation that keeps the rows of a group adjacent: groups in random order,
+    rows in random order inside their group (`whole_group_batches`)."""
+    _, group = torch.unique(batch["group_ids"].cpu(), return_inverse=True)
+    group_rank = torch.randperm(int(group.max()) + 1)[group]
+    order = torch.argsort(group_rank * len(group) + torch.randperm(len(group)))
+
+    def permute(value):
+        if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
+            return value
+        return value[order.to(value.device)] if isinstance(value, torch.Tensor) else [value[i] for i in order]
+
+    return {key: permute(value) for key, value in batch.items()}

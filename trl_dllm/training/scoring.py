@@ -1,0 +1,269 @@
+"""Scoring: the likelihood estimates of old, reference and current policies, and the objective's inputs.
+
+Each estimator and objective declares the options it takes (`trl_dllm.core.likelihood.ESTIMATORS`,
+`trl_dllm.core.objectives.OBJECTIVES`); [`OPTION_FIELDS`] maps each option name to the config field it is read from,
+once, and [`Scoring`] passes every method exactly its declared options. Options that come from the model or the run
+rather than a field are [`RUN_OPTIONS`].
+
+Common random numbers: the old, reference and current passes of a sample use the sample's seed for its inner
+iteration (`mc_seeds`, drawn at generation time), so the estimation noise cancels in the ratio;
+`independent_mc_noise=True` gives each pass its own seed instead ([`Scoring.pass_seeds`]).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from ..core.likelihood import ESTIMATORS, LikelihoodOutput, estimate
+from ..core.objectives import OBJECTIVES
+from ..models import ModelSpec, model_logits_fn
+from ..seeding import sample_seed
+from .rollouts import sampling_distribution
+
+# Option name (the core function's keyword) -> the `DiffusionGRPOConfig` field it is read from.
+OPTION_FIELDS = {
+    "mc_samples": "mc_samples",
+    "antithetic": "antithetic",
+    "elbo_counts": "elbo_counts",
+    "spg_beta": "spg_beta",
+    "p_mask_prompt": "p_mask_prompt",
+    "mc_batch_size": "mc_batch_size",
+    "checkpoint_views": "mc_checkpointing",
+    "step_samples": "step_samples",
+    "step_sampling": "step_sampling",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "cfg_scale": "cfg_scale",
+    "epsilon_low": "epsilon",
+    "epsilon_high": "epsilon_high",
+    "beta": "beta",
+    "kl_estimator": "kl_estimator",
+    "clip_low": "stabledrl_clip_low",
+    "clip_high": "stabledrl_clip_high",
+    "spg_omega": "spg_omega",
+}
+
+# Options set by the model and the run, not by a config field.
+RUN_OPTIONS = {
+    "block_causal": "the model is a block-diffusion model (its family spec)",
+    "block_length": "the model's own block size on a block-diffusion model, else the block_length field",
+    "entropy_grad": "TRL's entropy bonus is on (entropy_coef != 0 or use_adaptive_entropy): entropies back-propagate",
+    "return_eubo": "the objective reads the estimator's upper bound, and this is the current policy's pass",
+}
+
+# Options a method takes that no config field sets: the trainer leaves them at the function's default.
+FUNCTION_DEFAULTS = {
+    "t_min": "coupled: DiffuCoder's lower masking rate, 0.2",
+    "t_max": "coupled: DiffuCoder's upper masking rate, 0.8",
+    "step_normalization": "agrpo: 'mean' (AGRPO's 1 / T_i per step)",
+}
+
+# The `purpose` of a pass -> the salt of its independent seeds (`Scoring.pass_seeds`).
+SALTS = {"current": 0, "old": 1, "ref": 2}
+
+
+def config_values(args) -> dict:
+    """Every option's value read from `args` under its option name (TRL's resolution: `epsilon_high=None` is
+    `epsilon`; top-k 0 and top-p 1 are off). `None` leaves the function's default."""
+    values = {name: getattr(args, source) for name, source in OPTION_FIELDS.items()}
+    values.update(sampling_distribution(args))
+    if values["epsilon_high"] is None:
+        values["epsilon_high"] = args.epsilon
+    return values
+
+
+@dataclass
+class Scoring:
+    """The estimator and the objective of one trainer, bound to its config and model.
+
+    Args:
+        args (`DiffusionGRPOConfig`): the training arguments.
+        spec (`ModelSpec`): the policy's family spec (mask id, logit shift, block size).
+        block_length (`int`): the block length rollouts use (`checks.check_block_layout`).
+        entropy_grad (`bool`): TRL's entropy bonus is on.
+        shards_parameters (`bool`): ZeRO-3 / FSDP: recomputing views in backward would see partitioned parameters.
+        autocast (`Callable`): the accelerator's autocast context.
+    """
+
+    args: object
+    spec: ModelSpec
+    block_length: int
+    entropy_grad: bool
+    shards_parameters: bool
+    autocast: Callable = torch.autocast
+    values: dict = field(init=False)
+
+    def __post_init__(self):
+        self.values = config_values(self.args)
+        if self.shards_parameters:
+            self.values["checkpoint_views"] = False  # tests/test_multiprocess.py: ZeRO-3 recompute sees empty shards
+        self.values.update(
+            block_causal=self.spec.family == "block", block_length=self.block_length, entropy_grad=self.entropy_grad
+        )
+        self.estimator = ESTIMATORS[self.args.estimator]
+        self.objective = OBJECTIVES.get(self.args.loss_type)  # None: one of TRL's own loss types
+
+    # ------------------------------------------------------------------ options
+    def estimator_options(self, name: str | None = None, *, current: bool = True) -> dict:
+        """Exactly the options estimator `name` (default: the config's) declares, with their values."""
+        entry = ESTIMATORS[name or self.args.estimator]
+        values = {**self.values, "return_eubo": current and "eubo_logps" in self.estimate_fields}
+        return {key: values[key] for key in entry.options if values.get(key) is not None}
+
+    def objective_options(self) -> dict:
+        return {key: self.values[key] for key in self.objective.options if self.values.get(key) is not None}
+
+    @property
+    def estimate_fields(self) -> tuple[str, ...]:
+        return self.objective.estimate_fields if self.objective is not None else ()
+
+    @property
+    def uses_old(self) -> bool:
+        """TRL's loss types always take an importance ratio; our objectives say whether they read old log-probs."""
+        return self.objective is None or self.objective.uses_old
+
+    # ------------------------------------------------------------------ seeds
+    @property
+    def independent_noise(self) -> bool:
+        """`independent_mc_noise`, for estimators whose seed draws mask noise. A `shared_seed` estimator's seed
+        (`trajectory`) picks which steps are scored: old, reference and current must share it, or a token scored in
+        one pass only would be compared with the 0 stored for "not scored" (a ratio of exp(ℓ))."""
+        return self.args.independent_mc_noise and not self.estimator.shared_seed
+
+    def pass_seeds(self, seeds: torch.Tensor, purpose: str, step: int) -> torch.Tensor:
+        """The seeds of one pass (`purpose`: current, old or ref): the sample's own (common random numbers), or with
+        independent noise a fresh one derived from it, the pass and the micro-step — the same on 1 or N processes."""
+        if not self.independent_noise:
+            return seeds
+        fresh = [sample_seed(seed, "pass", SALTS[purpose], step) for seed in seeds.tolist()]
+        return torch.tensor(fresh, dtype=torch.long, device=seeds.device)
+
+    def first_iteration_on_policy(self, num_iterations: int) -> bool:
+        """Whether the first inner iteration runs with the very weights that generated: every generation falls on an
+        optimizer-step boundary and its first iteration's micro-steps end before the next one. Its old estimate is
+        then the current one, detached (same weights, same seeds), as in TRL."""
+        args, accumulation = self.args, self.args.gradient_accumulation_steps
+        generate_every = args.steps_per_generation * num_iterations
+        return (
+            generate_every % accumulation == 0
+            and args.steps_per_generation <= accumulation
+            and not self.independent_noise
+        )
+
+    # ------------------------------------------------------------------ estimates
+    def estimate(
+        self,
+        model,
+        batch: dict,
+        seeds: torch.Tensor,
+        *,
+        current: bool,
+        row_chunk: int | None = None,
+        aux_loss: bool = False,
+    ) -> tuple[LikelihoodOutput, torch.Tensor | None]:
+        """The configured estimator on `batch` (`prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask` and
+        the estimator's declared row inputs), `row_chunk` rows per call, under the accelerator's autocast. Returns the
+        output and, with `aux_loss`, the mean MoE router loss of its forwards."""
+        router = RouterLoss(model) if aux_loss else None
+        logits_fn = model_logits_fn(router or model, self.spec)
+        options = self.estimator_options(current=current)
+        rows_in = {name: batch[name] for name in self.estimator.inputs if name in batch}
+        size = batch["completion_ids"].size(0)
+        row_chunk = row_chunk or size
+        outputs = []
+        for start in range(0, size, row_chunk):
+            rows = slice(start, start + row_chunk)
+            with self.autocast():
+                outputs.append(estimate(
+                    self.args.estimator, logits_fn, batch["prompt_ids"][rows], batch["prompt_mask"][rows],
+                    batch["completion_ids"][rows], batch["completion_mask"][rows],
+                    mask_token_id=self.spec.mask_token_id, seeds=seeds[rows],
+                    **{name: value[rows] for name, value in rows_in.items()}, **options,
+                ))  # fmt: skip
+        return concat_outputs(outputs), (router.loss if router else None)
+
+    @torch.no_grad()
+    def old_and_ref(
+        self,
+        model,
+        batch: dict,
+        iterations: int,
+        step: int,
+        *,
+        first_on_policy: bool,
+        reference,
+        beta: float,
+        row_chunk: int,
+    ) -> dict[str, torch.Tensor]:
+        """`old_logps` / `ref_logps` of shape `(B, iterations, L)`, one slice per inner iteration, with that iteration's
+        seeds. No old pass for an objective that reads no old log-probs; the old slice of an on-policy first iteration
+        is not computed (NaN; the loss uses the detached current estimate). `reference()` is a context yielding the
+        reference model."""
+        olds, refs = [], []
+        nan = torch.full(batch["completion_ids"].shape, float("nan"), device=batch["completion_ids"].device)
+        for it in range(iterations):
+            seeds = batch["mc_seeds"][:, it]
+            if self.uses_old:
+                if it == 0 and first_on_policy:
+                    olds.append(nan)
+                else:
+                    seeds_old = self.pass_seeds(seeds, "old", step)
+                    olds.append(self.estimate(model, batch, seeds_old, current=False, row_chunk=row_chunk)[0].logps)
+            if beta != 0.0:
+                with reference() as ref:
+                    seeds_ref = self.pass_seeds(seeds, "ref", step)
+                    refs.append(self.estimate(ref, batch, seeds_ref, current=False, row_chunk=row_chunk)[0].logps)
+        out = {}
+        if olds and (iterations > 1 or not first_on_policy):
+            out["old_logps"] = torch.stack(olds, dim=1)
+        if refs:
+            out["ref_logps"] = torch.stack(refs, dim=1)
+        return out
+
+    def objective_inputs(self, batch: dict, output: LikelihoodOutput) -> dict:
+        """The objective's declared batch inputs and estimator-output fields, by keyword."""
+        inputs = {name: batch[name] for name in self.objective.inputs}
+        return inputs | {name: getattr(output, name, None) for name in self.objective.estimate_fields}
+
+
+@dataclass
+class EstimationPass:
+    """What TRL's likelihood hook is not given through its signature: the seeds of the pass it scores and the
+    estimator's row inputs (`unmask_step`, ...); the hook leaves its output here for logging."""
+
+    seeds: torch.Tensor  # (B,) int64
+    rows: dict[str, torch.Tensor]
+    output: LikelihoodOutput | None = None
+
+
+class RouterLoss:
+    """Calls the model with `output_router_logits=True` and keeps each forward's MoE load-balancing loss, as TRL's
+    hook does; `loss` is their mean over the estimator's forwards (masked views, replayed steps)."""
+
+    def __init__(self, model):
+        self.model, self.losses = model, []
+
+    def __call__(self, *args, **kwargs):
+        out = self.model(*args, output_router_logits=True, **kwargs)
+        self.losses.append(out.aux_loss)
+        return out
+
+    @property
+    def loss(self) -> torch.Tensor:
+        return torch.stack(self.losses).mean()
+
+
+def concat_outputs(outputs: list[LikelihoodOutput]) -> LikelihoodOutput:
+    """Concatenate row chunks of an estimator's output (any `LikelihoodOutput` subclass) along the batch; a field that
+    is `None` in the chunks (an upper bound not asked for) stays `None`."""
+    first = outputs[0]
+    if len(outputs) == 1:
+        return first
+    merged = {f.name: None if getattr(first, f.name) is None else torch.cat([getattr(o, f.name) for o in outputs])
+              for f in fields(first)}  # fmt: skip
+    return type(first)(**merged)
