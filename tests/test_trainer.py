@@ -189,8 +189,8 @@ def test_agrpo_with_threshold_and_dual_cache_rollouts(tmp_path, tiny_model_path)
                      confidence_threshold=0.05, generation_cache="dual")  # fmt: skip
     trainer = DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=distinct_tokens_reward, args=args,
                                    train_dataset=make_dataset())  # fmt: skip
-    from trl_dllm.core.bidirectional_cache import generate_cached
-    from trl_dllm.decoding import decoding_plan
+    from trl_dllm.core.sampling import generate_cached
+    from trl_dllm.training.rollouts import decoding_plan
 
     sampler, denoiser, options = decoding_plan(trainer.model, trainer.model_spec, args, eos_token_ids=[0])
     assert sampler is generate_cached and denoiser is trainer.model and options["generation_cache"] == "dual"

@@ -16,6 +16,7 @@ from .core.likelihood import estimate as _estimate
 from .core.sampling import GenerationOutput, generate_block_causal
 from .core.sampling import generate as _generate
 from .models import model_logits_fn, resolve_model_spec
+from .training.checks import check_block_guidance
 
 
 def denoiser(model: Any, mask_token_id: int | None = None, tokenizer: Any = None) -> Any:
@@ -32,8 +33,7 @@ def generate(model: Any, input_ids, attention_mask=None, **kwargs: Any) -> Gener
     if isinstance(model, nn.Module):
         spec = resolve_model_spec(model, mask_token_id=kwargs.get("mask_token_id"))
         if spec.family == "block":
-            if kwargs.pop("cfg_scale", 0.0):
-                raise ValueError("cfg_scale > 0 is not supported for block-causal generation; set cfg_scale=0.")
+            check_block_guidance(kwargs.pop("cfg_scale", 0.0))
             kwargs["block_length"] = spec.block_length
             return generate_block_causal(model, input_ids, attention_mask, **kwargs)
         model = model_logits_fn(model, spec)

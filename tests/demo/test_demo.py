@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from trl_dllm.demo import main, parse_args
-from trl_dllm.demo.run import QUICK, ROLLOUTS, DemoConfig, _demo_trainer_args
+from trl_dllm.demo.run import QUICK, ROLLOUTS, DemoConfig, demo_trainer_args
 from trl_dllm.demo.tasks import TASKS
 from trl_dllm.demo.warmstart import decode_completions, encode_examples, greedy_eval, prepare, warm_start
 from trl_dllm.testing import build_tiny_model, build_tokenizer
@@ -103,7 +103,7 @@ def test_parse_rollout_settings():
 def test_rollout_settings_reach_the_trainer_config_and_bad_ones_are_refused():
     task = TASKS["sort"]
     fields = {
-        rollout: _demo_trainer_args(DemoConfig(rollout=rollout, rollout_threshold=0.8), task, "unused")
+        rollout: demo_trainer_args(DemoConfig(rollout=rollout, rollout_threshold=0.8), task, "unused")
         for rollout in ROLLOUTS
     }
     assert (fields["fixed"].confidence_threshold, fields["fixed"].generation_cache) == (None, "none")
@@ -113,9 +113,9 @@ def test_rollout_settings_reach_the_trainer_config_and_bad_ones_are_refused():
         "dual",
     )
     with pytest.raises(ValueError, match="DemoConfig.rollout='fast'"):
-        _demo_trainer_args(DemoConfig(rollout="fast"), task, "unused")
+        demo_trainer_args(DemoConfig(rollout="fast"), task, "unused")
     with pytest.raises(ValueError, match="rollout_threshold=0.0 must be in"):
-        _demo_trainer_args(DemoConfig(rollout="threshold", rollout_threshold=0.0), task, "unused")
+        demo_trainer_args(DemoConfig(rollout="threshold", rollout_threshold=0.0), task, "unused")
 
 
 def test_quick_demo_with_each_rollout_setting_records_it_and_its_forwards(tmp_path):

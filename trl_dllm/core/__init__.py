@@ -1,5 +1,4 @@
-"""Pure-torch cores of trl_dllm: sampling, likelihood estimators, objectives, masks. They import only torch."""
+"""Pure-torch cores of trl_dllm: `sampling/` (decoding), `likelihood/` (estimators), `objectives/` (losses), masks and
+logits helpers. They import only torch, never TRL, the trainer or the model families."""
 
-# The objectives package has no import cycle (its modules import only `objectives._common`); it is imported here so
-# that `trl_dllm.core.objectives` is an attribute of `trl_dllm.core`, as before.
-from . import objectives  # noqa: F401
+from . import likelihood, objectives, sampling  # noqa: F401

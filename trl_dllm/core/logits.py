@@ -10,7 +10,7 @@ A *logits function* maps a canvas to per-position vocabulary logits::
 - ``positions`` (`torch.LongTensor` of shape `(K,)`, *optional*): the canvas positions whose logits are needed, shared
   by every row. ``None`` means all ``N`` positions.
 - ``position_ids`` (`torch.LongTensor` of shape `(B, N)`, *optional*, keyword only): explicit position ids, for layouts
-  where two canvas positions share a position id (the staircase layout of :mod:`trl_dllm.core.staircase`). Only
+  where two canvas positions share a position id (the staircase layout of :mod:`trl_dllm.core.likelihood.block`). Only
   callers that need them pass them, so a logits function that never serves such a layout may omit the argument.
 
 It returns `torch.Tensor` of shape `(B, K, V)` (or `(B, N, V)`), where row ``k`` holds the prediction *for* canvas

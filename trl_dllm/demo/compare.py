@@ -28,13 +28,22 @@ from pathlib import Path
 
 import torch
 
-from .run import QUICK, DemoConfig, HeldOutCallback, _demo_trainer_args, _make_trainer, _progress, _session, _train_log
+from .run import (
+    QUICK,
+    DemoConfig,
+    HeldOutCallback,
+    demo_trainer_args,
+    make_demo_trainer,
+    progress_bar,
+    torch_session,
+    train_log,
+)
 from .tasks import TASKS
 from .warmstart import prepare, warm_start
 
 SFT = "sft"
 # One line per method: the `DiffusionGRPOConfig` fields that define it (everything else is shared, see
-# `_demo_trainer_args`: lr 2e-4 constant, T 1.0, scale_rewards "none", on-policy). Objective-level knobs follow each
+# `demo_trainer_args`: lr 2e-4 constant, T 1.0, scale_rewards "none", on-policy). Objective-level knobs follow each
 # paper's released recipe (docs/algorithms.md); `None` is the SFT-equal-compute row.
 # fmt: off
 METHODS: dict[str, dict | None] = {
@@ -179,10 +188,10 @@ def _summarise(method, task, seed, prep, callback, steps, seconds, counter, budg
 
 def _rl_run(cfg: CompareConfig, demo: DemoConfig, prep: dict, method: str, seed: int, progress) -> dict:
     run_cfg = replace(demo, trainer_overrides={**METHODS[method], "seed": seed})
-    args = _demo_trainer_args(run_cfg, prep["task"], str(Path(demo.out_dir) / "trainer"))
+    args = demo_trainer_args(run_cfg, prep["task"], str(Path(demo.out_dir) / "trainer"))
     label = f"{method} · {demo.task} · seed {seed}"
     callback = TrackedEval(prep, demo.eval_every, demo.max_minutes, progress, label)
-    trainer = _make_trainer(prep, args, callback)
+    trainer = make_demo_trainer(prep, args, callback)
     callback.counter = counter = ForwardCounter(trainer.model, getattr(trainer, "ref_model", None))
     trainer.train()
     counter.remove()
@@ -192,7 +201,7 @@ def _rl_run(cfg: CompareConfig, demo: DemoConfig, prep: dict, method: str, seed:
               "max_minutes": demo.max_minutes, "sft_examples": 0}  # fmt: skip
     run = _summarise(method, demo.task, seed, prep, callback, steps, callback.curve[-1]["seconds"], counter, budget,
                      cfg.collapse_drop)  # fmt: skip
-    grads = _train_log(trainer.state.log_history)["grad_norm"]
+    grads = train_log(trainer.state.log_history)["grad_norm"]
     run["non_finite_grad_steps"] = sum(g is not None and not abs(g) < float("inf") for g in grads)
     run["trainer_fields"] = METHODS[method]
     return run
@@ -245,7 +254,7 @@ def _machine() -> dict:
             "loadavg_start": os.getloadavg()}  # fmt: skip
 
 
-@_session
+@torch_session
 def run_compare(cfg: CompareConfig) -> dict:
     """Run the selection; write `results.json`, `table.md` and `compare.png` to `cfg.out_dir`; return the results."""
     from rich.console import Console
@@ -255,7 +264,7 @@ def run_compare(cfg: CompareConfig) -> dict:
     results = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "machine": _machine(), "config": asdict(cfg), "methods": {m: METHODS[m] for m in cfg.methods},
                "warm_starts": {}, "runs": []}  # fmt: skip
-    with _progress(console) as progress:
+    with progress_bar(console) as progress:
         for task in cfg.tasks:
             demo = cfg.demo(task)
             prep = prepare(demo, console)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from .run import _plt
+from .run import pyplot
 
 
 def mean_std(values: list[float]) -> tuple[float, float | None]:
@@ -13,7 +13,7 @@ def mean_std(values: list[float]) -> tuple[float, float | None]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
-def _fmt(values: list[float], digits: int = 3) -> str:
+def mean_std_text(values: list[float], digits: int = 3) -> str:
     mean, std = mean_std(values)
     return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
@@ -94,9 +94,9 @@ def table_markdown(results: dict) -> str:
             col = {k: [r[k] for r in runs] for k in runs[0] if not isinstance(runs[0][k], (list, dict))}
             gains = [a - b for a, b in zip(col["heldout_after"], col["heldout_before"])]
             lines.append(
-                f"| {method} | {len(runs)} | {_fmt(col['heldout_before'])} | {_fmt(col['heldout_after'])} "
-                f"| {_fmt(gains)} | {_fmt(col['heldout_last'])} | {_fmt(col['best_step'], 0)} | {_fmt(col['steps'], 0)} "
-                f"| {sum(col['collapses'])} | {_fmt(col['wall_seconds'], 1)} | {_fmt(col['forwards'], 0)} |"
+                f"| {method} | {len(runs)} | {mean_std_text(col['heldout_before'])} | {mean_std_text(col['heldout_after'])} "
+                f"| {mean_std_text(gains)} | {mean_std_text(col['heldout_last'])} | {mean_std_text(col['best_step'], 0)} | {mean_std_text(col['steps'], 0)} "
+                f"| {sum(col['collapses'])} | {mean_std_text(col['wall_seconds'], 1)} | {mean_std_text(col['forwards'], 0)} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -135,7 +135,7 @@ def mean_curve(runs: list[dict], x: str = "step") -> tuple[list, list]:
 
 def plot_compare(results: dict, path: Path) -> None:
     """Per task: held-out reward vs RL step (RL methods), and vs training seconds (every method, SFT included)."""
-    plt = _plt()
+    plt = pyplot()
     tasks = results["config"]["tasks"]
     fig, axes = plt.subplots(len(tasks), 2, figsize=(12, 4 * len(tasks)), dpi=110, squeeze=False)
     colors = {m: f"C{i % 10}" for i, m in enumerate(results["config"]["methods"])}

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from .compare import collapses
-from .compare_report import _fmt, mean_curve
-from .run import QUICK, ROLLOUTS, DemoConfig, _plt, _points, run_demo
+from .compare_report import mean_curve, mean_std_text
+from .run import QUICK, ROLLOUTS, DemoConfig, finite_points, pyplot, run_demo
 from .tasks import TASKS, get_task
 
 TARGETS = (0.7, 0.8)  # held-out rewards whose first crossing is timed (the warm start is at 0.46 on `sort`)
@@ -37,7 +37,7 @@ def cumulative_forwards(summary: dict) -> dict[int, float]:
     log, cfg = summary["train_log"], summary["config"]
     tokens = cfg["prompts_per_step"] * cfg["num_generations"] * get_task(summary["task"]).completion_length
     total, out = 0.0, {0: 0.0}
-    for step, per_token in zip(*_points(log["step"], log["generation/forwards_per_token"])):
+    for step, per_token in zip(*finite_points(log["step"], log["generation/forwards_per_token"])):
         total += per_token * tokens
         out[int(step)] = total
     return out
@@ -91,17 +91,17 @@ def table_markdown(study: dict) -> str:
     head += ["grad norm max", "grad norm median", "ratio max", "collapses"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for setting, agg in study["settings"].items():
-        cells = [setting, str(len(agg["steps"])), _fmt(agg["heldout_after"]), _fmt(agg["accuracy_after"]),
-                 _fmt(agg["heldout_last"]), _fmt(agg["rl_minutes"], 2), _fmt(agg["forwards_per_token"]),
-                 _fmt(agg["row_forwards"], 0)]  # fmt: skip
+        cells = [setting, str(len(agg["steps"])), mean_std_text(agg["heldout_after"]), mean_std_text(agg["accuracy_after"]),
+                 mean_std_text(agg["heldout_last"]), mean_std_text(agg["rl_minutes"], 2), mean_std_text(agg["forwards_per_token"]),
+                 mean_std_text(agg["row_forwards"], 0)]  # fmt: skip
         for t in TARGETS:
             hits = [h for h in agg["reach"][str(t)] if h is not None]
             seconds = [h["seconds"] for h in hits if h["seconds"] is not None]
             cells.append(
-                f"{_fmt(seconds, 0) if seconds else '–'} · {_fmt([h['row_forwards'] for h in hits], 0) if hits else '–'}"
+                f"{mean_std_text(seconds, 0) if seconds else '–'} · {mean_std_text([h['row_forwards'] for h in hits], 0) if hits else '–'}"
                 f" ({len(hits)}/{len(agg['steps'])})"
             )
-        cells += [_fmt(agg["grad_norm_max"], 2), _fmt(agg["grad_norm_median"], 3), _fmt(agg["ratio_max"], 2),
+        cells += [mean_std_text(agg["grad_norm_max"], 2), mean_std_text(agg["grad_norm_median"], 3), mean_std_text(agg["ratio_max"], 2),
                   str(sum(agg["collapses"]))]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -109,7 +109,7 @@ def table_markdown(study: dict) -> str:
 
 def plot_study(summaries: dict[str, list[dict]], path: Path, title: str) -> None:
     """Held-out reward vs RL step and vs RL seconds (thin: each seed; thick: mean), forwards per token vs step."""
-    plt = _plt()
+    plt = pyplot()
     fig, (by_step, by_time, cost) = plt.subplots(1, 3, figsize=(16, 4.4), dpi=110)
     for i, (setting, runs) in enumerate(summaries.items()):
         color = f"C{i}"
@@ -119,7 +119,7 @@ def plot_study(summaries: dict[str, list[dict]], path: Path, title: str) -> None
             if all("seconds" in p for p in s["curve"]):
                 by_time.plot([p["seconds"] for p in s["curve"]], [p["test_reward"] for p in s["curve"]], color=color,
                              lw=0.6, alpha=0.35)  # fmt: skip
-            steps, per_token = _points(s["train_log"]["step"], s["train_log"]["generation/forwards_per_token"])
+            steps, per_token = finite_points(s["train_log"]["step"], s["train_log"]["generation/forwards_per_token"])
             cost.plot(steps, per_token, color=color, lw=0.5, alpha=0.4, label=setting if s is runs[0] else None)
         by_step.plot(*mean_curve(runs), color=color, lw=2, label=f"{setting} (mean of {len(runs)})")
         if all("seconds" in p for s in runs for p in s["curve"]):

@@ -93,7 +93,7 @@ def _rollout_fields(cfg: DemoConfig) -> dict:
     return fields
 
 
-def _demo_trainer_args(cfg: DemoConfig, task: Task, output_dir: str) -> DiffusionGRPOConfig:
+def demo_trainer_args(cfg: DemoConfig, task: Task, output_dir: str) -> DiffusionGRPOConfig:
     length = task.completion_length
     # fmt: off
     kwargs = dict(
@@ -170,7 +170,7 @@ class HeldOutCallback(TrainerCallback):
         return point
 
 
-def _make_trainer(prep: dict, args: DiffusionGRPOConfig, callback: HeldOutCallback) -> DiffusionGRPOTrainer:
+def make_demo_trainer(prep: dict, args: DiffusionGRPOConfig, callback: HeldOutCallback) -> DiffusionGRPOTrainer:
     """The trainer on the warm-start checkpoint, without the Trainer's per-step log printing (we draw our own bar)."""
     trainer = DiffusionGRPOTrainer(
         model=prep["path"],
@@ -184,7 +184,7 @@ def _make_trainer(prep: dict, args: DiffusionGRPOConfig, callback: HeldOutCallba
     return trainer
 
 
-def _train_log(history: list[dict]) -> dict[str, list]:
+def train_log(history: list[dict]) -> dict[str, list]:
     """Per optimizer step: the logged metrics (`None` where a step did not log one: with `num_iterations > 1` the
     reward is logged only at steps that generate)."""
     rows = [h for h in history if "loss" in h and "step" in h]
@@ -199,7 +199,7 @@ def _rollout_summary(args: DiffusionGRPOConfig, log: dict[str, list], rows_per_s
     importance ratio and gradient norm (before clipping) over the run."""
     per_token = [v for v in log["generation/forwards_per_token"] if v is not None]
     tokens = rows_per_step * args.max_completion_length
-    _, grads = _points(log["step"], log["grad_norm"])
+    _, grads = finite_points(log["step"], log["grad_norm"])
     return {
         "confidence_threshold": args.confidence_threshold,
         "generation_cache": args.generation_cache,
@@ -208,17 +208,17 @@ def _rollout_summary(args: DiffusionGRPOConfig, log: dict[str, list], rows_per_s
         "forwards_per_token_mean": sum(per_token) / len(per_token) if per_token else float("nan"),
         "grad_norm_max": max(grads, default=float("nan")),
         "grad_norm_median": sorted(grads)[len(grads) // 2] if grads else float("nan"),
-        "ratio_max": max(_points(log["step"], log["ratio/max"])[1], default=float("nan")),
+        "ratio_max": max(finite_points(log["step"], log["ratio/max"])[1], default=float("nan")),
     }
 
 
-def _points(steps: list, values: list) -> tuple[list, list]:
+def finite_points(steps: list, values: list) -> tuple[list, list]:
     """The (step, value) pairs with a finite value: NaN / inf (a diverged run) and missing values are dropped."""
     pairs = [(s, v) for s, v in zip(steps, values) if v is not None and abs(v) != float("inf") and v == v]
     return [s for s, _ in pairs], [v for _, v in pairs]
 
 
-def _session(fn):
+def torch_session(fn):
     """Run `fn(cfg, ...)` with `cfg.threads` torch threads and without transformers' load/save progress bars; restore
     both afterwards (the demo also runs inside the test suite)."""
 
@@ -238,7 +238,7 @@ def _session(fn):
 
 
 # --------------------------------------------------------------------------- the demo
-@_session
+@torch_session
 def run_demo(cfg: DemoConfig) -> dict:
     """Warm start, then StableDRL on the task; writes `summary.json`, `reward.png` and the best model to `out_dir`."""
     from rich.console import Console
@@ -246,10 +246,10 @@ def run_demo(cfg: DemoConfig) -> dict:
     console, wall_start = Console(), time.monotonic()
     prep = prepare(cfg, console)
     task, tokenizer = prep["task"], prep["tokenizer"]
-    args = _demo_trainer_args(cfg, task, str(Path(cfg.out_dir) / "trainer"))
-    with _progress(console) as progress:
+    args = demo_trainer_args(cfg, task, str(Path(cfg.out_dir) / "trainer"))
+    with progress_bar(console) as progress:
         callback = HeldOutCallback(prep, cfg.eval_every, cfg.max_minutes, progress, f"StableDRL on {cfg.task}")
-        trainer = _make_trainer(prep, args, callback)
+        trainer = make_demo_trainer(prep, args, callback)
         rl_start = time.monotonic()
         trainer.train()
         rl_seconds = time.monotonic() - rl_start
@@ -259,7 +259,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     trainer.model.save_pretrained(Path(cfg.out_dir) / "best_model")
     tokenizer.save_pretrained(Path(cfg.out_dir) / "best_model")
     steps = trainer.state.global_step
-    log = _train_log(trainer.state.log_history)
+    log = train_log(trainer.state.log_history)
     start = {
         "step": 0,
         "seconds": 0.0,
@@ -298,7 +298,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     return summary
 
 
-def _progress(console):
+def progress_bar(console):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(
@@ -311,7 +311,7 @@ def _progress(console):
     )
 
 
-def _plt():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -329,9 +329,9 @@ def _smooth(values: list[float], window: int) -> list[float]:
 
 
 def plot_reward(summary: dict, path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    steps, rewards = _points(summary["train_log"]["step"], summary["train_log"]["reward"])
+    steps, rewards = finite_points(summary["train_log"]["step"], summary["train_log"]["reward"])
     ax.plot(steps, rewards, color="0.8", lw=0.6)
     ax.plot(steps, _smooth(rewards, 25), color="0.45", lw=1.2, label="train reward (rollouts, T=1; 25-step mean)")
     curve = summary["curve"]
@@ -378,7 +378,7 @@ class StabilityConfig:
     max_minutes_per_run: float = 2.0
 
 
-@_session
+@torch_session
 def run_stability(cfg: DemoConfig, study: StabilityConfig) -> dict:
     """Train every (loss type, seed) pair; write `stability.json` and `stability.png` to `cfg.out_dir`."""
     from rich.console import Console
@@ -386,7 +386,7 @@ def run_stability(cfg: DemoConfig, study: StabilityConfig) -> dict:
     console, wall_start = Console(), time.monotonic()
     prep = prepare(replace(cfg, max_steps=study.max_steps), console)
     runs = []
-    with _progress(console) as progress:
+    with progress_bar(console) as progress:
         for loss_type in study.loss_types:
             for seed in study.seeds:
                 runs.append(_stability_run(cfg, study, prep, loss_type, seed, progress))
@@ -411,13 +411,13 @@ def _stability_run(cfg, study, prep, loss_type, seed, progress) -> dict:
     level = NOISE_LEVELS[study.noise]
     overrides = dict(loss_type=loss_type, seed=seed, num_iterations=study.num_iterations, max_steps=study.max_steps)
     run_cfg = replace(cfg, trainer_overrides={**cfg.trainer_overrides, **overrides, **level})
-    args = _demo_trainer_args(run_cfg, prep["task"], str(Path(cfg.out_dir) / "trainer"))
+    args = demo_trainer_args(run_cfg, prep["task"], str(Path(cfg.out_dir) / "trainer"))
     callback = HeldOutCallback(prep, 0, study.max_minutes_per_run, progress, f"{loss_type} seed {seed}", heldout=False)
-    trainer = _make_trainer(prep, args, callback)
+    trainer = make_demo_trainer(prep, args, callback)
     start = time.monotonic()
     trainer.train()
     after = greedy_eval(trainer.model, prep["tokenizer"], prep["task"], prep["test"])["reward"]
-    log = _train_log(trainer.state.log_history)
+    log = train_log(trainer.state.log_history)
     run = {"loss_type": loss_type, "seed": seed, "seconds": time.monotonic() - start, "before": prep["before"]["reward"],
            "after": after, "steps": log["step"], "grad_norm": log["grad_norm"], "ratio/max": log["ratio/max"],
            "reward": log["reward"]}  # fmt: skip
@@ -427,14 +427,14 @@ def _stability_run(cfg, study, prep, loss_type, seed, progress) -> dict:
 
 def _run_stats(run: dict) -> dict:
     """What the study reports per run: gradient-norm spikes, the largest ratio, reward at the start and the end."""
-    _, grads = _points(run["steps"], run["grad_norm"])
-    _, rewards = _points(run["steps"], run["reward"])
+    _, grads = finite_points(run["steps"], run["grad_norm"])
+    _, rewards = finite_points(run["steps"], run["reward"])
     median = sorted(grads)[len(grads) // 2] if grads else float("nan")
     return {
         "grad_norm_max": max(grads, default=float("nan")),
         "grad_norm_median": median,
         "non_finite_grad_steps": sum(g is not None and not abs(g) < float("inf") for g in run["grad_norm"]),
-        "ratio_max": max(_points(run["steps"], run["ratio/max"])[1], default=float("nan")),
+        "ratio_max": max(finite_points(run["steps"], run["ratio/max"])[1], default=float("nan")),
         "reward_first_10": sum(rewards[:10]) / max(len(rewards[:10]), 1),
         "reward_last_10": sum(rewards[-10:]) / max(len(rewards[-10:]), 1),
     }
@@ -451,7 +451,7 @@ def _describe(run: dict) -> str:
 
 
 def plot_stability(result: dict, path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     loss_types = list(dict.fromkeys(r["loss_type"] for r in result["runs"]))
     metrics = (
         ("grad_norm", "gradient norm (before clipping)", True),
@@ -464,7 +464,7 @@ def plot_stability(result: dict, path: Path) -> None:
         for run in (r for r in result["runs"] if r["loss_type"] == loss_type):
             for row, (name, label, log) in enumerate(metrics):
                 ax = axes[row][col]
-                ax.plot(*_points(run["steps"], run[name]), lw=1, label=f"seed {run['seed']}")
+                ax.plot(*finite_points(run["steps"], run[name]), lw=1, label=f"seed {run['seed']}")
                 ax.set_yscale("log" if log else "linear")
                 ax.set_ylabel(label if col == 0 else "")
                 ax.grid(alpha=0.3)

@@ -10,7 +10,6 @@ code; a family of :data:`~trl_dllm.models.native.NATIVE_LAYOUTS` is loaded into 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -149,17 +148,6 @@ def attends_bidirectionally(model: torch.nn.Module, atol: float = 1e-6) -> bool:
 
 def is_native_layout(model: Any) -> bool:
     return getattr(model, "dllm_layout", None) in NATIVE_LAYOUTS
-
-
-def adapter_base(path: str) -> str | None:
-    """The ``base_model_name_or_path`` of a LoRA adapter folder, or `None` if ``path`` is not one."""
-    config = os.path.join(path, "adapter_config.json")
-    if not os.path.isfile(config):
-        return None
-    import json
-
-    with open(config, encoding="utf-8") as f:
-        return json.load(f).get("base_model_name_or_path")
 
 
 def load_adapter(model: torch.nn.Module, adapter_path: str, **kwargs: Any) -> Any:

@@ -105,7 +105,7 @@ def eos_ids(tokenizer, spec) -> list[int]:
 def sampler_for(model, spec, args, eval_args, eos_token_ids: list[int]):
     """`(sampler, model or logits_fn, options)` for decoding, exactly as the trainer decodes (`decoding_plan`), with
     the eval temperature."""
-    from ..decoding import decoding_plan
+    from ..training.rollouts import decoding_plan
 
     return decoding_plan(model, spec, args, eos_token_ids=eos_token_ids, temperature=eval_args.eval_temperature)
 

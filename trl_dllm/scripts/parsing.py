@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 from trl import TrlParser
 
-from ..validation import REMOVED_ARGUMENTS
+from ..training.checks import REMOVED_ARGUMENTS
 
 _ENV_VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 

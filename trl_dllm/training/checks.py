@@ -523,6 +523,12 @@ def check_cache_model(spec: ModelSpec, cache: str) -> None:
         )
 
 
+def check_block_guidance(cfg_scale: float) -> None:
+    """Block-causal decoding has no classifier-free guidance (the trainer and `trl_dllm.generate`)."""
+    if cfg_scale:
+        raise ValueError("cfg_scale > 0 is not supported for block-causal generation; set cfg_scale=0.")
+
+
 def check_block_layout(args, spec: ModelSpec) -> int:
     """The config against the model's layout; returns the block length rollouts and estimates use (a block-diffusion
     model's own block size, else `args.block_length`). The config is never changed."""
@@ -540,8 +546,7 @@ def check_block_layout(args, spec: ModelSpec) -> int:
             f"max_completion_length={args.max_completion_length} must be a multiple of the model's block length "
             f"{block}, and diffusion_steps={args.diffusion_steps} a multiple of the number of blocks."
         )
-    if args.cfg_scale:
-        raise ValueError("cfg_scale > 0 is not supported for block-causal generation; set cfg_scale=0.")
+    check_block_guidance(args.cfg_scale)
     if not ESTIMATORS[args.estimator].block_causal:
         raise ValueError(
             f"estimator={args.estimator!r} scores with bidirectional attention, which a block-causal model was not "

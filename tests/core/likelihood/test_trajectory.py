@@ -231,7 +231,7 @@ def test_replay_of_threshold_and_eos_early_exit_rollouts(rollout):
 
 @pytest.mark.parametrize("use_cache", [False, True])
 def test_replay_of_block_causal_rollouts(use_cache):
-    from trl_dllm.core.block_sampling import generate_block_causal
+    from trl_dllm.core.sampling import generate_block_causal
     from trl_dllm.testing import build_tiny_block_model, build_tokenizer
 
     tokenizer = build_tokenizer()

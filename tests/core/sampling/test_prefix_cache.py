@@ -9,8 +9,8 @@ agreement on a trained model is measured by `bench/bench_rollout_tradeoff.py`, n
 import pytest
 import torch
 
+from trl_dllm.core.likelihood import trajectory
 from trl_dllm.core.sampling import BidirectionalKVCache, generate, generate_cached
-from trl_dllm.core.trajectory import trajectory
 from trl_dllm.testing import build_tiny_model, build_tokenizer
 
 TOKENIZER = build_tokenizer()
@@ -123,8 +123,8 @@ def test_errors(model):
 
 def test_config_and_model_checks(tmp_path):
     from trl_dllm import DiffusionGRPOConfig
-    from trl_dllm.decoding import check_cache_model
     from trl_dllm.models.specs import BLOCK, DREAM, LLADA, LLADA_NATIVE
+    from trl_dllm.training.checks import check_cache_model
 
     args = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_completion_length=8)
     with pytest.raises(ValueError, match="generation_cache='full' is not one of"):
@@ -193,9 +193,9 @@ def test_a_model_without_a_cache_object_is_refused(model):
 def test_native_families_are_checked():
     """LLaDA (native) is supported; Dream (shifted logits) and SDAR (block-diffusion: exact cache of its own) are
     refused with the fix in the message, as resolved from their native classes."""
-    from trl_dllm.decoding import check_cache_model
     from trl_dllm.models import resolve_model_spec
     from trl_dllm.testing import build_family_tokenizer
+    from trl_dllm.training.checks import check_cache_model
 
     specs = {f: resolve_model_spec(_native(f), build_family_tokenizer(f)) for f in ("llada", "dream", "sdar")}
     check_cache_model(specs["llada"], "dual")

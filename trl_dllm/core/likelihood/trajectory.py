@@ -203,7 +203,7 @@ def rebuild_canvas(completion_ids, unmask_step, step, mask_token_id: int) -> tor
 
 def _replay_attention(logits_fn, prompt_mask, length, block_length):
     """``cat(prompt_mask, ones)`` (bidirectional), or with ``block_length`` the additive block-causal 4-D mask under
-    which :func:`~trl_dllm.core.block_sampling.generate_block_causal` decoded: block ``b`` sees the prompt and blocks
+    which :func:`~trl_dllm.core.sampling.generate_block_causal` decoded: block ``b`` sees the prompt and blocks
     ``<= b``, so masked later blocks in the replayed canvas are invisible, as they were absent in the rollout."""
     attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(prompt_mask.shape[0], length)], dim=1)
     if block_length is None:
@@ -388,7 +388,7 @@ def trajectory(
         token_entropies (`torch.Tensor` of shape `(B, L)`, *optional*): rollout entropies, for ``"entropy"``.
         cfg_scale (`float`, *optional*, defaults to `0.0`): the rollout's classifier-free guidance scale.
         block_causal (`bool`, *optional*, defaults to `False`): the rollout came from
-            :func:`~trl_dllm.core.block_sampling.generate_block_causal`: replay under its block-causal 4-D mask
+            :func:`~trl_dllm.core.sampling.generate_block_causal`: replay under its block-causal 4-D mask
             (:func:`~trl_dllm.core.masks.block_causal_mask`) instead of the 2-D padding mask.
         block_length (`int`, *optional*): the model's block size; required with ``block_causal=True`` (ignored
             otherwise: the recorded steps already encode the decoding blocks).
