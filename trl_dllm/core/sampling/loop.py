@@ -232,6 +232,13 @@ def _row_noise(generator: Noise, rows: Rows) -> Noise:
     return [generator[i] for i in rows.tolist()]
 
 
+def _window_masked(rollout: Rollout, start: int, end: int, member: torch.Tensor | None) -> torch.Tensor:
+    """(B, end - start) bool: the still-masked positions each row decodes in window ``[start, end)``."""
+    lo = rollout.prompt_length
+    masked = rollout.canvas[:, lo + start : lo + end] == rollout.mask_token_id
+    return masked if member is None else masked & member
+
+
 def decoding_windows(blocks: torch.Tensor | None, prompt_length: int, length: int, block_length: int):
     """The decoding blocks of a canvas: ``[(start, end, member)]`` in completion coordinates, left to right.
 
@@ -277,11 +284,7 @@ def decode_blocks(
     for index, (start, end, member) in enumerate(decoding_windows(blocks, prompt_length, rollout.completion.shape[1],
                                                                   block_length)):  # fmt: skip
 
-        def window_masked():
-            masked = rollout.canvas[:, prompt_length + start : prompt_length + end] == rollout.mask_token_id
-            return masked if member is None else masked & member
-
-        masked = window_masked()
+        masked = _window_masked(rollout, start, end, member)
         schedule = transfer_schedule(masked.sum(dim=1), steps_per_block)
         step = 0
         while masked.any() and (threshold or step < steps_per_block):
@@ -297,7 +300,7 @@ def decode_blocks(
                 result = _choose(logits, masked[rows], chosen, opts, _row_noise(generator, rows))
                 rollout.commit(rows, start, end, result, step_id)
                 rollout.exit_finished_rows()
-                masked = window_masked()
+                masked = _window_masked(rollout, start, end, member)
             step += 1
 
 
