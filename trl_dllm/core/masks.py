@@ -223,7 +223,7 @@ def layout_ids(prompt_mask: torch.Tensor, completion_length: int, block_length: 
     Returns:
         `tuple[torch.LongTensor, torch.LongTensor]`: block ids and position ids, each of shape `(B, P + L)`. With
         ``"absolute"``, position ``t = (number of real tokens before the column)`` and block ``t // B_b``; padding
-        columns get position 0 and block 0 (they are never visible as keys).
+        columns get position 0 and block -1 (never visible as keys, in no decoding block).
     """
     if layout not in BLOCK_LAYOUTS:
         raise ValueError(f"Unknown block layout {layout!r}; expected one of {BLOCK_LAYOUTS}.")
@@ -239,8 +239,9 @@ def layout_ids(prompt_mask: torch.Tensor, completion_length: int, block_length: 
     if bool((real[:, :-1] & ~real[:, 1:]).any()):
         raise ValueError("The absolute block layout needs left-padded prompts (padding only before the first token).")
     ones = torch.ones(batch, completion_length, dtype=torch.long, device=device)
-    positions = (torch.cat([real.long(), ones], dim=1).cumsum(dim=1) - 1).clamp(min=0)
-    return positions.div(block_length, rounding_mode="floor"), positions
+    counts = torch.cat([real.long(), ones], dim=1).cumsum(dim=1) - 1
+    positions = counts.clamp(min=0)
+    return torch.where(counts < 0, -1, positions.div(block_length, rounding_mode="floor")), positions
 
 
 def block_attention(
