@@ -91,3 +91,27 @@ def test_equals_sdar_generate_for_every_prompt_length(sdar, strategy):
         assert (theirs != mask_id).all()
         agree.append(torch.equal(completion[: len(theirs)], theirs))
     assert all(agree), f"prompt lengths that differ: {[p + 1 for p, ok in enumerate(agree) if not ok]}"
+
+
+def test_the_prompt_as_one_block_layout_does_not_match(sdar):
+    """The old layout (prompt one block, completion blocks from its end) against SDAR's own decoding: prints the share
+    of equal tokens among the first ``GEN`` per prompt length (``-s`` to see it); equal only when the prompt is exactly
+    one block."""
+    module, remote, native = sdar
+    mask_id = remote.config.mask_token_id
+    generator = torch.Generator().manual_seed(0)
+    agreement = {}
+    for p in range(1, 3 * BLOCK + 1):
+        prompt = torch.randint(0, 5000, (p,), generator=generator)
+        ours = generate_block_causal(
+            native, prompt[None], None, mask_token_id=mask_id, gen_length=GEN, block_length=BLOCK,
+            diffusion_steps=GEN, temperature=0.0, block_layout="prompt",
+        ).completion_ids[0]  # fmt: skip
+        theirs = module.block_diffusion_generate(
+            remote, {"input_ids": prompt[None]}, mask_id, gen_length=GEN, block_length=BLOCK, denoising_steps=BLOCK,
+            temperature=0.0, remasking_strategy="low_confidence_static",
+        )[0, p : p + GEN]  # fmt: skip
+        agreement[p] = (ours == theirs).float().mean().item()
+    print("prompt-layout agreement with SDAR's generate.py by prompt length:", agreement)
+    assert agreement[BLOCK] == 1.0
+    assert max(v for p, v in agreement.items() if p != BLOCK) < 1.0
