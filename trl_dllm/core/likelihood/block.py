@@ -13,8 +13,11 @@ one forward of ``[prompt | x_<b | x̃_b]`` under the block-causal mask (:func:`~
     [prompt | x_noisy | x_clean]        position ids: [0..P-1 | P..P+L-1 | P..P+L-1]
 
 ``x_noisy`` holds every block's ``x̃_b``, ``x_clean`` the clean completion, and the mask
-(:func:`~trl_dllm.core.masks.staircase_mask`) lets noisy block ``b`` attend the prompt, clean blocks ``< b`` and
-itself, and clean block ``b`` the prompt and clean blocks ``<= b``. Each noisy block then sees exactly the keys and
+(:func:`~trl_dllm.core.masks.noisy_clean_attention`) lets noisy block ``b`` attend the prompt, clean blocks ``< b`` and
+itself, and clean block ``b`` the prompt and clean blocks ``<= b``. That is the ``"prompt"`` block layout (the prompt
+one block). Under the families' own ``"absolute"`` layout (the default) blocks are counted from each sample's position
+0, prompt included, and the prompt's tail, which shares the first completion block, is repeated in the noisy copy
+(:func:`staircase_inputs`), as in SDAR's SFT ``[x_t | x_0]``. Each noisy block then sees exactly the keys and
 values it sees in its own block-causal forward, so the two computations agree to float round-off (tested, sdpa and
 eager).
 

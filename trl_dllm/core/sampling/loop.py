@@ -176,9 +176,6 @@ class Rollout:
     def completion(self) -> torch.Tensor:
         return self.canvas[:, self.prompt_length :]  # a view: writing it writes the canvas
 
-    def masked(self, start: int, end: int) -> torch.Tensor:
-        return self.completion[:, start:end] == self.mask_token_id
-
     def commit(self, rows: Rows, start: int, end: int, result: _StepResult, step: int) -> None:
         """Write the committed tokens of window ``[start, end)`` (completion coordinates; ``start < 0`` when the window
         begins with prompt-tail columns, which are never committed)."""
