@@ -62,7 +62,7 @@ def test_bidirectional_estimator_on_block_model_is_rejected(tmp_path, tiny_block
 
 
 def test_block_length_must_match_the_model(tmp_path, tiny_block_model_path):
-    with pytest.raises(ValueError, match="block_length=2, but this block-diffusion model has blocks of 4"):
+    with pytest.raises(ValueError, match=r"block_length=2 does not match the model's block size 4 .*set block_length=4"):
         make_trainer(tmp_path, tiny_block_model_path, loss_type="agrpo", estimator="trajectory", block_length=2,
                      diffusion_steps=4)
 

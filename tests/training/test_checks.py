@@ -234,3 +234,29 @@ def test_positional_dataset_is_checked(tmp_path, tiny_model_path):
     args = make(output_dir=str(tmp_path))
     with pytest.raises(ValueError, match="train_dataset is empty"):
         DiffusionGRPOTrainer(tiny_model_path, reward, args, Dataset.from_dict({"prompt": []}))
+
+
+@pytest.mark.parametrize(
+    "block_size, fields, pattern",
+    [
+        (None, {}, r"no block size \(config.block_size / config.block_length is None\), so block_length=4 cannot be "
+                   r"checked.*add the size the model was trained with"),
+        (4, {"block_length": 8}, r"block_length=8 does not match the model's block size 4 .*set block_length=4"),
+        (4, {"max_completion_length": 10, "block_length": 10, "diffusion_steps": 10},
+         r"max_completion_length=10 must be a multiple of the model's block size 4.*max_completion_length=8"),
+    ],
+)  # fmt: skip
+def test_block_layout_refuses_a_missing_or_mismatched_block_size(block_size, fields, pattern):
+    """`check_block_layout`: one line naming the config's block_length and the checkpoint's block size, and the fix."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from trl_dllm.models.specs import BLOCK
+    from trl_dllm.training.checks import check_block_layout
+
+    good = dict(estimator="block", generation_cache="none", block_length=4, max_completion_length=16,
+                diffusion_steps=16, cfg_scale=0.0)  # fmt: skip
+    assert check_block_layout(SimpleNamespace(**good), replace(BLOCK, mask_token_id=3, block_length=4)) == 4
+    spec = replace(BLOCK, mask_token_id=3, block_length=block_size)
+    with pytest.raises(ValueError, match=pattern):
+        check_block_layout(SimpleNamespace(**{**good, **fields}), spec)

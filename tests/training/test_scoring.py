@@ -44,7 +44,7 @@ def _scoring(estimator, loss_type, **fields):
     args = DiffusionGRPOConfig(output_dir="unused", per_device_train_batch_size=2, num_generations=2,
                                max_completion_length=8, estimator=estimator, loss_type=loss_type, report_to="none",
                                use_cpu=True, **fields)  # fmt: skip
-    spec = type("Spec", (), {"family": "generic", "mask_token_id": 3})()
+    spec = type("Spec", (), {"family": "generic", "mask_token_id": 3, "block_layout": "absolute"})()
     return Scoring(args, spec, block_length=args.block_length, entropy_grad=False, shards_parameters=False)
 
 

@@ -197,6 +197,105 @@ def block_causal_mask(
     return additive_mask((allowed | itself).reshape(-1, 1, len(queries), seq_len), dtype)
 
 
+# --- Per-sample block layouts (block-diffusion families) ---
+
+BLOCK_LAYOUTS = ("absolute", "prompt")
+"""How a block-diffusion model's blocks are counted over ``[left-padded prompt | completion]``:
+
+- ``"absolute"`` (SDAR / TraDo: their ``generate.py``, serving engines and SFT): block = true position // B per sample,
+  prompt included, positions ``0..p_i + L - 1`` from the row's first real token; the prompt's first ``p_i // B``
+  blocks are whole prompt blocks and its tail (``p_i mod B`` tokens) shares the first decoding block with the masks
+  after it.
+- ``"prompt"``: the whole prompt is block 0, completion block ``b`` is ``1 + c // B`` (``c`` counted from the prompt's
+  end), position ids ``0..P + L - 1`` over the padded canvas.
+"""
+
+
+def layout_ids(prompt_mask: torch.Tensor, completion_length: int, block_length: int, layout: str = "absolute"):
+    """Per-row block ids and position ids of the canvas ``[left-padded prompt | completion]``.
+
+    Args:
+        prompt_mask (`torch.Tensor` of shape `(B, P)`): 1 for prompt tokens, 0 for (left) padding.
+        completion_length (`int`): ``L``.
+        block_length (`int`): the model's block size ``B_b``.
+        layout (`str`): one of :data:`BLOCK_LAYOUTS`.
+
+    Returns:
+        `tuple[torch.LongTensor, torch.LongTensor]`: block ids and position ids, each of shape `(B, P + L)`. With
+        ``"absolute"``, position ``t = (number of real tokens before the column)`` and block ``t // B_b``; padding
+        columns get position 0 and block -1 (never visible as keys, in no decoding block).
+    """
+    if layout not in BLOCK_LAYOUTS:
+        raise ValueError(f"Unknown block layout {layout!r}; expected one of {BLOCK_LAYOUTS}.")
+    if block_length < 1:
+        raise ValueError(f"block_length must be >= 1, got {block_length}.")
+    batch, prompt_length = prompt_mask.shape
+    device = prompt_mask.device
+    if layout == "prompt":
+        blocks = block_ids(prompt_length + completion_length, block_length, prompt_length, device=device)
+        positions = torch.arange(prompt_length + completion_length, device=device)
+        return blocks.expand(batch, -1), positions.expand(batch, -1)
+    real = prompt_mask.bool()
+    if bool((real[:, :-1] & ~real[:, 1:]).any()):
+        raise ValueError("The absolute block layout needs left-padded prompts (padding only before the first token).")
+    ones = torch.ones(batch, completion_length, dtype=torch.long, device=device)
+    counts = torch.cat([real.long(), ones], dim=1).cumsum(dim=1) - 1
+    positions = counts.clamp(min=0)
+    return torch.where(counts < 0, -1, positions.div(block_length, rounding_mode="floor")), positions
+
+
+def block_attention(
+    blocks: torch.Tensor, real: torch.Tensor, *, query_start: int = 0, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Additive 4-D block-causal mask from per-row block ids: query ``i`` sees key ``j`` iff ``j`` is real and
+    ``blocks[j] <= blocks[i]``; every position sees itself (no fully blocked row).
+
+    Args:
+        blocks (`torch.LongTensor` of shape `(B, N)`): block id of every column (:func:`layout_ids`).
+        real (`torch.Tensor` of shape `(B, N)`): 1 for tokens, 0 for padding.
+        query_start (`int`): return the rows of queries ``query_start .. N - 1`` only (KV-cache steps).
+        dtype (`torch.dtype`): dtype of the model's attention scores.
+
+    Returns:
+        `torch.Tensor` of shape `(B, 1, N - query_start, N)`: ``0`` allowed, ``-inf`` blocked.
+    """
+    n = blocks.shape[1]
+    queries = torch.arange(query_start, n, device=blocks.device)
+    allowed = (blocks[:, None, :] <= blocks[:, query_start:, None]) & real.bool()[:, None, :]
+    itself = queries[:, None] == torch.arange(n, device=blocks.device)[None, :]
+    return additive_mask((allowed | itself)[:, None], dtype)
+
+
+def noisy_clean_attention(
+    blocks: torch.Tensor, noisy: torch.Tensor, real: torch.Tensor, *, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Additive 4-D mask of a ``[x_t | x_0]`` layout (block-diffusion SFT, SDAR's; the staircase of ``block``).
+
+    Every column is in the noisy copy ``x_t`` or the clean copy ``x_0`` and has a block id (the two copies of a
+    position share it). Query ``i`` sees real key ``j`` iff
+
+    - ``i`` clean: ``j`` clean and ``blocks[j] <= blocks[i]``;
+    - ``i`` noisy: ``j`` noisy in the same block, or ``j`` clean in an earlier block.
+
+    Args:
+        blocks (`torch.LongTensor` of shape `(B, N)`): block ids.
+        noisy (`torch.BoolTensor` of shape `(B, N)` or `(N,)`): the column belongs to ``x_t``.
+        real (`torch.Tensor` of shape `(B, N)`): 1 for tokens, 0 for padding.
+        dtype (`torch.dtype`): dtype of the model's attention scores.
+
+    Returns:
+        `torch.Tensor` of shape `(B, 1, N, N)`: ``0`` allowed, ``-inf`` blocked.
+    """
+    noisy = noisy.bool().expand_as(blocks)
+    key_block, query_block = blocks[:, None, :], blocks[:, :, None]
+    key_noisy, query_noisy = noisy[:, None, :], noisy[:, :, None]
+    clean_key = ~key_noisy & ((query_noisy & (key_block < query_block)) | (~query_noisy & (key_block <= query_block)))
+    noisy_key = key_noisy & query_noisy & (key_block == query_block)
+    allowed = (clean_key | noisy_key) & real.bool()[:, None, :]
+    itself = torch.eye(blocks.shape[1], dtype=torch.bool, device=blocks.device)
+    return additive_mask((allowed | itself)[:, None], dtype)
+
+
 # --- Staircase attention (the `block` likelihood estimator: StableDRL's layout for block-diffusion models) ---
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from torch import nn
 
 from ..core.logits import LogitsFn, module_logits_fn
+from ..core.masks import BLOCK_LAYOUTS
 from .specs import FAMILY_MARKER, MARKED_SPECS, MODEL_SPECS, ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -135,9 +136,16 @@ def _family_spec(model: Any) -> ModelSpec | None:
             f"{_config_value(config, FAMILY_MARKER)!r} but its config has no valid `block_length` "
             f"({block_length!r}): set `config.block_length` to the block size the model was trained with."
         )
+    layout = _config_value(config, "block_layout") or marked.block_layout
+    if layout not in BLOCK_LAYOUTS:
+        raise ValueError(
+            f"{getattr(config, 'name_or_path', '') or type(model).__name__} has config.block_layout={layout!r}; "
+            f"expected one of {BLOCK_LAYOUTS} (or no block_layout: 'absolute', the families' own)."
+        )
     return replace(
-        marked, accepts_logits_to_keep=_generic_spec(model).accepts_logits_to_keep, block_length=int(block_length)
-    )
+        marked, accepts_logits_to_keep=_generic_spec(model).accepts_logits_to_keep, block_length=int(block_length),
+        block_layout=layout,
+    )  # fmt: skip
 
 
 def _missing_mask_error(model: Any) -> ValueError:

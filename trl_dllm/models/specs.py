@@ -36,6 +36,11 @@ class ModelSpec:
             blocked), needed by block-causal and staircase layouts.
         block_length (`int` or `None`, *optional*, defaults to `None`):
             Native block size of block-diffusion families; `None` for full-canvas models.
+        block_layout (`str`, *optional*, defaults to `"absolute"`):
+            How a block-diffusion family counts its blocks over ``[prompt | completion]``
+            (``trl_dllm.core.masks.BLOCK_LAYOUTS``): ``"absolute"``, block = true position // ``block_length`` per
+            sample, prompt included (SDAR / TraDo's own generation, serving and SFT); ``"prompt"``, the prompt is one
+            block and completion blocks start at its end. Read only for family ``"block"``.
     """
 
     family: str
@@ -46,6 +51,7 @@ class ModelSpec:
     accepts_logits_to_keep: bool = True
     accepts_4d_mask: bool = False
     block_length: int | None = None
+    block_layout: str = "absolute"
 
 
 # GSAI-ML/LLaDA-8B-{Base,Instruct} and LLaDA-1.5: config.json has model_type "llada", mask_token_id 126336 and

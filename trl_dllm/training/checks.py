@@ -539,12 +539,23 @@ def check_block_layout(args, spec: ModelSpec) -> int:
         return args.block_length
     require_4d_mask(spec, "block-causal generation")
     block = spec.block_length
+    if block is None or block < 1:
+        raise ValueError(
+            f"This block-diffusion checkpoint has no block size (config.block_size / config.block_length is "
+            f"{block!r}), so block_length={args.block_length} cannot be checked against it: add the size the model "
+            "was trained with to its config.json (SDAR / TraDo: block_size 4)."
+        )
     if args.block_length not in (block, args.max_completion_length):
-        raise ValueError(f"block_length={args.block_length}, but this block-diffusion model has blocks of {block}.")
+        raise ValueError(
+            f"block_length={args.block_length} does not match the model's block size {block} (config.block_size / "
+            f"config.block_length): set block_length={block} (rollouts always decode in the model's own blocks)."
+        )
     if args.max_completion_length % block or args.diffusion_steps % (args.max_completion_length // block):
         raise ValueError(
-            f"max_completion_length={args.max_completion_length} must be a multiple of the model's block length "
-            f"{block}, and diffusion_steps={args.diffusion_steps} a multiple of the number of blocks."
+            f"max_completion_length={args.max_completion_length} must be a multiple of the model's block size "
+            f"{block}, and diffusion_steps={args.diffusion_steps} a multiple of the number of blocks: e.g. "
+            f"max_completion_length={max(block, args.max_completion_length // block * block)} and diffusion_steps a "
+            "multiple of max_completion_length / block size."
         )
     check_block_guidance(args.cfg_scale)
     if not ESTIMATORS[args.estimator].block_causal:

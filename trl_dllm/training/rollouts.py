@@ -55,7 +55,7 @@ def decoding_plan(
     }
     if spec.family == "block":
         options.pop("cfg_scale")
-        options.update(block_length=spec.block_length, use_cache=args.block_kv_cache)
+        options.update(block_length=spec.block_length, use_cache=args.block_kv_cache, block_layout=spec.block_layout)
         check_cache_model(spec, args.generation_cache)
         return generate_block_causal, model, options
     cache = args.generation_cache

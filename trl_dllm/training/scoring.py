@@ -52,6 +52,7 @@ OPTION_FIELDS = {
 RUN_OPTIONS = {
     "block_causal": "the model is a block-diffusion model (its family spec)",
     "block_length": "the model's own block size on a block-diffusion model, else the block_length field",
+    "block_layout": "how the block-diffusion family counts its blocks (its spec's block_layout)",
     "entropy_grad": "TRL's entropy bonus is on (entropy_coef != 0 or use_adaptive_entropy): entropies back-propagate",
     "return_eubo": "the objective reads the estimator's upper bound, and this is the current policy's pass",
 }
@@ -103,7 +104,8 @@ class Scoring:
         if self.shards_parameters:
             self.values["checkpoint_views"] = False  # tests/test_multiprocess.py: ZeRO-3 recompute sees empty shards
         self.values.update(
-            block_causal=self.spec.family == "block", block_length=self.block_length, entropy_grad=self.entropy_grad
+            block_causal=self.spec.family == "block", block_length=self.block_length, entropy_grad=self.entropy_grad,
+            block_layout=self.spec.block_layout,
         )
         self.estimator = ESTIMATORS[self.args.estimator]
         self.objective = OBJECTIVES.get(self.args.loss_type)  # None: one of TRL's own loss types

@@ -1,5 +1,8 @@
 """The `block` estimator: staircase attention ``[prompt | x_noisy | x_clean]`` (StableDRL) for block-diffusion models.
 
+Tests that pin a layout by hand use ``block_layout="prompt"`` (the prompt as one block); the families' own absolute
+layout has its block-by-block reference in ``test_block_absolute.py``.
+
 The reference for everything is the block-by-block computation: for block ``b``, one forward of
 ``[prompt | clean blocks < b | noisy block b]`` under :func:`block_causal_mask` (as block-causal generation, uncached).
 Models: the tiny block-diffusion model of :mod:`trl_dllm.testing`, a tiny bidirectional Llama driven by the same 4-D
@@ -124,9 +127,10 @@ def test_staircase_mask_by_hand():
     with_padding = expected.clone()
     with_padding[1:, 0] = False  # the padding key is blocked for every other query; it still sees itself
     assert torch.equal(padded[0, 0] == 0, with_padding) and torch.equal(padded[1, 0] == 0, expected)
-    ids, attention_mask, position_ids = staircase_inputs(
+    ids, attention_mask, position_ids, noisy_start = staircase_inputs(
         torch.tensor([[0, 9]]), torch.tensor([[0, 1]]), torch.tensor([[7, 5, 7, 7]]), torch.tensor([[4, 5, 6, 3]]), 2
     )
+    assert noisy_start == 2
     assert ids.tolist() == [[0, 9, 7, 5, 7, 7, 4, 5, 6, 3]]
     assert position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 2, 3, 4, 5]]  # noisy and clean copies share position ids
     assert torch.equal(attention_mask, padded[:1].float())
@@ -181,7 +185,7 @@ def test_block_estimator_equals_block_by_block(block_model, tokenizer, options):
     mask_id, spy = tokenizer.mask_token_id, Spy(block_model)
     with torch.no_grad():
         out = block(spy, prompt_ids, prompt_mask, completion_ids, score_mask, mask_token_id=mask_id,
-                    seeds=torch.tensor([3, 4, 5]), block_length=BLOCK, **options)  # fmt: skip
+                    seeds=torch.tensor([3, 4, 5]), block_length=BLOCK, block_layout="prompt", **options)  # fmt: skip
         canvases = torch.cat(spy.canvases).view(-1, 3, P + 2 * L)  # (views, B, N): view-major rows
         half = 0.5 if options.get("antithetic") else 1.0
         logps, entropy_sum, counts = torch.zeros(3, L), torch.zeros(3, L), torch.zeros(3, L)
@@ -214,7 +218,7 @@ def test_views_per_block_counts_and_forwards():
     in every block with sizes in 1..L_b-1; one forward per ``mc_batch_size`` views, the clean copy always intact."""
     model = PositionTable(P + L)
     batch = _toy_batch(4)
-    kwargs = dict(mask_token_id=MASK, seeds=torch.arange(4), block_length=BLOCK)
+    kwargs = dict(mask_token_id=MASK, seeds=torch.arange(4), block_length=BLOCK, block_layout="prompt")
     out = block(model, *batch, mc_samples=BLOCK, mc_batch_size=3, **kwargs)
     assert len(model.calls) == math.ceil(BLOCK / 3) and max(len(call[0]) for call in model.calls) <= 4 * 3
     masked = torch.cat([call[0] for call in model.calls]).view(BLOCK, 4, -1)[:, :, P : P + L] == MASK
@@ -241,7 +245,7 @@ def test_one_block_equals_elbo_on_the_independent_toy():
     batch = _toy_batch(3)
     for options in ({"mc_samples": 3}, {"mc_samples": 2, "antithetic": True}):
         kwargs = dict(mask_token_id=MASK, seeds=torch.tensor([7, 8, 9]), p_mask_prompt=0.2, **options)
-        one_block = block(model, *batch, block_length=L, **kwargs)
+        one_block = block(model, *batch, block_length=L, block_layout="prompt", **kwargs)
         reference = elbo(model, *batch, **kwargs)
         for field in ("logps", "entropies", "sample_estimates"):
             torch.testing.assert_close(getattr(one_block, field), getattr(reference, field))

@@ -229,8 +229,9 @@ def test_replay_of_threshold_and_eos_early_exit_rollouts(rollout):
         assert res.num_steps[b] == out.unmask_step[b][sampled[b]].unique().numel()
 
 
+@pytest.mark.parametrize("layout", ["absolute", "prompt"])
 @pytest.mark.parametrize("use_cache", [False, True])
-def test_replay_of_block_causal_rollouts(use_cache):
+def test_replay_of_block_causal_rollouts(use_cache, layout):
     from trl_dllm.core.sampling import generate_block_causal
     from trl_dllm.testing import build_tiny_block_model, build_tokenizer
 
@@ -241,12 +242,18 @@ def test_replay_of_block_causal_rollouts(use_cache):
     prompt_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
     prompt_ids = prompt_ids.masked_fill(prompt_mask == 0, 0)
     out = generate_block_causal(model, prompt_ids, prompt_mask, mask_token_id=mask_id, gen_length=12, block_length=4,
-                                diffusion_steps=6, temperature=1.0, top_k=20, use_cache=use_cache,
+                                diffusion_steps=6, temperature=1.0, top_k=20, use_cache=use_cache, block_layout=layout,
                                 generator=torch.Generator().manual_seed(0), return_trajectory=True)  # fmt: skip
-    score = dict(mask_token_id=mask_id, seeds=torch.arange(3), unmask_step=out.unmask_step, step_samples=6, top_k=20)
+    # Absolute layout: rows whose prompt does not end on a block boundary decode 4 blocks of 2 steps (the first shared
+    # with the prompt's tail), so up to 8 steps; every step is scored.
+    score = dict(mask_token_id=mask_id, seeds=torch.arange(3), unmask_step=out.unmask_step, step_samples=8, top_k=20)
     res = trajectory(model, prompt_ids, prompt_mask, out.completion_ids, torch.ones(3, 12), block_causal=True,
-                     block_length=4, mc_batch_size=2, **score)  # fmt: skip
+                     block_length=4, mc_batch_size=2, block_layout=layout, **score)  # fmt: skip
     torch.testing.assert_close(res.logps, out.logprobs, atol=1e-5, rtol=1e-5)
+    other = "prompt" if layout == "absolute" else "absolute"  # replayed under the other layout, the logits differ
+    wrong = trajectory(model, prompt_ids, prompt_mask, out.completion_ids, torch.ones(3, 12), block_causal=True,
+                       block_length=4, block_layout=other, **score)  # fmt: skip
+    assert (wrong.logps - out.logprobs).abs().max() > 1e-3
     # Replayed under the 2-D padding mask instead (here: the model's own causal attention), the logits differ.
     bidirectional = trajectory(model, prompt_ids, prompt_mask, out.completion_ids, torch.ones(3, 12), **score)
     assert (bidirectional.logps - out.logprobs).abs().max() > 1e-3

@@ -120,8 +120,9 @@ def test_sdpa_and_eager_agree(model):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_uncached_equals_full_canvas_reference(model, tokenizer, temperature):
-    """The reference runs the whole canvas (later blocks still masked) under the block-causal mask through the
-    bidirectional ``generate``: truncating to the current block must not change anything."""
+    """The reference runs the whole canvas (later blocks still masked) under the prompt-as-one-block mask through the
+    bidirectional ``generate``: truncating to the current block must not change anything (``block_layout="prompt"``;
+    the absolute layout has its own reference in test_block_layout.py)."""
     ids, attention_mask = batch()
 
     def full_canvas(input_ids, attention_mask, positions):
@@ -131,7 +132,8 @@ def test_uncached_equals_full_canvas_reference(model, tokenizer, temperature):
     kwargs = options(tokenizer, temperature=temperature)
     reference = generate(full_canvas, ids, attention_mask, generator=torch.Generator().manual_seed(0), **kwargs)
     out = generate_block_causal(
-        model, ids, attention_mask, use_cache=False, generator=torch.Generator().manual_seed(0), **kwargs
+        model, ids, attention_mask, use_cache=False, generator=torch.Generator().manual_seed(0), block_layout="prompt",
+        **kwargs,
     )
     assert torch.equal(out.sequences, reference.sequences)
     assert torch.equal(out.unmask_step, reference.unmask_step)
@@ -148,10 +150,11 @@ def test_uncached_equals_full_canvas_reference(model, tokenizer, temperature):
         dict(temperature=0.0, diffusion_steps=12, remasking="margin"),
     ],
 )
-def test_cache_is_exact(model, tokenizer, kwargs):
+@pytest.mark.parametrize("layout", ["absolute", "prompt"])
+def test_cache_is_exact(model, tokenizer, kwargs, layout):
     ids, attention_mask = batch()
     cached_spy, uncached_spy = Spy(model), Spy(model)
-    kwargs = options(tokenizer, **kwargs)
+    kwargs = options(tokenizer, block_layout=layout, **kwargs)
     cached = generate_block_causal(
         cached_spy, ids, attention_mask, use_cache=True, generator=torch.Generator().manual_seed(0), **kwargs
     )
@@ -165,6 +168,9 @@ def test_cache_is_exact(model, tokenizer, kwargs):
     for cached_logits, uncached_logits in zip(cached_spy.logits, uncached_spy.logits):
         if cached_logits.shape == uncached_logits.shape:  # threshold decoding forwards fewer rows uncached
             torch.testing.assert_close(cached_logits, uncached_logits, rtol=1e-5, atol=1e-5)
+    assert all(inputs["attention_mask"].dtype == torch.float32 for inputs in cached_spy.inputs)
+    if layout == "absolute":
+        return
     # The cache carries the prompt and committed blocks: after the first call (prompt + block 0), a call forwards the
     # current block, plus the block committed just before it on the first step of a block.
     lengths = [inputs["input_ids"].shape[1] for inputs in cached_spy.inputs]
@@ -186,9 +192,10 @@ def test_cache_and_early_exit_drop_finished_rows(model, tokenizer):
     assert cached.num_row_forwards == uncached.num_row_forwards < full.num_row_forwards
 
 
-def test_left_padding_does_not_change_completion(model, tokenizer):
+@pytest.mark.parametrize("layout", ["absolute", "prompt"])
+def test_left_padding_does_not_change_completion(model, tokenizer, layout):
     ids, attention_mask = batch()
-    kwargs = options(tokenizer)
+    kwargs = options(tokenizer, block_layout=layout)
     padded = generate_block_causal(model, ids, attention_mask, **kwargs)
     alone = generate_block_causal(model, ids[:1, 2:], attention_mask[:1, 2:], **kwargs)
     assert torch.equal(padded.completion_ids[0], alone.completion_ids[0])
@@ -202,8 +209,9 @@ def test_logits_function_without_cache(model, tokenizer):
         calls.append((input_ids.shape, mask.shape))
         return model(input_ids=input_ids, attention_mask=mask, logits_to_keep=positions).logits
 
-    out = generate_block_causal(logits_fn, ids, attention_mask, use_cache=False, **options(tokenizer))
-    reference = generate_block_causal(model, ids, attention_mask, **options(tokenizer))
+    kwargs = options(tokenizer, block_layout="prompt")  # the shapes below are those of the prompt-as-one-block layout
+    out = generate_block_causal(logits_fn, ids, attention_mask, use_cache=False, **kwargs)
+    reference = generate_block_causal(model, ids, attention_mask, **kwargs)
     assert torch.equal(out.sequences, reference.sequences)
     # the canvas is cut after the current block, and the mask is the (B, 1, N, N) block-causal mask of that prefix
     assert [shape for shape, _ in calls] == [(3, 5 + BLOCK)] * 2 + [(3, 5 + 2 * BLOCK)] * 2 + [(3, 5 + 3 * BLOCK)] * 2

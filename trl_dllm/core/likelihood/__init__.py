@@ -83,7 +83,7 @@ ESTIMATORS: dict[str, Estimator] = {
         trajectory,
         options=(
             "step_samples", "step_sampling", "temperature", "top_k", "top_p", "min_p", "cfg_scale", "block_causal",
-            "block_length", "mc_batch_size", *_MEMORY,
+            "block_length", "block_layout", "mc_batch_size", *_MEMORY,
         ),  # fmt: skip
         inputs=("unmask_step", "token_entropies"),
         output_fields=("step_weights", "steps_sampled", "num_steps"),
@@ -94,7 +94,8 @@ ESTIMATORS: dict[str, Estimator] = {
     ),
     "block": Estimator(
         block,
-        options=("block_length", "mc_samples", "antithetic", "p_mask_prompt", "mc_batch_size", *_MEMORY),
+        options=("block_length", "block_layout", "mc_samples", "antithetic", "p_mask_prompt", "mc_batch_size",
+                 *_MEMORY),
         block_causal=True,
     ),
     "spg": Estimator(

@@ -27,7 +27,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..logits import as_logits_fn
-from ..masks import block_causal_mask, make_generator
+from ..masks import block_attention, block_causal_mask, layout_ids, make_generator
 from ..sampling import sampling_log_probs
 from ._views import LikelihoodOutput, check_inputs, recompute_chunks
 
@@ -201,23 +201,33 @@ def rebuild_canvas(completion_ids, unmask_step, step, mask_token_id: int) -> tor
     return completion_ids.masked_fill(hidden, mask_token_id)
 
 
-def _replay_attention(logits_fn, prompt_mask, length, block_length):
-    """``cat(prompt_mask, ones)`` (bidirectional), or with ``block_length`` the additive block-causal 4-D mask under
-    which :func:`~trl_dllm.core.sampling.generate_block_causal` decoded: block ``b`` sees the prompt and blocks
-    ``<= b``, so masked later blocks in the replayed canvas are invisible, as they were absent in the rollout."""
+def _replay_attention(logits_fn, prompt_mask, length, block_length, block_layout="absolute"):
+    """``cat(prompt_mask, ones)`` (bidirectional), or with ``block_length`` the additive block-causal 4-D mask (and the
+    position ids) under which :func:`~trl_dllm.core.sampling.generate_block_causal` decoded: a block sees itself and
+    earlier blocks, so masked later blocks in the replayed canvas are invisible, as they were absent in the rollout.
+    Blocks are counted as in the rollout (``block_layout``, :func:`~trl_dllm.core.masks.layout_ids`); position ids are
+    returned for the absolute layout only (``None``: the model's default ``0..N-1``)."""
     attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(prompt_mask.shape[0], length)], dim=1)
     if block_length is None:
-        return attention_mask
+        return attention_mask, None
     params = logits_fn.parameters() if isinstance(logits_fn, torch.nn.Module) else ()
     dtype = next((p.dtype for p in params if p.is_floating_point()), torch.float32)  # the model's score dtype
-    return block_causal_mask(
-        attention_mask.shape[1], block_length, prompt_mask.shape[1], attention_mask=attention_mask, dtype=dtype
-    )
+    if block_layout == "prompt":
+        mask = block_causal_mask(
+            attention_mask.shape[1], block_length, prompt_mask.shape[1], attention_mask=attention_mask, dtype=dtype
+        )
+        return mask, None
+    blocks, positions = layout_ids(prompt_mask, length, block_length, block_layout)
+    return block_attention(blocks, attention_mask, dtype=dtype), positions
 
 
-def _replay_logits(logits_fn, canvas, attention_mask, prompt_length, positions, cfg_scale, mask_token_id):
+def _replay_logits(logits_fn, canvas, attention_mask, prompt_length, positions, cfg_scale, mask_token_id,
+                   position_ids=None):  # fmt: skip
     """Logits at ``positions``; with ``cfg_scale = w > 0``, ``u + (w + 1)(c − u)`` exactly as the sampler computes them
-    (``u``: every visible prompt token replaced by the mask id; both halves in one call)."""
+    (``u``: every visible prompt token replaced by the mask id; both halves in one call). ``position_ids`` (block
+    layouts only, which have no CFG) are passed through."""
+    if position_ids is not None:
+        return logits_fn(canvas, attention_mask, positions, position_ids=position_ids)
     if cfg_scale <= 0:
         return logits_fn(canvas, attention_mask, positions)
     visible = torch.zeros_like(canvas, dtype=torch.bool)
@@ -245,16 +255,18 @@ def _score_steps(model, prompt_ids, prompt_mask, completion_ids, scored, unmask_
             [prompt_ids[rows], rebuild_canvas(completion_ids[rows], unmask_step[rows], steps, opts["mask_token_id"])],
             dim=1,
         )
-        attention_mask = _replay_attention(model, prompt_mask[rows], length, opts["block_length"])
+        attention_mask, position_ids = _replay_attention(
+            model, prompt_mask[rows], length, opts["block_length"], opts["block_layout"]
+        )
         keep = (unmask_step[rows] == steps[:, None]) & scored[rows]  # (n, L): tokens revealed at the step
         columns = keep.any(0).nonzero().squeeze(1)  # only these positions' logits are computed
         selected = keep[:, columns]
         tokens = completion_ids[rows][:, columns][selected]
 
-        def scores(canvas, attention_mask, columns, selected, tokens):
+        def scores(canvas, attention_mask, columns, selected, tokens, position_ids):
             logits = _replay_logits(
                 logits_fn, canvas, attention_mask, prompt_length, prompt_length + columns, opts["cfg_scale"],
-                opts["mask_token_id"],
+                opts["mask_token_id"], position_ids,
             )  # fmt: skip
             if logits.shape[:2] != selected.shape:
                 raise ValueError(f"logits_fn returned {tuple(logits.shape)}; expected ({selected.shape[0]}, "
@@ -271,10 +283,10 @@ def _score_steps(model, prompt_ids, prompt_mask, completion_ids, scored, unmask_
         # As for the ELBO views (_views.score_view_chunks): recompute the chunk in backward so memory does not
         # grow with the number of sampled steps.
         if recompute:
-            token_logp, entropy = checkpoint(scores, canvas, attention_mask, columns, selected, tokens,
+            token_logp, entropy = checkpoint(scores, canvas, attention_mask, columns, selected, tokens, position_ids,
                                              use_reentrant=False)
         else:
-            token_logp, entropy = scores(canvas, attention_mask, columns, selected, tokens)
+            token_logp, entropy = scores(canvas, attention_mask, columns, selected, tokens, position_ids)
         index = (rows[:, None].expand_as(selected)[selected], columns[None, :].expand_as(selected)[selected])
         logps = logps.index_put(index, token_logp, accumulate=True)
         entropies = entropies.index_put(index, entropy, accumulate=True)
@@ -344,6 +356,7 @@ def trajectory(
     mc_batch_size=1,
     checkpoint_views=False,
     entropy_grad=True,
+    block_layout="absolute",
 ) -> TrajectoryOutput:
     """Trajectory estimate (AGRPO): score the tokens revealed at a few sampled denoising steps of the rollout.
 
@@ -392,6 +405,9 @@ def trajectory(
             (:func:`~trl_dllm.core.masks.block_causal_mask`) instead of the 2-D padding mask.
         block_length (`int`, *optional*): the model's block size; required with ``block_causal=True`` (ignored
             otherwise: the recorded steps already encode the decoding blocks).
+        block_layout (`str`, *optional*, defaults to `"absolute"`): how the rollout counted blocks
+            (:data:`~trl_dllm.core.masks.BLOCK_LAYOUTS`); with ``block_causal=True`` the replayed canvas gets the same
+            per-row block ids and position ids (:func:`~trl_dllm.core.masks.layout_ids`).
         mc_batch_size (`int`, *optional*, defaults to `1`): canvases per row stacked per forward.
 
     Returns:
@@ -405,7 +421,8 @@ def trajectory(
     scored = score_mask.bool()
     plan = _plan_steps(unmask_step, scored, seeds.cpu(), step_samples, step_sampling, token_entropies)
     opts = dict(mask_token_id=mask_token_id, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                cfg_scale=cfg_scale, checkpoint_views=checkpoint_views, entropy_grad=entropy_grad)
+                cfg_scale=cfg_scale, checkpoint_views=checkpoint_views, entropy_grad=entropy_grad,
+                block_layout=block_layout)
     opts["block_length"] = _check_block_causal(block_causal, block_length, cfg_scale)
     logps, entropies = _score_steps(
         logits_fn, prompt_ids, prompt_mask, completion_ids, scored, unmask_step, plan, opts,

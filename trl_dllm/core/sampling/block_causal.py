@@ -1,7 +1,10 @@
 """Generation for block-causal diffusion models (SDAR / TraDo / Fast-dLLM v2 style).
 
-Attention is causal across blocks and bidirectional inside a block (:func:`trl_dllm.core.masks.block_causal_mask`):
-the prompt is one block, completion block ``b`` sees the prompt and blocks ``<= b``. Blocks are committed left to
+Attention is causal across blocks and bidirectional inside a block. By default (``block_layout="absolute"``, the
+families' own layout) blocks are counted from each row's first real token, prompt included
+(:func:`trl_dllm.core.masks.layout_ids`): the prompt's whole blocks are prefilled block-causally and its tail is decoded
+together with the first completion block; ``block_layout="prompt"`` makes the prompt one block and starts completion
+blocks at its end (:func:`trl_dllm.core.masks.block_causal_mask`). Blocks are committed left to
 right with the same step (sampling, remasking, schedule or threshold, EOS early exit, the loop of
 :mod:`trl_dllm.core.sampling.loop`) as :func:`trl_dllm.core.sampling.generate`; while block ``b`` is decoded the model
 sees only the prompt, the committed blocks and block ``b`` — later blocks are invisible under the mask, so they are not
@@ -17,7 +20,7 @@ import torch
 from torch import nn
 
 from ..logits import LogitsFn, as_logits_fn
-from ..masks import block_causal_mask
+from ..masks import BLOCK_LAYOUTS, block_attention, block_causal_mask, layout_ids
 from .kv_cache import BlockCausalKVCache, module_dtype
 from .loop import BlockLogits, GenerationOutput, Rollout, StepOptions, decode_blocks, validate_eos, validate_generation
 from .remasking import Noise
@@ -26,18 +29,24 @@ __all__ = ["generate_block_causal"]
 
 
 def _uncached_source(
-    logits_fn: LogitsFn, attention_mask: torch.Tensor | None, prompt_length: int, block_length: int, dtype
+    logits_fn: LogitsFn, attention_mask: torch.Tensor | None, prompt_length: int, block_length: int, dtype, layout=None
 ) -> BlockLogits:
-    """Block logits from the canvas up to the end of the current block, under the block-causal 4-D mask."""
+    """Block logits from the canvas up to the end of the current block, under the block-causal 4-D mask (per-row
+    block and position ids with ``layout``, see :func:`~trl_dllm.core.masks.layout_ids`)."""
 
     def source(canvas, rows, start, end):
         hi = prompt_length + end
         padding = None if attention_mask is None else attention_mask[rows, :hi]
-        mask = block_causal_mask(
-            hi, block_length, prompt_length, attention_mask=padding, dtype=dtype, device=canvas.device
-        )
-        positions = torch.arange(prompt_length + start, hi, device=canvas.device)
-        return logits_fn(canvas[rows, :hi], mask, positions)
+        columns = torch.arange(prompt_length + start, hi, device=canvas.device)
+        if layout is None:
+            mask = block_causal_mask(
+                hi, block_length, prompt_length, attention_mask=padding, dtype=dtype, device=canvas.device
+            )
+            return logits_fn(canvas[rows, :hi], mask, columns)
+        blocks, positions = layout[0][rows, :hi], layout[1][rows, :hi]
+        real = torch.ones_like(blocks) if padding is None else padding
+        mask = block_attention(blocks, real, dtype=dtype)
+        return logits_fn(canvas[rows, :hi], mask, columns, position_ids=positions)
 
     return source
 
@@ -63,6 +72,7 @@ def generate_block_causal(
     generator: Noise = None,
     return_trajectory: bool = False,
     min_p: float | None = None,
+    block_layout: str = "absolute",
 ) -> GenerationOutput:
     """Generate ``gen_length`` tokens after each prompt with a block-causal model, one block at a time.
 
@@ -82,6 +92,11 @@ def generate_block_causal(
             as in :func:`~trl_dllm.core.sampling.generate`.
         use_cache (`bool`): keep the prompt and committed blocks in an exact KV cache (each step forwards the current
             block only); ``False`` re-forwards ``[prompt ; blocks <= b]`` at every step.
+        block_layout (`str`, *optional*, defaults to `"absolute"`): how blocks are counted
+            (:data:`~trl_dllm.core.masks.BLOCK_LAYOUTS`): ``"absolute"``, the family's own (SDAR / TraDo): block =
+            true position // ``block_length`` per row, prompt included, position ids from each row's first real token,
+            so left padding shifts nothing and the prompt's tail is decoded with the first completion block;
+            ``"prompt"``: the prompt is one block and completion blocks start at its end.
 
     Returns:
         [`GenerationOutput`].
@@ -101,12 +116,19 @@ def generate_block_causal(
     )
     rollout = Rollout(input_ids, gen_length, mask_token_id, eos_token_ids, eos_early_exit)
     prompt_length = input_ids.shape[1]
+    if block_layout not in BLOCK_LAYOUTS:
+        raise ValueError(f"Unknown block_layout={block_layout!r}; expected one of {BLOCK_LAYOUTS}.")
+    layout = None
+    if block_layout == "absolute":
+        prompt_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        layout = layout_ids(prompt_mask, gen_length, block_length, "absolute")
     if attention_mask is not None:
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(input_ids), gen_length))], dim=1)
     if use_cache:
-        source = BlockCausalKVCache(model, prompt_length, block_length, mask_token_id, attention_mask)
+        source = BlockCausalKVCache(model, prompt_length, block_length, mask_token_id, attention_mask, layout)
     else:
         dtype = module_dtype(model) if isinstance(model, nn.Module) else torch.float32
-        source = _uncached_source(as_logits_fn(model), attention_mask, prompt_length, block_length, dtype)
-    decode_blocks(rollout, source, opts, block_length, steps_per_block, generator)
+        source = _uncached_source(as_logits_fn(model), attention_mask, prompt_length, block_length, dtype, layout)
+    blocks = None if layout is None else layout[0]
+    decode_blocks(rollout, source, opts, block_length, steps_per_block, generator, blocks)
     return rollout.output(return_trajectory)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..masks import block_causal_mask
+from ..masks import block_attention, block_causal_mask
 
 __all__ = ["BlockCausalKVCache", "module_dtype"]
 
@@ -45,11 +45,15 @@ class BlockCausalKVCache:
         block_length (`int`): block size of the block-causal mask (the model's native block size).
         mask_token_id (`int`): id of ``[MASK]``, to tell finished rows.
         attention_mask (`torch.Tensor` of shape `(B, P + L)`, *optional*): padding mask of the whole canvas.
+        layout (`tuple[torch.Tensor, torch.Tensor]`, *optional*): per-row block ids and position ids `(B, P + L)` of
+            the canvas (:func:`~trl_dllm.core.masks.layout_ids`); then a window may start before ``P`` (``start < 0``:
+            the prompt tail shares the first decoding block) and only whole earlier blocks are cached. ``None``: the
+            prompt is one block and positions are ``0..P + L - 1``.
     """
 
-    def __init__(self, model, prompt_length, block_length, mask_token_id, attention_mask=None):
+    def __init__(self, model, prompt_length, block_length, mask_token_id, attention_mask=None, layout=None):
         self.model, self.prompt_length, self.block_length = model, prompt_length, block_length
-        self.mask_token_id, self.attention_mask = mask_token_id, attention_mask
+        self.mask_token_id, self.attention_mask, self.layout = mask_token_id, attention_mask, layout
         self.dtype = module_dtype(model)
         self.cache = None  # the model's DynamicCache, created on the first call
         self.cached = 0  # canvas positions [0, cached) are in the cache
@@ -69,11 +73,17 @@ class BlockCausalKVCache:
         self._drop_finished_rows(canvas)
         lo, hi = self.cached, self.prompt_length + end
         padding = None if self.attention_mask is None else self.attention_mask[self.live, :hi]
-        mask = block_causal_mask(
-            hi, self.block_length, self.prompt_length, attention_mask=padding, query_start=lo, dtype=self.dtype,
-            device=canvas.device,
-        )  # fmt: skip
-        position_ids = torch.arange(lo, hi, device=canvas.device)[None].expand(len(self.live), -1)
+        if self.layout is None:
+            mask = block_causal_mask(
+                hi, self.block_length, self.prompt_length, attention_mask=padding, query_start=lo, dtype=self.dtype,
+                device=canvas.device,
+            )  # fmt: skip
+            position_ids = torch.arange(lo, hi, device=canvas.device)[None].expand(len(self.live), -1)
+        else:
+            blocks, positions = (t[self.live, :hi] for t in self.layout)
+            real = torch.ones_like(blocks) if padding is None else padding
+            mask = block_attention(blocks, real, query_start=lo, dtype=self.dtype)
+            position_ids = positions[:, lo:]
         out = self.model(
             input_ids=canvas[self.live, lo:hi],
             attention_mask=mask,

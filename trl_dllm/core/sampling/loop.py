@@ -40,6 +40,7 @@ __all__ = [
     "Rows",
     "StepOptions",
     "decode_blocks",
+    "decoding_windows",
     "validate_eos",
     "validate_generation",
 ]
@@ -175,14 +176,15 @@ class Rollout:
     def completion(self) -> torch.Tensor:
         return self.canvas[:, self.prompt_length :]  # a view: writing it writes the canvas
 
-    def masked(self, start: int, end: int) -> torch.Tensor:
-        return self.completion[:, start:end] == self.mask_token_id
-
     def commit(self, rows: Rows, start: int, end: int, result: _StepResult, step: int) -> None:
+        """Write the committed tokens of window ``[start, end)`` (completion coordinates; ``start < 0`` when the window
+        begins with prompt-tail columns, which are never committed)."""
         lo, hi = self.prompt_length + start, self.prompt_length + end
         self.canvas[rows, lo:hi] = torch.where(result.commit, result.tokens, self.canvas[rows, lo:hi])
-        self.unmask_step[rows, start:end] = self.unmask_step[rows, start:end].masked_fill(result.commit, step)
-        self.logprobs[rows, start:end] = torch.where(result.commit, result.logprobs, self.logprobs[rows, start:end])
+        skip, start = max(0, -start), max(0, start)
+        commit, logprobs = result.commit[:, skip:], result.logprobs[:, skip:]
+        self.unmask_step[rows, start:end] = self.unmask_step[rows, start:end].masked_fill(commit, step)
+        self.logprobs[rows, start:end] = torch.where(commit, logprobs, self.logprobs[rows, start:end])
 
     def exit_finished_rows(self) -> None:
         """EOS early exit: a row whose first EOS is committed with nothing masked before it is finished; its masked
@@ -212,7 +214,8 @@ class Rollout:
 
 BlockLogits = Callable[[torch.Tensor, Rows, int, int], torch.Tensor]
 """``source(canvas (B, N), rows, start, end) -> logits (b, end - start, V)`` for completion positions
-``[start, end)`` of the canvas rows ``rows``: the only part of the loop that differs between model kinds."""
+``[start, end)`` of the canvas rows ``rows``: the only part of the loop that differs between model kinds. ``start`` is
+negative when the window starts with prompt columns (the prompt tail of the absolute block layout)."""
 
 
 def _as_rows(active: torch.Tensor) -> Rows:
@@ -226,6 +229,35 @@ def _row_noise(generator: Noise, rows: Rows) -> Noise:
     return [generator[i] for i in rows.tolist()]
 
 
+def _window_masked(rollout: Rollout, start: int, end: int, member: torch.Tensor | None) -> torch.Tensor:
+    """(B, end - start) bool: the still-masked positions each row decodes in window ``[start, end)``."""
+    lo = rollout.prompt_length
+    masked = rollout.canvas[:, lo + start : lo + end] == rollout.mask_token_id
+    return masked if member is None else masked & member
+
+
+def decoding_windows(blocks: torch.Tensor | None, prompt_length: int, length: int, block_length: int):
+    """The decoding blocks of a canvas: ``[(start, end, member)]`` in completion coordinates, left to right.
+
+    ``member`` `(B, end - start)` (bool) marks the completion positions each row decodes in that window. Without
+    ``blocks``, window ``k`` is ``[k B_b, (k + 1) B_b)`` for every row. With per-row block ids `(B, P + L)`
+    (:func:`~trl_dllm.core.masks.layout_ids`), window ``k`` covers, in each row, the columns of the row's ``k``-th
+    block counted from the block of its first completion position — prompt-tail columns included, so ``start`` may be
+    negative — and ``member`` is its completion part.
+    """
+    if blocks is None:
+        return [(start, start + block_length, None) for start in range(0, length, block_length)]
+    relative = blocks - blocks[:, prompt_length : prompt_length + 1]
+    completion = torch.arange(blocks.shape[1], device=blocks.device) >= prompt_length
+    windows = []
+    for k in range(int(relative[:, prompt_length:].max()) + 1):
+        columns = (relative == k).any(dim=0).nonzero().squeeze(1)
+        lo, hi = int(columns[0]), int(columns[-1]) + 1
+        member = (relative[:, lo:hi] == k) & completion[lo:hi]
+        windows.append((lo - prompt_length, hi - prompt_length, member))
+    return windows
+
+
 def decode_blocks(
     rollout: Rollout,
     source: BlockLogits,
@@ -233,18 +265,23 @@ def decode_blocks(
     block_length: int,
     steps_per_block: int,
     generator: Noise,
+    blocks: torch.Tensor | None = None,
 ) -> None:
     """Decode the completion block by block, left to right, until every position is committed.
 
     Only rows with something to commit in the current block are forwarded. Scheduled decoding runs
     ``steps_per_block`` steps per block and numbers them ``block * steps_per_block + step``; threshold decoding runs
     until the block is full (each step commits at least one position per row, so at most ``block_length`` steps) and
-    numbers the steps by a running counter.
+    numbers the steps by a running counter. ``blocks`` `(B, P + L)`: per-row block ids of the canvas (the absolute
+    layout of block-diffusion models, :func:`decoding_windows`); ``None``: blocks of ``block_length`` from the
+    prompt's end.
     """
     threshold = opts.confidence_threshold is not None
-    for start in range(0, rollout.completion.shape[1], block_length):
-        end = start + block_length
-        masked = rollout.masked(start, end)
+    prompt_length = rollout.prompt_length
+    for index, (start, end, member) in enumerate(decoding_windows(blocks, prompt_length, rollout.completion.shape[1],
+                                                                  block_length)):  # fmt: skip
+
+        masked = _window_masked(rollout, start, end, member)
         schedule = transfer_schedule(masked.sum(dim=1), steps_per_block)
         step = 0
         while masked.any() and (threshold or step < steps_per_block):
@@ -252,7 +289,7 @@ def decode_blocks(
             active = masked.any(dim=1) if threshold else num_transfer > 0
             if active.any():
                 rows = _as_rows(active)
-                step_id = rollout.num_forwards if threshold else start // block_length * steps_per_block + step
+                step_id = rollout.num_forwards if threshold else index * steps_per_block + step
                 logits = source(rollout.canvas, rows, start, end)
                 rollout.num_forwards += 1
                 rollout.num_row_forwards += logits.shape[0]
@@ -260,7 +297,7 @@ def decode_blocks(
                 result = _choose(logits, masked[rows], chosen, opts, _row_noise(generator, rows))
                 rollout.commit(rows, start, end, result, step_id)
                 rollout.exit_finished_rows()
-                masked = rollout.masked(start, end)
+                masked = _window_masked(rollout, start, end, member)
             step += 1
 
 

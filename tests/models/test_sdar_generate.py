@@ -1,0 +1,117 @@
+"""trl_dllm's block-causal decoding equals SDAR's own ``generate.py`` token for token (temperature 0).
+
+Skipped unless ``$TRL_DLLM_SDAR_REMOTE`` points to a folder holding, unedited, the public files of
+github.com/JetAstra/SDAR: ``generate.py`` (repository root) and ``sdar/`` with ``configuration_sdar.py``,
+``modeling_sdar.py``, ``fused_linear_diffusion_cross_entropy.py`` and ``config.json`` (from
+``training/model/SDAR-8B-Chat/``). The transformers-5 shims of ``tests/models/remote_code.py`` are applied test-side.
+
+A tiny random checkpoint is written by SDAR's own classes (the released config with tiny sizes, real vocabulary and
+ids); SDAR's ``block_diffusion_generate`` runs its own model (remote code) on each prompt alone, trl_dllm's
+``generate_block_causal`` the natively loaded copy on one left-padded batch of every prompt length 1..3B.
+
+Two shims on SDAR's side. transformers 5's ``DynamicCache`` is not indexable (SDAR's attention reads
+``past_key_value[layer]``): generate.py gets a subclass that is. And its sampler divides the logits by the temperature (temperature 0 is a division by zero), so
+its ``sample_with_temperature_topk_topp`` is replaced by the greedy limit — argmax token and its softmax probability —
+which is what temperature 0 means in ours. SDAR decodes up to the block boundary after ``p + gen_length``; ours is run
+with one block more and compared on every token SDAR produced (a block never sees later blocks).
+"""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import DynamicCache
+
+from trl_dllm.core.sampling import generate_block_causal
+from trl_dllm.models.loading import load_pretrained
+
+from .remote_code import build_tiny_checkpoint, load_remote_model, remote_code_dir
+
+SDAR_ENV = "TRL_DLLM_SDAR_REMOTE"
+BLOCK, GEN = 4, 8
+
+
+def _root():
+    root = os.environ.get(SDAR_ENV)
+    if not root or not os.path.isfile(os.path.join(root, "generate.py")) or remote_code_dir("sdar", root) is None:
+        pytest.skip(f"set ${SDAR_ENV} to a folder with SDAR's generate.py and sdar/ (its modelling files)")
+    return root
+
+
+class _IndexableCache(DynamicCache):
+    """transformers 5: ``DynamicCache`` is no longer indexable; SDAR's attention reads ``past_key_value[layer_idx]`` as
+    the ``(keys, values)`` pair of a layer, which transformers 4 returned."""
+
+    def __getitem__(self, layer_idx):
+        return self.layers[layer_idx].keys, self.layers[layer_idx].values
+
+
+def _greedy(logits, temperature=1.0, top_k=0, top_p=1.0):
+    probs = F.softmax(logits.float(), dim=-1)
+    token = probs.argmax(dim=-1)
+    return token, probs.gather(-1, token[..., None]).squeeze(-1)
+
+
+@pytest.fixture(scope="module")
+def sdar(tmp_path_factory):
+    root = _root()
+    spec = importlib.util.spec_from_file_location("_sdar_generate", os.path.join(root, "generate.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.sample_with_temperature_topk_topp = _greedy  # temperature 0 (see the module docstring)
+    module.DynamicCache = _IndexableCache
+    path = build_tiny_checkpoint("sdar", remote_code_dir("sdar", root), str(tmp_path_factory.mktemp("sdar")))
+    remote = load_remote_model("sdar", remote_code_dir("sdar", root), path)
+    native = load_pretrained(path, dtype=torch.float32).eval()
+    return module, remote, native
+
+
+@pytest.mark.parametrize("strategy", ["low_confidence_static", "low_confidence_dynamic"])
+def test_equals_sdar_generate_for_every_prompt_length(sdar, strategy):
+    module, remote, native = sdar
+    mask_id = remote.config.mask_token_id
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 5000, (p,), generator=generator) for p in range(1, 3 * BLOCK + 1)]
+    width = len(prompts[-1])
+    ids = torch.stack([F.pad(p, (width - len(p), 0)) for p in prompts])
+    mask = torch.stack([F.pad(torch.ones_like(p), (width - len(p), 0)) for p in prompts])
+    threshold = 0.9 if strategy == "low_confidence_dynamic" else None
+    ours = generate_block_causal(
+        native, ids, mask, mask_token_id=mask_id, gen_length=GEN + BLOCK, block_length=BLOCK,
+        diffusion_steps=GEN + BLOCK, temperature=0.0, confidence_threshold=threshold,
+    ).completion_ids  # fmt: skip
+    agree = []
+    for prompt, completion in zip(prompts, ours):
+        theirs = module.block_diffusion_generate(
+            remote, {"input_ids": prompt[None]}, mask_id, gen_length=GEN, block_length=BLOCK,
+            denoising_steps=BLOCK, temperature=0.0, remasking_strategy=strategy, confidence_threshold=0.9,
+        )[0, len(prompt) :]  # fmt: skip
+        assert (theirs != mask_id).all()
+        agree.append(torch.equal(completion[: len(theirs)], theirs))
+    assert all(agree), f"prompt lengths that differ: {[p + 1 for p, ok in enumerate(agree) if not ok]}"
+
+
+def test_the_prompt_as_one_block_layout_does_not_match(sdar):
+    """The old layout (prompt one block, completion blocks from its end) against SDAR's own decoding: prints the share
+    of equal tokens among the first ``GEN`` per prompt length (``-s`` to see it); equal only when the prompt is exactly
+    one block."""
+    module, remote, native = sdar
+    mask_id = remote.config.mask_token_id
+    generator = torch.Generator().manual_seed(0)
+    agreement = {}
+    for p in range(1, 3 * BLOCK + 1):
+        prompt = torch.randint(0, 5000, (p,), generator=generator)
+        ours = generate_block_causal(
+            native, prompt[None], None, mask_token_id=mask_id, gen_length=GEN, block_length=BLOCK,
+            diffusion_steps=GEN, temperature=0.0, block_layout="prompt",
+        ).completion_ids[0]  # fmt: skip
+        theirs = module.block_diffusion_generate(
+            remote, {"input_ids": prompt[None]}, mask_id, gen_length=GEN, block_length=BLOCK, denoising_steps=BLOCK,
+            temperature=0.0, remasking_strategy="low_confidence_static",
+        )[0, p : p + GEN]  # fmt: skip
+        agreement[p] = (ours == theirs).float().mean().item()
+    print("prompt-layout agreement with SDAR's generate.py by prompt length:", agreement)
+    assert agreement[BLOCK] == 1.0
+    assert max(v for p, v in agreement.items() if p != BLOCK) < 1.0
