@@ -74,7 +74,7 @@ FAMILIES = {
     **{name: _Family("configuration_llada2_moe", "modeling_llada2_moe", "LLaDA2MoeConfig", "LLaDA2MoeModelLM",
                      ("configuration_llada2_moe.py", "modeling_llada2_moe.py"),
                      ("generation_config.json", "special_tokens_map.json", "tokenizer_config.json"))
-       for name in ("llada2", "llada21")},
+       for name in ("llada2", "llada21", "llada2_dllm")},
 }  # fmt: skip
 
 
@@ -167,7 +167,7 @@ def _stub_module(name, **attrs):
 def _import_stubs(family):
     """Modules the family's files import at module level but this CPU machine lacks; installed only for the import."""
     stubs = {}
-    if family in ("llada2", "llada21"):
+    if family in ("llada2", "llada21", "llada2_dllm"):
         import transformers.utils.import_utils as import_utils
 
         if not hasattr(import_utils, "is_torch_fx_available"):
@@ -310,7 +310,7 @@ def _patch_llada2(code: RemoteCode):
 
 
 _PATCHES = {"llada": _patch_llada, "dream": _patch_dream, "sdar": _patch_sdar, "llada2": _patch_llada2,
-            "llada21": _patch_llada2}
+            "llada21": _patch_llada2, "llada2_dllm": _patch_llada2}
 
 
 def _pre_import(family):
@@ -468,7 +468,7 @@ def remote_logits(
         if position_ids is None:
             position_ids = torch.arange(n, device=input_ids.device)[None].expand(batch, n)
         return model(input_ids, attention_mask=keep, position_ids=position_ids, use_cache=False).logits
-    if family in ("llada2", "llada21"):
+    if family in ("llada2", "llada21", "llada2_dllm"):
         # As LLaDA2's generate() calls it: a 4-D block mask (additive float, or boolean keep-mask) and position ids;
         # a 2-D mask or none would make its forward causal.
         if attention_mask is None or attention_mask.dim() != 4:
@@ -494,7 +494,7 @@ _TINY_SIZES = {
                                         "rotary_dim": h // nh // 2, "num_experts": 8, "n_group": 4, "topk_group": 2,
                                         "num_experts_per_tok": 2, "moe_intermediate_size": ff // 4,
                                         "max_window_layers": L}
-       for name in ("llada2", "llada21")},
+       for name in ("llada2", "llada21", "llada2_dllm")},
 }  # fmt: skip
 
 
