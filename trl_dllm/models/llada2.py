@@ -95,10 +95,13 @@ class LLaDA2Gate(DeepseekV3TopkRouter):
 
 def dispatch_experts(experts: nn.ModuleList, hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor):
     """``Σ_k weights[t, k] · experts[indices[t, k]](hidden[t])`` for each token ``t``, computing each expert once on the
-    tokens routed to it. ``hidden`` `(T, H)`, ``indices`` / ``weights`` `(T, k)` → `(T, H)`."""
+    tokens routed to it. ``hidden`` `(T, H)`, ``indices`` / ``weights`` `(T, k)` → `(T, H)`.
+
+    Every expert is called, also on zero tokens (as LLaDA2's own training path loops over all experts): under DeepSpeed
+    ZeRO-3 each call gathers the expert's weights, and processes whose tokens hit different experts must still make the
+    same collective calls in the same order (skipping empty experts hangs them)."""
     out = torch.zeros_like(hidden)
-    hit = torch.unique(indices)
-    for expert in hit.tolist():
+    for expert in range(len(experts)):
         token, slot = torch.where(indices == expert)
         y = experts[expert](hidden[token]) * weights[token, slot, None].to(hidden.dtype)
         out.index_add_(0, token, y)
