@@ -143,3 +143,19 @@ def test_llada2_decoding_equals_its_generate(tmp_path, prompt_length):
     ours = trl_dllm.generate(native, prompt, torch.ones_like(prompt), mask_token_id=156895, gen_length=16,
                              diffusion_steps=16, block_length=4, temperature=0.0).completion_ids[0]  # fmt: skip
     assert torch.equal(ours[: len(theirs)], theirs)
+
+
+def test_llada2_adapter_loads_in_llada2_code(checkpoints, tmp_path_factory, tmp_path):
+    """A LoRA adapter of a native LLaDA2 on the attention and every expert (LLaDA2's own module names, nothing
+    renamed) wraps LLaDA2's own model with PEFT unchanged."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    path = checkpoint("llada2", checkpoints, tmp_path_factory)
+    targets = ["query_key_value", "dense", "gate_proj", "up_proj", "down_proj"]
+    native = get_peft_model(load_pretrained(path, dtype=torch.float32),
+                            LoraConfig(r=4, target_modules=targets, init_lora_weights=False)).eval()  # fmt: skip
+    native.save_pretrained(tmp_path)
+    remote = PeftModel.from_pretrained(load_remote_model("llada2", code_dir("llada2"), path), str(tmp_path)).eval()
+    ids, mask = left_padded_batch()
+    ours, theirs = native_and_remote("llada2", native, remote, ids, mask)
+    assert (ours - theirs)[mask.bool()].abs().max().item() <= ATOL
