@@ -45,7 +45,11 @@ def train(path, args, **kwargs):
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     assert losses and all(torch.isfinite(torch.tensor(losses)))
     after = dict(trainer.model.named_parameters())
-    assert not [n for n, p in before.items() if torch.equal(p, after[n].detach())], "some parameters did not change"
+    unchanged = [n for n, p in before.items() if torch.equal(p, after[n].detach())]
+    # MoE: an expert no token was routed to in these steps gets no gradient; every other parameter must move
+    assert not [n for n in unchanged if ".mlp.experts." not in n], "some parameters did not change"
+    experts = [n for n in before if ".mlp.experts." in n]
+    assert not experts or len(unchanged) < len(experts), "no routed expert changed"
     return trainer
 
 
@@ -59,6 +63,11 @@ CASES = [  # family, loss_type, estimator, beta, num_iterations
     ("sdar", "stabledrl", "block", 0.04, 2),
     ("sdar", "espo", "block", 0.0, 1),
     ("sdar", "agrpo", "trajectory", 0.0, 1),
+    ("llada2", "stabledrl", "block", 0.04, 2),
+    ("llada2", "espo", "block", 0.0, 1),
+    ("llada2", "grpo", "block", 0.04, 1),
+    ("llada2", "agrpo", "trajectory", 0.0, 1),
+    ("llada2", "agrpo", "trajectory", 0.04, 2),
 ]
 
 
@@ -89,7 +98,25 @@ def test_lora_saves_the_original_layout(tmp_path, original_checkpoints, family):
         assert all(".layers." in k for k in keys) and sorted(targets) == ["down_proj", "o_proj", "q_proj", "v_proj"]
 
 
-@pytest.mark.parametrize("family", ["llada", "dream", "sdar"])
+@pytest.mark.parametrize("loss_type,beta", [("stabledrl", 0.04), ("agrpo", 0.0)])
+def test_llada2_lora_on_attention_and_experts(tmp_path, original_checkpoints, loss_type, beta):
+    """LoRA on LLaDA2's fused attention (`query_key_value`, `dense`) and every expert's projections (routed and shared,
+    `gate_proj` / `up_proj` / `down_proj`): trains, and the adapter names are LLaDA2's own (no renaming)."""
+    args = make_args(tmp_path, loss_type=loss_type, beta=beta, learning_rate=0.05,
+                     estimator="trajectory" if loss_type == "agrpo" else "block")  # fmt: skip
+    targets = ["query_key_value", "dense", "gate_proj", "up_proj", "down_proj"]
+    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=targets, task_type="CAUSAL_LM")
+    trainer = train(original_checkpoints["llada2"], args, peft_config=peft_config)
+    trainer.save_model(str(tmp_path / "final"))
+    keys = set(load_file(tmp_path / "final" / "adapter_model.safetensors"))
+    assert any(".attention.query_key_value.lora_A" in k for k in keys)
+    assert any(".mlp.experts.0.gate_proj.lora_A" in k for k in keys)
+    assert any(".mlp.shared_experts.down_proj.lora_B" in k for k in keys)
+    saved = json.load(open(tmp_path / "final" / "adapter_config.json"))["target_modules"]
+    assert sorted(saved) == sorted(targets)
+
+
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar", "llada2"])
 def test_padding_does_not_change_completions(original_checkpoints, family):
     """Greedy completions of a prompt alone equal those of the same prompt left-padded in a batch."""
     model = load_pretrained(original_checkpoints[family]).eval()

@@ -68,6 +68,13 @@ FAMILIES = {
                     ("fused_linear_diffusion_cross_entropy.py",  # imported by the Dec 2025 revision only
                      "generation_config.json", "special_tokens_map.json", "tokenizer_config.json",
                      "added_tokens.json")),
+    # LLaDA2.0-mini and LLaDA2.1-mini (the Hub repositories inclusionAI/LLaDA2.0-mini, inclusionAI/LLaDA2.1-mini):
+    # two copies of modeling_llada2_moe.py that differ in generate() (2.1 adds token editing, and builds its block
+    # mask without `.log()`); the forward is the same.
+    **{name: _Family("configuration_llada2_moe", "modeling_llada2_moe", "LLaDA2MoeConfig", "LLaDA2MoeModelLM",
+                     ("configuration_llada2_moe.py", "modeling_llada2_moe.py"),
+                     ("generation_config.json", "special_tokens_map.json", "tokenizer_config.json"))
+       for name in ("llada2", "llada21", "llada2_dllm")},
 }  # fmt: skip
 
 
@@ -160,6 +167,15 @@ def _stub_module(name, **attrs):
 def _import_stubs(family):
     """Modules the family's files import at module level but this CPU machine lacks; installed only for the import."""
     stubs = {}
+    if family in ("llada2", "llada21", "llada2_dllm"):
+        import transformers.utils.import_utils as import_utils
+
+        if not hasattr(import_utils, "is_torch_fx_available"):
+            # transformers 5 removed `is_torch_fx_available`, which modeling_llada2_moe.py imports (it only decides
+            # whether to fx-wrap a mask helper): a copy of the module with it returning False, for the import only.
+            patched = _stub_module(import_utils.__name__, **vars(import_utils))
+            patched.is_torch_fx_available = lambda: False
+            stubs[import_utils.__name__] = patched
     if family != "sdar":
         return stubs
     if importlib.util.find_spec("triton") is None:
@@ -286,7 +302,15 @@ def _patch_rope_buffers(pretrained_class):
     pretrained_class._init_weights = init
 
 
-_PATCHES = {"llada": _patch_llada, "dream": _patch_dream, "sdar": _patch_sdar}
+def _patch_llada2(code: RemoteCode):
+    modeling = code.modeling_module
+    # transformers 5: ROPE_INIT_FUNCTIONS has no 'default' entry (see Dream); LLaDA2MoeRotaryEmbedding looks it up.
+    modeling.ROPE_INIT_FUNCTIONS = {**modeling.ROPE_INIT_FUNCTIONS, "default": _default_rope_parameters}
+    _patch_rope_buffers(modeling.LLaDA2MoePreTrainedModel)
+
+
+_PATCHES = {"llada": _patch_llada, "dream": _patch_dream, "sdar": _patch_sdar, "llada2": _patch_llada2,
+            "llada21": _patch_llada2, "llada2_dllm": _patch_llada2}
 
 
 def _pre_import(family):
@@ -444,6 +468,14 @@ def remote_logits(
         if position_ids is None:
             position_ids = torch.arange(n, device=input_ids.device)[None].expand(batch, n)
         return model(input_ids, attention_mask=keep, position_ids=position_ids, use_cache=False).logits
+    if family in ("llada2", "llada21", "llada2_dllm"):
+        # As LLaDA2's generate() calls it: a 4-D block mask (additive float, or boolean keep-mask) and position ids;
+        # a 2-D mask or none would make its forward causal.
+        if attention_mask is None or attention_mask.dim() != 4:
+            raise ValueError("LLaDA2's forward is causal without a 4-D mask: pass the block mask.")
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.size(1), device=input_ids.device)[None].expand_as(input_ids)
+        return model(input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
     raise ValueError(f"Unknown family {family!r}.")
 
 
@@ -457,6 +489,12 @@ _TINY_SIZES = {
     "sdar": lambda h, L, nh, nkv, ff: {"hidden_size": h, "num_hidden_layers": L, "num_attention_heads": nh,
                                        "num_key_value_heads": nkv, "intermediate_size": ff, "head_dim": h // nh,
                                        "max_window_layers": L},
+    **{name: lambda h, L, nh, nkv, ff: {"hidden_size": h, "num_hidden_layers": L, "num_attention_heads": nh,
+                                        "num_key_value_heads": nkv, "intermediate_size": ff, "head_dim": h // nh,
+                                        "rotary_dim": h // nh // 2, "num_experts": 8, "n_group": 4, "topk_group": 2,
+                                        "num_experts_per_tok": 2, "moe_intermediate_size": ff // 4,
+                                        "max_window_layers": L}
+       for name in ("llada2", "llada21", "llada2_dllm")},
 }  # fmt: skip
 
 

@@ -9,7 +9,15 @@ remote-code files, unedited (see ``tests/models/remote_code.py`` for the transfo
 * ``dream/``: ``configuration_dream.py``, ``modeling_dream.py``, ``generation_utils.py`` and ``config.json`` of
   ``Dream-org/Dream-v0-Instruct-7B``;
 * ``sdar/``: ``configuration_sdar.py``, ``modeling_sdar.py``, ``fused_linear_diffusion_cross_entropy.py`` and
-  ``config.json`` of ``JetLM/SDAR-1.7B-Chat``.
+  ``config.json`` of ``JetLM/SDAR-1.7B-Chat``;
+* ``llada2/`` and ``llada21/``: ``configuration_llada2_moe.py``, ``modeling_llada2_moe.py`` and ``config.json`` of
+  ``inclusionAI/LLaDA2.0-mini`` and ``inclusionAI/LLaDA2.1-mini`` (public copies: github.com/yjyddq/DARE,
+  ``models/LLaDA2.0-mini/`` and ``models/LLaDA2.1-mini/``). Their forwards are the same; their ``generate()`` differ
+  (2.1 builds its block mask as 0/1 without ``.log()``, so as an additive mask it blocks nothing; 2.0's samples
+  with ``multinomial`` even at ``temperature=0``: it has no greedy branch), which the forward-level tests do not use;
+* ``llada2_dllm/``: the same two files from github.com/ZHZisZZ/dllm (``dllm/pipelines/llada2/models/``), whose
+  ``generate()`` is greedy at ``temperature=0`` and applies the ``.log()`` block mask, with LLaDA2.0-mini's
+  ``config.json``: the reference for decoding.
 
 The checkpoints are tiny random ones written by the families' own classes (``remote_code.build_tiny_checkpoint``:
 the released config with tiny sizes, real vocabulary and special ids, every weight drawn so that it matters).
@@ -23,7 +31,8 @@ from trl_dllm.models.loading import load_adapter, load_pretrained
 
 from .remote_code import build_tiny_checkpoint, load_remote_model, remote_code_dir, remote_logits
 
-FAMILIES = ("llada", "dream", "sdar")
+FAMILIES = ("llada", "dream", "sdar", "llada2", "llada21")
+BLOCK_MASKED = ("sdar", "llada2", "llada21")  # called with the 4-D block mask (blocks of 4 from position 0)
 ATOL = 1e-4
 
 
@@ -59,7 +68,7 @@ def native_and_remote(family, native, remote, ids, mask):
     code calls its model. SDAR: the same block-causal mask (blocks of 4 from position 0, padding keys blocked) as an
     additive float mask for the native model and as SDAR's keep-mask for its own code."""
     with torch.no_grad():
-        if family == "sdar":
+        if family in BLOCK_MASKED:
             additive = block_causal_mask(ids.size(1), 4, 0, attention_mask=mask)
             return native(input_ids=ids, attention_mask=additive).logits, remote_logits(family, remote, ids, additive)
         return native(input_ids=ids, attention_mask=mask).logits, remote_logits(family, remote, ids, mask)
@@ -107,3 +116,46 @@ def test_llada_adapter_loads_in_llada_code(checkpoints, tmp_path_factory, tmp_pa
     again = load_adapter(load_pretrained(path, dtype=torch.float32), str(tmp_path)).eval()
     with torch.no_grad():
         torch.testing.assert_close(again(input_ids=ids, attention_mask=mask).logits, ours)
+
+
+@pytest.mark.parametrize("prompt_length", [
+    4,
+    pytest.param(8, marks=pytest.mark.xfail(reason="LLaDA2 counts blocks from position 0, prompt included; trl_dllm "
+                                                   "still treats the prompt as one block (issue 21, part 1)")),
+])
+def test_llada2_decoding_equals_its_generate(tmp_path, prompt_length):
+    """Greedy decoding (blocks of 4, one token per step, no threshold) equals LLaDA2's own `generate()` token for
+    token. Its generate builds its block mask in bf16 (0 / -inf, exact in fp32): cast for the fp32 model."""
+    import json
+
+    import trl_dllm
+
+    family = "llada2_dllm"
+    path = build_tiny_checkpoint(family, code_dir(family), str(tmp_path))
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "block_size": 4}))  # our block size; theirs is an arg
+    remote = load_remote_model(family, code_dir(family), path)
+    forward = remote.forward
+    remote.forward = lambda *a, attention_mask=None, **k: forward(*a, attention_mask=attention_mask.float(), **k)
+    native = load_pretrained(path, dtype=torch.float32).eval()
+    prompt = torch.randint(0, 5000, (1, prompt_length), generator=torch.Generator().manual_seed(3))
+    theirs = remote.generate(prompt, temperature=0.0, block_length=4, steps=4, gen_length=16, threshold=1.0)[0]
+    ours = trl_dllm.generate(native, prompt, torch.ones_like(prompt), mask_token_id=156895, gen_length=16,
+                             diffusion_steps=16, block_length=4, temperature=0.0).completion_ids[0]  # fmt: skip
+    assert torch.equal(ours[: len(theirs)], theirs)
+
+
+def test_llada2_adapter_loads_in_llada2_code(checkpoints, tmp_path_factory, tmp_path):
+    """A LoRA adapter of a native LLaDA2 on the attention and every expert (LLaDA2's own module names, nothing
+    renamed) wraps LLaDA2's own model with PEFT unchanged."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    path = checkpoint("llada2", checkpoints, tmp_path_factory)
+    targets = ["query_key_value", "dense", "gate_proj", "up_proj", "down_proj"]
+    native = get_peft_model(load_pretrained(path, dtype=torch.float32),
+                            LoraConfig(r=4, target_modules=targets, init_lora_weights=False)).eval()  # fmt: skip
+    native.save_pretrained(tmp_path)
+    remote = PeftModel.from_pretrained(load_remote_model("llada2", code_dir("llada2"), path), str(tmp_path)).eval()
+    ids, mask = left_padded_batch()
+    ours, theirs = native_and_remote("llada2", native, remote, ids, mask)
+    assert (ours - theirs)[mask.bool()].abs().max().item() <= ATOL

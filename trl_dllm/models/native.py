@@ -8,6 +8,7 @@ load on transformers 5. Their architectures are standard ones, so each is loaded
 | LLaDA, LLaDA-1.5 | ``llada`` | :class:`LLaDANative` (``LlamaForCausalLM``) | renamed (:data:`LLADA_NAMES`) | bidirectional |
 | Dream | ``Dream`` | :class:`DreamNative` (``Qwen2ForCausalLM``) | unchanged | bidirectional, shifted logits |
 | SDAR, TraDo | ``sdar`` | :class:`SDARNative` (``Qwen3ForCausalLM``) | unchanged | block-causal (4-D masks) |
+| LLaDA2.0 / 2.1 | ``llada2_moe`` | :class:`LLaDA2Native` (:mod:`.llada2`, ours) | unchanged | block-causal (4-D only) |
 
 The native model's config is the transformers config translated from the original one, with ``dllm_family`` (the
 marker :func:`trl_dllm.models.resolve_model_spec` reads), ``mask_token_id`` and, for block models, ``block_length``;
@@ -37,7 +38,8 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from .specs import SDAR_MASK_TOKEN_ID
+from .llada2 import LLADA2_MASK_TOKEN_ID, LLaDA2ForDiffusionLM, llada2_config
+from .specs import SDAR_MASK_TOKEN_ID, UnsupportedCheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -90,10 +92,6 @@ def rename_keys(keys, mapping: dict[str, str]) -> dict[str, str]:
 
 
 # --- config translation ---------------------------------------------------------------------------------------------
-
-
-class UnsupportedCheckpointError(ValueError):
-    """The checkpoint's config asks for a variant of its family that the native classes do not implement."""
 
 
 def _rope(theta: float) -> dict:
@@ -223,6 +221,13 @@ class SDARNative(_OriginalLayoutMixin, Qwen3ForCausalLM):
     dllm_layout = "sdar"
 
 
+class LLaDA2Native(_OriginalLayoutMixin, LLaDA2ForDiffusionLM):
+    """LLaDA2.0 / 2.1 (our class on transformers' components, :mod:`trl_dllm.models.llada2`), driven with 4-D
+    block-causal masks by the `block` family."""
+
+    dllm_layout = "llada2"
+
+
 @dataclass(frozen=True)
 class NativeLayout:
     """How one family's original checkpoint maps onto a transformers class.
@@ -256,6 +261,8 @@ NATIVE_LAYOUTS: dict[str, NativeLayout] = {
     "llada": NativeLayout("llada", ("llada",), LLaDANative, _llada_config, "llada", LLADA_NAMES),
     "dream": NativeLayout("dream", ("Dream", "dream"), DreamNative, _dream_config, "dream"),
     "sdar": NativeLayout("sdar", ("sdar",), SDARNative, _sdar_config, "block", mask_token_id=SDAR_MASK_TOKEN_ID),
+    "llada2": NativeLayout("llada2", ("llada2_moe",), LLaDA2Native, llada2_config, "block",
+                           mask_token_id=LLADA2_MASK_TOKEN_ID),
 }
 
 

@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 
+class UnsupportedCheckpointError(ValueError):
+    """The checkpoint's config asks for a variant of its family that the native classes do not implement."""
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """What the trainer and the cores need to know about one model family.

@@ -30,11 +30,16 @@ FAMILY_SPECIAL_TOKENS = {
     "dream": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|beginoftext|>": 151665,
               "<|mask|>": 151666},
     "sdar": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|MASK|>": 151669},
+    # LLaDA2: only EOS / pad 156892 and mask 156895 are real ids (generate() defaults, config.json pad_token_id); the
+    # chat-template tokens of its tokenizer are added at this tiny tokenizer's own ids (see build_family_tokenizer).
+    "llada2": {"<|endoftext|>": 156892, "<|mask|>": 156895},
 }  # fmt: skip
+_EXTRA_TOKENS = {"llada2": ("<role>", "</role>", "<|role_end|>")}  # template tokens at the tiny tokenizer's ids
 _FAMILY_ROLES = {  # bos, eos, pad, mask tokens as each family's tokenizer declares them (LLaDA's declares no mask)
     "llada": ("<|startoftext|>", "<|endoftext|>", "<|endoftext|>", None),
     "dream": ("<|beginoftext|>", "<|endoftext|>", "<|endoftext|>", "<|mask|>"),
     "sdar": (None, "<|endoftext|>", "<|endoftext|>", "<|MASK|>"),
+    "llada2": (None, "<|endoftext|>", "<|endoftext|>", "<|mask|>"),
 }
 _FAMILY_TEMPLATES = {  # the shape of each family's chat template: role headers and end-of-turn tokens
     "llada": (
@@ -44,6 +49,11 @@ _FAMILY_TEMPLATES = {  # the shape of each family's chat template: role headers 
     "qwen": (
         "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}"
+    ),
+    # LLaDA2's prompt format (inclusionAI/dInfer benchmarks): <role>HUMAN</role>...<|role_end|><role>ASSISTANT</role>
+    "llada2": (
+        "{% for m in messages %}<role> {{ 'HUMAN' if m['role'] == 'user' else m['role'] | upper }} </role> "
+        "{{ m['content'] }} <|role_end|> {% endfor %}{% if add_generation_prompt %}<role> ASSISTANT </role> {% endif %}"
     ),
 }
 # The released config.json of LLaDA-8B-Instruct, Dream-v0-Instruct-7B and SDAR-1.7B-Chat, less their sizes (facts).
@@ -83,6 +93,24 @@ _RELEASED_CONFIGS = {
         "torch_dtype": "bfloat16", "transformers_version": "4.52.4", "use_cache": False, "use_deepep": False,
         "use_sliding_window": False, "vocab_size": 151936,
     },
+    # LLaDA2.0-mini: the config.json of the Hub repository inclusionAI/LLaDA2.0-mini (public copy in yjyddq/DARE,
+    # models/LLaDA2.0-mini/; LLaDA2.1-mini's is the same), less its sizes.
+    "llada2": {
+        "architectures": ["LLaDA2MoeModelLM"], "attention_dropout": 0.0,
+        "auto_map": {"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
+                     "AutoModel": "modeling_llada2_moe.LLaDA2MoeModel",
+                     "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM"},
+        "dtype": "bfloat16", "embedding_dropout": 0.0, "first_k_dense_replace": 1, "hidden_act": "silu",
+        "initializer_range": 0.02, "max_position_embeddings": 32768, "max_window_layers": 28,
+        "model_type": "llada2_moe", "moe_router_enable_expert_bias": True, "n_group": 8, "norm_head": False,
+        "norm_softmax": False, "norm_topk_prob": True, "num_experts": 256, "num_experts_per_tok": 8,
+        "num_shared_experts": 1, "output_dropout": 0.0, "output_router_logits": False, "pad_token_id": 156892,
+        "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 600000,
+        "rotary_dim": 64, "routed_scaling_factor": 2.5, "router_dtype": "fp32", "score_function": "sigmoid",
+        "sliding_window": 4096, "tie_word_embeddings": False, "topk_group": 4, "transformers_version": "4.57.1",
+        "use_bias": False, "use_cache": False, "use_qk_norm": True, "use_qkv_bias": False, "use_rmsnorm": True,
+        "use_sliding_window": False, "using_split_qkv_in_self_attention": False, "vocab_size": 157184,
+    },
 }  # fmt: skip
 
 
@@ -101,6 +129,11 @@ def tiny_original_config(family: str, *, hidden_size: int = 32, num_layers: int 
                   num_key_value_heads=num_kv_heads, intermediate_size=intermediate_size, max_window_layers=num_layers)
     if family == "sdar":
         config.update(head_dim=hidden_size // num_heads, block_size=block_size)
+    if family == "llada2":  # 8 experts in 4 groups, top-2 of the best 2 groups, 1 shared expert; layer 0 dense
+        config.update(head_dim=hidden_size // num_heads, rotary_dim=hidden_size // num_heads // 2, num_experts=8,
+                      n_group=4, topk_group=2, num_experts_per_tok=2, moe_intermediate_size=intermediate_size // 4,
+                      max_window_layers=num_layers, block_size=block_size)  # block_size: absent from the
+        # released config (its block is 32, the default); set here so tiny tests use small blocks
     return config
 
 
@@ -109,16 +142,18 @@ def build_family_tokenizer(family: str) -> PreTrainedTokenizerFast:
     family's bos / eos / pad / mask roles and a chat template of the family's shape."""
     base = build_tokenizer()
     vocab = {token: i for token, i in base.get_vocab().items() if token not in SPECIAL_TOKENS[:3]}
+    extra = _EXTRA_TOKENS.get(family, ())
+    vocab.update({token: max(vocab.values()) + 1 + i for i, token in enumerate(extra)})
     vocab.update(FAMILY_SPECIAL_TOKENS[family])
     backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = base.backend_tokenizer.pre_tokenizer
     bos, eos, pad, mask = _FAMILY_ROLES[family]
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token=bos, eos_token=eos, pad_token=pad, mask_token=mask, unk_token="[UNK]",
-        additional_special_tokens=[t for t in FAMILY_SPECIAL_TOKENS[family] if t not in (bos, eos, pad, mask)],
+        additional_special_tokens=[t for t in (*FAMILY_SPECIAL_TOKENS[family], *extra) if t not in (bos, eos, pad, mask)],
         model_max_length=4096, clean_up_tokenization_spaces=False,
     )
-    tokenizer.chat_template = _FAMILY_TEMPLATES["llada" if family == "llada" else "qwen"]
+    tokenizer.chat_template = _FAMILY_TEMPLATES[family if family in ("llada", "llada2") else "qwen"]
     return tokenizer
 
 
@@ -132,6 +167,9 @@ def save_tiny_original_checkpoint(path: str | os.PathLike, family: str, *, seed:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = native_layout(original).model_class(config)
+        for name, buffer in model.named_buffers():
+            if name.endswith("expert_bias"):  # LLaDA2's selection-only router bias: nonzero, so that it matters
+                buffer.copy_(0.1 * torch.randn(buffer.shape))
     model.save_pretrained(path)  # original key names (transformers reverts the renaming) and config.json
     build_family_tokenizer(family).save_pretrained(path)
     return str(path)
