@@ -11,8 +11,8 @@ not serve. The math is in `trl_dllm.core`. Overridden (TRL 1.16):
 - `_prepare_inputs`: only with `whole_group_batches`, TRL's shuffle-and-split of the generation batch by whole groups.
 - `compute_loss`, `_get_grad_norm`, `log`: non-finite losses and gradients skip the optimizer step (`nonfinite.py`).
 - `_calculate_rewards`: `super()`, then ±inf rewards count as unscorable (like `None`) and their number is logged.
-- `train`, `_save_optimizer_and_scheduler`, `_load_optimizer_and_scheduler`, `save_model`: torn checkpoints skipped,
-  our generation state checkpointed (`training.state`), LoRA adapters of native LLaDA saved in LLaDA's names.
+- `train`, `_save_optimizer_and_scheduler`, `_load_optimizer_and_scheduler`, `save_model`: `output_dir` guarded and
+  locked, torn checkpoints skipped, our generation state checkpointed (`training.state`), LoRA adapters of native LLaDA saved in LLaDA's names.
 """
 
 from __future__ import annotations
@@ -290,9 +290,11 @@ class DiffusionGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ checkpoints
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """`Trainer.train`, resuming from the last complete checkpoint: torn ones are skipped with a warning."""
-        resume_from_checkpoint = state.resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+        """`Trainer.train` in an `output_dir` no other run owns (checked, locked while training), resuming from the
+        last complete checkpoint: torn ones are skipped with a warning."""
+        with state.claim_output_dir(self.args, resume_from_checkpoint, self.accelerator):
+            resume_from_checkpoint = state.resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
+            return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
         """TRL's `save_model`; a LoRA adapter of a natively loaded LLaDA is then rewritten in LLaDA's own module names

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..config import DiffusionGRPOConfig
+from ..training.state import OutputDirError, check_output_dir
 from .parsing import ScriptParser, UsageError, exit_on_bad_input
 
 # A Hub id is `name` or `org/name`; anything else (absolute, ./relative, nested) can only be a local path.
@@ -218,8 +219,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     with exit_on_bad_input("trl-dllm grpo"):
         script_args, training_args, model_args = make_parser().parse(argv)
         resume = resume_checkpoint(training_args.resume_from_checkpoint)
+        check_output_dir(training_args.output_dir, resume, training_args.overwrite_output_dir)  # before loading
         trainer = build_trainer(script_args, training_args, model_args)
-    trainer.train(resume_from_checkpoint=resume)
+    with exit_on_bad_input("trl-dllm grpo", errors=(OutputDirError,)):  # another run holds output_dir's lock
+        trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json: the log history, next to the model
     processes = trainer.accelerator.num_processes
