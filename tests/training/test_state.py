@@ -136,3 +136,48 @@ def test_no_complete_checkpoint(tiny_model_path, tmp_path):
     with pytest.raises(ValueError, match=r"no complete checkpoint in output_dir=.* \(torn: .*checkpoint-1 "
                                          r"\(trainer_state.json is missing\)\)"):
         trainer.train(resume_from_checkpoint=True)
+
+
+def truncate(file: Path, keep: float = 0.5) -> None:
+    data = file.read_bytes()
+    file.write_bytes(data[: int(len(data) * keep)])
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("model.safetensors", "model.safetensors is truncated"),
+        ("optimizer.pt", "optimizer.pt is truncated or corrupt"),
+        ("scheduler.pt", "scheduler.pt is truncated or corrupt"),
+        ("rng_state.pth", "rng_state.pth is truncated or corrupt"),
+        ("diffusion_generation_state_0.pt", "diffusion_generation_state_0.pt is truncated or corrupt"),
+    ],
+)
+def test_truncated_file_is_skipped_on_resume(tiny_model_path, tmp_path, uninterrupted, name, expected, caplog):
+    """A disk that filled, or a killed copy, leaves a checkpoint whose files are cut short: resume falls back."""
+    import shutil
+
+    output_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted[0], output_dir)
+    truncate(output_dir / "checkpoint-4" / name)
+    truncate(output_dir / "checkpoint-3" / name, keep=0.9)
+    trainer = make_trainer(tiny_model_path, output_dir)
+    with caplog.at_level("WARNING", logger="trl_dllm.training.state"):
+        trainer.train(resume_from_checkpoint=True)
+    assert f"checkpoint-4 ({expected}" in caplog.text and f"checkpoint-3 ({expected}" in caplog.text
+    assert f"resuming from {output_dir / 'checkpoint-2'}" in caplog.text
+    assert trainer.state.global_step == 4
+    assert_same_run((weights(trainer), losses(trainer)), uninterrupted)  # steps 3 and 4 replayed from checkpoint-2
+
+
+def test_explicit_truncated_checkpoint_names_the_complete_one(tmp_path, uninterrupted):
+    import shutil
+
+    from trl_dllm.training.state import resolve_resume_checkpoint
+
+    output_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted[0], output_dir)
+    (output_dir / "checkpoint-4" / "model.safetensors").write_bytes(b"\x10\x00")
+    with pytest.raises(ValueError, match=r"torn checkpoint, model.safetensors is truncated .*newest complete "
+                                         r"checkpoint there is .*checkpoint-3"):  # fmt: skip
+        resolve_resume_checkpoint(str(output_dir / "checkpoint-4"), str(output_dir))

@@ -20,6 +20,7 @@ import re
 import socket
 import sys
 import time
+import zipfile
 
 import torch
 
@@ -35,7 +36,13 @@ _WEIGHT_PREFIXES = ("global_step", "pytorch_model_fsdp", "model_fsdp")
 
 
 def checkpoint_problem(path: str) -> str | None:
-    """Why the checkpoint directory ``path`` cannot be resumed from, or `None` when it is complete."""
+    """Why the checkpoint directory ``path`` cannot be resumed from, or `None` when it is complete.
+
+    Complete: `trainer_state.json` parses, weights are present, and every file a resume loads is whole — safetensors
+    headers parse and their tensors end where the file ends (shards of an index included), and the zip archives
+    `torch.save` writes (optimizer, scheduler, RNG, our generation state, `.bin` weights) have their central directory
+    (written last, so a truncated or half-copied file has none). Nothing is loaded into memory.
+    """
     state = os.path.join(path, "trainer_state.json")
     if not os.path.isfile(state):
         return "trainer_state.json is missing"
@@ -44,9 +51,72 @@ def checkpoint_problem(path: str) -> str | None:
             json.load(f)
     except (OSError, ValueError) as err:
         return f"trainer_state.json is unreadable ({type(err).__name__})"
-    names = os.listdir(path)
+    names = sorted(os.listdir(path))
     if not any(name in _WEIGHTS or name.startswith(_WEIGHT_PREFIXES) for name in names):
         return "no model weights"
+    for name in names:
+        file = os.path.join(path, name)
+        if name.endswith(".safetensors"):
+            problem = safetensors_problem(file)
+        elif name.endswith(".safetensors.index.json"):
+            problem = _index_problem(path, file)
+        elif name.endswith((".pt", ".pth", ".bin")):
+            problem = torch_file_problem(file)
+        else:
+            continue
+        if problem is not None:
+            return f"{name} {problem}"
+    return None
+
+
+def safetensors_problem(file: str) -> str | None:
+    """Why the safetensors file cannot load (`None` if its header parses and its tensors end where the file ends)."""
+    try:
+        size = os.path.getsize(file)
+        with open(file, "rb") as f:
+            head = f.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if length < 0 or 8 + length > size:
+                return f"is truncated ({size} bytes, shorter than its header)"
+            header = json.loads(f.read(length))
+    except (OSError, ValueError) as err:
+        return f"is unreadable ({type(err).__name__}: {err})"
+    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+    expected = 8 + length + max(ends, default=0)
+    if size < expected:
+        return f"is truncated ({size} of {expected} bytes)"
+    return None
+
+
+def _index_problem(path: str, index: str) -> str | None:
+    try:
+        with open(index, encoding="utf-8") as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+    except (OSError, ValueError, KeyError, AttributeError) as err:
+        return f"is unreadable ({type(err).__name__})"
+    for shard in shards:
+        file = os.path.join(path, shard)
+        if not os.path.isfile(file):
+            return f"lists {shard}, which is missing"
+        problem = safetensors_problem(file) if shard.endswith(".safetensors") else torch_file_problem(file)
+        if problem is not None:
+            return f"lists {shard}, which {problem}"
+    return None
+
+
+def torch_file_problem(file: str) -> str | None:
+    """Why a `torch.save` file cannot load (`None` if its zip central directory is there; a legacy non-zip file is
+    not checked)."""
+    try:
+        with open(file, "rb") as f:
+            if f.read(2) != b"PK":
+                return None if os.path.getsize(file) > 0 else "is empty"
+        with zipfile.ZipFile(file) as archive:
+            size = os.path.getsize(file)
+            if any(info.header_offset + info.compress_size > size for info in archive.infolist()):
+                return "is truncated"
+    except (OSError, zipfile.BadZipFile) as err:
+        return f"is truncated or corrupt ({type(err).__name__})"
     return None
 
 
