@@ -11,8 +11,9 @@ not serve. The math is in `trl_dllm.core`. Overridden (TRL 1.16):
 - `_prepare_inputs`: only with `whole_group_batches`, TRL's shuffle-and-split of the generation batch by whole groups.
 - `compute_loss`, `_get_grad_norm`, `log`: non-finite losses and gradients skip the optimizer step (`nonfinite.py`).
 - `_calculate_rewards`: `super()`, then ±inf rewards count as unscorable (like `None`) and their number is logged.
-- `train`, `_save_optimizer_and_scheduler`, `_load_optimizer_and_scheduler`, `save_model`: `output_dir` guarded and
-  locked, torn checkpoints skipped, our generation state checkpointed (`training.state`), LoRA adapters of native LLaDA saved in LLaDA's names.
+- `train`, `_save_checkpoint`, `_save_optimizer_and_scheduler`, `_load_optimizer_and_scheduler`, `save_model`:
+  `output_dir` guarded and locked, torn checkpoints skipped, a full disk named, our generation state checkpointed
+  (`training.state`), LoRA adapters of native LLaDA saved in LLaDA's names.
 """
 
 from __future__ import annotations
@@ -306,6 +307,11 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         if _internal_call or base is None or not is_native_layout(base) or not self.accelerator.is_main_process:
             return
         adapter_to_original_layout(output_dir or self.args.output_dir, base.dllm_layout)
+
+    def _save_checkpoint(self, model, trial):
+        """transformers'; a save that fails for lack of space says so (size and path) and its partial folder goes."""
+        with state.reporting_full_disk(self._get_output_dir(trial=trial), self.state.global_step, self.model):
+            super()._save_checkpoint(model, trial)
 
     def _save_optimizer_and_scheduler(self, output_dir):
         """TRL does not checkpoint the buffered rollouts nor the micro-step counter: saved per process beside them."""

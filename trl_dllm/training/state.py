@@ -13,10 +13,12 @@ inside a generation cycle is exact.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import re
+import shutil
 import socket
 import sys
 import time
@@ -161,6 +163,45 @@ def resolve_resume_checkpoint(value, output_dir: str):
             hint = f" The newest complete checkpoint there is {complete[0]}." if complete else ""
             raise ValueError(f"resume_from_checkpoint={value}: torn checkpoint, {problem}.{hint}")
     return value
+
+
+_FULL_DISK = ("no space left", "iostream error", "file write failed", "disk quota")
+
+
+@contextlib.contextmanager
+def reporting_full_disk(run_dir: str, step: int, model):
+    """Around transformers' `_save_checkpoint` of ``checkpoint-{step}``: a save that fails for lack of space raises
+    `OSError(ENOSPC)` "no space left on device: N MB needed at PATH" and its partial folder is removed.
+
+    transformers rotates old checkpoints only after a complete save, so the previous ones are intact. N is the size of
+    the newest complete checkpoint, or (before the first) the model's parameters times three (weights and Adam's two
+    moments). torch reports a full disk as `RuntimeError: ... iostream error`, hence the free-space check.
+    """
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        needed = _checkpoint_bytes(run_dir, model)
+        free = shutil.disk_usage(run_dir).free if os.path.isdir(run_dir) else None
+        enospc = isinstance(err, OSError) and err.errno == errno.ENOSPC
+        if not (enospc or (any(s in str(err).lower() for s in _FULL_DISK) and free is not None and free < needed)):
+            raise
+        partial = os.path.join(run_dir, f"checkpoint-{step}")
+        shutil.rmtree(partial, ignore_errors=True)
+        previous = [p for p in checkpoints(run_dir) if checkpoint_problem(p) is None]
+        kept = f"; the previous checkpoint {previous[0]} is intact" if previous else ""
+        raise OSError(
+            errno.ENOSPC,
+            f"no space left on device: {needed / 2**20:.1f} MB needed at {partial} ({(free or 0) / 2**20:.1f} MB "
+            f"free){kept}. Free space, lower save_total_limit, or set output_dir to a larger disk, then resume with "
+            "resume_from_checkpoint=True",
+        ) from err
+
+
+def _checkpoint_bytes(run_dir: str, model) -> int:
+    for path in checkpoints(run_dir):
+        if checkpoint_problem(path) is None:
+            return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
+    return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def generation_state_path(checkpoint: str, process_index: int) -> str:
