@@ -260,6 +260,7 @@ class DiffusionGRPOConfig(GRPOConfig):
         return super().__new__(cls)
 
     def __post_init__(self):
+        checks.check_field_types(self)  # integers are integers before TRL computes batch sizes from them
         checks.check_num_generations(self)
         announce_deepspeed_cpu_build()  # before TRL / transformers set up the devices, which starts the build
         self._device_choices = choose_for_device(self)
