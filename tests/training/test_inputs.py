@@ -107,7 +107,7 @@ def test_wrong_names_offline(tmp_path, monkeypatch, field, value, expected):
     [
         ("mc_samples", 2.5, FieldTypeError, r"mc_samples=2.5 \(float\) must be an integer; write e.g. mc_samples: 2"),
         ("num_iterations", True, FieldTypeError, r"num_iterations=True \(bool\) must be an integer"),
-        ("gradient_accumulation_steps", 0, ValueError, "gradient_accumulation_steps=0 must be at least 1"),
+        ("gradient_accumulation_steps", 0, ValueError, "gradient_accumulation_steps=0 must be >= 1"),
     ],
 )
 def test_recipe_field_types(tmp_path, field, value, error, expected):

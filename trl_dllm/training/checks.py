@@ -339,23 +339,17 @@ def check_trainer_inputs(args, model, reward_funcs, pargs: Sequence, kwargs: Map
     _check_names(model, reward_funcs)
     if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs):
         raise ValueError(
-            "reward_funcs is empty: every completion would get reward 0 and nothing would be learned. Pass one or "
-            "more reward functions (e.g. reward_funcs=[trl_dllm.rewards.REWARD_FUNCS['gsm8k']])."
+            "No reward source provided: reward_funcs is empty, so every completion would get reward 0 and nothing "
+            "would be learned. Pass one or more reward functions (e.g. "
+            "reward_funcs=[trl_dllm.rewards.REWARD_FUNCS['gsm8k']])."
         )
     prompts_needed = args.generation_batch_size // args.num_generations
     _check_dataset("train_dataset", train_dataset, prompts_needed, "generation_batch_size", args)
-    if eval_dataset is not None:
+    if eval_dataset is not None:  # any size evaluates (TRL's test_train_with_num_generations_eval): a last batch is partial
         datasets = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
-        eval_generations = args.num_generations_eval or args.num_generations
-        needed = max(1, args.per_device_eval_batch_size * args.world_size // eval_generations)
         for name, dataset in datasets:
-            _check_dataset(
-                name if name == "eval_dataset" else f"eval_dataset[{name!r}]",
-                dataset,
-                needed,
-                "per_device_eval_batch_size",
-                args,
-            )
+            label = name if name == "eval_dataset" else f"eval_dataset[{name!r}]"
+            _check_dataset(label, dataset, 1, "per_device_eval_batch_size", args)
     _check_text_only(named.get("processing_class"), model)
 
 
@@ -375,7 +369,7 @@ def _check_names(model, reward_funcs) -> None:
 def _check_dataset(name: str, dataset, prompts_needed: int, batch_field: str, args) -> None:
     if dataset is None:
         if name == "train_dataset":
-            raise ValueError("train_dataset is None: pass a dataset with a 'prompt' column.")
+            raise ValueError("`train_dataset` is required: train_dataset is None; pass a dataset with a 'prompt' column.")
         return
     if _is_dataset_dict(dataset):
         splits = list(dataset.keys())

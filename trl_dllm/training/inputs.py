@@ -15,10 +15,8 @@ import os
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")  # TRL's roles
 _INT_TYPES = ("int", "int|None", "Optional[int]", "Union[int,NoneType]")
-_POSITIVE_INTS = (
-    "per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations", "mc_samples", "mc_batch_size",
-    "step_samples", "steps_per_generation",
-)  # fmt: skip
+# Counts TRL / transformers check only inside `train()` (ours, e.g. mc_samples, are checked in `checks.py`).
+_POSITIVE_INTS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation")
 
 
 class PromptFormatError(ValueError):
@@ -59,7 +57,7 @@ def check_field_types(args) -> None:
     for name in _POSITIVE_INTS:
         value = getattr(args, name, None)
         if value is not None and value < 1:
-            raise ValueError(f"{name}={value} must be at least 1; set {name}: 1 (or more).")
+            raise ValueError(f"{name}={value} must be >= 1; set {name}: 1 (or more).")
 
 
 def _integer_hint(value) -> int:
