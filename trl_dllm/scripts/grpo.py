@@ -97,7 +97,7 @@ def resolve_reward_funcs(names: Sequence[str] | None, task: str | None) -> list[
             sys.path.insert(0, os.getcwd())  # like `trl grpo`: modules next to the recipe's working directory
             try:
                 funcs.append(getattr(importlib.import_module(module_name), attr))
-            except (ImportError, AttributeError) as err:
+            except (ImportError, AttributeError, SyntaxError) as err:  # a typo in the module: one line, no traceback
                 raise UsageError(f"reward_funcs: cannot import {name!r} ({type(err).__name__}: {err})") from None
         else:
             raise UsageError(
