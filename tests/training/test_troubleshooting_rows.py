@@ -1,4 +1,4 @@
-"""docs/troubleshooting.md rows 28-37 (reliability refusals): each quotes text the code really produces. For every row,
+"""docs/troubleshooting.md rows 28-39 (reliability refusals): each quotes text the code really produces. For every row,
 the literal parts of its message (split where the code interpolates a value) are found in the row and in the source
 of the module that raises it."""
 
@@ -22,6 +22,8 @@ ROWS = {
     36: ("trl_dllm/training/inputs.py", ["must be an integer", "must be >= 1"]),
     37: ("trl_dllm/training/signal.py", ["frac_reward_zero_std has been 1 for", "logged steps (",
                                         "completion of a group got the same reward"]),
+    38: ("trl_dllm/tasks/common.py", ["is not valid JSON (", "is a JSON", "not an object of column: value pairs"]),
+    39: ("trl_dllm/demo/__init__.py", [": must be > 0", ": must be in (0, 1]"]),
 }  # fmt: skip
 
 
@@ -41,3 +43,10 @@ def test_row_quotes_the_code(number):
     for fragment in fragments:
         assert fragment in documented, (number, fragment)
         assert fragment in source, (number, module, fragment)
+
+
+def test_cli_flag_rows_quote_compare_and_eval():
+    documented = row(39)
+    for module, fragment in (("trl_dllm/demo/compare.py", ": no results.json there"),
+                             ("trl_dllm/scripts/eval.py", ": must be >= 1")):  # fmt: skip
+        assert fragment in documented and fragment in (ROOT / module).read_text()
