@@ -1,5 +1,7 @@
 """Malformed inputs are refused before training with one line (`trl_dllm.training.inputs`, called from checks)."""
 
+from pathlib import Path
+
 import pytest
 from datasets import Dataset
 
@@ -113,3 +115,37 @@ def test_wrong_names_offline(tmp_path, monkeypatch, field, value, expected):
 def test_recipe_field_types(tmp_path, field, value, error, expected):
     with pytest.raises(error, match=expected):
         config(tmp_path, **{field: value})
+
+
+@pytest.fixture
+def model_copy(tiny_model_path, tmp_path):
+    import shutil
+
+    return Path(shutil.copytree(tiny_model_path, tmp_path / "model"))
+
+
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (lambda p: (p / "model.safetensors").write_bytes((p / "model.safetensors").read_bytes()[:5000]),
+         r"model.safetensors is truncated \(5000 of \d+ bytes\); copy or download it again"),
+        (lambda p: (p / "config.json").write_text("{not json"), r"config.json is not valid JSON"),
+        (lambda p: (p / "model.safetensors").unlink(), r"no weights \(no \*.safetensors or \*.bin\)"),
+        (lambda p: (p / "config.json").unlink(), r"no config.json"),
+    ],
+)  # fmt: skip
+def test_broken_model_folder_is_named(model_copy, damage, expected):
+    from trl_dllm.scripts.grpo import check_model_path
+    from trl_dllm.training.inputs import ModelFolderError
+
+    damage(model_copy)
+    with pytest.raises(ModelFolderError, match=expected):
+        check_model_path(str(model_copy))
+
+
+def test_cli_offline_typo_of_embedded_model(monkeypatch):
+    from trl_dllm.scripts.grpo import check_model_path
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(NameNotFoundError, match=r"model_name_or_path='tinny': .* did you mean 'tiny'\?"):
+        check_model_path("tinny")

@@ -1,4 +1,4 @@
-"""docs/troubleshooting.md rows 28-39 (reliability refusals): each quotes text the code really produces. For every row,
+"""docs/troubleshooting.md rows 28-40 (reliability refusals): each quotes text the code really produces. For every row,
 the literal parts of its message (split where the code interpolates a value) are found in the row and in the source
 of the module that raises it."""
 
@@ -24,6 +24,8 @@ ROWS = {
                                         "completion of a group got the same reward"]),
     38: ("trl_dllm/tasks/common.py", ["is not valid JSON (", "is a JSON", "not an object of column: value pairs"]),
     39: ("trl_dllm/demo/__init__.py", [": must be > 0", ": must be in (0, 1]"]),
+    40: ("trl_dllm/training/inputs.py", ["; copy or download it again", "is not valid JSON", "no weights (no *.safetensors",
+                                        "no config.json", ": no such local folder or embedded model;"]),
 }  # fmt: skip
 
 

@@ -150,13 +150,16 @@ def _check_local_files(data_files) -> None:
 def check_model_path(name_or_path: str | None) -> str:
     """Fail early, naming the path, when the model is neither a local directory nor a possible Hub id; an embedded
     model's name (`tiny`, `tiny-block`) becomes its path."""
-    from ..models.embedded import resolve_model_name
+    from ..models.embedded import EMBEDDED_MODELS, resolve_model_name
+    from ..training.inputs import check_model_folder, check_offline_name
 
     if not name_or_path:
         raise UsageError("model_name_or_path is not set: pass --model_name_or_path or set it in the recipe")
     path = os.path.expanduser(resolve_model_name(name_or_path))  # "tiny", "tiny-block": built on first use
     if os.path.isdir(path):
+        check_model_folder(path)  # config JSON, weights present, safetensors headers whole
         return path
+    check_offline_name("model_name_or_path", name_or_path, tuple(EMBEDDED_MODELS))
     if os.path.exists(path):
         raise UsageError(f"model_name_or_path: {name_or_path} is a file, not a model directory")
     if not _HUB_ID.match(name_or_path):

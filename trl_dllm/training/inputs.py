@@ -195,3 +195,43 @@ def check_vocabulary(tokenizer, model) -> None:
             "past it. Use the tokenizer saved with the model (processing_class=None loads it), or resize the model "
             "with model.resize_token_embeddings(len(tokenizer)) before training."
         )
+
+
+# ---------------------------------------------------------------------------------------------------- model folders
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+class ModelFolderError(ValueError):
+    """A local model folder that cannot load: config JSON invalid, no weights, a truncated weights file."""
+
+
+def check_model_folder(path: str) -> None:
+    """A local model (or LoRA adapter) folder: its config JSON parses, it holds weights, and every safetensors file's
+    header parses and its tensors end where the file ends (read cheaply, nothing loaded)."""
+    import json
+
+    from .state import safetensors_problem
+
+    names = set(os.listdir(path))
+    configs = [name for name in ("config.json", "adapter_config.json") if name in names]
+    if not configs:
+        raise ModelFolderError(
+            f"model {path}: no config.json (nor adapter_config.json); point to the folder save_pretrained wrote."
+        )
+    for name in configs:
+        try:
+            with open(os.path.join(path, name), encoding="utf-8") as f:
+                json.load(f)
+        except ValueError as err:
+            message = f"model {path}: {name} is not valid JSON ({err}); restore it from the original."
+            raise ModelFolderError(message) from None
+    weights = sorted(name for name in names if name.endswith(_WEIGHT_SUFFIXES) and not name.startswith("training"))
+    if not weights and not any(name.endswith(".index.json") for name in names):
+        raise ModelFolderError(
+            f"model {path}: no weights (no *.safetensors or *.bin); copy the model's weight files into it."
+        )
+    for name in weights:
+        problem = safetensors_problem(os.path.join(path, name)) if name.endswith(".safetensors") else None
+        if problem is not None:
+            raise ModelFolderError(f"model {path}: {name} {problem}; copy or download it again.")
