@@ -57,6 +57,7 @@ def test_leave_one_out_scales_advantages(tmp_path, tiny_model_path):
 
     trainer = trainer_for(tmp_path, tiny_model_path, reward=recorded, loss_type="espo", leave_one_out=True,
                           scale_rewards="none")  # fmt: skip
+    rewards.clear()  # the construction's dry call of each reward function (training/inputs.py)
     trainer.model.train()
     batch = trainer._generate_and_score_completions([{"prompt": "add 1 and 2 ."}] * 3)
     r = torch.tensor(rewards)

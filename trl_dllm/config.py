@@ -143,6 +143,14 @@ class DiffusionGRPOConfig(GRPOConfig):
             the step is counted in the `nonfinite/skipped_steps` metric, and training goes on. After this many
             consecutive skipped steps training stops with an error that says what was seen. `0` stops at the first.
 
+        > Parameters that control the output directory
+
+        overwrite_output_dir (`bool`, *optional*, defaults to `False`):
+            A run that does not resume refuses to start in an `output_dir` that holds `checkpoint-N` folders (its
+            checkpoints would overwrite them and `save_total_limit` would delete them). `True` starts anyway (the field
+            transformers < 5 had). Every run also locks `output_dir` while it trains (`.trl_dllm.lock`): a second run
+            on the same folder is refused while the first is alive.
+
     Sampling uses TRL's `temperature`, `top_k`, `top_p` and `min_p` (applied per position at every denoising step, in
     that order). `repetition_penalty`, `generation_kwargs` and `cache_implementation` configure autoregressive
     `generate` and are refused (see `docs/troubleshooting.md`).
@@ -242,12 +250,17 @@ class DiffusionGRPOConfig(GRPOConfig):
         default=5,
         metadata={"help": "Consecutive skipped non-finite optimizer steps before training stops (0: stop at the first)."},
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Start a fresh run in an output_dir that holds an earlier run's checkpoints."},
+    )
 
     def __new__(cls, *args, **kwargs):
         checks.check_removed_arguments(kwargs)  # TRL < 1.16 and LLaDA names: say what replaced them
         return super().__new__(cls)
 
     def __post_init__(self):
+        checks.check_field_types(self)  # integers are integers before TRL computes batch sizes from them
         checks.check_num_generations(self)
         announce_deepspeed_cpu_build()  # before TRL / transformers set up the devices, which starts the build
         self._device_choices = choose_for_device(self)

@@ -9,10 +9,12 @@ not serve. The math is in `trl_dllm.core`. Overridden (TRL 1.16):
 - `_get_per_token_logps_and_entropies`: a likelihood estimator instead of TRL's fused, shifted autoregressive head.
 - `_compute_loss`: the diffusion objectives (`core.objectives`), or TRL's own loss on estimated log-probs.
 - `_prepare_inputs`: only with `whole_group_batches`, TRL's shuffle-and-split of the generation batch by whole groups.
-- `compute_loss`, `_get_grad_norm`, `log`: non-finite losses and gradients skip the optimizer step (`nonfinite.py`).
+- `compute_loss`, `_get_grad_norm`, `log`: non-finite losses and gradients skip the optimizer step (`nonfinite.py`);
+  `log` also warns when no group has reward spread for several steps (`training.signal`).
 - `_calculate_rewards`: `super()`, then ±inf rewards count as unscorable (like `None`) and their number is logged.
-- `train`, `_save_optimizer_and_scheduler`, `_load_optimizer_and_scheduler`, `save_model`: torn checkpoints skipped,
-  our generation state checkpointed (`training.state`), LoRA adapters of native LLaDA saved in LLaDA's names.
+- `train`, `_save_checkpoint`, `_save_optimizer_and_scheduler`, `_load_optimizer_and_scheduler`, `save_model`:
+  `output_dir` guarded and locked, torn checkpoints skipped, a full disk named, our generation state checkpointed
+  (`training.state`), LoRA adapters of native LLaDA saved in LLaDA's names.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from .nonfinite import NonFiniteGuard
 from .seeding import device_generators, sample_seeds
 from .training import checks, model_setup, rollouts, state
 from .training.scoring import EstimationPass, Scoring
+from .training.signal import ZeroSpreadWatch
 
 
 class DiffusionGRPOTrainer(GRPOTrainer):
@@ -77,6 +80,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         # TRL's `_generate_single_turn` returns id lists cut at EOS: the full canvas reaches the batch through here.
         self._pending_rollout: rollouts.Rollout | None = None
         self._nonfinite = NonFiniteGuard(args.max_consecutive_nonfinite_steps)
+        self._zero_spread = ZeroSpreadWatch(args)  # warns when frac_reward_zero_std stays 1 (nothing is learned)
         self._eval_rollouts = 0  # keys eval rollouts' seeds (the training ones are keyed by TRL's step counter)
 
     @property
@@ -284,15 +288,18 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         return grad_norm
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if "loss" in logs:  # training logs: the cumulative count of skipped non-finite steps
+        if "loss" in logs:  # training logs: the cumulative count of skipped non-finite steps; zero reward spread
             logs.update(self._nonfinite.metrics())
+            self._zero_spread.observe(self._metrics["train"], self.state.global_step)
         super().log(logs, start_time)
 
     # ------------------------------------------------------------------ checkpoints
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """`Trainer.train`, resuming from the last complete checkpoint: torn ones are skipped with a warning."""
-        resume_from_checkpoint = state.resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+        """`Trainer.train` in an `output_dir` no other run owns (checked, locked while training), resuming from the
+        last complete checkpoint: torn ones are skipped with a warning."""
+        with state.claim_output_dir(self.args, resume_from_checkpoint, self.accelerator):
+            resume_from_checkpoint = state.resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
+            return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
         """TRL's `save_model`; a LoRA adapter of a natively loaded LLaDA is then rewritten in LLaDA's own module names
@@ -304,6 +311,11 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         if _internal_call or base is None or not is_native_layout(base) or not self.accelerator.is_main_process:
             return
         adapter_to_original_layout(output_dir or self.args.output_dir, base.dllm_layout)
+
+    def _save_checkpoint(self, model, trial):
+        """transformers'; a save that fails for lack of space says so (size and path) and its partial folder goes."""
+        with state.reporting_full_disk(self._get_output_dir(trial=trial), self.state.global_step, self.model):
+            super()._save_checkpoint(model, trial)
 
     def _save_optimizer_and_scheduler(self, output_dir):
         """TRL does not checkpoint the buffered rollouts nor the micro-step counter: saved per process beside them."""

@@ -10,7 +10,17 @@ import pytest
 
 from trl_dllm import DiffusionGRPOConfig, cli
 from trl_dllm.core.objectives import OBJECTIVES
-from trl_dllm.demo.compare import METHODS, SFT, SHORT_COMPARE, TASK_STEPS, CompareConfig, collapses, main, parse_args
+from trl_dllm.demo.compare import (
+    METHODS,
+    SFT,
+    SHORT_COMPARE,
+    TASK_STEPS,
+    CompareConfig,
+    collapses,
+    main,
+    merge_compare,
+    parse_args,
+)
 from trl_dllm.demo.compare_report import mean_std, merge_results, table_markdown
 from trl_dllm.demo.run import DemoConfig
 from trl_dllm.demo.tasks import get_task
@@ -131,13 +141,16 @@ def test_merge_joins_per_task_runs(quick, tmp_path):
     assert json.loads((tmp_path / "all" / "results.json").read_text()) == json.loads(json.dumps(merged))
 
 
-def test_merge_refuses_a_run_twice_and_a_missing_directory(quick, tmp_path):
+def test_merge_refuses_a_run_twice_and_a_missing_directory(quick, tmp_path, capsys):
     _, results = quick
     part = json.loads(json.dumps(results)) | {"source": "a"}
     with pytest.raises(ValueError, match=r"\('d1', 'sort', 0\) is in both 'a' and 'b'"):
         merge_results([part, part | {"source": "b"}])
-    with pytest.raises(FileNotFoundError, match="--merge .*nowhere: no results.json there"):
+    with pytest.raises(SystemExit) as exit_info:  # a flag error: one line, exit status 2
         main(["--merge", str(tmp_path / "nowhere")])
+    assert exit_info.value.code == 2 and "--merge " in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="--merge .*nowhere: no results.json there"):  # the API
+        merge_compare((str(tmp_path / "nowhere"),), str(tmp_path / "out"))
 
 
 @pytest.mark.parametrize(

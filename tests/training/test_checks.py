@@ -127,7 +127,7 @@ def test_eval_dataset_is_checked(tmp_path, tiny_model_path):
 
 
 def test_no_reward_function(tmp_path, tiny_model_path):
-    assert "reward_funcs is empty" in trainer_error(tmp_path, tiny_model_path, reward_funcs=[])
+    assert "No reward source provided: reward_funcs is empty" in trainer_error(tmp_path, tiny_model_path, reward_funcs=[])
 
 
 def test_prompt_longer_than_the_model_positions(tmp_path, tiny_model_path):

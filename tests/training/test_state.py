@@ -136,3 +136,82 @@ def test_no_complete_checkpoint(tiny_model_path, tmp_path):
     with pytest.raises(ValueError, match=r"no complete checkpoint in output_dir=.* \(torn: .*checkpoint-1 "
                                          r"\(trainer_state.json is missing\)\)"):
         trainer.train(resume_from_checkpoint=True)
+
+
+def truncate(file: Path, keep: float = 0.5) -> None:
+    data = file.read_bytes()
+    file.write_bytes(data[: int(len(data) * keep)])
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("model.safetensors", "model.safetensors is truncated"),
+        ("optimizer.pt", "optimizer.pt is truncated or corrupt"),
+        ("scheduler.pt", "scheduler.pt is truncated or corrupt"),
+        ("rng_state.pth", "rng_state.pth is truncated or corrupt"),
+        ("diffusion_generation_state_0.pt", "diffusion_generation_state_0.pt is truncated or corrupt"),
+    ],
+)
+def test_truncated_file_is_skipped_on_resume(tiny_model_path, tmp_path, uninterrupted, name, expected, caplog):
+    """A disk that filled, or a killed copy, leaves a checkpoint whose files are cut short: resume falls back."""
+    import shutil
+
+    output_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted[0], output_dir)
+    truncate(output_dir / "checkpoint-4" / name)
+    truncate(output_dir / "checkpoint-3" / name, keep=0.9)
+    trainer = make_trainer(tiny_model_path, output_dir)
+    with caplog.at_level("WARNING", logger="trl_dllm.training.state"):
+        trainer.train(resume_from_checkpoint=True)
+    assert f"checkpoint-4 ({expected}" in caplog.text and f"checkpoint-3 ({expected}" in caplog.text
+    assert f"resuming from {output_dir / 'checkpoint-2'}" in caplog.text
+    assert trainer.state.global_step == 4
+    assert_same_run((weights(trainer), losses(trainer)), uninterrupted)  # steps 3 and 4 replayed from checkpoint-2
+
+
+def test_explicit_truncated_checkpoint_names_the_complete_one(tmp_path, uninterrupted):
+    import shutil
+
+    from trl_dllm.training.state import resolve_resume_checkpoint
+
+    output_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted[0], output_dir)
+    (output_dir / "checkpoint-4" / "model.safetensors").write_bytes(b"\x10\x00")
+    with pytest.raises(ValueError, match=r"torn checkpoint, model.safetensors is truncated .*newest complete "
+                                         r"checkpoint there is .*checkpoint-3"):  # fmt: skip
+        resolve_resume_checkpoint(str(output_dir / "checkpoint-4"), str(output_dir))
+
+
+def test_full_disk_during_save_names_space_and_keeps_previous_checkpoint(tiny_model_path, tmp_path, monkeypatch):
+    """A disk filling during the second save, simulated: `torch.save` fails as it does on a full disk (libstdc++'s
+    `basic_ios::clear: iostream error`) and no free space is reported."""
+    import shutil
+
+    import trl_dllm.training.state as state
+
+    trainer = make_trainer(tiny_model_path, tmp_path)
+    real_save, saves = torch.save, []
+
+    def failing_save(obj, f, *args, **kwargs):
+        saves.append(str(f))
+        if "checkpoint-2" in str(f):
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos; basic_ios::clear: "
+                               "iostream error")  # fmt: skip
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", failing_save)
+    monkeypatch.setattr(state.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
+    with pytest.raises(OSError, match=r"no space left on device: \d+\.\d MB needed at .*checkpoint-2 \(0\.0 MB free\); the "
+                                      r"previous checkpoint .*checkpoint-1 is intact"):  # fmt: skip
+        trainer.train()
+    assert not (tmp_path / "checkpoint-2").exists()
+    assert state.checkpoint_problem(str(tmp_path / "checkpoint-1")) is None
+
+
+def test_other_save_errors_keep_their_traceback(tmp_path):
+    from trl_dllm.training.state import reporting_full_disk
+
+    with pytest.raises(RuntimeError, match="iostream error"):  # plenty of space: not a full disk
+        with reporting_full_disk(str(tmp_path), 1, torch.nn.Linear(2, 2)):
+            raise RuntimeError("basic_ios::clear: iostream error")

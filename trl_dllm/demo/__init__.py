@@ -48,7 +48,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="stability: none (shared masks), low, medium (default) or high",
     )
     parser.add_argument("--images-dir", default=None, help="also copy the PNGs here (docs/images for the docs)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for name in ("threads", "max_steps", "max_minutes"):  # refused here, before the warm start runs
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            parser.error(f"--{name.replace('_', '-')} {value}: must be > 0")
+    if not 0 < args.rollout_threshold <= 1:
+        parser.error(f"--rollout-threshold {args.rollout_threshold}: must be in (0, 1]")
+    return args
 
 
 def main(argv=None) -> dict:

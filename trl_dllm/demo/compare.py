@@ -361,6 +361,9 @@ def parse_args(argv=None) -> CompareConfig:
         value = getattr(args, name)
         if value is not None and value <= 0:
             parser.error(f"--{name.replace('_', '-')} {value}: must be > 0")
+    for directory in args.merge:
+        if not (Path(directory) / "results.json").is_file():
+            parser.error(f"--merge {directory}: no results.json there; pass output directories of `trl-dllm compare`")
     cfg = CompareConfig(out_dir=args.out, threads=args.threads, eval_every=args.eval_every,
                         warmstart_seed=args.warmstart_seed, quick=args.quick, merge=tuple(args.merge))  # fmt: skip
     cfg = replace(cfg, **QUICK_COMPARE) if args.quick else replace(cfg, **SHORT_COMPARE) if args.short else cfg

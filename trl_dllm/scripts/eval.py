@@ -144,8 +144,12 @@ def prepare(eval_args: EvalArguments, args, model_args) -> EvalSetup:
     """Rewards, data, then the model (fastest failures first), ready for decoding."""
     from ..models import make_bidirectional, resolve_model_spec
 
+    if eval_args.max_samples is not None and eval_args.max_samples < 1:
+        raise UsageError(f"max_samples={eval_args.max_samples}: must be >= 1; leave it unset to evaluate the whole split")
     reward_funcs = resolve_reward_funcs(eval_args.reward_funcs, eval_args.task)
     dataset = load_dataset_for(eval_args, eval_args.eval_split, data_files=eval_args.eval_data_files)
+    if len(dataset) == 0:
+        raise UsageError(f"the {eval_args.eval_split!r} split has no examples: nothing to evaluate")
     if eval_args.max_samples is not None:
         dataset = dataset.select(range(min(eval_args.max_samples, len(dataset))))
     name = check_model_path(model_args.model_name_or_path)

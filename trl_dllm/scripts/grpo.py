@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..config import DiffusionGRPOConfig
+from ..training.state import OutputDirError, check_output_dir
 from .parsing import ScriptParser, UsageError, exit_on_bad_input
 
 # A Hub id is `name` or `org/name`; anything else (absolute, ./relative, nested) can only be a local path.
@@ -96,7 +97,7 @@ def resolve_reward_funcs(names: Sequence[str] | None, task: str | None) -> list[
             sys.path.insert(0, os.getcwd())  # like `trl grpo`: modules next to the recipe's working directory
             try:
                 funcs.append(getattr(importlib.import_module(module_name), attr))
-            except (ImportError, AttributeError) as err:
+            except (ImportError, AttributeError, SyntaxError) as err:  # a typo in the module: one line, no traceback
                 raise UsageError(f"reward_funcs: cannot import {name!r} ({type(err).__name__}: {err})") from None
         else:
             raise UsageError(
@@ -149,13 +150,16 @@ def _check_local_files(data_files) -> None:
 def check_model_path(name_or_path: str | None) -> str:
     """Fail early, naming the path, when the model is neither a local directory nor a possible Hub id; an embedded
     model's name (`tiny`, `tiny-block`) becomes its path."""
-    from ..models.embedded import resolve_model_name
+    from ..models.embedded import EMBEDDED_MODELS, resolve_model_name
+    from ..training.inputs import check_model_folder, check_offline_name
 
     if not name_or_path:
         raise UsageError("model_name_or_path is not set: pass --model_name_or_path or set it in the recipe")
     path = os.path.expanduser(resolve_model_name(name_or_path))  # "tiny", "tiny-block": built on first use
     if os.path.isdir(path):
+        check_model_folder(path)  # config JSON, weights present, safetensors headers whole
         return path
+    check_offline_name("model_name_or_path", name_or_path, tuple(EMBEDDED_MODELS))
     if os.path.exists(path):
         raise UsageError(f"model_name_or_path: {name_or_path} is a file, not a model directory")
     if not _HUB_ID.match(name_or_path):
@@ -218,8 +222,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     with exit_on_bad_input("trl-dllm grpo"):
         script_args, training_args, model_args = make_parser().parse(argv)
         resume = resume_checkpoint(training_args.resume_from_checkpoint)
+        check_output_dir(training_args.output_dir, resume, training_args.overwrite_output_dir)  # before loading
         trainer = build_trainer(script_args, training_args, model_args)
-    trainer.train(resume_from_checkpoint=resume)
+    with exit_on_bad_input("trl-dllm grpo", errors=(OutputDirError,)):  # another run holds output_dir's lock
+        trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json: the log history, next to the model
     processes = trainer.accelerator.num_processes

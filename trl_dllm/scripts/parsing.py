@@ -40,14 +40,14 @@ SETUP_ERRORS = (UsageError, ValueError, FileNotFoundError, RuntimeError)
 
 
 @contextlib.contextmanager
-def exit_on_bad_input(prog: str) -> Iterator[None]:
-    """Turn a setup error into one line on stderr, `<prog>: error: <message>`, and exit status 2.
+def exit_on_bad_input(prog: str, errors: tuple[type[BaseException], ...] = SETUP_ERRORS) -> Iterator[None]:
+    """Turn a setup error (one of ``errors``) into one line on stderr, `<prog>: error: <message>`, and exit status 2.
 
     Set `TRL_DLLM_TRACEBACK=1` to get the traceback instead.
     """
     try:
         yield
-    except SETUP_ERRORS as err:
+    except errors as err:
         if os.environ.get("TRL_DLLM_TRACEBACK") == "1":
             raise
         message = " ".join(str(err).split()) or type(err).__name__

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,46 @@ def _load_local(data_files: DataFiles, split: str) -> datasets.Dataset:
             raise FileNotFoundError(f"Task data file not found: {path}")
     first = _paths(data_files)[0]
     builder = _BUILDERS_BY_SUFFIX.get(Path(first).suffix.lower(), "json")
+    if builder == "json":
+        for path in _paths(data_files):
+            if "://" not in path:
+                for file in glob.glob(path) if any(c in path for c in "*?[") else [path]:
+                    check_json_lines(file)
     # CSV columns stay strings: pandas would read the puzzle "0140432014020000" as an int and drop its zero.
     options = {"features": _csv_string_features(first)} if builder == "csv" else {}
     file_split = split if isinstance(data_files, dict) else "train"  # `datasets` names a lone file's split "train"
     return datasets.load_dataset(builder, data_files=data_files, split=file_split, **options)
+
+
+class DataFileError(ValueError):
+    """A local data file that `datasets` cannot read: a malformed JSON Lines line."""
+
+
+def check_json_lines(path: str) -> None:
+    """A JSON file (one document) or JSON Lines file (one object per line) parses; else a [`DataFileError`] naming
+    the first bad line, before `datasets` fails with a `DatasetGenerationError` traceback."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        json.loads(text)
+        return
+    except ValueError:
+        pass  # not one JSON document: JSON Lines, checked line by line
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            raise DataFileError(
+                f"data_files: {path} line {number} is not valid JSON ({err.msg}, column {err.colno}): "
+                f"{line.strip()[:60]!r}. Fix or delete that line (JSON Lines: one object per line)."
+            ) from None
+        if not isinstance(row, dict):
+            raise DataFileError(
+                f"data_files: {path} line {number} is a JSON {type(row).__name__}, not an object of "
+                "column: value pairs. Write one object per line."
+            )
 
 
 def _load_hub(hub_id: str, hub_config: str | None, split: str, required_columns: Sequence[str]) -> datasets.Dataset:
@@ -107,7 +144,9 @@ def load_source(
     missing = [c for c in required_columns if c not in dataset.column_names]
     if missing:
         raise ValueError(
-            f"Dataset {source} lacks column(s) {', '.join(missing)}; it has: {', '.join(dataset.column_names)}."
+            f"Dataset {source} lacks column(s) {', '.join(missing)}; it has: {', '.join(dataset.column_names)}. "
+            f"Rename the column that holds it (e.g. jq or dataset.rename_column(old, {missing[0]!r})) or pick the "
+            "task whose data this is."
         )
     return dataset
 

@@ -24,6 +24,8 @@ from ..core.likelihood.trajectory import STEP_SAMPLING
 from ..core.objectives import KL_ESTIMATORS, OBJECTIVES
 from ..core.sampling import GENERATION_CACHES, REMASKING
 from ..models import ModelSpec, require_4d_mask
+from . import inputs
+from .inputs import check_field_types  # noqa: F401  (config.py calls it before TRL's __post_init__)
 
 logger = logging.getLogger(__name__)
 
@@ -334,32 +336,40 @@ def check_trainer_inputs(args, model, reward_funcs, pargs: Sequence, kwargs: Map
     positional = list(inspect.signature(GRPOTrainer.__init__).parameters)[4:]  # after self, model, reward_funcs, args
     named = {**dict(zip(positional, pargs)), **kwargs}
     train_dataset, eval_dataset = named.get("train_dataset"), named.get("eval_dataset")
+    _check_names(model, reward_funcs)
     if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs):
         raise ValueError(
-            "reward_funcs is empty: every completion would get reward 0 and nothing would be learned. Pass one or "
-            "more reward functions (e.g. reward_funcs=[trl_dllm.rewards.REWARD_FUNCS['gsm8k']])."
+            "No reward source provided: reward_funcs is empty, so every completion would get reward 0 and nothing "
+            "would be learned. Pass one or more reward functions (e.g. "
+            "reward_funcs=[trl_dllm.rewards.REWARD_FUNCS['gsm8k']])."
         )
     prompts_needed = args.generation_batch_size // args.num_generations
     _check_dataset("train_dataset", train_dataset, prompts_needed, "generation_batch_size", args)
-    if eval_dataset is not None:
+    if eval_dataset is not None:  # any size evaluates (TRL's test_train_with_num_generations_eval): a last batch is partial
         datasets = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
-        eval_generations = args.num_generations_eval or args.num_generations
-        needed = max(1, args.per_device_eval_batch_size * args.world_size // eval_generations)
         for name, dataset in datasets:
-            _check_dataset(
-                name if name == "eval_dataset" else f"eval_dataset[{name!r}]",
-                dataset,
-                needed,
-                "per_device_eval_batch_size",
-                args,
-            )
+            label = name if name == "eval_dataset" else f"eval_dataset[{name!r}]"
+            _check_dataset(label, dataset, 1, "per_device_eval_batch_size", args)
     _check_text_only(named.get("processing_class"), model)
+
+
+def _check_names(model, reward_funcs) -> None:
+    """Offline, `model="tinny"` or `reward_funcs="gsm8k"` would end in a Hub connection error: name what was meant."""
+    from ..models.embedded import EMBEDDED_MODELS
+    from ..rewards import REWARD_FUNCS
+
+    inputs.check_offline_name("model", model, tuple(EMBEDDED_MODELS))
+    hint = " A reward function is passed as a callable, e.g. reward_funcs=trl_dllm.rewards.REWARD_FUNCS['gsm8k']."
+    for reward in reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]:
+        if isinstance(reward, str) and reward in REWARD_FUNCS and not os.path.exists(reward):
+            raise inputs.NameNotFoundError(f"reward_funcs={reward!r} names a reward model on the Hub.{hint}")
+        inputs.check_offline_name("reward_funcs", reward, tuple(REWARD_FUNCS), hint=hint)
 
 
 def _check_dataset(name: str, dataset, prompts_needed: int, batch_field: str, args) -> None:
     if dataset is None:
         if name == "train_dataset":
-            raise ValueError("train_dataset is None: pass a dataset with a 'prompt' column.")
+            raise ValueError("`train_dataset` is required: train_dataset is None; pass a dataset with a 'prompt' column.")
         return
     if _is_dataset_dict(dataset):
         splits = list(dataset.keys())
@@ -379,6 +389,7 @@ def _check_dataset(name: str, dataset, prompts_needed: int, batch_field: str, ar
     size = len(dataset)
     if size == 0:
         raise ValueError(f"{name} is empty (0 rows): training would run 0 steps and save an untrained model.")
+    inputs.check_prompts(name, dataset)
     if size < prompts_needed:
         raise ValueError(
             f"{name} has {size} prompts, but one generation batch takes {prompts_needed} distinct prompts "
@@ -454,6 +465,8 @@ def check_model(trainer, scan_rows: int = 1024) -> None:
     of `scan_rows`; a map-style dataset is scanned whole (an `IterableDataset` is checked at every rollout)."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     _check_text_only(trainer.processing_class, model)
+    inputs.check_vocabulary(trainer._tokenizer, model)
+    inputs.check_reward_functions(trainer)
     _warn_silent_settings(trainer, model)
     config, dataset = model.config, trainer.train_dataset
     positions = max_positions(config)

@@ -12,10 +12,17 @@ inside a generation cycle is exact.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
 import re
+import shutil
+import socket
+import sys
+import time
+import zipfile
 
 import torch
 
@@ -31,7 +38,13 @@ _WEIGHT_PREFIXES = ("global_step", "pytorch_model_fsdp", "model_fsdp")
 
 
 def checkpoint_problem(path: str) -> str | None:
-    """Why the checkpoint directory ``path`` cannot be resumed from, or `None` when it is complete."""
+    """Why the checkpoint directory ``path`` cannot be resumed from, or `None` when it is complete.
+
+    Complete: `trainer_state.json` parses, weights are present, and every file a resume loads is whole — safetensors
+    headers parse and their tensors end where the file ends (shards of an index included), and the zip archives
+    `torch.save` writes (optimizer, scheduler, RNG, our generation state, `.bin` weights) have their central directory
+    (written last, so a truncated or half-copied file has none). Nothing is loaded into memory.
+    """
     state = os.path.join(path, "trainer_state.json")
     if not os.path.isfile(state):
         return "trainer_state.json is missing"
@@ -40,9 +53,72 @@ def checkpoint_problem(path: str) -> str | None:
             json.load(f)
     except (OSError, ValueError) as err:
         return f"trainer_state.json is unreadable ({type(err).__name__})"
-    names = os.listdir(path)
+    names = sorted(os.listdir(path))
     if not any(name in _WEIGHTS or name.startswith(_WEIGHT_PREFIXES) for name in names):
         return "no model weights"
+    for name in names:
+        file = os.path.join(path, name)
+        if name.endswith(".safetensors"):
+            problem = safetensors_problem(file)
+        elif name.endswith(".safetensors.index.json"):
+            problem = _index_problem(path, file)
+        elif name.endswith((".pt", ".pth", ".bin")):
+            problem = torch_file_problem(file)
+        else:
+            continue
+        if problem is not None:
+            return f"{name} {problem}"
+    return None
+
+
+def safetensors_problem(file: str) -> str | None:
+    """Why the safetensors file cannot load (`None` if its header parses and its tensors end where the file ends)."""
+    try:
+        size = os.path.getsize(file)
+        with open(file, "rb") as f:
+            head = f.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if length < 0 or 8 + length > size:
+                return f"is truncated ({size} bytes, shorter than its header)"
+            header = json.loads(f.read(length))
+    except (OSError, ValueError) as err:
+        return f"is unreadable ({type(err).__name__}: {err})"
+    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+    expected = 8 + length + max(ends, default=0)
+    if size < expected:
+        return f"is truncated ({size} of {expected} bytes)"
+    return None
+
+
+def _index_problem(path: str, index: str) -> str | None:
+    try:
+        with open(index, encoding="utf-8") as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+    except (OSError, ValueError, KeyError, AttributeError) as err:
+        return f"is unreadable ({type(err).__name__})"
+    for shard in shards:
+        file = os.path.join(path, shard)
+        if not os.path.isfile(file):
+            return f"lists {shard}, which is missing"
+        problem = safetensors_problem(file) if shard.endswith(".safetensors") else torch_file_problem(file)
+        if problem is not None:
+            return f"lists {shard}, which {problem}"
+    return None
+
+
+def torch_file_problem(file: str) -> str | None:
+    """Why a `torch.save` file cannot load (`None` if its zip central directory is there; a legacy non-zip file is
+    not checked)."""
+    try:
+        with open(file, "rb") as f:
+            if f.read(2) != b"PK":
+                return None if os.path.getsize(file) > 0 else "is empty"
+        with zipfile.ZipFile(file) as archive:
+            size = os.path.getsize(file)
+            if any(info.header_offset + info.compress_size > size for info in archive.infolist()):
+                return "is truncated"
+    except (OSError, zipfile.BadZipFile) as err:
+        return f"is truncated or corrupt ({type(err).__name__})"
     return None
 
 
@@ -89,6 +165,45 @@ def resolve_resume_checkpoint(value, output_dir: str):
     return value
 
 
+_FULL_DISK = ("no space left", "iostream error", "file write failed", "disk quota")
+
+
+@contextlib.contextmanager
+def reporting_full_disk(run_dir: str, step: int, model):
+    """Around transformers' `_save_checkpoint` of ``checkpoint-{step}``: a save that fails for lack of space raises
+    `OSError(ENOSPC)` "no space left on device: N MB needed at PATH" and its partial folder is removed.
+
+    transformers rotates old checkpoints only after a complete save, so the previous ones are intact. N is the size of
+    the newest complete checkpoint, or (before the first) the model's parameters times three (weights and Adam's two
+    moments). torch reports a full disk as `RuntimeError: ... iostream error`, hence the free-space check.
+    """
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        needed = _checkpoint_bytes(run_dir, model)
+        free = shutil.disk_usage(run_dir).free if os.path.isdir(run_dir) else None
+        enospc = isinstance(err, OSError) and err.errno == errno.ENOSPC
+        if not (enospc or (any(s in str(err).lower() for s in _FULL_DISK) and free is not None and free < needed)):
+            raise
+        partial = os.path.join(run_dir, f"checkpoint-{step}")
+        shutil.rmtree(partial, ignore_errors=True)
+        previous = [p for p in checkpoints(run_dir) if checkpoint_problem(p) is None]
+        kept = f"; the previous checkpoint {previous[0]} is intact" if previous else ""
+        raise OSError(
+            errno.ENOSPC,
+            f"no space left on device: {needed / 2**20:.1f} MB needed at {partial} ({(free or 0) / 2**20:.1f} MB "
+            f"free){kept}. Free space, lower save_total_limit, or set output_dir to a larger disk, then resume with "
+            "resume_from_checkpoint=True",
+        ) from err
+
+
+def _checkpoint_bytes(run_dir: str, model) -> int:
+    for path in checkpoints(run_dir):
+        if checkpoint_problem(path) is None:
+            return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
+    return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 def generation_state_path(checkpoint: str, process_index: int) -> str:
     return os.path.join(checkpoint, f"diffusion_generation_state_{process_index}.pt")
 
@@ -104,3 +219,149 @@ def load_generation_state(checkpoint: str | None, process_index: int, device) ->
     if checkpoint is None or not os.path.isfile(generation_state_path(checkpoint, process_index)):
         return None
     return torch.load(generation_state_path(checkpoint, process_index), map_location=device, weights_only=False)
+
+
+# ---------------------------------------------------------------------------------------------------- output_dir
+
+LOCK_NAME = ".trl_dllm.lock"
+
+
+class OutputDirError(ValueError):
+    """`output_dir` holds another run's checkpoints, or another live run is writing to it."""
+
+
+def check_output_dir(output_dir: str, resume_from_checkpoint, overwrite_output_dir: bool) -> None:
+    """Refuse to start a fresh run in an ``output_dir`` that holds an earlier run's checkpoints.
+
+    TRL's checkpoint rotation (`save_total_limit`) would delete them and same-numbered ones would be overwritten.
+    Resuming (any truthy ``resume_from_checkpoint``) or ``overwrite_output_dir=True`` lets the run start.
+    """
+    if resume_from_checkpoint or overwrite_output_dir:
+        return
+    found = checkpoints(output_dir)
+    if not found:
+        return
+    names = [os.path.basename(p) for p in found]
+    listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    raise OutputDirError(
+        f"output_dir={output_dir} holds checkpoints of an earlier run ({listed}; {_run_summary(found[0])}); a new "
+        "run there would overwrite them and its checkpoint rotation would delete them. To continue that run pass "
+        "resume_from_checkpoint=True (CLI: --resume_from_checkpoint true); to start over in that folder anyway set "
+        "overwrite_output_dir=True; or choose another output_dir."
+    )
+
+
+def _run_summary(checkpoint: str) -> str:
+    """'newest at step S of max_steps M, written <UTC time>' from a checkpoint's `trainer_state.json`."""
+    written = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(os.path.getmtime(checkpoint)))
+    try:
+        with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as f:
+            saved = json.load(f)
+        return f"newest at step {saved.get('global_step')} of max_steps {saved.get('max_steps')}, written {written}"
+    except (OSError, ValueError):
+        return f"newest written {written}"
+
+
+class OutputDirLock:
+    """A lock file in ``output_dir`` held by the main process for the length of `train()`.
+
+    It records the owner's pid, host and start time. A lock whose process no longer runs on this host is stale and
+    is replaced (with a warning); a live one refuses the second run with [`OutputDirError`].
+    """
+
+    def __init__(self, output_dir: str):
+        self.path = os.path.join(output_dir, LOCK_NAME)
+        self.held = False
+
+    def acquire(self) -> None:
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "argv": sys.argv}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                self._clear_stale()
+                continue
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(record, f)
+            self.held = True
+            return
+        raise OutputDirError(f"output_dir lock {self.path} was re-created by another run while starting; retry.")
+
+    def _clear_stale(self) -> None:
+        owner = read_lock(self.path)
+        if owner is None:  # vanished meanwhile, or torn by a crash while being written
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path)
+            return
+        pid, host = owner.get("pid"), owner.get("host")
+        same_host = host == socket.gethostname()
+        if same_host and (pid == os.getpid() or not _alive(pid)):
+            logger.warning("Removing the stale lock %s of process %s, which no longer runs.", self.path, pid)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path)
+            return
+        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(owner.get("started", 0)))
+        command = " ".join(owner.get("argv") or [])[:200]
+        check = "" if same_host else " (it runs on another host, so it cannot be checked from here)"
+        raise OutputDirError(
+            f"output_dir={os.path.dirname(self.path)} is in use by another run: process {pid} on {host}, started "
+            f"{started} ({command}){check}. Wait for it to finish and then continue it with "
+            "resume_from_checkpoint=True, or choose another output_dir; if that process is not training, delete "
+            f"{self.path}."
+        )
+
+    def release(self) -> None:
+        if self.held:
+            owner = read_lock(self.path)
+            if owner is not None and owner.get("pid") == os.getpid():
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.path)
+            self.held = False
+
+
+def read_lock(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            owner = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return owner if isinstance(owner, dict) else None
+
+
+def _alive(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def claim_output_dir(args, resume_from_checkpoint, accelerator):
+    """For the length of `train()`: ``output_dir`` checked ([`check_output_dir`]) and locked by the main process.
+
+    The main process decides; its verdict is broadcast so that every process raises the same error (none is left
+    waiting in a collective).
+    """
+    from accelerate.utils import broadcast_object_list
+
+    lock, verdict = OutputDirLock(args.output_dir), [None]
+    if accelerator.is_main_process:
+        try:
+            check_output_dir(args.output_dir, resume_from_checkpoint, getattr(args, "overwrite_output_dir", False))
+            lock.acquire()
+        except OutputDirError as err:
+            verdict = [str(err)]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(verdict, from_process=0)
+    if verdict[0] is not None:
+        raise OutputDirError(verdict[0])
+    try:
+        yield
+    finally:
+        lock.release()
