@@ -11,8 +11,10 @@ from trl_dllm.console import (
     announce_deepspeed_cpu_build,
     deepspeed_cpu_build_pending,
     install_log_filters,
+    once_per_run,
     quiet_trl_internals,
     startup_lines,
+    unsaid,
 )
 
 
@@ -74,3 +76,14 @@ def test_trl_deprecated_names_silenced_only_inside():
         warnings.warn("`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning,
                       stacklevel=1)
     assert len(seen) == 1
+
+
+def test_startup_lines_said_once_per_run():
+    lines = ["trl_dllm: a", "trl_dllm: b"]
+    assert unsaid(lines) == lines and unsaid(lines) == lines  # outside a run: every trainer says them
+    with once_per_run():
+        assert unsaid(lines) == lines
+        with once_per_run():  # nested: the outer run's memory
+            assert unsaid([*lines, "trl_dllm: c"]) == ["trl_dllm: c"]
+        assert unsaid(lines) == []
+    assert unsaid(lines) == lines

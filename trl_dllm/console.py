@@ -2,6 +2,8 @@
 
 - `startup_lines(args)`: the settings chosen for the machine (`DiffusionGRPOConfig`'s `choose_for_device`) and the
   cost of a rollout in denoising forwards, printed once by the trainer on the main process.
+- `once_per_run()` / `unsaid(lines)`: a command that builds several trainers (`make stability`, `make compare`) says
+  each start-up line once, not once per trainer.
 - `install_log_filters()`: drops DeepSpeed's "Setting accelerator to CPU" warning, which `import deepspeed` (done by
   transformers and accelerate whenever DeepSpeed is installed) prints on every CPU run, unless DeepSpeed is in use
   (`ACCELERATE_USE_DEEPSPEED=true`, set by `accelerate launch` with a DeepSpeed config).
@@ -22,6 +24,30 @@ import warnings
 from collections.abc import Iterator
 
 _DEEPSPEED_CPU_NOTICE = "Setting accelerator to CPU"
+
+
+_said: set[str] | None = None  # the start-up lines said inside `once_per_run()`; None outside it
+
+
+@contextlib.contextmanager
+def once_per_run() -> Iterator[None]:
+    """Within this block, `unsaid` lets each distinct start-up line through once (nested blocks share the outer one)."""
+    global _said
+    outer = _said
+    _said = set() if outer is None else outer
+    try:
+        yield
+    finally:
+        _said = outer
+
+
+def unsaid(lines: list[str]) -> list[str]:
+    """`lines` less those already said inside the current `once_per_run()` block (all of them outside one)."""
+    if _said is None:
+        return list(lines)
+    new = [line for line in lines if line not in _said]
+    _said.update(new)
+    return new
 
 
 class _DeepSpeedCpuNotice(logging.Filter):

@@ -26,7 +26,7 @@ from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import pad, split_tensor_dict, use_adapter
 
 from .config import DiffusionGRPOConfig
-from .console import quiet_trl_internals, startup_lines
+from .console import quiet_trl_internals, startup_lines, unsaid
 from .core.objectives import ratio_metrics
 from .models import resolve_model_spec
 from .models.embedded import resolve_model_name
@@ -68,7 +68,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         block_length = checks.check_block_layout(args, self.model_spec)
         model_setup.probe_remote_code(unwrapped, self.model_spec, self._shards_parameters)
         checks.check_model(self)  # text-only, prompts + completion within the model's positions
-        for line in startup_lines(args, block_length):
+        for line in unsaid(startup_lines(args, block_length)):  # once per `once_per_run()` block
             self.accelerator.print(line)
         self.scoring = Scoring(args, self.model_spec, block_length, self._entropy_bonus_enabled,
                                self._shards_parameters, self.accelerator.autocast)  # fmt: skip

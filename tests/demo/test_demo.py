@@ -7,6 +7,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from trl_dllm.demo import main, parse_args
+from trl_dllm.demo import run as demo_run
 from trl_dllm.demo.run import QUICK, ROLLOUTS, DemoConfig, demo_trainer_args
 from trl_dllm.demo.tasks import TASKS
 from trl_dllm.demo.warmstart import decode_completions, encode_examples, greedy_eval, prepare, warm_start
@@ -34,8 +35,13 @@ def test_quick_demo_runs_the_other_tasks(tmp_path, task):
     assert summary["task"] == task and summary["train_steps"] == 3 and (tmp_path / "reward.png").exists()
 
 
-def test_quick_stability_writes_png(tmp_path):
+def test_quick_stability_writes_png(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(demo_run, "HEARTBEAT_S", 0.0)  # a heartbeat line at every step (every 20 s in a real run)
     result = main(["--quick", "--stability", "--out", str(tmp_path), "--images-dir", str(tmp_path / "images")])
+    out = capsys.readouterr().out
+    assert out.count("denoising forwards") == 1, out  # one rollout-cost line for the whole study, not one per run
+    for run in result["runs"]:  # not a terminal: plain progress lines, also between evaluations
+        assert f"{run['loss_type']} seed {run['seed']}: step 1/2, reward " in out, out
     assert (tmp_path / "stability.png").stat().st_size > 10_000
     assert (tmp_path / "images" / "demo_stability.png").exists()
     assert {r["loss_type"] for r in result["runs"]} == {"grpo", "stabledrl"}

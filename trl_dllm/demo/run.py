@@ -23,6 +23,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.utils import logging as hf_logging
 
 from ..config import DiffusionGRPOConfig
+from ..console import once_per_run
 from ..trainer import DiffusionGRPOTrainer
 from .tasks import Task
 from .warmstart import greedy_eval, prepare
@@ -110,6 +111,24 @@ def demo_trainer_args(cfg: DemoConfig, task: Task, output_dir: str) -> Diffusion
     return DiffusionGRPOConfig(**{**kwargs, **_rollout_fields(cfg), **cfg.trainer_overrides})
 
 
+# When the console is not a terminal (a log file, a pipe), rich draws no bar: a plain line at least this often instead.
+HEARTBEAT_S = 20.0
+
+
+class Heartbeat:
+    """Prints a line on a console that is not a terminal when asked to (`force`) or when `HEARTBEAT_S` have passed
+    since the last one, so that a long command is never silent for more than ~30 s in a log."""
+
+    def __init__(self, console):
+        self.console, self.last = console, time.monotonic()
+
+    def __call__(self, text: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.console.is_terminal and (force or now - self.last >= HEARTBEAT_S):
+            self.last = now
+            self.console.print(text)
+
+
 class HeldOutCallback(TrainerCallback):
     """Every `eval_every` steps: greedy val/test evaluation, best-on-val weights kept in memory, a rich progress bar,
     and a wall-clock budget (`control.should_training_stop` once `max_minutes` are spent)."""
@@ -125,6 +144,7 @@ class HeldOutCallback(TrainerCallback):
         self.start = time.monotonic()
         if self.progress is not None:
             self._bar = self.progress.add_task(self.label, total=state.max_steps, info="")
+            self._heartbeat = Heartbeat(self.progress.console)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "reward" in logs:  # logged after `on_step_end`: the bar shows a step's reward from here
@@ -143,15 +163,15 @@ class HeldOutCallback(TrainerCallback):
 
     def _show(self, step: int, max_steps: int, line: bool) -> None:
         """Update the bar; when the console is not a terminal (a log file, a pipe), where rich draws no bar, also
-        print one plain line at each held-out evaluation and at the last step (the last one the budget allows)."""
+        print one plain line at each held-out evaluation, at the last step (the last one the budget allows) and at
+        least every `HEARTBEAT_S` seconds."""
         if self._bar is None:
             return
         reward = "reward -" if self._reward != self._reward else f"reward {self._reward:.2f}"  # nan before any log
         best = f" | best val {self.best['val_reward']:.2f} @ {self.best['step']}" if self.best else ""
         self.progress.update(self._bar, completed=step, info=f"{reward}{best}")
-        if line and not self.progress.console.is_terminal:
-            elapsed = time.monotonic() - self.start
-            self.progress.console.print(f"{self.label}: step {step}/{max_steps}, {reward}{best}, {elapsed:.0f} s")
+        elapsed = time.monotonic() - self.start
+        self._heartbeat(f"{self.label}: step {step}/{max_steps}, {reward}{best}, {elapsed:.0f} s", force=line)
 
     def evaluate(self, model, step: int) -> dict:
         val = greedy_eval(model, self.prep["tokenizer"], self.prep["task"], self.prep["val"])
@@ -247,7 +267,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     prep = prepare(cfg, console)
     task, tokenizer = prep["task"], prep["tokenizer"]
     args = demo_trainer_args(cfg, task, str(Path(cfg.out_dir) / "trainer"))
-    with progress_bar(console) as progress:
+    with progress_bar(console) as progress, once_per_run():
         callback = HeldOutCallback(prep, cfg.eval_every, cfg.max_minutes, progress, f"StableDRL on {cfg.task}")
         trainer = make_demo_trainer(prep, args, callback)
         rl_start = time.monotonic()
@@ -386,7 +406,7 @@ def run_stability(cfg: DemoConfig, study: StabilityConfig) -> dict:
     console, wall_start = Console(), time.monotonic()
     prep = prepare(replace(cfg, max_steps=study.max_steps), console)
     runs = []
-    with progress_bar(console) as progress:
+    with progress_bar(console) as progress, once_per_run():
         for loss_type in study.loss_types:
             for seed in study.seeds:
                 runs.append(_stability_run(cfg, study, prep, loss_type, seed, progress))
