@@ -18,7 +18,10 @@ def test_quick_demo_writes_png_and_summary(tmp_path, capsys):
     summary = main(["--quick", "--out", str(tmp_path)])
     # Not a terminal here: rich draws no bar, so one plain line per evaluation says where the run is, never "nan".
     out = capsys.readouterr().out
-    assert "warm start: " in out and "step 3/3, reward " in out and "nan" not in out, out
+    assert "warm start: " in out and "step 3/3, rollout reward " in out and "nan" not in out, out
+    closing = out.splitlines()[-3:]  # unwrapped, and saying which reward is which
+    assert closing[0].startswith("Held-out (test, greedy) reward ") and "best val reward (step " in closing[0], out
+    assert closing[1].startswith("At the last step (3) the test reward was ") and "rollout reward" in closing[1], out
     assert (tmp_path / "reward.png").stat().st_size > 10_000
     written = json.loads((tmp_path / "summary.json").read_text())
     for key in ("heldout_reward_before", "heldout_reward_after", "train_steps", "wall_minutes"):
@@ -41,7 +44,7 @@ def test_quick_stability_writes_png(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert out.count("denoising forwards") == 1, out  # one rollout-cost line for the whole study, not one per run
     for run in result["runs"]:  # not a terminal: plain progress lines, also between evaluations
-        assert f"{run['loss_type']} seed {run['seed']}: step 1/2, reward " in out, out
+        assert f"{run['loss_type']} seed {run['seed']}: step 1/2, rollout reward " in out, out
     assert (tmp_path / "stability.png").stat().st_size > 10_000
     assert (tmp_path / "images" / "demo_stability.png").exists()
     assert {r["loss_type"] for r in result["runs"]} == {"grpo", "stabledrl"}

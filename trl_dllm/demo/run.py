@@ -139,6 +139,7 @@ class HeldOutCallback(TrainerCallback):
         self.best: dict | None = None
         self.best_state: dict | None = None
         self.progress, self.label, self._bar, self._reward = progress, label, None, float("nan")
+        self._line_due = False
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = time.monotonic()
@@ -147,9 +148,10 @@ class HeldOutCallback(TrainerCallback):
             self._heartbeat = Heartbeat(self.progress.console)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "reward" in logs:  # logged after `on_step_end`: the bar shows a step's reward from here
+        if logs and "reward" in logs:  # logged after `on_step_end`: the step's line waits for its reward
             self._reward = logs["reward"]
-            self._show(state.global_step, state.max_steps, line=False)
+            self._show(state.global_step, state.max_steps, line=self._line_due)
+            self._line_due = False
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         step = state.global_step
@@ -159,7 +161,7 @@ class HeldOutCallback(TrainerCallback):
         evaluated = self.heldout and (step % self.eval_every == 0 or step == state.max_steps or out_of_time)
         if evaluated:
             self.evaluate(model, step)
-        self._show(step, state.max_steps, line=evaluated or step == state.max_steps or out_of_time)
+        self._line_due = evaluated or step == state.max_steps or out_of_time
 
     def _show(self, step: int, max_steps: int, line: bool) -> None:
         """Update the bar; when the console is not a terminal (a log file, a pipe), where rich draws no bar, also
@@ -167,7 +169,8 @@ class HeldOutCallback(TrainerCallback):
         least every `HEARTBEAT_S` seconds."""
         if self._bar is None:
             return
-        reward = "reward -" if self._reward != self._reward else f"reward {self._reward:.2f}"  # nan before any log
+        # The step's sampled rollouts (temperature as configured), not a held-out score; nan before any log.
+        reward = "rollout reward -" if self._reward != self._reward else f"rollout reward {self._reward:.2f}"
         best = f" | best val {self.best['val_reward']:.2f} @ {self.best['step']}" if self.best else ""
         self.progress.update(self._bar, completed=step, info=f"{reward}{best}")
         elapsed = time.monotonic() - self.start
@@ -308,14 +311,24 @@ def run_demo(cfg: DemoConfig) -> dict:
     }
     Path(cfg.out_dir, "summary.json").write_text(json.dumps(summary, indent=2))
     plot_reward(summary, Path(cfg.out_dir) / "reward.png")
-    console.print(
-        f"held-out reward {summary['heldout_reward_before']:.3f} → {summary['heldout_reward_after']:.3f} "
-        f"(accuracy {summary['heldout_accuracy_before']:.3f} → {summary['heldout_accuracy_after']:.3f}; "
-        f"best val at step {summary['best_step']} of {steps}) in {summary['wall_minutes']:.1f} min; rollouts "
-        f"{cfg.rollout}: {summary['rollout']['forwards_per_token_mean']:.3f} forwards per token. "
-        f"Wrote {cfg.out_dir}/summary.json and {cfg.out_dir}/reward.png"
-    )
+    for line in final_lines(summary, cfg):
+        console.print(line, soft_wrap=True)  # one line each, whatever the width of a pipe or a log file
     return summary
+
+
+def final_lines(summary: dict, cfg: DemoConfig) -> list[str]:
+    """The demo's closing lines: held-out numbers of the kept checkpoint, how they differ from the progress lines."""
+    steps = summary["train_steps"]
+    return [
+        f"Held-out (test, greedy) reward {summary['heldout_reward_before']:.3f} → {summary['heldout_reward_after']:.3f}, "
+        f"accuracy {summary['heldout_accuracy_before']:.3f} → {summary['heldout_accuracy_after']:.3f}: the checkpoint "
+        f"with the best val reward (step {summary['best_step']} of {steps}), saved to {cfg.out_dir}/best_model.",
+        f"At the last step ({steps}) the test reward was {summary['heldout_reward_last_step']:.3f}; the progress "
+        "lines' rollout reward is that of the step's sampled rollouts, not a held-out score.",
+        f"{summary['wall_minutes']:.1f} min in all; rollouts {cfg.rollout}: "
+        f"{summary['rollout']['forwards_per_token_mean']:.3f} forwards per token. "
+        f"Wrote {cfg.out_dir}/summary.json and {cfg.out_dir}/reward.png.",
+    ]
 
 
 def progress_bar(console):
