@@ -362,17 +362,19 @@ def _smooth(values: list[float], window: int) -> list[float]:
 
 
 def plot_reward(summary: dict, path: Path) -> None:
+    """One panel: rollout reward, held-out reward and accuracy, val reward and the kept step; the legend beside it."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    fig, ax = plt.subplots(figsize=(9, 4), dpi=110)
     steps, rewards = finite_points(summary["train_log"]["step"], summary["train_log"]["reward"])
-    ax.plot(steps, rewards, color="0.8", lw=0.6)
-    ax.plot(steps, _smooth(rewards, 25), color="0.45", lw=1.2, label="train reward (rollouts, T=1; 25-step mean)")
+    ax.plot(steps, rewards, color="0.8", lw=0.6, label="rollout reward per step (sampled, T=1)")
+    ax.plot(steps, _smooth(rewards, 25), color="0.45", lw=1.2, label="rollout reward, 25-step mean")
     curve = summary["curve"]
     xs = [p["step"] for p in curve]
-    ax.plot(xs, [p["test_reward"] for p in curve], "o-", color="C0", label="held-out reward (greedy)")
-    ax.plot(xs, [p["test_accuracy"] for p in curve], "s-", color="C2", label="held-out accuracy (exact)")
-    ax.plot(xs, [p["val_reward"] for p in curve], ":", color="C1", label="val reward (selects checkpoint)")
-    ax.axvline(summary["best_step"], color="C1", lw=0.8, ls="--")
+    ax.plot(xs, [p["test_reward"] for p in curve], "o-", color="C0", label="held-out reward (test, greedy)")
+    ax.plot(xs, [p["test_accuracy"] for p in curve], "s-", color="C2", label="held-out accuracy (exact match)")
+    ax.plot(xs, [p["val_reward"] for p in curve], ":", color="C1", label="val reward (selects the checkpoint)")
+    ax.axvline(summary["best_step"], color="C1", lw=0.8, ls="--", label=f"kept checkpoint (best val, step "
+               f"{summary['best_step']})")  # fmt: skip
     ax.set(
         xlabel="RL step",
         ylabel="reward / accuracy",
@@ -380,7 +382,7 @@ def plot_reward(summary: dict, path: Path) -> None:
         title=f"StableDRL on '{summary['task']}': held-out {summary['heldout_reward_before']:.2f} → "
         f"{summary['heldout_reward_after']:.2f} in {summary['wall_minutes']:.1f} min",
     )
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)  # outside the data
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
