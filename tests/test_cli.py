@@ -222,3 +222,18 @@ def test_demo_help_does_not_import_the_trainer():
     )
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip().endswith("False"), result.stderr[-2000:]
+    assert result.stdout.startswith("usage: trl-dllm demo "), result.stdout[:200]
+
+
+@pytest.mark.parametrize("dash", ["_", "-"])
+def test_every_command_takes_both_spellings_of_a_flag(dash):
+    from trl_dllm.demo import parse_args as demo_args
+    from trl_dllm.demo.compare import parse_args as compare_args
+
+    max_steps, max_minutes = f"--max{dash}steps", f"--max{dash}minutes"
+    _, training_args, _ = grpo.make_parser().parse(["--config", TINY, "--output_dir", "x", max_steps, "3"])
+    assert training_args.max_steps == 3
+    demo = demo_args([max_steps, "3", max_minutes, "0.5", f"--images{dash}dir", "img"])
+    assert (demo.max_steps, demo.max_minutes, demo.images_dir) == (3, 0.5, "img")
+    compare = compare_args(["--quick", f"{max_steps}=3", max_minutes, "0.5"])
+    assert (compare.max_steps, compare.max_minutes) == (3, 0.5)

@@ -15,7 +15,6 @@ See docs/compare.md.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -29,6 +28,7 @@ from pathlib import Path
 import torch
 
 from ..console import once_per_run
+from .options import Parser
 from .run import (
     QUICK,
     DemoConfig,
@@ -319,7 +319,7 @@ def _write(results: dict, out: Path, console) -> dict:
 
 def parse_args(argv=None) -> CompareConfig:
     """The selection: the full comparison by default, `--short` or `--quick` as a base; explicit flags override it."""
-    parser = argparse.ArgumentParser(prog="trl-dllm compare", description=__doc__.splitlines()[0])
+    parser = Parser(prog="trl-dllm compare", description=__doc__.splitlines()[0])
     default = CompareConfig()
     parser.add_argument(
         "--methods",

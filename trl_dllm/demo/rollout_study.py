@@ -12,7 +12,6 @@ read, not rerun, so an interrupted study resumes and runs made one by one with `
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from dataclasses import replace
@@ -22,6 +21,7 @@ import torch
 
 from .compare import collapses
 from .compare_report import mean_curve, mean_std_text
+from .options import Parser
 from .run import QUICK, ROLLOUTS, DemoConfig, finite_points, pyplot, run_demo
 from .tasks import TASKS, get_task
 
@@ -224,7 +224,7 @@ def rollout_probe(model_dir: str, setting: str, threshold: float = 0.7, task: st
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m trl_dllm.demo.rollout_study", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m trl_dllm.demo.rollout_study", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="rollout_study_out", help="output directory (one folder per run)")
     parser.add_argument("--settings", nargs="+", choices=ROLLOUTS, default=list(ROLLOUTS), help="rollout settings")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds (default 0 1 2)")
