@@ -93,6 +93,23 @@ def test_grpo_lora_then_eval_the_adapter(in_repo, tmp_path):
     assert report["num_samples"] == 3 and 0.0 <= report["accuracy"] <= 1.0
 
 
+def test_lora_adapter_of_tiny_records_tiny_and_eval_says_what_it_scores(in_repo, monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv("TRL_DLLM_TINY_MODEL")  # the recipe's model: the embedded `tiny`
+    monkeypatch.setenv("TRL_DLLM_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "lora"
+    grpo.main(["--config", TINY_LORA, "--output_dir", str(out), "--max_steps", "1"])
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny"
+    monkeypatch.setenv("TRL_DLLM_CACHE", str(tmp_path / "other_machine"))  # `tiny` is built again, from its seed
+    capsys.readouterr()
+    decoding = ["--max_completion_length", "16", "--block_length", "8"]
+    eval_script.main(["--config", TINY_LORA, "--model_name_or_path", str(out), *decoding])
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("sudoku rows of tests/fixtures/sudoku.jsonl (the recipe's data_files, its training data;"), line
+    eval_script.main(["--config", TINY_LORA, "--model_name_or_path", str(out), *decoding,
+                      "--eval_data_files", "tests/fixtures/sudoku.jsonl"])  # fmt: skip
+    assert capsys.readouterr().out.startswith("sudoku rows of tests/fixtures/sudoku.jsonl: accuracy ")
+
+
 def test_eval_report_is_greedy_and_deterministic(in_repo, tmp_path):
     options = "--task gsm8k --eval_data_files tests/fixtures/gsm8k.jsonl --max_completion_length 8 --block_length 4"
     argv = ["--model_name_or_path", in_repo, *options.split(), "--diffusion_steps", "4", "--eval_batch_size", "3"]

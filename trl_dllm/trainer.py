@@ -45,7 +45,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
     _tag_names = ["trl", "grpo", "trl_dllm", "diffusion"]
 
     def __init__(self, model, reward_funcs=None, args: DiffusionGRPOConfig | None = None, *pargs, **kwargs):
-        model = resolve_model_name(model)  # "tiny" / "tiny-block": the embedded models (trl_dllm.models.embedded)
+        name, model = model, resolve_model_name(model)  # "tiny", "tiny-block": embedded models (models/embedded.py)
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = DiffusionGRPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-DiffusionGRPO")
@@ -60,6 +60,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         with model_setup.loading_models(args, kwargs.get("peft_config")):
             super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         unwrapped = self.accelerator.unwrap_model(self.model)
+        if name is not model:
+            model_setup.name_embedded_base(unwrapped, name)
         self.model_spec = resolve_model_spec(self.model, self._tokenizer, args.mask_token_id)
         ref = self.accelerator.unwrap_model(self.ref_model) if self.ref_model is not None else None
         model_setup.make_models_bidirectional(unwrapped, ref)

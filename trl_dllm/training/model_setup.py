@@ -92,6 +92,13 @@ def adapt_to_model(model, args, peft_config) -> None:
         peft_config.target_modules = native_lora_targets(model, peft_config.target_modules)
 
 
+def name_embedded_base(model, name: str) -> None:
+    """A LoRA adapter of an embedded model (`model="tiny"`) records that name as its base, not the cache path it was
+    loaded from: the adapter then loads on another machine, where `trl-dllm eval` builds `tiny` again."""
+    for config in (getattr(model, "peft_config", None) or {}).values():
+        config.base_model_name_or_path = name
+
+
 def make_models_bidirectional(*models) -> None:
     """`config.is_causal = False` on each model that is not `None` (through PEFT / DDP / DeepSpeed wrappers)."""
     for model in models:
