@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import types
+import warnings
 from pathlib import Path
 
 import pytest
@@ -97,12 +98,15 @@ def test_lora_adapter_of_tiny_records_tiny_and_eval_says_what_it_scores(in_repo,
     monkeypatch.delenv("TRL_DLLM_TINY_MODEL")  # the recipe's model: the embedded `tiny`
     monkeypatch.setenv("TRL_DLLM_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "lora"
-    grpo.main(["--config", TINY_LORA, "--output_dir", str(out), "--max_steps", "1"])
-    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny"
-    monkeypatch.setenv("TRL_DLLM_CACHE", str(tmp_path / "other_machine"))  # `tiny` is built again, from its seed
-    capsys.readouterr()
     decoding = ["--max_completion_length", "16", "--block_length", "8"]
-    eval_script.main(["--config", TINY_LORA, "--model_name_or_path", str(out), *decoding])
+    with warnings.catch_warnings(record=True) as seen:  # a quiet console: no foreign warning (PEFT's, transformers')
+        warnings.simplefilter("always")
+        grpo.main(["--config", TINY_LORA, "--output_dir", str(out), "--max_steps", "1"])
+        assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny"
+        monkeypatch.setenv("TRL_DLLM_CACHE", str(tmp_path / "other_machine"))  # `tiny` is built again, from its seed
+        capsys.readouterr()
+        eval_script.main(["--config", TINY_LORA, "--model_name_or_path", str(out), *decoding])
+    assert not [f"{w.category.__name__}: {w.message}" for w in seen if issubclass(w.category, (FutureWarning, UserWarning))]
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith("sudoku rows of tests/fixtures/sudoku.jsonl (the recipe's data_files, its training data;"), line
     eval_script.main(["--config", TINY_LORA, "--model_name_or_path", str(out), *decoding,

@@ -60,8 +60,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         with model_setup.loading_models(args, kwargs.get("peft_config")):
             super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         unwrapped = self.accelerator.unwrap_model(self.model)
-        if name is not model:
-            model_setup.name_embedded_base(unwrapped, name)
+        self._embedded_name = name if name is not model else None  # read by `save_model`, called by TRL's hooks
         self.model_spec = resolve_model_spec(self.model, self._tokenizer, args.mask_token_id)
         ref = self.accelerator.unwrap_model(self.ref_model) if self.ref_model is not None else None
         model_setup.make_models_bidirectional(unwrapped, ref)
@@ -301,6 +300,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         (full weights are always saved in the original layout by the native class). Intermediate checkpoints keep the
         native adapter names, so a resume loads them as saved."""
         super().save_model(output_dir, _internal_call)
+        if self._embedded_name is not None and self.accelerator.is_main_process:
+            model_setup.name_embedded_base(output_dir or self.args.output_dir, self._embedded_name)
         unwrapped = self.accelerator.unwrap_model(self.model)
         base = unwrapped.get_base_model() if callable(getattr(unwrapped, "get_base_model", None)) else None
         if _internal_call or base is None or not is_native_layout(base) or not self.accelerator.is_main_process:
