@@ -311,9 +311,9 @@ def _write(results: dict, out: Path, console) -> dict:
     (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "table.md").write_text(table_markdown(results))
     plot_compare(results, out / "compare.png")
-    console.print(table_markdown(results))
+    console.print(table_markdown(results), soft_wrap=True)  # a table: its rows unwrapped
     console.print(f"{len(results['runs'])} runs in {results['wall_minutes']:.1f} min. Wrote {out}/results.json, "
-                  f"table.md and compare.png")  # fmt: skip
+                  f"table.md and compare.png", soft_wrap=True)  # fmt: skip
     return results
 
 

@@ -112,7 +112,7 @@ def demo_trainer_args(cfg: DemoConfig, task: Task, output_dir: str) -> Diffusion
 
 
 # When the console is not a terminal (a log file, a pipe), rich draws no bar: a plain line at least this often instead.
-HEARTBEAT_S = 20.0
+HEARTBEAT_S = 15.0
 
 
 class Heartbeat:
@@ -437,8 +437,9 @@ def run_stability(cfg: DemoConfig, study: StabilityConfig) -> dict:
     Path(cfg.out_dir, f"{name}.json").write_text(json.dumps(result, indent=2))
     plot_stability(result, Path(cfg.out_dir) / f"{name}.png")
     for run in runs:
-        console.print(_describe(run))
-    console.print(f"{len(runs)} runs in {result['wall_minutes']:.1f} min. Wrote {cfg.out_dir}/{name}.json and .png")
+        console.print(_describe(run), soft_wrap=True)
+    written = f"{len(runs)} runs in {result['wall_minutes']:.1f} min. Wrote {cfg.out_dir}/{name}.json and .png"
+    console.print(written, soft_wrap=True)
     return result
 
 
