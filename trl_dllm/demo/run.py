@@ -494,7 +494,7 @@ def plot_stability(result: dict, path: Path) -> None:
         ("ratio/max", "max importance ratio", True),
         ("reward", "train reward", False),
     )
-    shape, size = (len(metrics), len(loss_types)), (5 * len(loss_types), 7.5)
+    shape, size = (len(metrics), len(loss_types)), (5 * len(loss_types) + 1.2, 7.5)
     fig, axes = plt.subplots(*shape, figsize=size, dpi=110, sharex=True, sharey="row", squeeze=False)
     for col, loss_type in enumerate(loss_types):
         for run in (r for r in result["runs"] if r["loss_type"] == loss_type):
@@ -506,7 +506,7 @@ def plot_stability(result: dict, path: Path) -> None:
                 ax.grid(alpha=0.3)
         axes[0][col].set_title(f"{loss_type} ({'TRL loss' if loss_type != 'stabledrl' else 'trl_dllm'})")
         axes[-1][col].set_xlabel("RL step")
-    axes[0][0].legend(fontsize=8)
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)  # outside the data
     est = result["estimator"]
     masks = "fresh masks per pass" if est["independent_mc_noise"] else "shared masks (common random numbers)"
     fig.suptitle(
