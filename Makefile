@@ -1,12 +1,12 @@
 # One command installs, one runs the tests (see README.md).
 #
 # Python: the active virtual environment's (or conda environment's) interpreter; with none active, `make install`
-# creates `.venv` (reusing what the base interpreter already has installed) and every target here runs `.venv/bin/python`.
-# Override with `make PYTHON=/path/to/python ...`.
+# creates `.venv` (reusing what the base interpreter already has installed) and every target here runs `.venv/bin/python`
+# (`python` before `.venv` exists). Override with `make PYTHON=/path/to/python ...`.
 ifneq ($(VIRTUAL_ENV)$(CONDA_PREFIX),)
 PYTHON ?= python
 else
-PYTHON ?= .venv/bin/python
+PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python)
 endif
 # torch: the CUDA build of PyPI where `nvidia-smi -L` lists a GPU, else the CPU build (PyTorch's CPU index).
 # Choose yourself with TORCH_BUILD=cpu|cuda, or a pip requirement in TORCH_SPEC. An importable torch 2.13 is kept.
@@ -16,12 +16,15 @@ TORCH_SPEC ?= torch==$(TORCH_VERSION)
 TORCH_INDEX_cpu = --extra-index-url https://download.pytorch.org/whl/cpu
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow lint bench demo stability compare
+.PHONY: install install-packages test test-slow lint bench demo stability compare
 
 install:
-	@if [ ! -x "$(PYTHON)" ] && [ "$(PYTHON)" = .venv/bin/python ]; then \
+	@if [ -z "$(VIRTUAL_ENV)$(CONDA_PREFIX)" ] && [ "$(origin PYTHON)" = file ] && [ ! -x .venv/bin/python ]; then \
 		echo "make install: no virtual environment active: creating .venv (python -m venv --system-site-packages)"; \
 		python -m venv --system-site-packages .venv || python3 -m venv --system-site-packages .venv; fi
+	@$(MAKE) --no-print-directory install-packages
+
+install-packages:
 	@if $(PYTHON) -c "import torch, sys; sys.exit(not torch.__version__.startswith('$(TORCH_VERSION)'))" 2>/dev/null; \
 	then echo "make install: keeping the installed torch $$($(PYTHON) -c 'import torch; print(torch.__version__)')"; \
 	else echo "make install: installing the $(TORCH_BUILD) build of $(TORCH_SPEC) (set TORCH_BUILD=cpu|cuda to choose)"; \
