@@ -45,7 +45,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
     _tag_names = ["trl", "grpo", "trl_dllm", "diffusion"]
 
     def __init__(self, model, reward_funcs=None, args: DiffusionGRPOConfig | None = None, *pargs, **kwargs):
-        name, model = model, resolve_model_name(model)  # "tiny", "tiny-block": embedded models (models/embedded.py)
+        given, model = model, resolve_model_name(model)  # "tiny", "tiny-block": embedded models (models/embedded.py)
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = DiffusionGRPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-DiffusionGRPO")
@@ -60,7 +60,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         with model_setup.loading_models(args, kwargs.get("peft_config")):
             super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         unwrapped = self.accelerator.unwrap_model(self.model)
-        self._embedded_name = name if name is not model else None  # read by `save_model`, called by TRL's hooks
+        self._embedded_name = given if given is not model else None  # read by `save_model`, called by TRL's hooks
         self.model_spec = resolve_model_spec(self.model, self._tokenizer, args.mask_token_id)
         ref = self.accelerator.unwrap_model(self.ref_model) if self.ref_model is not None else None
         model_setup.make_models_bidirectional(unwrapped, ref)
