@@ -1,14 +1,38 @@
 # One command installs, one runs the tests (see README.md).
+#
+# Python: the active virtual environment's (or conda environment's) interpreter; with none active, `make install`
+# creates `.venv` (reusing what the base interpreter already has installed) and every target here runs `.venv/bin/python`
+# (`python` before `.venv` exists). Override with `make PYTHON=/path/to/python ...`.
+ifneq ($(VIRTUAL_ENV)$(CONDA_PREFIX),)
 PYTHON ?= python
-# The CPU build of torch; set TORCH_SPEC="torch" (or a CUDA index) on a GPU machine.
-TORCH_SPEC ?= torch==2.13.0
+else
+PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python)
+endif
+# torch: the CUDA build of PyPI where `nvidia-smi -L` lists a GPU, else the CPU build (PyTorch's CPU index).
+# Choose yourself with TORCH_BUILD=cpu|cuda, or a pip requirement in TORCH_SPEC. An importable torch 2.13 is kept.
+TORCH_VERSION ?= 2.13.0
+TORCH_BUILD ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+TORCH_SPEC ?= torch==$(TORCH_VERSION)
+TORCH_INDEX_cpu = --extra-index-url https://download.pytorch.org/whl/cpu
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow lint bench demo stability compare
+.PHONY: install install-packages test test-slow lint bench demo stability compare
 
 install:
-	$(PYTHON) -m pip install "$(TORCH_SPEC)"
+	@if [ -z "$(VIRTUAL_ENV)$(CONDA_PREFIX)" ] && [ "$(origin PYTHON)" = file ] && [ ! -x .venv/bin/python ]; then \
+		echo "make install: no virtual environment active: creating .venv (python -m venv --system-site-packages)"; \
+		python -m venv --system-site-packages .venv || python3 -m venv --system-site-packages .venv; fi
+	@$(MAKE) --no-print-directory install-packages
+
+install-packages:
+	@if $(PYTHON) -c "import torch, sys; sys.exit(not torch.__version__.startswith('$(TORCH_VERSION)'))" 2>/dev/null; \
+	then echo "make install: keeping the installed torch $$($(PYTHON) -c 'import torch; print(torch.__version__)')"; \
+	else echo "make install: installing the $(TORCH_BUILD) build of $(TORCH_SPEC) (set TORCH_BUILD=cpu|cuda to choose)"; \
+		$(PYTHON) -m pip install "$(TORCH_SPEC)" $(TORCH_INDEX_$(TORCH_BUILD)); fi
 	$(PYTHON) -m pip install -e ".[dev,deepspeed,math,plot]"
+	@$(PYTHON) -c "import torch; c = torch.cuda.is_available(); print('make install: torch', torch.__version__, \
+		'(CUDA build, GPU ' + ('found' if c else 'NOT visible') + ')' if torch.version.cuda else '(CPU build)', \
+		'in', __import__('sys').prefix)"
 
 test:
 	$(PYTHON) -m pytest -m "not slow" -q $(PYTEST_ARGS)
@@ -18,7 +42,7 @@ test-slow:
 	$(PYTHON) -m pytest -m slow -q $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint:
-	$(PYTHON) -m ruff check trl_dllm tests
+	$(PYTHON) -m ruff check trl_dllm tests bench
 
 # The CPU demo (docs/demo.md): warm start + StableDRL on a synthetic task, <= 10 min on 2 cores → demo_out/
 demo:

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import types
+import warnings
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,26 @@ def test_grpo_lora_then_eval_the_adapter(in_repo, tmp_path):
     eval_script.main(["--config", TINY_LORA, "--model_name_or_path", str(out), *eval_data])
     report = json.loads((out / "eval_sudoku_test.json").read_text())  # default place: next to the adapter
     assert report["num_samples"] == 3 and 0.0 <= report["accuracy"] <= 1.0
+
+
+def test_lora_adapter_of_tiny_records_tiny_and_eval_says_what_it_scores(in_repo, monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv("TRL_DLLM_TINY_MODEL")  # the recipe's model: the embedded `tiny`
+    monkeypatch.setenv("TRL_DLLM_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "lora"
+    decoding = ["--max_completion_length", "16", "--block_length", "8"]
+    with warnings.catch_warnings(record=True) as seen:  # a quiet console: no foreign warning (PEFT's, transformers')
+        warnings.simplefilter("always")
+        grpo.main(["--config", TINY_LORA, "--output_dir", str(out), "--max_steps", "1"])
+        assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny"
+        monkeypatch.setenv("TRL_DLLM_CACHE", str(tmp_path / "other_machine"))  # `tiny` is built again, from its seed
+        capsys.readouterr()
+        eval_script.main(["--config", TINY_LORA, "--model_name_or_path", str(out), *decoding])
+    assert not [f"{w.category.__name__}: {w.message}" for w in seen if issubclass(w.category, (FutureWarning, UserWarning))]
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("sudoku rows of tests/fixtures/sudoku.jsonl (the recipe's data_files, its training data;"), line
+    eval_script.main(["--config", TINY_LORA, "--model_name_or_path", str(out), *decoding,
+                      "--eval_data_files", "tests/fixtures/sudoku.jsonl"])  # fmt: skip
+    assert capsys.readouterr().out.startswith("sudoku rows of tests/fixtures/sudoku.jsonl: accuracy ")
 
 
 def test_eval_report_is_greedy_and_deterministic(in_repo, tmp_path):
@@ -222,3 +243,18 @@ def test_demo_help_does_not_import_the_trainer():
     )
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip().endswith("False"), result.stderr[-2000:]
+    assert result.stdout.startswith("usage: trl-dllm demo "), result.stdout[:200]
+
+
+@pytest.mark.parametrize("dash", ["_", "-"])
+def test_every_command_takes_both_spellings_of_a_flag(dash):
+    from trl_dllm.demo import parse_args as demo_args
+    from trl_dllm.demo.compare import parse_args as compare_args
+
+    max_steps, max_minutes = f"--max{dash}steps", f"--max{dash}minutes"
+    _, training_args, _ = grpo.make_parser().parse(["--config", TINY, "--output_dir", "x", max_steps, "3"])
+    assert training_args.max_steps == 3
+    demo = demo_args([max_steps, "3", max_minutes, "0.5", f"--images{dash}dir", "img"])
+    assert (demo.max_steps, demo.max_minutes, demo.images_dir) == (3, 0.5, "img")
+    compare = compare_args(["--quick", f"{max_steps}=3", max_minutes, "0.5"])
+    assert (compare.max_steps, compare.max_minutes) == (3, 0.5)

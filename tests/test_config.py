@@ -101,3 +101,16 @@ def test_num_generations_below_two_is_rejected():
                                             ("True", True)])  # fmt: skip
 def test_mc_checkpointing_is_auto_or_a_bool(given, expected):
     assert make(mc_checkpointing=given).mc_checkpointing == expected
+
+
+def test_estimator_helps_follow_the_registry():
+    import re
+    from dataclasses import fields
+
+    from trl_dllm.core.likelihood import ESTIMATORS
+
+    helps = {f.name: f.metadata["help"] for f in fields(DiffusionGRPOConfig)}
+    assert set(re.findall(r"\w+", helps["estimator"])) >= set(ESTIMATORS)
+    named = set(re.findall(r"\w+", helps["mc_samples"])) & set(ESTIMATORS)
+    assert named == {name for name, entry in ESTIMATORS.items() if "mc_samples" in entry.options} == {
+        "elbo", "coupled", "block", "spg"}  # fmt: skip

@@ -11,8 +11,10 @@ from trl_dllm.console import (
     announce_deepspeed_cpu_build,
     deepspeed_cpu_build_pending,
     install_log_filters,
+    once_per_run,
     quiet_trl_internals,
     startup_lines,
+    unsaid,
 )
 
 
@@ -21,7 +23,7 @@ def make(**kwargs):
     return DiffusionGRPOConfig(**{**base, **kwargs})
 
 
-def test_deepspeed_cpu_notice_dropped_unless_deepspeed_is_used(monkeypatch):
+def test_deepspeed_cpu_notice_dropped(monkeypatch):
     install_log_filters()
     install_log_filters()  # idempotent
     filters = [f for f in logging.getLogger("DeepSpeed").filters if type(f).__name__ == "_DeepSpeedCpuNotice"]
@@ -33,8 +35,18 @@ def test_deepspeed_cpu_notice_dropped_unless_deepspeed_is_used(monkeypatch):
     notice = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
     assert not passes(notice) and passes("something else")
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    assert passes(notice)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # DeepSpeed picks the CPU only where torch sees no GPU
+    assert not passes(notice)
+
+
+def test_torch_distributed_deprecations_of_deepspeed_collectives_silenced():
+    install_log_filters()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        install_log_filters()  # its filter goes before the "default" one
+        for name in ("all_gather_into_tensor", "reduce_scatter_tensor", "broadcast"):
+            warnings.warn(f"`torch.distributed.{name}` is deprecated. Please use ...", FutureWarning, stacklevel=1)
+    assert [str(w.message)[:30] for w in seen] == ["`torch.distributed.broadcast` "]
 
 
 def test_deepspeed_build_announced_only_when_pending(monkeypatch, tmp_path, capsys):
@@ -74,3 +86,14 @@ def test_trl_deprecated_names_silenced_only_inside():
         warnings.warn("`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning,
                       stacklevel=1)
     assert len(seen) == 1
+
+
+def test_startup_lines_said_once_per_run():
+    lines = ["trl_dllm: a", "trl_dllm: b"]
+    assert unsaid(lines) == lines and unsaid(lines) == lines  # outside a run: every trainer says them
+    with once_per_run():
+        assert unsaid(lines) == lines
+        with once_per_run():  # nested: the outer run's memory
+            assert unsaid([*lines, "trl_dllm: c"]) == ["trl_dllm: c"]
+        assert unsaid(lines) == []
+    assert unsaid(lines) == lines

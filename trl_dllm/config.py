@@ -7,9 +7,15 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .console import announce_deepspeed_cpu_build
+from .core.likelihood import ESTIMATORS
 from .core.objectives import OBJECTIVES
 from .training import checks
 from .training.checks import TRL_LOSS_TYPES  # noqa: F401  (its home before training/checks.py; kept for one release)
+
+
+def _estimators_taking(option: str) -> str:
+    """The estimators whose registry entry declares `option` (`trl_dllm.core.likelihood.ESTIMATORS`), for a help."""
+    return ", ".join(name for name, entry in ESTIMATORS.items() if option in entry.options)
 
 
 @dataclass
@@ -196,9 +202,11 @@ class DiffusionGRPOConfig(GRPOConfig):
         default=False, metadata={"help": "Finish a row once its first EOS is committed; fill the rest with EOS."}
     )
     estimator: str = field(
-        default="elbo", metadata={"help": "Likelihood estimator: mean_field, elbo, coupled, block (staircase) or trajectory (agrpo)."}
+        default="elbo", metadata={"help": f"Likelihood estimator: {', '.join(ESTIMATORS)} (docs/estimators.md)."}
     )
-    mc_samples: int = field(default=1, metadata={"help": "Monte Carlo samples per sequence (elbo, coupled)."})
+    mc_samples: int = field(
+        default=1, metadata={"help": f"Monte Carlo samples per sequence ({_estimators_taking('mc_samples')})."}
+    )
     antithetic: bool = field(
         default=True, metadata={"help": "elbo: also score the complement of each mask (ESPO's antithetic pass)."}
     )

@@ -2,14 +2,19 @@
 
 - `startup_lines(args)`: the settings chosen for the machine (`DiffusionGRPOConfig`'s `choose_for_device`) and the
   cost of a rollout in denoising forwards, printed once by the trainer on the main process.
+- `once_per_run()` / `unsaid(lines)`: a command that builds several trainers (`make stability`, `make compare`) says
+  each start-up line once, not once per trainer.
 - `install_log_filters()`: drops DeepSpeed's "Setting accelerator to CPU" warning, which `import deepspeed` (done by
-  transformers and accelerate whenever DeepSpeed is installed) prints on every CPU run, unless DeepSpeed is in use
-  (`ACCELERATE_USE_DEEPSPEED=true`, set by `accelerate launch` with a DeepSpeed config).
+  transformers and accelerate whenever DeepSpeed is installed) prints on every CPU run, and torch's deprecation of the
+  `torch.distributed` collectives DeepSpeed's ZeRO calls (`all_gather_into_tensor`, `reduce_scatter_tensor`), printed
+  14–18 times per ZeRO-3 run. DeepSpeed picks the CPU only where torch sees no CUDA device, so the notice adds
+  nothing; neither is something the user can act on.
 - `announce_deepspeed_cpu_build()`: DeepSpeed on CPU compiles its shared-memory communication op with gcc the first
   time it starts, silently and for minutes on a small machine; one line says so before it begins.
-- `quiet_trl_internals()`: TRL 1.16's `unwrap_model_for_generation` reads `model.is_gradient_checkpointing` and calls
-  `gradient_checkpointing_disable()` / `_enable()`, which transformers >= 5.23 deprecates with a `FutureWarning` at
-  every rollout; the user cannot act on it.
+- `quiet_trl_internals()`: TRL 1.16's `unwrap_model_for_generation` and PEFT's `PeftModel.__init__` read
+  `model.is_gradient_checkpointing` (TRL also calls `gradient_checkpointing_disable()` / `_enable()`), which
+  transformers >= 5.23 deprecates with a `FutureWarning` at every rollout and every adapter load; the user cannot act
+  on it.
 """
 
 from __future__ import annotations
@@ -24,18 +29,46 @@ from collections.abc import Iterator
 _DEEPSPEED_CPU_NOTICE = "Setting accelerator to CPU"
 
 
+_said: set[str] | None = None  # the start-up lines said inside `once_per_run()`; None outside it
+
+
+@contextlib.contextmanager
+def once_per_run() -> Iterator[None]:
+    """Within this block, `unsaid` lets each distinct start-up line through once (nested blocks share the outer one)."""
+    global _said
+    outer = _said
+    _said = set() if outer is None else outer
+    try:
+        yield
+    finally:
+        _said = outer
+
+
+def unsaid(lines: list[str]) -> list[str]:
+    """`lines` less those already said inside the current `once_per_run()` block (all of them outside one)."""
+    if _said is None:
+        return list(lines)
+    new = [line for line in lines if line not in _said]
+    _said.update(new)
+    return new
+
+
+# torch 2.13 deprecates the collectives DeepSpeed 0.18's ZeRO stages call; DeepSpeed, not the user, must move.
+_TORCH_DISTRIBUTED_DEPRECATIONS = r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
+
+
 class _DeepSpeedCpuNotice(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
-            return True
         return not str(record.msg).startswith(_DEEPSPEED_CPU_NOTICE)
 
 
 def install_log_filters() -> None:
-    """Install the filter on DeepSpeed's logger (by name: DeepSpeed need not be imported, or installed). Idempotent."""
+    """Install the filter on DeepSpeed's logger (by name: DeepSpeed need not be imported, or installed) and the
+    warning filter of torch.distributed's deprecations. Idempotent."""
     ds_logger = logging.getLogger("DeepSpeed")
     if not any(isinstance(f, _DeepSpeedCpuNotice) for f in ds_logger.filters):
         ds_logger.addFilter(_DeepSpeedCpuNotice())
+    warnings.filterwarnings("ignore", message=_TORCH_DISTRIBUTED_DEPRECATIONS, category=FutureWarning)
 
 
 def deepspeed_cpu_build_pending() -> bool:

@@ -28,7 +28,7 @@ from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import pad, split_tensor_dict, use_adapter
 
 from .config import DiffusionGRPOConfig
-from .console import quiet_trl_internals, startup_lines
+from .console import quiet_trl_internals, startup_lines, unsaid
 from .core.objectives import ratio_metrics
 from .models import resolve_model_spec
 from .models.embedded import resolve_model_name
@@ -48,7 +48,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
     _tag_names = ["trl", "grpo", "trl_dllm", "diffusion"]
 
     def __init__(self, model, reward_funcs=None, args: DiffusionGRPOConfig | None = None, *pargs, **kwargs):
-        model = resolve_model_name(model)  # "tiny" / "tiny-block": the embedded models (trl_dllm.models.embedded)
+        given, model = model, resolve_model_name(model)  # "tiny", "tiny-block": embedded models (models/embedded.py)
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = DiffusionGRPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-DiffusionGRPO")
@@ -63,6 +63,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         with model_setup.loading_models(args, kwargs.get("peft_config")):
             super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         unwrapped = self.accelerator.unwrap_model(self.model)
+        self._embedded_name = given if given is not model else None  # read by `save_model`, called by TRL's hooks
         self.model_spec = resolve_model_spec(self.model, self._tokenizer, args.mask_token_id)
         ref = self.accelerator.unwrap_model(self.ref_model) if self.ref_model is not None else None
         model_setup.make_models_bidirectional(unwrapped, ref)
@@ -71,7 +72,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         block_length = checks.check_block_layout(args, self.model_spec)
         model_setup.probe_remote_code(unwrapped, self.model_spec, self._shards_parameters)
         checks.check_model(self)  # text-only, prompts + completion within the model's positions
-        for line in startup_lines(args, block_length):
+        for line in unsaid(startup_lines(args, block_length)):  # once per `once_per_run()` block
             self.accelerator.print(line)
         self.scoring = Scoring(args, self.model_spec, block_length, self._entropy_bonus_enabled,
                                self._shards_parameters, self.accelerator.autocast)  # fmt: skip
@@ -306,6 +307,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         (full weights are always saved in the original layout by the native class). Intermediate checkpoints keep the
         native adapter names, so a resume loads them as saved."""
         super().save_model(output_dir, _internal_call)
+        if self._embedded_name is not None and self.accelerator.is_main_process:
+            model_setup.name_embedded_base(output_dir or self.args.output_dir, self._embedded_name)
         unwrapped = self.accelerator.unwrap_model(self.model)
         base = unwrapped.get_base_model() if callable(getattr(unwrapped, "get_base_model", None)) else None
         if _internal_call or base is None or not is_native_layout(base) or not self.accelerator.is_main_process:

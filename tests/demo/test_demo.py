@@ -7,6 +7,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from trl_dllm.demo import main, parse_args
+from trl_dllm.demo import run as demo_run
 from trl_dllm.demo.run import QUICK, ROLLOUTS, DemoConfig, demo_trainer_args
 from trl_dllm.demo.tasks import TASKS
 from trl_dllm.demo.warmstart import decode_completions, encode_examples, greedy_eval, prepare, warm_start
@@ -17,7 +18,10 @@ def test_quick_demo_writes_png_and_summary(tmp_path, capsys):
     summary = main(["--quick", "--out", str(tmp_path)])
     # Not a terminal here: rich draws no bar, so one plain line per evaluation says where the run is, never "nan".
     out = capsys.readouterr().out
-    assert "warm start: " in out and "step 3/3, reward " in out and "nan" not in out, out
+    assert "warm start: " in out and "step 3/3, rollout reward " in out and "nan" not in out, out
+    closing = out.splitlines()[-3:]  # unwrapped, and saying which reward is which
+    assert closing[0].startswith("Held-out (test, greedy) reward ") and "best val reward (step " in closing[0], out
+    assert closing[1].startswith("At the last step (3) the test reward was ") and "rollout reward" in closing[1], out
     assert (tmp_path / "reward.png").stat().st_size > 10_000
     written = json.loads((tmp_path / "summary.json").read_text())
     for key in ("heldout_reward_before", "heldout_reward_after", "train_steps", "wall_minutes"):
@@ -34,8 +38,13 @@ def test_quick_demo_runs_the_other_tasks(tmp_path, task):
     assert summary["task"] == task and summary["train_steps"] == 3 and (tmp_path / "reward.png").exists()
 
 
-def test_quick_stability_writes_png(tmp_path):
+def test_quick_stability_writes_png(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(demo_run, "HEARTBEAT_S", 0.0)  # a heartbeat line at every step (every 20 s in a real run)
     result = main(["--quick", "--stability", "--out", str(tmp_path), "--images-dir", str(tmp_path / "images")])
+    out = capsys.readouterr().out
+    assert out.count("denoising forwards") == 1, out  # one rollout-cost line for the whole study, not one per run
+    for run in result["runs"]:  # not a terminal: plain progress lines, also between evaluations
+        assert f"{run['loss_type']} seed {run['seed']}: step 1/2, rollout reward " in out, out
     assert (tmp_path / "stability.png").stat().st_size > 10_000
     assert (tmp_path / "images" / "demo_stability.png").exists()
     assert {r["loss_type"] for r in result["runs"]} == {"grpo", "stabledrl"}

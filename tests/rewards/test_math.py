@@ -117,7 +117,7 @@ def test_runs_off_the_main_thread():
 
 def test_missing_math_verify_raises_clear_import_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "math_verify", None)
-    with pytest.raises(ImportError, match=r"pip install 'trl_dllm\[math\]'"):
+    with pytest.raises(ImportError, match=r"pip install math-verify"):
         math_correctness_reward(["\\boxed{1}"], answer=["1"])
 
 

@@ -15,13 +15,14 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+from .options import Parser
 from .tasks import TASKS
 
 __all__ = ["main", "parse_args"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m trl_dllm.demo", description=__doc__.splitlines()[0])
+    parser = Parser(prog="trl-dllm demo", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few steps of a tiny model (seconds; for tests)")
     parser.add_argument("--stability", action="store_true", help="run the grpo-vs-stabledrl study instead")
     parser.add_argument("--task", default="sort", choices=tuple(TASKS), help="the synthetic task")

@@ -15,7 +15,6 @@ See docs/compare.md.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -28,9 +27,12 @@ from pathlib import Path
 
 import torch
 
+from ..console import once_per_run
+from .options import Parser
 from .run import (
     QUICK,
     DemoConfig,
+    Heartbeat,
     HeldOutCallback,
     demo_trainer_args,
     make_demo_trainer,
@@ -217,13 +219,16 @@ def _sft_run(cfg: CompareConfig, demo: DemoConfig, prep: dict, seed: int, budget
     tracker.counter = counter = ForwardCounter(model)
     evals, bar = max(1, demo.max_steps // demo.eval_every), progress.add_task(tracker.label, total=None, info="")
     tracker.start = time.monotonic()
+    heartbeat = Heartbeat(progress.console)
 
     def on_step(step: int) -> bool:
         elapsed = time.monotonic() - tracker.start
         done = elapsed >= budget_s
-        if done or elapsed >= budget_s * (len(tracker.curve) + 1) / evals:
+        evaluated = done or elapsed >= budget_s * (len(tracker.curve) + 1) / evals
+        if evaluated:
             tracker.evaluate(model, step)
         progress.update(bar, completed=step, info=f"{elapsed:.0f}/{budget_s:.0f} s")
+        heartbeat(f"{tracker.label}: step {step}, {elapsed:.0f}/{budget_s:.0f} s", force=evaluated)
         return done
 
     train = prep["train"]
@@ -264,7 +269,7 @@ def run_compare(cfg: CompareConfig) -> dict:
     results = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "machine": _machine(), "config": asdict(cfg), "methods": {m: METHODS[m] for m in cfg.methods},
                "warm_starts": {}, "runs": []}  # fmt: skip
-    with progress_bar(console) as progress:
+    with progress_bar(console) as progress, once_per_run():
         for task in cfg.tasks:
             demo = cfg.demo(task)
             prep = prepare(demo, console)
@@ -306,15 +311,15 @@ def _write(results: dict, out: Path, console) -> dict:
     (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "table.md").write_text(table_markdown(results))
     plot_compare(results, out / "compare.png")
-    console.print(table_markdown(results))
+    console.print(table_markdown(results), soft_wrap=True)  # a table: its rows unwrapped
     console.print(f"{len(results['runs'])} runs in {results['wall_minutes']:.1f} min. Wrote {out}/results.json, "
-                  f"table.md and compare.png")  # fmt: skip
+                  f"table.md and compare.png", soft_wrap=True)  # fmt: skip
     return results
 
 
 def parse_args(argv=None) -> CompareConfig:
     """The selection: the full comparison by default, `--short` or `--quick` as a base; explicit flags override it."""
-    parser = argparse.ArgumentParser(prog="trl-dllm compare", description=__doc__.splitlines()[0])
+    parser = Parser(prog="trl-dllm compare", description=__doc__.splitlines()[0])
     default = CompareConfig()
     parser.add_argument(
         "--methods",

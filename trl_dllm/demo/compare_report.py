@@ -133,38 +133,60 @@ def mean_curve(runs: list[dict], x: str = "step") -> tuple[list, list]:
     ]
 
 
+def band(runs: list[dict], x: str = "step") -> tuple[list, list, list, list]:
+    """`mean_curve` with the spread: `(x, mean, lowest, highest)` held-out reward over runs at each shared step."""
+    steps = sorted(set.intersection(*({p["step"] for p in r["curve"]} for r in runs)))
+    at = [[p for r in runs for p in r["curve"] if p["step"] == v] for v in steps]
+    rewards = [[p["test_reward"] for p in ps] for ps in at]
+    return [statistics.fmean(p[x] for p in ps) for ps in at], [statistics.fmean(r) for r in rewards], [
+        min(r) for r in rewards], [max(r) for r in rewards]  # fmt: skip
+
+
+def draw_band(ax, runs: list[dict], x: str, color: str, label: str, ls: str = "-") -> list[float]:
+    """One line (the mean over `runs`) and a shaded band (their lowest to highest); returns the values drawn."""
+    xs, mean, low, high = band(runs, x)
+    ax.plot(xs, mean, color=color, lw=1.8, ls=ls, label=label)
+    if len(runs) > 1:
+        ax.fill_between(xs, low, high, color=color, alpha=0.15, lw=0)
+    return low + high
+
+
+def scaled_to(ax, values: list[float]) -> None:
+    """Reward axis scaled to the data (within [0, 1]) rather than always 0 to 1."""
+    if values:
+        low, high = min(values), max(values)
+        pad = max(0.02, 0.08 * (high - low))
+        ax.set_ylim(max(0.0, low - pad), min(1.0, high + pad))
+
+
 def plot_compare(results: dict, path: Path) -> None:
-    """Per task: held-out reward vs RL step (RL methods), and vs training seconds (every method, SFT included)."""
+    """Per task: held-out reward vs RL step (RL methods), and vs training seconds (every method, SFT included); one
+    line per method (the mean over seeds) with a band (lowest to highest seed); the legend right of the panels."""
     plt = pyplot()
     tasks = results["config"]["tasks"]
-    fig, axes = plt.subplots(len(tasks), 2, figsize=(12, 4 * len(tasks)), dpi=110, squeeze=False)
+    fig, axes = plt.subplots(len(tasks), 2, figsize=(13, 4 * len(tasks)), dpi=110, squeeze=False)
     colors = {m: f"C{i % 10}" for i, m in enumerate(results["config"]["methods"])}
     for row, task in enumerate(tasks):
         by_step, by_time = axes[row]
+        drawn = {by_step: [], by_time: []}
         for (t, method), runs in group_runs(results).items():
             if t != task:
                 continue
-            for run in runs:  # thin: each seed
-                if run["rollouts"]:
-                    by_step.plot([p["step"] for p in run["curve"]], [p["test_reward"] for p in run["curve"]],
-                                 color=colors[method], lw=0.6, alpha=0.35)  # fmt: skip
-                by_time.plot([p["seconds"] for p in run["curve"]], [p["test_reward"] for p in run["curve"]],
-                             color=colors[method], lw=0.8 if method != "sft" else 1.6, alpha=0.6,
-                             ls="-" if run["rollouts"] else "--", label=method if run is runs[0] else None)  # fmt: skip
-            if runs[0]["rollouts"]:
-                by_step.plot(*mean_curve(runs), color=colors[method], lw=1.8, label=f"{method} (mean)")
-        by_step.set(
-            xlabel="RL step", ylabel="held-out reward (greedy)", title=f"{task}: held-out reward vs step", ylim=(0, 1)
-        )
-        by_time.set(
-            xlabel="training seconds (evaluations excluded)", title=f"{task}: vs time (dashed: SFT)", ylim=(0, 1)
-        )
+            rl = bool(runs[0]["rollouts"])
+            label = f"{method} (mean of {len(runs)}, band: min–max)" if len(runs) > 1 else method
+            if rl:
+                drawn[by_step] += draw_band(by_step, runs, "step", colors[method], label)
+            drawn[by_time] += draw_band(by_time, runs, "seconds", colors[method], label, "-" if rl else "--")
+        by_step.set(xlabel="RL step", ylabel="held-out reward (greedy)", title=f"{task}: held-out reward vs step")
+        by_time.set(xlabel="training seconds (evaluations excluded)", title=f"{task}: vs time (dashed: SFT)")
         demos = _demonstrations(results["warm_starts"][task])
         for ax in (by_step, by_time):
             if demos < 1:  # verifier-only: the most that imitating the demonstrations can reach
-                ax.axhline(demos, color="black", lw=0.8, ls=":", label="demonstrations")
+                ax.axhline(demos, color="black", lw=0.8, ls=":", label="imitating the demonstrations")
+                drawn[ax].append(demos)
+            scaled_to(ax, drawn[ax])
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, loc="best")
+        by_time.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # outside the data
     loads = [p["load1"] for r in results["runs"] for p in r["curve"] if "load1" in p]
     loads += [results["machine"]["loadavg_start"][0], results["machine"].get("loadavg_end", [float("nan")])[0]]
     loads = [x for x in loads if x == x]

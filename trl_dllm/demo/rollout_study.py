@@ -12,7 +12,6 @@ read, not rerun, so an interrupted study resumes and runs made one by one with `
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from dataclasses import replace
@@ -21,7 +20,8 @@ from pathlib import Path
 import torch
 
 from .compare import collapses
-from .compare_report import mean_curve, mean_std_text
+from .compare_report import draw_band, mean_std_text, scaled_to
+from .options import Parser
 from .run import QUICK, ROLLOUTS, DemoConfig, finite_points, pyplot, run_demo
 from .tasks import TASKS, get_task
 
@@ -108,28 +108,31 @@ def table_markdown(study: dict) -> str:
 
 
 def plot_study(summaries: dict[str, list[dict]], path: Path, title: str) -> None:
-    """Held-out reward vs RL step and vs RL seconds (thin: each seed; thick: mean), forwards per token vs step."""
+    """Held-out reward vs RL step and vs RL seconds, forwards per token vs step: one line per setting (the mean over
+    seeds) with a band (lowest to highest seed); the legend right of the panels."""
     plt = pyplot()
-    fig, (by_step, by_time, cost) = plt.subplots(1, 3, figsize=(16, 4.4), dpi=110)
+    fig, (by_step, by_time, cost) = plt.subplots(1, 3, figsize=(17, 4.4), dpi=110)
+    drawn = {by_step: [], by_time: []}
     for i, (setting, runs) in enumerate(summaries.items()):
-        color = f"C{i}"
-        for s in runs:
-            by_step.plot([p["step"] for p in s["curve"]], [p["test_reward"] for p in s["curve"]], color=color,
-                         lw=0.6, alpha=0.35)  # fmt: skip
-            if all("seconds" in p for p in s["curve"]):
-                by_time.plot([p["seconds"] for p in s["curve"]], [p["test_reward"] for p in s["curve"]], color=color,
-                             lw=0.6, alpha=0.35)  # fmt: skip
-            steps, per_token = finite_points(s["train_log"]["step"], s["train_log"]["generation/forwards_per_token"])
-            cost.plot(steps, per_token, color=color, lw=0.5, alpha=0.4, label=setting if s is runs[0] else None)
-        by_step.plot(*mean_curve(runs), color=color, lw=2, label=f"{setting} (mean of {len(runs)})")
+        color, label = f"C{i}", f"{setting} (mean of {len(runs)}, band: min–max)"
+        drawn[by_step] += draw_band(by_step, runs, "step", color, label)
         if all("seconds" in p for s in runs for p in s["curve"]):
-            by_time.plot(*mean_curve(runs, "seconds"), color=color, lw=2, label=setting)
-    by_step.set(xlabel="RL step", ylabel="held-out reward (greedy)", ylim=(0, 1), title="held-out reward vs step")
-    by_time.set(xlabel="RL seconds (evaluations included)", ylim=(0, 1), title="held-out reward vs wall time")
+            drawn[by_time] += draw_band(by_time, runs, "seconds", color, label)
+        logs = [finite_points(s["train_log"]["step"], s["train_log"]["generation/forwards_per_token"]) for s in runs]
+        steps = sorted(set.intersection(*(set(x) for x, _ in logs)))
+        per_step = [[dict(zip(x, y))[step] for x, y in logs] for step in steps]
+        cost.plot(steps, [statistics.fmean(v) for v in per_step], color=color, lw=1.2, label=label)
+        if len(runs) > 1:
+            cost.fill_between(steps, [min(v) for v in per_step], [max(v) for v in per_step], color=color, alpha=0.15,
+                              lw=0)  # fmt: skip
+    by_step.set(xlabel="RL step", ylabel="held-out reward (greedy)", title="held-out reward vs step")
+    by_time.set(xlabel="RL seconds (evaluations included)", title="held-out reward vs wall time")
     cost.set(xlabel="RL step", ylabel="rollout forwards per token", ylim=(0, 1.05), title="rollout cost")
+    for ax in (by_step, by_time):
+        scaled_to(ax, drawn[ax])
     for ax in (by_step, by_time, cost):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right" if ax is not cost else "upper right")
+    cost.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # outside the data
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path)
@@ -224,7 +227,7 @@ def rollout_probe(model_dir: str, setting: str, threshold: float = 0.7, task: st
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m trl_dllm.demo.rollout_study", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m trl_dllm.demo.rollout_study", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="rollout_study_out", help="output directory (one folder per run)")
     parser.add_argument("--settings", nargs="+", choices=ROLLOUTS, default=list(ROLLOUTS), help="rollout settings")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds (default 0 1 2)")

@@ -23,6 +23,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.utils import logging as hf_logging
 
 from ..config import DiffusionGRPOConfig
+from ..console import once_per_run
 from ..trainer import DiffusionGRPOTrainer
 from .tasks import Task
 from .warmstart import greedy_eval, prepare
@@ -110,6 +111,24 @@ def demo_trainer_args(cfg: DemoConfig, task: Task, output_dir: str) -> Diffusion
     return DiffusionGRPOConfig(**{**kwargs, **_rollout_fields(cfg), **cfg.trainer_overrides})
 
 
+# When the console is not a terminal (a log file, a pipe), rich draws no bar: a plain line at least this often instead.
+HEARTBEAT_S = 15.0
+
+
+class Heartbeat:
+    """Prints a line on a console that is not a terminal when asked to (`force`) or when `HEARTBEAT_S` have passed
+    since the last one, so that a long command is never silent for more than ~30 s in a log."""
+
+    def __init__(self, console):
+        self.console, self.last = console, time.monotonic()
+
+    def __call__(self, text: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.console.is_terminal and (force or now - self.last >= HEARTBEAT_S):
+            self.last = now
+            self.console.print(text)
+
+
 class HeldOutCallback(TrainerCallback):
     """Every `eval_every` steps: greedy val/test evaluation, best-on-val weights kept in memory, a rich progress bar,
     and a wall-clock budget (`control.should_training_stop` once `max_minutes` are spent)."""
@@ -120,16 +139,19 @@ class HeldOutCallback(TrainerCallback):
         self.best: dict | None = None
         self.best_state: dict | None = None
         self.progress, self.label, self._bar, self._reward = progress, label, None, float("nan")
+        self._line_due = False
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = time.monotonic()
         if self.progress is not None:
             self._bar = self.progress.add_task(self.label, total=state.max_steps, info="")
+            self._heartbeat = Heartbeat(self.progress.console)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "reward" in logs:  # logged after `on_step_end`: the bar shows a step's reward from here
+        if logs and "reward" in logs:  # logged after `on_step_end`: the step's line waits for its reward
             self._reward = logs["reward"]
-            self._show(state.global_step, state.max_steps, line=False)
+            self._show(state.global_step, state.max_steps, line=self._line_due)
+            self._line_due = False
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         step = state.global_step
@@ -139,19 +161,20 @@ class HeldOutCallback(TrainerCallback):
         evaluated = self.heldout and (step % self.eval_every == 0 or step == state.max_steps or out_of_time)
         if evaluated:
             self.evaluate(model, step)
-        self._show(step, state.max_steps, line=evaluated or step == state.max_steps or out_of_time)
+        self._line_due = evaluated or step == state.max_steps or out_of_time
 
     def _show(self, step: int, max_steps: int, line: bool) -> None:
         """Update the bar; when the console is not a terminal (a log file, a pipe), where rich draws no bar, also
-        print one plain line at each held-out evaluation and at the last step (the last one the budget allows)."""
+        print one plain line at each held-out evaluation, at the last step (the last one the budget allows) and at
+        least every `HEARTBEAT_S` seconds."""
         if self._bar is None:
             return
-        reward = "reward -" if self._reward != self._reward else f"reward {self._reward:.2f}"  # nan before any log
+        # The step's sampled rollouts (temperature as configured), not a held-out score; nan before any log.
+        reward = "rollout reward -" if self._reward != self._reward else f"rollout reward {self._reward:.2f}"
         best = f" | best val {self.best['val_reward']:.2f} @ {self.best['step']}" if self.best else ""
         self.progress.update(self._bar, completed=step, info=f"{reward}{best}")
-        if line and not self.progress.console.is_terminal:
-            elapsed = time.monotonic() - self.start
-            self.progress.console.print(f"{self.label}: step {step}/{max_steps}, {reward}{best}, {elapsed:.0f} s")
+        elapsed = time.monotonic() - self.start
+        self._heartbeat(f"{self.label}: step {step}/{max_steps}, {reward}{best}, {elapsed:.0f} s", force=line)
 
     def evaluate(self, model, step: int) -> dict:
         val = greedy_eval(model, self.prep["tokenizer"], self.prep["task"], self.prep["val"])
@@ -247,7 +270,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     prep = prepare(cfg, console)
     task, tokenizer = prep["task"], prep["tokenizer"]
     args = demo_trainer_args(cfg, task, str(Path(cfg.out_dir) / "trainer"))
-    with progress_bar(console) as progress:
+    with progress_bar(console) as progress, once_per_run():
         callback = HeldOutCallback(prep, cfg.eval_every, cfg.max_minutes, progress, f"StableDRL on {cfg.task}")
         trainer = make_demo_trainer(prep, args, callback)
         rl_start = time.monotonic()
@@ -288,14 +311,24 @@ def run_demo(cfg: DemoConfig) -> dict:
     }
     Path(cfg.out_dir, "summary.json").write_text(json.dumps(summary, indent=2))
     plot_reward(summary, Path(cfg.out_dir) / "reward.png")
-    console.print(
-        f"held-out reward {summary['heldout_reward_before']:.3f} → {summary['heldout_reward_after']:.3f} "
-        f"(accuracy {summary['heldout_accuracy_before']:.3f} → {summary['heldout_accuracy_after']:.3f}; "
-        f"best val at step {summary['best_step']} of {steps}) in {summary['wall_minutes']:.1f} min; rollouts "
-        f"{cfg.rollout}: {summary['rollout']['forwards_per_token_mean']:.3f} forwards per token. "
-        f"Wrote {cfg.out_dir}/summary.json and {cfg.out_dir}/reward.png"
-    )
+    for line in final_lines(summary, cfg):
+        console.print(line, soft_wrap=True)  # one line each, whatever the width of a pipe or a log file
     return summary
+
+
+def final_lines(summary: dict, cfg: DemoConfig) -> list[str]:
+    """The demo's closing lines: held-out numbers of the kept checkpoint, how they differ from the progress lines."""
+    steps = summary["train_steps"]
+    return [
+        f"Held-out (test, greedy) reward {summary['heldout_reward_before']:.3f} → {summary['heldout_reward_after']:.3f}, "
+        f"accuracy {summary['heldout_accuracy_before']:.3f} → {summary['heldout_accuracy_after']:.3f}: the checkpoint "
+        f"with the best val reward (step {summary['best_step']} of {steps}), saved to {cfg.out_dir}/best_model.",
+        f"At the last step ({steps}) the test reward was {summary['heldout_reward_last_step']:.3f}; the progress "
+        "lines' rollout reward is that of the step's sampled rollouts, not a held-out score.",
+        f"{summary['wall_minutes']:.1f} min in all; rollouts {cfg.rollout}: "
+        f"{summary['rollout']['forwards_per_token_mean']:.3f} forwards per token. "
+        f"Wrote {cfg.out_dir}/summary.json and {cfg.out_dir}/reward.png.",
+    ]
 
 
 def progress_bar(console):
@@ -329,17 +362,19 @@ def _smooth(values: list[float], window: int) -> list[float]:
 
 
 def plot_reward(summary: dict, path: Path) -> None:
+    """One panel: rollout reward, held-out reward and accuracy, val reward and the kept step; the legend beside it."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    fig, ax = plt.subplots(figsize=(9, 4), dpi=110)
     steps, rewards = finite_points(summary["train_log"]["step"], summary["train_log"]["reward"])
-    ax.plot(steps, rewards, color="0.8", lw=0.6)
-    ax.plot(steps, _smooth(rewards, 25), color="0.45", lw=1.2, label="train reward (rollouts, T=1; 25-step mean)")
+    ax.plot(steps, rewards, color="0.8", lw=0.6, label="rollout reward per step (sampled, T=1)")
+    ax.plot(steps, _smooth(rewards, 25), color="0.45", lw=1.2, label="rollout reward, 25-step mean")
     curve = summary["curve"]
     xs = [p["step"] for p in curve]
-    ax.plot(xs, [p["test_reward"] for p in curve], "o-", color="C0", label="held-out reward (greedy)")
-    ax.plot(xs, [p["test_accuracy"] for p in curve], "s-", color="C2", label="held-out accuracy (exact)")
-    ax.plot(xs, [p["val_reward"] for p in curve], ":", color="C1", label="val reward (selects checkpoint)")
-    ax.axvline(summary["best_step"], color="C1", lw=0.8, ls="--")
+    ax.plot(xs, [p["test_reward"] for p in curve], "o-", color="C0", label="held-out reward (test, greedy)")
+    ax.plot(xs, [p["test_accuracy"] for p in curve], "s-", color="C2", label="held-out accuracy (exact match)")
+    ax.plot(xs, [p["val_reward"] for p in curve], ":", color="C1", label="val reward (selects the checkpoint)")
+    ax.axvline(summary["best_step"], color="C1", lw=0.8, ls="--", label=f"kept checkpoint (best val, step "
+               f"{summary['best_step']})")  # fmt: skip
     ax.set(
         xlabel="RL step",
         ylabel="reward / accuracy",
@@ -347,7 +382,7 @@ def plot_reward(summary: dict, path: Path) -> None:
         title=f"StableDRL on '{summary['task']}': held-out {summary['heldout_reward_before']:.2f} → "
         f"{summary['heldout_reward_after']:.2f} in {summary['wall_minutes']:.1f} min",
     )
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)  # outside the data
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
@@ -386,7 +421,7 @@ def run_stability(cfg: DemoConfig, study: StabilityConfig) -> dict:
     console, wall_start = Console(), time.monotonic()
     prep = prepare(replace(cfg, max_steps=study.max_steps), console)
     runs = []
-    with progress_bar(console) as progress:
+    with progress_bar(console) as progress, once_per_run():
         for loss_type in study.loss_types:
             for seed in study.seeds:
                 runs.append(_stability_run(cfg, study, prep, loss_type, seed, progress))
@@ -402,8 +437,9 @@ def run_stability(cfg: DemoConfig, study: StabilityConfig) -> dict:
     Path(cfg.out_dir, f"{name}.json").write_text(json.dumps(result, indent=2))
     plot_stability(result, Path(cfg.out_dir) / f"{name}.png")
     for run in runs:
-        console.print(_describe(run))
-    console.print(f"{len(runs)} runs in {result['wall_minutes']:.1f} min. Wrote {cfg.out_dir}/{name}.json and .png")
+        console.print(_describe(run), soft_wrap=True)
+    written = f"{len(runs)} runs in {result['wall_minutes']:.1f} min. Wrote {cfg.out_dir}/{name}.json and .png"
+    console.print(written, soft_wrap=True)
     return result
 
 
@@ -458,7 +494,7 @@ def plot_stability(result: dict, path: Path) -> None:
         ("ratio/max", "max importance ratio", True),
         ("reward", "train reward", False),
     )
-    shape, size = (len(metrics), len(loss_types)), (5 * len(loss_types), 7.5)
+    shape, size = (len(metrics), len(loss_types)), (5 * len(loss_types) + 1.2, 7.5)
     fig, axes = plt.subplots(*shape, figsize=size, dpi=110, sharex=True, sharey="row", squeeze=False)
     for col, loss_type in enumerate(loss_types):
         for run in (r for r in result["runs"] if r["loss_type"] == loss_type):
@@ -470,7 +506,7 @@ def plot_stability(result: dict, path: Path) -> None:
                 ax.grid(alpha=0.3)
         axes[0][col].set_title(f"{loss_type} ({'TRL loss' if loss_type != 'stabledrl' else 'trl_dllm'})")
         axes[-1][col].set_xlabel("RL step")
-    axes[0][0].legend(fontsize=8)
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)  # outside the data
     est = result["estimator"]
     masks = "fresh masks per pass" if est["independent_mc_noise"] else "shared masks (common random numbers)"
     fig.suptitle(

@@ -192,7 +192,8 @@ def prepare(cfg, console=None) -> dict:
     if console is not None:
         console.print(
             f"warm start: {cfg.sft_steps} SFT steps in {time.monotonic() - start:.1f} s, held-out reward "
-            f"{before['reward']:.3f}, accuracy {before['accuracy']:.3f}"
+            f"{before['reward']:.3f}, accuracy {before['accuracy']:.3f}",
+            soft_wrap=True,
         )
     columns = ("prompt", *task.columns)
     dataset = Dataset.from_list([{c: p[c] for c in columns} for p in train])

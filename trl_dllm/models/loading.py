@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..console import quiet_trl_internals
 from .native import (
     LLADA_MODULE_NAMES,
     NATIVE_LAYOUTS,
@@ -156,8 +157,8 @@ def load_adapter(model: torch.nn.Module, adapter_path: str, **kwargs: Any) -> An
     from peft import PeftConfig, PeftModel
 
     layout = getattr(model, "dllm_layout", None)
-    if layout not in NATIVE_LAYOUTS or not adapter_in_original_layout(adapter_path, layout):
+    if layout in NATIVE_LAYOUTS and adapter_in_original_layout(adapter_path, layout):
+        config = PeftConfig.from_pretrained(adapter_path)
+        kwargs = {**kwargs, "config": config, "key_mapping": adapter_to_native(config, layout)}
+    with quiet_trl_internals():  # `PeftModel.__init__` reads a deprecated transformers property
         return PeftModel.from_pretrained(model, adapter_path, **kwargs)
-    config = PeftConfig.from_pretrained(adapter_path)
-    mapping = adapter_to_native(config, layout)
-    return PeftModel.from_pretrained(model, adapter_path, config=config, key_mapping=mapping, **kwargs)

@@ -20,7 +20,8 @@ def _math_verify():
         from math_verify.errors import TimeoutException
     except ImportError as err:
         raise ImportError(
-            "math_correctness_reward needs the `math-verify` package: pip install 'trl_dllm[math]'"
+            "math_correctness_reward needs the `math-verify` package: pip install math-verify "
+            "(or pip install '.[math]' in a trl_dllm clone)"
         ) from err
     return math_verify, TimeoutException
 
@@ -83,7 +84,7 @@ def math_correctness_reward(
         `list[float | None]`: one reward per completion; `None` where math-verify cannot parse the reference.
 
     Raises:
-        `ImportError`: if math-verify is not installed (`pip install 'trl_dllm[math]'`).
+        `ImportError`: if math-verify is not installed (`pip install math-verify`).
     """
     math_verify, timeout_error = _math_verify()
     texts = completions_to_texts(completions)

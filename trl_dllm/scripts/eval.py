@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..models.embedded import resolve_model_name
 from .grpo import GRPOScriptArguments, check_model_path, load_dataset_for, model_init_kwargs, resolve_reward_funcs
 from .parsing import ScriptParser, UsageError, exit_on_bad_input
 
@@ -75,7 +76,7 @@ def load_model_and_tokenizer(name_or_path: str, init_kwargs: dict, native: bool 
     try:
         if os.path.isfile(adapter_config):
             with open(adapter_config, encoding="utf-8") as f:
-                base = json.load(f)["base_model_name_or_path"]
+                base = resolve_model_name(json.load(f)["base_model_name_or_path"])  # "tiny": built on first use
             model = load_pretrained(base, native=native, **init_kwargs)
             model = load_adapter(model, name_or_path).merge_and_unload()
             has_tokenizer = os.path.isfile(os.path.join(name_or_path, "tokenizer_config.json"))
@@ -219,6 +220,20 @@ def default_report_file(eval_args: EvalArguments, model_path: str) -> str:
     return os.path.join(model_path if os.path.isdir(model_path) else ".", name)
 
 
+def scored_data(eval_args: EvalArguments) -> str:
+    """What an evaluation scores, in words: a split of the task's dataset, or the rows of local files (when they come
+    from the recipe's `data_files`, those are its training data, which the line says)."""
+    files = eval_args.eval_data_files or eval_args.data_files
+    if isinstance(files, dict):
+        files = files.get(eval_args.eval_split, files)
+    task = eval_args.task or eval_args.dataset_name
+    if not files:
+        return f"{task} {eval_args.eval_split}"
+    if eval_args.eval_data_files:
+        return f"{task} rows of {files}"
+    return f"{task} rows of {files} (the recipe's data_files, its training data; --eval_data_files scores other data)"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     with exit_on_bad_input("trl-dllm eval"):
@@ -234,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
-    print(f"{report['task']} {report['split']}: accuracy {report['accuracy']:.4f} on {report['num_samples']} samples")
+    print(f"{scored_data(eval_args)}: accuracy {report['accuracy']:.4f} on {report['num_samples']} samples")
     print(f"Report written to {path}")
 
 

@@ -187,11 +187,14 @@ def build_trainer(script_args: GRPOScriptArguments, training_args: DiffusionGRPO
 
     reward_funcs = resolve_reward_funcs(script_args.reward_funcs, script_args.task)
     train_dataset = load_dataset_for(script_args, script_args.dataset_split)
-    model = check_model_path(model_args.model_name_or_path)
+    from ..models.embedded import resolve_model_name
+
+    name = model_args.model_name_or_path
+    path = check_model_path(name)  # an embedded model is built here; the trainer gets its name, which adapters record
     training_args.model_init_kwargs = model_init_kwargs(training_args, model_args)
     try:
         return DiffusionGRPOTrainer(
-            model=model,
+            model=name if resolve_model_name(name) != name else path,
             reward_funcs=reward_funcs,
             args=training_args,
             train_dataset=train_dataset,

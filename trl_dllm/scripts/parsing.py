@@ -214,7 +214,7 @@ def _expand(value: Any) -> Any:
 
 
 def _flag_names(argv: Sequence[str]) -> set[str]:
-    return {a[2:].split("=")[0] for a in argv if a.startswith("--")}
+    return {a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")}  # `--max-steps` is max_steps
 
 
 def _suggestion(name: str, known: Iterable[str], prefix: str = "") -> str:

@@ -8,8 +8,11 @@ with one forward.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 
+from ..console import quiet_trl_internals
 from ..models import base_model, is_transformers_native, make_bidirectional
 from ..models.loading import (
     attends_bidirectionally,
@@ -42,7 +45,8 @@ def loading_models(args, peft_config):
 
     grpo_module.create_model_from_path = create
     try:
-        yield
+        with quiet_trl_internals():  # PEFT's `PeftModel.__init__` reads a deprecated transformers property
+            yield
     finally:
         grpo_module.create_model_from_path = trl_create
 
@@ -90,6 +94,19 @@ def adapt_to_model(model, args, peft_config) -> None:
         peft_config.task_type = None
     if hasattr(peft_config, "target_modules"):
         peft_config.target_modules = native_lora_targets(model, peft_config.target_modules)
+
+
+def name_embedded_base(output_dir: str, name: str) -> None:
+    """A LoRA adapter saved in `output_dir` of an embedded model (`model="tiny"`) records that name as its base, not
+    the cache path it was loaded from, so that it loads on another machine (`trl-dllm eval` builds `tiny` again).
+    Rewritten after saving: PEFT looks its base up on the Hub while it saves."""
+    path = os.path.join(output_dir, "adapter_config.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+        config["base_model_name_or_path"] = name
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
 
 
 def make_models_bidirectional(*models) -> None:
