@@ -208,3 +208,27 @@ def trl_step(recipe: Recipe, peak_tflops: float, shape: Shape = LLAMA_8B, vocab:
         result = measure_step(trainer, rows, peak_tflops)[0]
     result.pop("old_and_ref", None)
     return {"model": dataclasses.asdict(shape) | {"vocab": vocab}, "loss_type": args.loss_type, **result}
+
+
+def memory_plan(shape: Shape, recipe: Recipe, peak_tflops: float, batches: list[int]) -> dict:
+    """The largest per-device LoRA batch (recipe settings, checkpointing off as in the recipe) whose micro-step —
+    rollout, old estimates, loss + backward, optimizer — fits, trying ``batches`` in order until one runs out of
+    memory. The rollout runs one denoising step per block: its memory does not depend on the number of steps."""
+    tried, fits = {}, None
+    rows_per_step = recipe.completion // recipe.block
+    for batch in batches:
+        plan = dataclasses.replace(recipe, batch=batch, steps=rows_per_step)
+
+        def run(plan=plan):
+            with tempfile.TemporaryDirectory() as out:
+                trainer = diffusion_trainer(shape, plan, out, lora=True, checkpointing=False)
+                step = measure_step(trainer, prompt_dataset(plan)[1], peak_tflops)[0]
+                del trainer
+                return {k: step[k] for k in ("max_allocated_gb", "max_reserved_gb") if k in step} or {"fits": True}
+
+        tried[str(batch)] = _attempt(run)
+        if "skipped" in tried[str(batch)]:
+            break
+        fits = batch
+    return {"recipe_batch": recipe.batch, "tried": tried, "largest_batch_that_fits": fits,
+            "recipe_batch_fits": fits is not None and fits >= recipe.batch}  # fmt: skip
