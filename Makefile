@@ -4,7 +4,7 @@ PYTHON ?= python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow lint bench demo stability compare
+.PHONY: install test test-slow lint bench bench-gpu demo stability compare
 
 install:
 	$(PYTHON) -m pip install "$(TORCH_SPEC)"
@@ -36,3 +36,9 @@ compare:
 # Benchmarks (docs/benchmarks.md): ratios measured in one run; writes bench_out/*.json and prints them.
 bench:
 	$(PYTHON) -m bench.run_all --out bench_out
+
+# The GPU benchmark (docs/gpu.md): the README's 8B run on one CUDA device, <out>/gpu.json and a table.
+# BENCH_GPU_ARGS="--quick" runs every path on CPU with tiny shapes (the test suite does: tests/test_bench_gpu.py).
+BENCH_GPU_ARGS ?=
+bench-gpu:
+	$(PYTHON) -m bench.gpu --out bench_out $(BENCH_GPU_ARGS)

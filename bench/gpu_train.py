@@ -22,8 +22,20 @@ from peft import LoraConfig
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from bench.gpu_parts import Recipe, Shape, build_model, clock, count_parameters, cuda, default_dtype, device, dtype
-from bench.gpu_parts import free, is_oom, memory
+from bench.gpu_parts import (
+    Recipe,
+    Shape,
+    build_model,
+    clock,
+    count_parameters,
+    cuda,
+    default_dtype,
+    device,
+    dtype,
+    free,
+    is_oom,
+    memory,
+)
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 from trl_dllm.models.tiny_families import build_family_tokenizer
 
