@@ -27,16 +27,16 @@ import argparse
 import dataclasses
 import datetime
 import importlib.metadata
-import importlib.util
 import json
+import os
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import torch
 
-from bench import gpu_launch, gpu_numerics, gpu_parts, gpu_train
-from bench.common import setup
+from bench import gpu_launch, gpu_numerics, gpu_parts
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = tuple(gpu_parts.SHAPES)
@@ -69,7 +69,7 @@ def environment(quick: bool) -> dict:
            "device": torch.cuda.get_device_name() if gpu_parts.cuda() else "cpu",
            "cuda": torch.version.cuda, "dtype": str(gpu_parts.dtype()).removeprefix("torch.")}  # fmt: skip
     for name in ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "flash_attn"):
-        env[name] = _version(name)
+        env[name] = _version(name) if gpu_parts.installed(name) else None
     return env
 
 
@@ -146,7 +146,8 @@ def table(result: dict) -> str:
             if isinstance(r, dict) and "tokens_per_s" in r:
                 rows.append((f"{family} rollout {setting}", "tokens/s | s/forward | MFU",
                              f"{r['tokens_per_s']} | {r['seconds_per_forward']} | {r['mfu']}"))  # fmt: skip
-    for name, r in result.get("train", {}).items():
+    train = result.get("train", {})
+    for name, r in ({"": train} if "skipped" in train else train).items():
         if "skipped" in r:
             rows.append((f"train {name}", "", r["skipped"][:60]))
             continue
@@ -163,6 +164,38 @@ def table(result: dict) -> str:
     return "\n".join(f"{a:<{width[0]}}  {b:<{width[1]}}  {c}" for a, b, c in rows)
 
 
+def trainer_parts(parts: Parts, args, result: dict, recipe, shapes: dict, peak: float) -> None:
+    """The training step, the memory plan and TRL's trainer (all need TRL installed)."""
+    from bench import gpu_train
+
+    if "llada" in args.families:
+        result["train"] = parts("train step (LLaDA LoRA recipe)", gpu_train.train_steps, shapes["llada"], recipe, peak)
+        plan = args.plan_batches or ([recipe.batch] if args.quick else [recipe.batch * 2**k for k in range(4)])
+        result["memory_plan"] = parts("memory plan", gpu_train.memory_plan, shapes["llada"], recipe, peak, plan)
+    if args.skip_trl:
+        result["trl"] = {"skipped": "--skip-trl"}
+        return
+    llama = dataclasses.replace(shapes["llada"], family="llama") if args.quick else gpu_train.LLAMA_8B
+    result["trl"] = parts("TRL GRPOTrainer (causal Llama)", gpu_train.trl_step, recipe, peak, llama)
+    if "skipped" not in result.get("train", {"skipped": ""}):
+        result["ratios"] = ratios(result["train"], result["trl"])
+
+
+def setup(threads: int) -> None:
+    """Threads; quiet progress bars and warnings (the output is the table and the JSON)."""
+    import transformers
+
+    torch.set_num_threads(threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    if gpu_parts.installed("datasets"):
+        import datasets
+
+        datasets.disable_progress_bars()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
 def run(args) -> dict:
     quick = args.quick
     recipe = gpu_parts.QUICK_RECIPE if quick else gpu_parts.Recipe()
@@ -174,19 +207,11 @@ def run(args) -> dict:
     result["device"] = parts("device peak", gpu_parts.device_peak, quick)
     peak = result["device"]["matmul_tflops"]
     result["families"] = {f: family_part(parts, shapes[f], recipe, peak) for f in args.families}
-    if "llada" in args.families:
-        result["train"] = parts("train step (LLaDA LoRA recipe)", gpu_train.train_steps, shapes["llada"], recipe, peak)
-        plan = args.plan_batches or ([recipe.batch] if quick else [recipe.batch * 2**k for k in range(4)])
-        result["memory_plan"] = parts("memory plan", gpu_train.memory_plan, shapes["llada"], recipe, peak, plan)
-    if args.skip_trl:
-        result["trl"] = {"skipped": "--skip-trl"}
-    elif importlib.util.find_spec("trl") is None:
-        result["trl"] = {"skipped": "trl is not installed (bring its wheel: docs/gpu.md)"}
+    if not gpu_parts.installed("trl"):  # the trainer subclasses TRL's: its parts need TRL too
+        for name in ("train", "memory_plan", "trl"):
+            result[name] = {"skipped": "trl is not installed (bring its wheel: docs/gpu.md)"}
     else:
-        llama = dataclasses.replace(shapes["llada"], family="llama") if quick else gpu_train.LLAMA_8B
-        result["trl"] = parts("TRL GRPOTrainer (causal Llama)", gpu_train.trl_step, recipe, peak, llama)
-        if "train" in result:
-            result["ratios"] = ratios(result["train"], result["trl"])
+        trainer_parts(parts, args, result, recipe, shapes, peak)
     result["launch"] = {"skipped": "--skip-launch"} if args.skip_launch else parts("accelerate launches",
                                                                                    gpu_launch.launches)  # fmt: skip
     result["targets"] = targets(result)
@@ -199,7 +224,7 @@ def main(argv=None) -> dict:
     args = parse(argv)
     if not args.quick and not gpu_parts.cuda():
         raise SystemExit("python -m bench.gpu needs a CUDA device; `--quick` runs every path on CPU with tiny shapes.")
-    setup(argparse.Namespace(threads=args.threads, quick=args.quick))
+    setup(args.threads)
     result = run(args)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "gpu.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -6,7 +6,6 @@ Not a script; see ``bench/gpu.py`` and ``docs/gpu.md``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.gpu_parts import cuda
+from bench.gpu_parts import cuda, installed
 from trl_dllm.models.tiny_families import save_tiny_original_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +47,9 @@ def command(launcher: str, model_path: str, output_dir: str) -> list[str]:
 def skip_reason(launcher: str) -> str | None:
     if not cuda():
         return "needs a CUDA device"
-    if launcher.startswith("zero") and importlib.util.find_spec("deepspeed") is None:
+    if not installed("trl"):
+        return "trl is not installed (bring its wheel: docs/gpu.md)"
+    if launcher.startswith("zero") and not installed("deepspeed"):
         return "deepspeed is not installed (bring its wheel: docs/gpu.md)"
     return None
 
@@ -79,7 +80,7 @@ def launches(launchers=tuple(LAUNCHERS), timeout: int = 300) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         model_path = f"{tmp}/llada-scaled-down"
         for launcher in launchers:
-            entry = {"command": " ".join(command(launcher, "<checkpoint>", "<output_dir>")[1:])}
+            entry = {"command": " ".join(["python", *command(launcher, "<checkpoint>", "<output_dir>")[1:]])}
             reason = skip_reason(launcher)
             if reason is not None:
                 result[launcher] = {**entry, "skipped": reason}

@@ -5,13 +5,9 @@ same masks. Not a script; see ``bench/gpu.py`` and ``docs/gpu.md``.
 
 from __future__ import annotations
 
-import importlib.util
-import logging
-import tempfile
-
 import torch
 
-from bench.gpu_parts import Recipe, Shape, cuda, device, rollout_config
+from bench.gpu_parts import Recipe, Shape, cast_parameters, cuda, device, installed, rollout_config
 from trl_dllm.core.likelihood import estimate
 from trl_dllm.models import model_logits_fn, resolve_model_spec
 from trl_dllm.seeding import device_generators
@@ -41,7 +37,7 @@ def _lengths(recipe: Recipe) -> list[int]:
 
 def implementations() -> list[str]:
     names = ["sdpa", "eager"]
-    if cuda() and importlib.util.find_spec("flash_attn") is not None:
+    if cuda() and installed("flash_attn"):
         names.append("flash_attention_2")
     return names
 
@@ -79,23 +75,17 @@ def padding_invariance(model, tokenizer, recipe: Recipe) -> dict:
     ids, mask = padded_batch(tokenizer, lengths, recipe.prompt, seed=1)
     spec = resolve_model_spec(model, tokenizer)
     completion = 2 * recipe.block
-    with tempfile.TemporaryDirectory() as out:
-        args = rollout_config(recipe, out, temperature=0.0, max_completion_length=completion,
-                              diffusion_steps=completion // 2)  # fmt: skip
+    args = rollout_config(recipe, temperature=0.0, max_completion_length=completion, diffusion_steps=completion // 2)
 
-        def run(rows, rows_mask):
-            noise = device_generators(torch.arange(rows.size(0)), device())
-            with torch.no_grad():
-                return generate_rollouts(model, spec, args, rows, rows_mask, noise, eos_token_ids=[],
-                                         return_trajectory=False).completion_ids  # fmt: skip
+    def run(rows, rows_mask):
+        noise = device_generators(torch.arange(rows.size(0)), device())
+        with torch.no_grad():
+            return generate_rollouts(model, spec, args, rows, rows_mask, noise, eos_token_ids=[],
+                                     return_trajectory=False).completion_ids  # fmt: skip
 
-        logging.getLogger("trl_dllm").disabled = True  # the config warns that T=0 rollouts cannot learn: intended
-        try:
-            batched = run(ids, mask)
-            alone = torch.cat([run(ids[b : b + 1, mask[b].bool()], mask[b : b + 1, mask[b].bool()])
-                               for b in range(ids.size(0))])  # fmt: skip
-        finally:
-            logging.getLogger("trl_dllm").disabled = False
+    batched = run(ids, mask)
+    alone = torch.cat([run(ids[b : b + 1, mask[b].bool()], mask[b : b + 1, mask[b].bool()])
+                       for b in range(ids.size(0))])  # fmt: skip
     return {"rows": ids.size(0), "prompt_lengths": lengths, "completion": completion, "temperature": 0.0,
             "rows_identical": round((batched == alone).all(-1).float().mean().item(), 4),
             "token_agreement": round((batched == alone).float().mean().item(), 5)}  # fmt: skip
@@ -103,8 +93,8 @@ def padding_invariance(model, tokenizer, recipe: Recipe) -> dict:
 
 def elbo_precision(model, tokenizer, shape: Shape, recipe: Recipe, mc_samples: int = 2) -> dict:
     """The ``elbo`` sequence log-likelihood estimate with the weights in bf16 and in float32, same seeds (so the same
-    masks): mean and spread of the per-sequence difference, and the mean |estimate| for scale. The model is cast to
-    float32 and back in place (bf16 → float32 → bf16 is exact)."""
+    masks): mean and spread of the per-sequence difference, and the mean |estimate| for scale. The parameters are cast
+    to float32 and back in place (bf16 → float32 → bf16 is exact)."""
     if shape.family not in BIDIRECTIONAL:
         return {"skipped": _NOT_BIDIRECTIONAL}
     spec = resolve_model_spec(model, tokenizer)
@@ -114,12 +104,12 @@ def elbo_precision(model, tokenizer, shape: Shape, recipe: Recipe, mc_samples: i
     sums = {}
     with torch.no_grad():
         for name, precision in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-            model.to(precision)
+            cast_parameters(model, precision)
             out = estimate("elbo", model_logits_fn(model, spec), prompt, prompt_mask, completion,
                            torch.ones_like(completion), mask_token_id=spec.mask_token_id,
                            seeds=torch.arange(recipe.batch, device=device()), mc_samples=mc_samples)  # fmt: skip
             sums[name] = out.logps.float().sum(-1)
-    model.to(original)
+    cast_parameters(model, original)
     diff = sums["bf16"] - sums["fp32"]
     return {"estimator": "elbo", "mc_samples": mc_samples, "rows": recipe.batch, "completion": recipe.completion,
             "mean_diff": round(diff.mean().item(), 4), "std_diff": round(diff.std().item(), 4),

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import tempfile
+import importlib.util
 import time
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from trl_dllm import DiffusionGRPOConfig
 from trl_dllm.models import resolve_model_spec
 from trl_dllm.models.native import native_config, native_layout
 from trl_dllm.models.tiny_families import build_family_tokenizer, tiny_original_config
@@ -58,6 +58,14 @@ class Recipe:
 
 
 QUICK_RECIPE = Recipe(batch=2, prompt=6, completion=8, block=4, steps=2, lora_r=4, lora_alpha=8)
+
+
+def installed(name: str) -> bool:
+    """Whether ``name`` can be imported (without importing it)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False
 
 
 def cuda() -> bool:
@@ -112,7 +120,14 @@ def build_model(shape: Shape, seed: int = 0, attn: str = "sdpa"):
     with torch.random.fork_rng(devices=[]), torch.device(device()), default_dtype(dtype()):
         torch.manual_seed(seed)
         model = native_layout(original).model_class(config)
-    return build_family_tokenizer(shape.family), model.to(dtype()).eval()
+    return build_family_tokenizer(shape.family), cast_parameters(model, dtype()).eval()
+
+
+def cast_parameters(model, precision: torch.dtype):
+    """Parameters to ``precision`` in place; buffers (the rotary frequencies, float32) are left as they are."""
+    for parameter in model.parameters():
+        parameter.data = parameter.data.to(precision)
+    return model
 
 
 def count_parameters(model) -> dict:
@@ -163,13 +178,14 @@ def device_peak(quick: bool, repeats: int = 10) -> dict:
 # ---------------------------------------------------------------- rollouts
 
 
-def rollout_config(recipe: Recipe, out: str, **overrides) -> DiffusionGRPOConfig:
-    """The recipe's generation settings as a config (what the trainer's rollouts read)."""
-    fields = dict(output_dir=out, max_completion_length=recipe.completion, block_length=recipe.block,
-                  diffusion_steps=recipe.steps, temperature=0.9, remasking="low_confidence", report_to="none",
-                  use_cpu=not cuda(), bf16=cuda(), per_device_train_batch_size=recipe.batch,
-                  num_generations=recipe.batch)  # fmt: skip
-    return DiffusionGRPOConfig(**{**fields, **overrides})
+def rollout_config(recipe: Recipe, **overrides) -> SimpleNamespace:
+    """The recipe's generation settings, as the fields of `DiffusionGRPOConfig` that the trainer's rollouts read (a
+    namespace, so that rollouts and numerics run without TRL installed)."""
+    fields = dict(max_completion_length=recipe.completion, block_length=recipe.block, diffusion_steps=recipe.steps,
+                  temperature=0.9, remasking="low_confidence", top_k=0, top_p=1.0, min_p=None, cfg_scale=0.0,
+                  confidence_threshold=None, generation_cache="none", block_kv_cache=True, eos_early_exit=False,
+                  generation_chunk_size=None)  # fmt: skip
+    return SimpleNamespace(**{**fields, **overrides})
 
 
 def prompt_batch(tokenizer, recipe: Recipe, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,22 +243,21 @@ def rollouts(model, tokenizer, shape: Shape, recipe: Recipe, peak_tflops: float)
     ids, mask = prompt_batch(tokenizer, recipe)
     result = {"batch": recipe.batch, "prompt": recipe.prompt, "completion": recipe.completion, "block": recipe.block,
               "diffusion_steps": recipe.steps}  # fmt: skip
-    with tempfile.TemporaryDirectory() as out:
-        for name, overrides in rollout_settings(shape, recipe).items():
-            if isinstance(overrides, str):
-                result[name] = {"skipped": overrides}
-                continue
-            args = rollout_config(recipe, out, **overrides)
-            flops, seconds, forwards = rollout_flops_and_time(model, tokenizer, args, ids, mask)
-            tflops = flops / seconds / 1e12
-            result[name] = {
-                **overrides, "seconds": round(seconds, 3), "forwards": forwards,
-                "tokens_per_s": round(recipe.batch * recipe.completion / seconds, 1),
-                "forwards_per_s": round(forwards / seconds, 2),
-                "seconds_per_forward": round(seconds / forwards, 5),
-                "tflops": round(tflops, 3), "mfu": round(tflops / peak_tflops, 4),
-            }  # fmt: skip
-            if "confidence_threshold" not in overrides:  # a fixed schedule: `diffusion_steps` steps per rollout
-                result[name]["seconds_per_step"] = round(seconds / recipe.steps, 5)
+    for name, overrides in rollout_settings(shape, recipe).items():
+        if isinstance(overrides, str):
+            result[name] = {"skipped": overrides}
+            continue
+        args = rollout_config(recipe, **overrides)
+        flops, seconds, forwards = rollout_flops_and_time(model, tokenizer, args, ids, mask)
+        tflops = flops / seconds / 1e12
+        result[name] = {
+            **overrides, "seconds": round(seconds, 3), "forwards": forwards,
+            "tokens_per_s": round(recipe.batch * recipe.completion / seconds, 1),
+            "forwards_per_s": round(forwards / seconds, 2),
+            "seconds_per_forward": round(seconds / forwards, 5),
+            "tflops": round(tflops, 3), "mfu": round(tflops / peak_tflops, 4),
+        }  # fmt: skip
+        if "confidence_threshold" not in overrides:  # a fixed schedule: `diffusion_steps` steps per rollout
+            result[name]["seconds_per_step"] = round(seconds / recipe.steps, 5)
     free()
     return result

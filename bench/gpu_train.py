@@ -26,6 +26,7 @@ from bench.gpu_parts import (
     Recipe,
     Shape,
     build_model,
+    cast_parameters,
     clock,
     count_parameters,
     cuda,
@@ -208,7 +209,7 @@ def trl_step(recipe: Recipe, peak_tflops: float, shape: Shape = LLAMA_8B, vocab:
                          eos_token_id=126081, max_position_embeddings=8192)  # fmt: skip
     with torch.random.fork_rng(devices=[]), torch.device(device()), default_dtype(dtype()):
         torch.manual_seed(0)
-        model = LlamaForCausalLM(config).to(dtype())
+        model = cast_parameters(LlamaForCausalLM(config), dtype())
     dataset, rows = prompt_dataset(recipe)
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(**common_args(recipe, out), num_iterations=fields["num_iterations"], beta=0.0,

@@ -4,6 +4,8 @@ The CUDA-only paths (the accelerate launches, out-of-memory handling) are covere
 
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -137,3 +139,33 @@ def test_targets_on_hand_made_numbers():
     assert gpu._target(1.333, 1.3, "step", at_least=False)["met"] is False
     assert gpu._target(0.5, 0.5, "mfu", at_least=True)["met"] is True
     assert "skipped" in gpu._target(None, 0.5, "mfu", at_least=True)
+
+
+NO_TRL = """
+import importlib.abc, json, sys
+
+class NoTRL(importlib.abc.MetaPathFinder):  # as on a GPU machine without TRL's wheel
+    def find_spec(self, name, path, target=None):
+        if name == "trl" or name.startswith("trl."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, NoTRL())
+from bench import gpu
+
+result = gpu.main(["--quick", "--families", "dream", "--out", sys.argv[1]])
+print(json.dumps({"imported_trl": "trl" in sys.modules, **{k: result[k] for k in ("train", "trl", "launch")}}))
+"""
+
+
+def test_without_trl_the_trainer_parts_are_skipped_with_the_reason(tmp_path):
+    """Device peak, rollouts and numerics need no TRL; the trainer parts and launches say why they did not run."""
+    proc = subprocess.run([sys.executable, "-c", NO_TRL, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    reason = "trl is not installed (bring its wheel: docs/gpu.md)"
+    assert out["imported_trl"] is False
+    assert out["train"] == out["trl"] == {"skipped": reason}
+    assert all(out["launch"][name]["skipped"] == "needs a CUDA device" for name in gpu_launch.LAUNCHERS)
+    written = json.loads((tmp_path / "gpu.json").read_text())
+    assert written["families"]["dream"]["rollouts"]["fixed_steps"]["forwards"] > 0
