@@ -74,13 +74,16 @@ def environment(quick: bool) -> dict:
 
 
 class Parts:
-    """Runs named parts, prints progress, records each one's wall time in ``seconds``."""
+    """Runs named parts, prints progress, records each one's wall time in ``seconds`` (and, on a GPU, the device memory
+    still allocated when it starts in ``allocated_before_gb``)."""
 
     def __init__(self):
-        self.seconds, self.start = {}, time.perf_counter()
+        self.seconds, self.allocated_before_gb, self.start = {}, {}, time.perf_counter()
 
     def __call__(self, name: str, fn, *args, **kwargs):
         print(f"[bench.gpu] {name} ...", flush=True)
+        if gpu_parts.cuda():  # what earlier parts left allocated: a leak would show here
+            self.allocated_before_gb[name] = round(torch.cuda.memory_allocated() / 1e9, 2)
         start = time.perf_counter()
         out = fn(*args, **kwargs)
         self.seconds[name] = round(time.perf_counter() - start, 1)
@@ -216,6 +219,7 @@ def run(args) -> dict:
                                                                                    gpu_launch.launches)  # fmt: skip
     result["targets"] = targets(result)
     result["parts_seconds"] = parts.seconds
+    result["parts_allocated_before_gb"] = parts.allocated_before_gb
     result["total_seconds"] = round(time.perf_counter() - parts.start, 1)
     return result
 

@@ -74,7 +74,7 @@ def _run(launcher: str, model_path: str, timeout: int) -> dict:
     return result
 
 
-def launches(launchers=tuple(LAUNCHERS), timeout: int = 300) -> dict:
+def launches(launchers=tuple(LAUNCHERS), timeout: int = 240) -> dict:
     """Run each launcher (or say why it is skipped); the command is reported either way."""
     result = {"recipe": RECIPE, "model": MODEL, "overrides": OVERRIDES}
     with tempfile.TemporaryDirectory() as tmp:
