@@ -39,9 +39,12 @@ def recipe_overrides(model_path: str, output_dir: str) -> list[str]:
     return argv
 
 
-def command(launcher: str, model_path: str, output_dir: str) -> list[str]:
+def command(launcher: str, model_path: str, output_dir: str, *extra: str) -> list[str]:
+    """``python -m accelerate.commands.launch --config_file <launcher's yaml> --num_processes 1 -m trl_dllm grpo
+    <recipe and overrides> <extra>``."""
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", LAUNCHERS[launcher],
-            "--num_processes", "1", "-m", "trl_dllm", "grpo", *recipe_overrides(model_path, output_dir)]  # fmt: skip
+            "--num_processes", "1", "-m", "trl_dllm", "grpo", *recipe_overrides(model_path, output_dir),
+            *extra]  # fmt: skip
 
 
 def skip_reason(launcher: str) -> str | None:
@@ -68,7 +71,7 @@ def _run(launcher: str, model_path: str, timeout: int) -> dict:
               "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
     steps = [line for line in lines if "'loss'" in line or '"loss"' in line]
     if steps:
-        result["logged_steps"] = steps[-2:]
+        result["logged_steps"] = [line[:400] for line in steps[-2:]]
     if proc.returncode != 0:
         result["log_tail"] = lines[-8:]
     return result

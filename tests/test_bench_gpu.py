@@ -169,3 +169,20 @@ def test_without_trl_the_trainer_parts_are_skipped_with_the_reason(tmp_path):
     assert all(out["launch"][name]["skipped"] == "needs a CUDA device" for name in gpu_launch.LAUNCHERS)
     written = json.loads((tmp_path / "gpu.json").read_text())
     assert written["families"]["dream"]["rollouts"]["fixed_steps"]["forwards"] > 0
+
+
+@pytest.mark.slow
+def test_launch_command_runs_on_cpu(tmp_path):
+    """The launches' command line end to end, on CPU: ZeRO-2's CPU twin, one process, a one-layer LLaDA-layout model."""
+    from trl_dllm.testing import save_tiny_original_checkpoint
+
+    model = save_tiny_original_checkpoint(tmp_path / "llada", "llada", hidden_size=32, num_layers=1, num_heads=2,
+                                          num_kv_heads=2, intermediate_size=64)  # fmt: skip
+    cpu = ["--bf16", "false", "--use_cpu", "true", "--dtype", "float32", "--max_completion_length", "8",
+           "--block_length", "4", "--diffusion_steps", "2", "--lora_r", "4"]  # fmt: skip
+    cmd = gpu_launch.command("zero2", model, str(tmp_path / "out"), *cpu)
+    cmd[cmd.index("--config_file") + 1] = "recipes/accelerate/zero2_cpu.yaml"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert sum("'loss'" in line for line in (proc.stdout + proc.stderr).splitlines()) == 2  # 2 logged steps
