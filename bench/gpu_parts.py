@@ -91,6 +91,11 @@ def clock() -> float:
     return time.perf_counter()
 
 
+def sig(value: float, digits: int = 4) -> float:
+    """``value`` to ``digits`` significant digits (tiny CPU figures keep theirs; no division by a rounded zero)."""
+    return float(f"{value:.{digits}g}")
+
+
 def free() -> None:
     """Give the device's cached memory back and reset its peak (nothing to do on CPU)."""
     if cuda():
@@ -171,7 +176,7 @@ def device_peak(quick: bool, repeats: int = 10) -> dict:
     del a, b, src, dst
     free()
     return {"matmul_size": n, "matmul_dtype": str(dtype()).removeprefix("torch."),
-            "matmul_tflops": round(2 * n**3 / matmul / 1e12, 3), "copy_mib": mib,
+            "matmul_tflops": sig(2 * n**3 / matmul / 1e12), "copy_mib": mib,
             "copy_gb_per_s": round(2 * mib * 2**20 / copy / 1e9, 2)}  # fmt: skip
 
 
@@ -255,7 +260,7 @@ def rollouts(model, tokenizer, shape: Shape, recipe: Recipe, peak_tflops: float)
             "tokens_per_s": round(recipe.batch * recipe.completion / seconds, 1),
             "forwards_per_s": round(forwards / seconds, 2),
             "seconds_per_forward": round(seconds / forwards, 5),
-            "tflops": round(tflops, 3), "mfu": round(tflops / peak_tflops, 4),
+            "tflops": sig(tflops), "mfu": sig(tflops / peak_tflops),
         }  # fmt: skip
         if "confidence_threshold" not in overrides:  # a fixed schedule: `diffusion_steps` steps per rollout
             result[name]["seconds_per_step"] = round(seconds / recipe.steps, 5)

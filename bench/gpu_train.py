@@ -36,6 +36,7 @@ from bench.gpu_parts import (
     free,
     is_oom,
     memory,
+    sig,
 )
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 from trl_dllm.models.tiny_families import build_family_tokenizer
@@ -139,8 +140,8 @@ def measure_step(trainer, rows: list[dict], peak_tflops: float, inputs=None) -> 
         result["other_scoring"] = round(seconds["generate_and_score"] - sum(
             seconds.get(k, 0.0) for k in ("_generate_single_turn", "old_and_ref")), 4)  # rewards, TRL's own passes
     result["update_seconds"] = round(seconds["loss_backward"] + seconds["optimizer"], 4)
-    result["update_tflops"] = round(flops / seconds["loss_backward"] / 1e12, 3)
-    result["update_mfu"] = round(flops / seconds["loss_backward"] / 1e12 / peak_tflops, 4)
+    result["update_tflops"] = sig(flops / seconds["loss_backward"] / 1e12)
+    result["update_mfu"] = sig(flops / seconds["loss_backward"] / 1e12 / peak_tflops)
     result.update(count_parameters(model), **memory())
     return result, inputs
 
