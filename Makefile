@@ -16,7 +16,7 @@ TORCH_SPEC ?= torch==$(TORCH_VERSION)
 TORCH_INDEX_cpu = --extra-index-url https://download.pytorch.org/whl/cpu
 PYTEST_ARGS ?=
 
-.PHONY: install install-packages test test-slow lint bench demo stability compare
+.PHONY: install install-packages test test-slow lint bench bench-gpu demo stability compare
 
 install:
 	@if [ -z "$(VIRTUAL_ENV)$(CONDA_PREFIX)" ] && [ "$(origin PYTHON)" = file ] && [ ! -x .venv/bin/python ]; then \
@@ -60,3 +60,9 @@ compare:
 # Benchmarks (docs/benchmarks.md): ratios measured in one run; writes bench_out/*.json and prints them.
 bench:
 	$(PYTHON) -m bench.run_all --out bench_out
+
+# The GPU benchmark (docs/gpu.md): the README's 8B run on one CUDA device, <out>/gpu.json and a table.
+# BENCH_GPU_ARGS="--quick" runs every path on CPU with tiny shapes (the test suite does: tests/test_bench_gpu.py).
+BENCH_GPU_ARGS ?=
+bench-gpu:
+	$(PYTHON) -m bench.gpu --out bench_out $(BENCH_GPU_ARGS)
