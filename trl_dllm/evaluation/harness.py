@@ -94,7 +94,9 @@ class DiffusionLM(TemplateLM):
         super().__init__()
         from accelerate import PartialState
 
-        state = PartialState()
+        # On a machine without CUDA, `cpu=True` is what makes accelerate join the processes of torchrun / accelerate
+        # launch (gloo); without it every process would evaluate everything alone.
+        state = PartialState(cpu=not torch.cuda.is_available() or str(device).startswith("cpu"))
         self._rank, self._world_size = state.process_index, state.num_processes
         self._device = self._pick_device(device, state)
         if str(batch_size) == "auto" or max_batch_size is not None:
