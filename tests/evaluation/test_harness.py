@@ -177,3 +177,39 @@ def test_import_trl_dllm_does_not_import_lm_eval():
 
     code = "import sys, trl_dllm; trl_dllm.generate; print('lm_eval' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one(lm, tasks, tmp_path):
+    """`torchrun --nproc_per_node 2 -m trl_dllm lm-eval`: two ranks share the requests (lm-eval gathers them) and give
+    the per-sample results of one process (noise is seeded per request)."""
+    import os
+    import subprocess
+    import sys
+
+    from lm_eval.tasks import TaskManager
+
+    from tests.test_multiprocess import ROOT, torchrun
+
+    folder, _ = tasks
+    args = ",".join(f"{k}={v}" for k, v in {"pretrained": "tiny", **DECODING, **MC}.items())
+    command = [*torchrun(2), "-m", "trl_dllm", "lm-eval", "--model_args", args, "--tasks", "tiny_gen", "tiny_mc",
+               "--include_path", str(folder), "--output_path", str(tmp_path), "--log_samples"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "Building contexts for tiny_mc on rank 1" in result.stderr
+
+    single = lm_eval.simple_evaluate(model=lm, tasks=["tiny_gen", "tiny_mc"], task_manager=TaskManager(
+        include_path=str(folder), include_defaults=False), log_samples=True)  # fmt: skip
+    for task in ("tiny_gen", "tiny_mc"):
+        (samples_file,) = tmp_path.glob(f"**/samples_{task}_*.jsonl")
+        two = sorted((json.loads(line) for line in samples_file.read_text().splitlines()), key=lambda s: s["doc_id"])
+        one = sorted(single["samples"][task], key=lambda s: s["doc_id"])
+        for a, b in zip(one, two, strict=True):
+            if task == "tiny_gen":
+                assert a["filtered_resps"] == b["filtered_resps"]
+            else:
+                assert [r[0] for r in a["filtered_resps"]] == pytest.approx(
+                    [float(r[0]) for r in b["filtered_resps"]], abs=1e-5
+                )
