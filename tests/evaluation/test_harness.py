@@ -185,7 +185,6 @@ def test_two_processes_equal_one(lm, tasks, tmp_path):
     the per-sample results of one process (noise is seeded per request)."""
     import os
     import subprocess
-    import sys
 
     from lm_eval.tasks import TaskManager
 
