@@ -212,3 +212,29 @@ def test_two_processes_equal_one(lm, tasks, tmp_path):
                 assert [r[0] for r in a["filtered_resps"]] == pytest.approx(
                     [float(r[0]) for r in b["filtered_resps"]], abs=1e-5
                 )
+
+
+def test_block_diffusion_model():
+    """`tiny-block`: decoded in its native blocks of 4 with its KV cache, scored by the block estimator; continuations
+    that are not whole blocks are refused for loglikelihood."""
+    import trl_dllm
+
+    lm = DiffusionLM("tiny-block", max_new_tokens=8, **MC)
+    assert lm.estimator == "block" and lm.config.block_length == 4
+    context, continuation = lm.tok_encode("sort 3 1 2"), lm.tok_encode("1 2 3 and")
+    prompt, completion = torch.tensor([context]), torch.tensor([continuation])
+    with torch.no_grad():
+        hand = trl_dllm.estimate("block", lm.model, prompt, torch.ones_like(prompt), completion,
+                                 torch.ones_like(completion), mask_token_id=lm.spec.mask_token_id, antithetic=True,
+                                 block_length=4, seeds=torch.tensor([request_seed(0, context, continuation)]), **MC)  # fmt: skip
+    assert lm.estimate_loglikelihood(context, continuation)[0] == pytest.approx(float(hand.logps.sum()), abs=1e-5)
+    with pytest.raises(ValueError, match="multiple of 4 tokens"):
+        lm.estimate_loglikelihood(context, continuation[:3])
+
+    with torch.no_grad():
+        out = trl_dllm.generate(lm.model, prompt, torch.ones_like(prompt), mask_token_id=lm.spec.mask_token_id,
+                                gen_length=8, diffusion_steps=4, temperature=0.0, eos_token_ids=lm.eos)  # fmt: skip
+    row = out.completion_ids[0].tolist()
+    row = row[: min([row.index(e) for e in lm.eos if e in row], default=len(row))]
+    expected = lm.tokenizer.decode(row, skip_special_tokens=True)
+    assert lm.generate_texts(["sort 3 1 2"], {"until": []}) == [expected]

@@ -10,7 +10,8 @@ Importing this module registers :class:`DiffusionLM` in lm-eval's registry as ``
   canvas length, blocks, steps, remasking, threshold decoding, caches, temperature, top-k / top-p, guidance), the
   completion cut at its first EOS, then at ``max_gen_toks`` tokens, then at the first stop string (``until``).
 - ``loglikelihood``: LLaDA's protocol, a Monte Carlo estimate of the ELBO of the continuation given the context
-  (:func:`trl_dllm.estimate`, ``"elbo"`` — ``"block"`` on a block-diffusion model), antithetic pairs by default.
+  (:func:`trl_dllm.estimate`, ``"elbo"`` — ``"block"`` on a block-diffusion model, for continuations of whole
+  blocks only), antithetic pairs by default.
   It is an estimate: :attr:`DiffusionLM.loglikelihood_stderrs` holds the standard error of each one.
 - ``loglikelihood_rolling`` (perplexity tasks) is refused: see :meth:`DiffusionLM.loglikelihood_rolling`.
 
@@ -115,7 +116,7 @@ class DiffusionLM(TemplateLM):
             native_loading=_flag("native_loading", native_loading), mask_token_id=mask_token_id,
             use_cpu=self._device.type == "cpu",
         )  # fmt: skip
-        self._load(pretrained, dtype, _flag("trust_remote_code", trust_remote_code))
+        self._load(pretrained, dtype, _flag("trust_remote_code", trust_remote_code), block_length)
         estimator = "block" if self.spec.family == "block" else "elbo"
         self.estimator_options = {
             "mc_samples": self._positive("mc_samples", mc_samples),
@@ -151,8 +152,10 @@ class DiffusionLM(TemplateLM):
         return DiffusionGRPOConfig(output_dir="lm_eval_unused", report_to="none", bf16=False, temperature=1.0,
                                    **{k: v for k, v in fields.items() if v is not None})  # fmt: skip
 
-    def _load(self, pretrained, dtype: str, trust_remote_code: bool) -> None:
-        """The model as `trl-dllm eval` loads it (natively, adapters merged), bidirectional, on this process's device."""
+    def _load(self, pretrained, dtype: str, trust_remote_code: bool, block_length) -> None:
+        """The model as `trl-dllm eval` loads it (natively, adapters merged), bidirectional, on this process's device.
+        A block-diffusion model decodes in its own blocks (``block_length`` left unset takes them) and is scored by the
+        ``block`` estimator."""
         from ..models import make_bidirectional, resolve_model_spec
         from ..scripts.eval import eos_ids, load_model_and_tokenizer
         from ..scripts.grpo import check_model_path
@@ -164,6 +167,10 @@ class DiffusionLM(TemplateLM):
         self.model = model.to(self._device).eval()
         make_bidirectional(self.model)
         self.spec = resolve_model_spec(self.model, self.tokenizer, self.config.mask_token_id)
+        if self.spec.family == "block":
+            self.config.estimator = "block"
+            if block_length is None:
+                self.config.block_length = self.spec.block_length
         check_block_layout(self.config, self.spec)
         self.eos = eos_ids(self.tokenizer, self.spec)
         self.max_length = max_positions(self.model.config)
@@ -257,6 +264,14 @@ class DiffusionLM(TemplateLM):
         ``std(sample estimates) / sqrt(K)`` over its ``K`` samples (NaN for ``K = 1``)."""
         from ..api import estimate
 
+        block = self.estimator_options.get("block_length")
+        if block and len(continuation) % block:
+            raise ValueError(
+                f"A continuation of {len(continuation)} tokens on a block-diffusion model with blocks of {block}: the "
+                "block estimator scores whole blocks, and padding the last block would change what is estimated. "
+                "loglikelihood on block-diffusion models is supported for continuations of a multiple of "
+                f"{block} tokens only (generate_until tasks have no such limit)."
+            )
         context = self._fit(context, len(continuation))
         prompt = torch.tensor([context], device=self._device)
         completion = torch.tensor([list(continuation)], device=self._device)
