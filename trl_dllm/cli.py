@@ -14,10 +14,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-USAGE = """usage: trl-dllm {grpo,eval,demo,compare} [--help] [args ...]
+USAGE = """usage: trl-dllm {grpo,eval,lm-eval,merge,demo,compare} [--help] [args ...]
 
   grpo     train with DiffusionGRPOTrainer from a YAML recipe: trl-dllm grpo --config recipe.yaml [--field value ...]
   eval     accuracy of a model or checkpoint on a task, with diffusion decoding (greedy by default); writes JSON
+  lm-eval  lm-evaluation-harness with the trl_dllm model: trl-dllm lm-eval --model_args pretrained=PATH --tasks ...
+  merge    merge a LoRA adapter into a full model in the family's original layout (docs/evaluation.md)
   demo     the CPU demo (trl_dllm.demo)
   compare  every method on the same budget, tasks and seeds (trl_dllm.demo.compare; docs/compare.md)
 
@@ -37,6 +39,18 @@ def _eval(argv: Sequence[str]) -> int | None:
     if _help("eval", argv):
         return 0
     from .scripts.eval import main
+
+    return main(argv)
+
+
+def _lm_eval(argv: Sequence[str]) -> int | None:
+    from .scripts.lm_eval import main  # lm-eval's own --help
+
+    return main(argv)
+
+
+def _merge(argv: Sequence[str]) -> int | None:
+    from .scripts.merge import main
 
     return main(argv)
 
@@ -62,7 +76,7 @@ def _compare(argv: Sequence[str]) -> int | None:
     main(list(argv))
 
 
-COMMANDS = {"grpo": _grpo, "eval": _eval, "demo": _demo, "compare": _compare}
+COMMANDS = {"grpo": _grpo, "eval": _eval, "lm-eval": _lm_eval, "merge": _merge, "demo": _demo, "compare": _compare}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,6 +12,7 @@ for decoding) or a Hub id. One process; `accelerate launch` is not needed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -42,6 +43,11 @@ class EvalArguments(GRPOScriptArguments):
             Prompts decoded together.
         eval_temperature (`float`, *optional*, defaults to `0.0`):
             Sampling temperature; `0` is greedy decoding (the recipe's `temperature` is for training rollouts).
+        samples_per_prompt (`int`, *optional*, defaults to `1`):
+            Completions decoded per prompt (the `k` of pass@k); more than 1 needs `eval_temperature > 0`.
+        baseline_model_name_or_path (`str` or `None`, *optional*, defaults to `None`):
+            A second model (e.g. the base model before training) evaluated on the same prompts with the same seed;
+            the report then holds its report under `baseline` and the differences under `comparison`.
         report_file (`str` or `None`, *optional*, defaults to `None`):
             Where to write the JSON report. `None`: `eval_<task>_<split>.json` in the model directory if it is local,
             else in the working directory.
@@ -54,6 +60,10 @@ class EvalArguments(GRPOScriptArguments):
     max_samples: int | None = field(default=None, metadata={"help": "Evaluate the first max_samples examples only."})
     eval_batch_size: int = field(default=8, metadata={"help": "Prompts decoded together."})
     eval_temperature: float = field(default=0.0, metadata={"help": "Sampling temperature; 0 is greedy."})
+    samples_per_prompt: int = field(default=1, metadata={"help": "Completions per prompt (k of pass@k)."})
+    baseline_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Also evaluate this model on the same prompts and seed, and compare."}
+    )
     report_file: str | None = field(default=None, metadata={"help": "Path of the JSON report."})
 
 
@@ -172,21 +182,24 @@ def evaluate(setup: EvalSetup, eval_args: EvalArguments, args, model_args) -> di
     for begin in range(0, len(dataset), eval_args.eval_batch_size):
         batch = dataset[begin : begin + eval_args.eval_batch_size]
         prompts = prompt_texts(batch["prompt"], setup.tokenizer)
-        texts = decode_batch(setup.model, setup.tokenizer, spec, args, eval_args, prompts, generator)
-        chat = isinstance(batch["prompt"][0], list)
-        completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
-        extra = {c: batch[c] for c in columns}
-        scores = [f(prompts=batch["prompt"], completions=completions, **extra) for f in reward_funcs]
-        for i, text in enumerate(texts):
-            rewards = {n: s[i] for n, s in zip(names, scores)}
-            samples.append(
-                {
-                    "prompt": batch["prompt"][i],
-                    "completion": text,
-                    "rewards": rewards,
-                    "correct": rewards[names[0]] == 1.0,
-                }
-            )
+        for sample_index in range(eval_args.samples_per_prompt):
+            texts = decode_batch(setup.model, setup.tokenizer, spec, args, eval_args, prompts, generator)
+            chat = isinstance(batch["prompt"][0], list)
+            completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
+            extra = {c: batch[c] for c in columns}
+            scores = [f(prompts=batch["prompt"], completions=completions, **extra) for f in reward_funcs]
+            for i, text in enumerate(texts):
+                rewards = {n: s[i] for n, s in zip(names, scores)}
+                samples.append(
+                    {
+                        "prompt": batch["prompt"][i],
+                        "prompt_index": begin + i,
+                        "sample_index": sample_index,
+                        "completion": text,
+                        "rewards": rewards,
+                        "correct": rewards[names[0]] == 1.0,
+                    }
+                )
     means = {}
     for n in names:
         values = [s["rewards"][n] for s in samples if s["rewards"][n] is not None]
@@ -199,6 +212,8 @@ def evaluate(setup: EvalSetup, eval_args: EvalArguments, args, model_args) -> di
         "num_samples": len(samples),
         "accuracy": sum(s["correct"] for s in samples) / max(1, len(samples)),
         "accuracy_reward": names[0],
+        "samples_per_prompt": eval_args.samples_per_prompt,
+        "pass@k": pass_at_k(samples),
         "mean_rewards": means,
         "decoding": {
             "max_completion_length": args.max_completion_length,
@@ -213,6 +228,40 @@ def evaluate(setup: EvalSetup, eval_args: EvalArguments, args, model_args) -> di
         "seconds": round(time.perf_counter() - start, 3),
         "samples": samples,
     }
+
+
+def pass_at_k(samples: list[dict]) -> float:
+    """The fraction of prompts with at least one correct completion among their k samples (k = samples per prompt;
+    with k = 1 it is the accuracy)."""
+    solved: dict[int, bool] = {}
+    for sample in samples:
+        solved[sample["prompt_index"]] = solved.get(sample["prompt_index"], False) or sample["correct"]
+    return sum(solved.values()) / max(1, len(solved))
+
+
+def compare(report: dict, baseline: dict) -> dict:
+    """`report` with the baseline's report and a `comparison`: accuracy, pass@k and mean rewards of both and their
+    difference (model − baseline), and the samples the model gets right and the baseline wrong (`fixed`) or the
+    reverse (`broken`), sample by sample (same prompts, same seed)."""
+    pairs = list(zip(baseline["samples"], report["samples"], strict=True))
+
+    def both(key):
+        return {"baseline": baseline[key], "model": report[key], "delta": report[key] - baseline[key]}
+
+    rewards = {
+        n: {"baseline": b, "model": report["mean_rewards"][n], "delta": None if b is None or report["mean_rewards"][n]
+            is None else report["mean_rewards"][n] - b}
+        for n, b in baseline["mean_rewards"].items()
+    }  # fmt: skip
+    comparison = {
+        "baseline_model": baseline["model"],
+        "accuracy": both("accuracy"),
+        "pass@k": both("pass@k"),
+        "mean_rewards": rewards,
+        "fixed": sum(m["correct"] and not b["correct"] for b, m in pairs),
+        "broken": sum(b["correct"] and not m["correct"] for b, m in pairs),
+    }
+    return {**report, "comparison": comparison, "baseline": baseline}
 
 
 def default_report_file(eval_args: EvalArguments, model_path: str) -> str:
@@ -243,13 +292,30 @@ def main(argv: Sequence[str] | None = None) -> None:
         eval_args, args, model_args = make_parser().parse(argv, defaults=no_training)
         if eval_args.eval_batch_size < 1:
             raise UsageError(f"eval_batch_size={eval_args.eval_batch_size} must be >= 1")
+        if eval_args.samples_per_prompt < 1 or (eval_args.samples_per_prompt > 1 and eval_args.eval_temperature == 0
+                                                 and args.remasking != "random"):  # fmt: skip
+            raise UsageError(
+                f"samples_per_prompt={eval_args.samples_per_prompt} with eval_temperature={eval_args.eval_temperature}: "
+                "greedy decoding gives the same completion every time; set eval_temperature > 0 (e.g. 0.9) for pass@k"
+                " with k > 1, or samples_per_prompt=1."
+            )
         setup = prepare(eval_args, args, model_args)
     report = evaluate(setup, eval_args, args, model_args)
+    if eval_args.baseline_model_name_or_path:
+        del setup
+        with exit_on_bad_input("trl-dllm eval"):
+            baseline_args = dataclasses.replace(model_args, model_name_or_path=eval_args.baseline_model_name_or_path)
+            baseline_setup = prepare(eval_args, args, baseline_args)
+        report = compare(report, evaluate(baseline_setup, eval_args, args, baseline_args))
     path = eval_args.report_file or default_report_file(eval_args, str(model_args.model_name_or_path))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
     print(f"{scored_data(eval_args)}: accuracy {report['accuracy']:.4f} on {report['num_samples']} samples")
+    if "comparison" in report:
+        acc = report["comparison"]["accuracy"]
+        print(f"baseline {report['comparison']['baseline_model']}: accuracy {acc['baseline']:.4f} (delta "
+              f"{acc['delta']:+.4f}; fixed {report['comparison']['fixed']}, broken {report['comparison']['broken']})")
     print(f"Report written to {path}")
 
 

@@ -1,0 +1,6 @@
+"""After training: the lm-evaluation-harness model (:mod:`.harness`) and merging an adapter into a full model in the
+family's original layout (:mod:`.merge`).
+
+Nothing is imported here, so ``import trl_dllm`` neither imports lm-eval nor registers anything with it: importing
+:mod:`trl_dllm.evaluation.harness` registers the model as ``trl_dllm`` (and ``dllm``) in lm-eval's registry.
+"""
