@@ -1,7 +1,7 @@
 """Sequence log-likelihood estimators for masked diffusion language models, and their registry.
 
 One module per estimator (:mod:`.mean_field`, :mod:`.elbo`, :mod:`.coupled`, :mod:`.spg`, :mod:`.block`,
-:mod:`.trajectory`), each with its formula in its docstring; the view drawing and scoring they share, the notation
+:mod:`.trajectory`, :mod:`.left_to_right`), each with its formula in its docstring; the view drawing and scoring they share, the notation
 and the randomness / memory contract are in :mod:`._views`. Every estimator is called as
 ``fn(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, *, mask_token_id, seeds, **options)`` and
 returns per-token contributions (a [`LikelihoodOutput`]); [`ESTIMATORS`] describes what each one takes and returns,
@@ -17,6 +17,7 @@ from ._views import LikelihoodOutput
 from .block import block
 from .coupled import coupled
 from .elbo import ELBO_COUNTS, elbo
+from .left_to_right import left_to_right
 from .mean_field import mean_field
 from .spg import SPGOutput, spg
 from .trajectory import TrajectoryOutput, trajectory, trajectory_entropies
@@ -33,6 +34,7 @@ __all__ = [
     "coupled",
     "elbo",
     "estimate",
+    "left_to_right",
     "mean_field",
     "spg",
     "trajectory",
@@ -96,6 +98,9 @@ ESTIMATORS: dict[str, Estimator] = {
         block,
         options=("block_length", "mc_samples", "antithetic", "p_mask_prompt", "mc_batch_size", *_MEMORY),
         block_causal=True,
+    ),
+    "left_to_right": Estimator(
+        left_to_right, options=("temperature", "top_k", "top_p", "min_p", "mc_batch_size", *_MEMORY)
     ),
     "spg": Estimator(
         spg,

@@ -2,6 +2,7 @@
 
 - `espo` (ESPO) and `stabledrl` (StableDRL): sequence-level importance ratios of the estimated likelihood.
 - `agrpo` (AGRPO): per-token PPO over the denoising steps the `trajectory` estimator samples.
+- `justgrpo` (JustGRPO): per-token PPO on the exact left-to-right likelihood, normalised by `L · N`.
 - `spg` (SPG) and `wd1` (wd1): weighted likelihoods without an importance ratio (no old policy).
 - `_common`: what they share (`ObjectiveOutput`, `sequence_logps`, `kl_divergence`, group weights, the clamped
   log-ratio, `sandwich`, `ratio_metrics`) and the notation `S_i`, `L_i`, `S̄_i`.
@@ -34,6 +35,7 @@ from ._common import (
 )
 from .agrpo import STEP_NORMALIZATIONS, agrpo
 from .espo import espo
+from .justgrpo import justgrpo
 from .spg import spg
 from .stabledrl import stabledrl
 from .wd1 import wd1
@@ -49,6 +51,7 @@ __all__ = [
     "espo",
     "group_normalised_weights",
     "group_softmax",
+    "justgrpo",
     "kl_divergence",
     "ratio_metrics",
     "sandwich",
@@ -117,6 +120,7 @@ OBJECTIVES: dict[str, Objective] = {
         estimate_fields=("step_weights", "num_steps"),
         needs_trajectory=True,
     ),
+    "justgrpo": Objective(justgrpo, ("left_to_right",), options=(*_PPO_CLIP, *_KL)),
     "spg": Objective(spg, ("spg",), options=("spg_omega", *_KL), estimate_fields=("eubo_logps",), uses_old=False),
     "wd1": Objective(
         wd1, ("mean_field", "elbo", "coupled", "block", "spg"), options=_KL, inputs=("group_ids",), uses_old=False
