@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .console import announce_deepspeed_cpu_build
+from .core.likelihood import ESTIMATORS
 from .core.objectives import OBJECTIVES
 from .training import checks
 from .training.checks import TRL_LOSS_TYPES  # noqa: F401  (its home before training/checks.py; kept for one release)
@@ -285,9 +286,11 @@ class DiffusionGRPOConfig(GRPOConfig):
 
     @property
     def records_trajectory(self) -> bool:
-        """Whether rollouts must record their trajectory (the objective replays denoising steps)."""
+        """Whether rollouts must record their trajectory: the objective replays denoising steps (AGRPO), or the
+        estimator takes the step map (`block_steps`, DiPO)."""
         objective = OBJECTIVES.get(self.loss_type)
-        return bool(getattr(objective, "needs_trajectory", False))
+        estimator = ESTIMATORS.get(self.estimator)
+        return bool(getattr(objective, "needs_trajectory", False)) or "unmask_step" in getattr(estimator, "inputs", ())
 
     @property
     def num_blocks(self) -> int:

@@ -304,7 +304,7 @@ def _check_estimation(args):
         raise ValueError(f"step_samples={args.step_samples} must be >= 1.")
     if args.step_sampling not in STEP_SAMPLING:
         raise ValueError(f"step_sampling={args.step_sampling!r} is not one of {list(STEP_SAMPLING)}.")
-    if args.estimator == "trajectory" and not args.records_trajectory:
+    if args.estimator == "trajectory" and not getattr(OBJECTIVES.get(args.loss_type), "needs_trajectory", False):
         raise ValueError(
             f"estimator='trajectory' replays the rollout's denoising steps and only works with loss_type='agrpo' "
             f"(got loss_type={args.loss_type!r}). Use loss_type='agrpo', or another estimator."
@@ -561,6 +561,12 @@ def check_block_layout(args, spec: ModelSpec) -> int:
     model's own block size, else `args.block_length`). The config is never changed."""
     if args.estimator == "block":
         require_4d_mask(spec, "the block estimator")
+    if args.estimator == "block_steps" and spec.family != "block":
+        raise ValueError(
+            f"estimator='block_steps' (DiPO) scores the steps of a block-diffusion rollout, but this model "
+            f"({spec.family!r} family) is not block-causal: train a block-diffusion model (SDAR, TraDo), or use "
+            "estimator='trajectory' (loss_type='agrpo') or 'left_to_right' (loss_type='justgrpo') here."
+        )
     check_cache_model(spec, args.generation_cache)
     if spec.family != "block":
         return args.block_length
