@@ -36,6 +36,7 @@ def test_the_matrix_is_complete():
     assert {"recipes/llada/stabledrl_gsm8k_lora.yaml", "recipes/llada/stabledrl_gsm8k_crn.yaml"} <= names
     assert {"recipes/llada/justgrpo_gsm8k.yaml", "recipes/llada/justgrpo_math.yaml"} <= names  # JustGRPO's two
     assert {"recipes/dream/stabledrl_gsm8k.yaml", "recipes/sdar/stabledrl_gsm8k.yaml"} <= names
+    assert "recipes/sdar/dipo_math.yaml" in names
     assert {p.name for p in ACCELERATE} >= {"ddp.yaml", "zero2.yaml", "zero3.yaml", "zero2_cpu.yaml", "zero3_cpu.yaml"}
 
 
@@ -55,6 +56,15 @@ def test_paper_recipe_states_its_source(path):
     text = path.read_text()
     assert "# Source:" in text and "github.com/" in text
     assert f"--config {rel(path)}" in text  # the launch command
+
+
+def test_dipo_recipe_holds_the_released_values():
+    _, args, model_args = parse(ROOT / "recipes/sdar/dipo_math.yaml")
+    assert (args.loss_type, args.estimator, args.epsilon, args.epsilon_high) == ("dipo", "block_steps", 0.2, 0.28)
+    assert (args.block_length, args.confidence_threshold, args.temperature, args.top_k) == (4, 0.9, 1.0, 50)
+    assert (args.learning_rate, args.beta, args.num_generations, args.dynamic_sampling) == (1e-6, 0.0, 8, True)
+    assert args.diffusion_steps == args.max_completion_length  # 4 steps per block of 4
+    assert not model_args.use_peft
 
 
 def test_sdar_recipe_is_block_diffusion():
