@@ -54,9 +54,10 @@ def test_output_fields_are_those_of_its_output_class(name):
 
 def test_flags():
     assert SHARED_SEED_ESTIMATORS == {"trajectory"}
-    assert {name for name, entry in ESTIMATORS.items() if entry.block_causal} == {"block", "trajectory"}
+    assert {name for name, entry in ESTIMATORS.items() if entry.block_causal} == {"block", "trajectory", "block_steps"}
     assert ESTIMATORS["trajectory"].inputs == ("unmask_step", "token_entropies")
-    assert {name for name, entry in ESTIMATORS.items() if entry.inputs} == {"trajectory"}
+    assert ESTIMATORS["block_steps"].inputs == ("unmask_step",)
+    assert {name for name, entry in ESTIMATORS.items() if entry.inputs} == {"trajectory", "block_steps"}
 
 
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))
