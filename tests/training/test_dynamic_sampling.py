@@ -45,7 +45,6 @@ def test_one_warning_after_patience_rollouts_without_a_group(caplog):
 
 def test_trainer_zeroes_the_mask_of_all_equal_groups(tmp_path, tiny_model_path):
     from tests.test_trainer import make_args, make_dataset
-
     from trl_dllm import DiffusionGRPOTrainer
 
     def first_prompt_constant(prompts, completions, **kwargs):  # the group of "add 0 ..." always gets 1.0
