@@ -69,8 +69,9 @@ def test_eos_filler_score_mask_and_gradient(model_and_tokenizer):
     for recompute in (False, True):
         model.zero_grad()
         res = block_steps(model, prompt_ids, prompt_mask, out.completion_ids, score,
-                          mask_token_id=tokenizer.mask_token_id, seeds=torch.zeros(3, dtype=torch.long), unmask_step=out.unmask_step, block_length=4,
-                          top_k=20, checkpoint_views=recompute)  # fmt: skip
+                          mask_token_id=tokenizer.mask_token_id, seeds=torch.zeros(3, dtype=torch.long),
+                          unmask_step=out.unmask_step, block_length=4, top_k=20,
+                          checkpoint_views=recompute)  # fmt: skip
         res.logps.sum().backward()
         outs.append((res.logps.detach(), next(model.parameters()).grad.clone()))
     sampled = (out.unmask_step >= 0) & score.bool()
