@@ -48,18 +48,26 @@ def _weights(model):
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
+# What an objective's only estimator needs: JustGRPO's rollout decodes left to right, one token per forward; DiPO
+# trains a block-diffusion model.
+DECODING = {"justgrpo": dict(remasking="left_to_right", diffusion_steps=8)}
+BLOCK_MODEL = {"dipo"}
+
+
 @pytest.fixture
-def trainer_for(tmp_path, tiny_model_path):
+def trainer_for(tmp_path, tiny_model_path, request):
     def build(loss_type, **overrides):
         allowed = OBJECTIVES[loss_type].estimators if loss_type in OBJECTIVES else ("elbo",)
         estimator = "elbo" if "elbo" in allowed else allowed[0]  # trajectory for agrpo, spg's own for spg
+        model = request.getfixturevalue("tiny_block_model_path") if loss_type in BLOCK_MODEL else tiny_model_path
+        overrides = {**DECODING.get(loss_type, {}), **overrides}
         config = dict(
             output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, max_completion_length=8,
             block_length=4, diffusion_steps=4, max_steps=3, learning_rate=0.05, logging_steps=1, save_strategy="no",
             report_to="none", use_cpu=True, seed=0, loss_type=loss_type, estimator=estimator, temperature=1.0,
         )  # fmt: skip
         args = DiffusionGRPOConfig(**{**config, **overrides})
-        return DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=varied_reward, args=args, train_dataset=DATA)
+        return DiffusionGRPOTrainer(model=model, reward_funcs=varied_reward, args=args, train_dataset=DATA)
 
     return build
 

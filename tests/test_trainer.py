@@ -195,3 +195,20 @@ def test_agrpo_with_threshold_and_dual_cache_rollouts(tmp_path, tiny_model_path)
     sampler, denoiser, options = decoding_plan(trainer.model, trainer.model_spec, args, eos_token_ids=[0])
     assert sampler is generate_cached and denoiser is trainer.model and options["generation_cache"] == "dual"
     train_and_check(trainer)
+
+
+@pytest.mark.parametrize("order", [dict(remasking="left_to_right", block_length=4), dict(block_length=1)])
+def test_justgrpo_trains_on_the_exact_left_to_right_likelihood(tmp_path, tiny_model_path, order):
+    args = make_args(tmp_path, loss_type="justgrpo", estimator="left_to_right", diffusion_steps=8,
+                     score_padding_eos=True, num_iterations=2, mc_batch_size=4, **order)  # fmt: skip
+    trainer = DiffusionGRPOTrainer(
+        model=tiny_model_path, reward_funcs=distinct_tokens_reward, args=args, train_dataset=make_dataset()
+    )
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([{"prompt": "add 1 and 2 ."}] * 3)
+    assert batch["completion_mask"].all()  # JustGRPO scores every position, EOS filler included
+    history = train_and_check(trainer)
+    first = next(log for log in history if "ratio/max" in log)
+    # The old pass of the first iteration scores the rollout's own weights: the exact likelihood gives ratio 1.
+    assert first["ratio/max"] == pytest.approx(1.0) and first["ratio/min"] == pytest.approx(1.0)
+    assert "valid_samples" in first

@@ -84,3 +84,23 @@ def test_block_estimator_needs_a_4d_mask_model(tmp_path, tiny_model_path, monkey
                         lambda *a, **k: dataclasses.replace(real(*a, **k), accepts_4d_mask=False))
     with pytest.raises(ValueError, match="the block estimator needs a model that accepts a 4-D attention mask"):
         make_trainer(tmp_path, tiny_model_path, loss_type="stabledrl", estimator="block", block_length=4)
+
+
+@pytest.mark.parametrize("dynamic_sampling", [False, True])
+def test_dipo_trains_on_the_step_map(tmp_path, tiny_block_model_path, dynamic_sampling):
+    trainer = make_trainer(tmp_path, tiny_block_model_path, loss_type="dipo", estimator="block_steps",
+                           temperature=1.0, top_k=50, confidence_threshold=0.9, epsilon_high=0.28, num_iterations=2,
+                           dynamic_sampling=dynamic_sampling)  # fmt: skip
+    assert trainer.args.records_trajectory
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([{"prompt": "add 1 and 2 ."}] * 3)
+    assert "unmask_step" in batch and (batch["unmask_step"] >= 0).any()
+    history = train_and_check(trainer)
+    first = next(log for log in history if "ratio/max" in log)
+    # The old pass scores the rollout's own weights: the step-level likelihood is exact, so the ratio is 1.
+    assert first["ratio/max"] == pytest.approx(1.0) and first["ratio/min"] == pytest.approx(1.0)
+
+
+def test_dipo_is_refused_on_a_bidirectional_model(tmp_path, tiny_model_path):
+    with pytest.raises(ValueError, match="estimator='block_steps' .* not block-causal"):
+        make_trainer(tmp_path, tiny_model_path, loss_type="dipo", estimator="block_steps")

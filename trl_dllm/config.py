@@ -54,8 +54,9 @@ class DiffusionGRPOConfig(GRPOConfig):
             completion when that divisor is below 8 or the completion is at most 32 tokens.
         remasking (`str`, *optional*, defaults to `"low_confidence"`):
             Which masked positions to commit at each step: `"low_confidence"` (highest probability of the sampled token
-            first), `"random"`, `"entropy"` or `"margin"`. Sampling itself uses TRL's `temperature`, `top_k`, `top_p`,
-            `min_p`.
+            first), `"random"`, `"entropy"`, `"margin"` or `"left_to_right"` (the leftmost masked positions; with
+            `diffusion_steps = max_completion_length`, JustGRPO's autoregressive-order rollout). Sampling itself uses
+            TRL's `temperature`, `top_k`, `top_p`, `min_p`.
         cfg_scale (`float`, *optional*, defaults to `0.0`):
             Classifier-free guidance scale `s`: logits `u + (s + 1)(c - u)` with `u` the prompt-masked logits. `0`
             disables guidance (one forward per step).
@@ -83,8 +84,9 @@ class DiffusionGRPOConfig(GRPOConfig):
             Sequence log-likelihood estimator: `"mean_field"` (d1's one-step estimate), `"elbo"` (Monte Carlo ELBO,
             LLaDA/ESPO), `"coupled"` (DiffuCoder's full-mask + weighted complementary views), `"spg"` (SPG's block-wise
             forward process with its ELBO and EUBO, StableDRL's released likelihood), `"block"` (staircase attention
-            for block-diffusion models, StableDRL) or `"trajectory"` (AGRPO: replays sampled steps of the recorded
-            rollout; `loss_type="agrpo"` only). See `docs/estimators.md`.
+            for block-diffusion models, StableDRL), `"trajectory"` (AGRPO: replays sampled steps of the recorded
+            rollout; `loss_type="agrpo"` only) or `"left_to_right"` (JustGRPO: the exact likelihood of a rollout
+            decoded left to right, one forward per completion position). See `docs/estimators.md`.
         mc_samples (`int`, *optional*, defaults to `1`):
             Monte Carlo samples per sequence for `"elbo"`, `"coupled"`, `"spg"` and `"block"` (an antithetic pair or a
             coupled triple counts as one).
@@ -133,6 +135,12 @@ class DiffusionGRPOConfig(GRPOConfig):
         leave_one_out (`bool`, *optional*, defaults to `False`):
             Leave-one-out advantages (ESPO, RLOO): `r_i` minus the mean of the other `G - 1` rewards of its group, i.e.
             TRL's advantages times `G / (G - 1)`.
+        dynamic_sampling (`bool`, *optional*, defaults to `False`):
+            DAPO's dynamic sampling without refill: the completions of a group whose total rewards are all equal (zero
+            advantage) are dropped from the loss (their completion mask is zeroed); the batch is not refilled.
+        dynamic_sampling_patience (`int`, *optional*, defaults to `3`):
+            With `dynamic_sampling`: warn once, with the reward statistics, after this many rollouts in a row left no
+            group to train on.
         whole_group_batches (`bool`, *optional*, defaults to `False`):
             Shuffle each generation batch by whole groups before TRL cuts it into micro-batches, so every micro-batch
             holds complete groups (StableDRL normalises over one whole group per micro-step). Needs
@@ -180,7 +188,7 @@ class DiffusionGRPOConfig(GRPOConfig):
     )
     remasking: str = field(
         default="low_confidence",
-        metadata={"help": "Positions to commit per step: low_confidence, random, entropy or margin."},
+        metadata={"help": "Positions to commit per step: low_confidence, random, entropy, margin or left_to_right."},
     )
     cfg_scale: float = field(
         default=0.0, metadata={"help": "Classifier-free guidance scale; 0 disables guidance."}
@@ -246,6 +254,12 @@ class DiffusionGRPOConfig(GRPOConfig):
     leave_one_out: bool = field(
         default=False, metadata={"help": "Leave-one-out advantages (ESPO): TRL's advantages times G / (G - 1)."}
     )
+    dynamic_sampling: bool = field(
+        default=False, metadata={"help": "Drop groups whose rewards are all equal from the loss (DAPO, no refill)."}
+    )
+    dynamic_sampling_patience: int = field(
+        default=3, metadata={"help": "dynamic_sampling: warn after this many rollouts in a row left no group."}
+    )
     whole_group_batches: bool = field(
         default=False, metadata={"help": "Shuffle generation batches by whole groups: every micro-batch holds whole groups."}
     )
@@ -290,9 +304,11 @@ class DiffusionGRPOConfig(GRPOConfig):
 
     @property
     def records_trajectory(self) -> bool:
-        """Whether rollouts must record their trajectory (the objective replays denoising steps)."""
+        """Whether rollouts must record their trajectory: the objective replays denoising steps (AGRPO), or the
+        estimator takes the step map (`block_steps`, DiPO)."""
         objective = OBJECTIVES.get(self.loss_type)
-        return bool(getattr(objective, "needs_trajectory", False))
+        estimator = ESTIMATORS.get(self.estimator)
+        return bool(getattr(objective, "needs_trajectory", False)) or "unmask_step" in getattr(estimator, "inputs", ())
 
     @property
     def num_blocks(self) -> int:

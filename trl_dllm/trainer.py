@@ -37,6 +37,7 @@ from .models.native import adapter_to_original_layout
 from .nonfinite import NonFiniteGuard
 from .seeding import device_generators, sample_seeds
 from .training import checks, model_setup, rollouts, state
+from .training.dynamic_sampling import DynamicSampling
 from .training.scoring import EstimationPass, Scoring
 from .training.signal import ZeroSpreadWatch
 
@@ -83,6 +84,9 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         self._nonfinite = NonFiniteGuard(args.max_consecutive_nonfinite_steps)
         self._zero_spread = ZeroSpreadWatch(args)  # warns when frac_reward_zero_std stays 1 (nothing is learned)
         self._eval_rollouts = 0  # keys eval rollouts' seeds (the training ones are keyed by TRL's step counter)
+        # TRL's batch dict carries advantages, not rewards: the rollout's total rewards cross to the batch here.
+        self._rollout_rewards: torch.Tensor | None = None
+        self._dynamic_sampling = DynamicSampling(args.dynamic_sampling_patience)
 
     @property
     def _shards_parameters(self) -> bool:
@@ -146,12 +150,15 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         if self.mask_truncated_completions:
             has_eos = torch.isin(canvas, torch.tensor(self.eos_token_ids, device=canvas.device)).any(dim=1)
             mask = mask * has_eos.unsqueeze(1).long()
-        output["completion_ids"], output["completion_mask"] = canvas, mask
-        output["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
         training = self.model.training
         batch, iterations = canvas.size(0), self.num_iterations if training else 1
         num_generations = self.num_generations if training else self.num_generations_eval
         rows = torch.arange(batch, device=canvas.device) + self.accelerator.process_index * batch
+        if self.args.dynamic_sampling and training:  # training/dynamic_sampling.py: drop all-equal-reward groups
+            mask = mask * self._dynamic_sampling.keep_mask(self._rollout_rewards, rows, num_generations,
+                                                           self._metrics["train"]).to(mask.device)  # fmt: skip
+        output["completion_ids"], output["completion_mask"] = canvas, mask
+        output["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
         output["group_ids"] = rows // num_generations
         if self.args.leave_one_out and num_generations > 1:  # r_i − mean of the other G − 1 = G/(G − 1) · (r_i − mean)
             output["advantages"] = output["advantages"] * (num_generations / (num_generations - 1))
@@ -275,6 +282,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         rewards = rewards.masked_fill(torch.isinf(rewards), float("nan"))
         self._metrics[self._mode]["rewards/unscorable"].append(torch.isnan(rewards).all(dim=1).sum().item())
+        total = (rewards * self.reward_weights.to(rewards.device)).nansum(dim=1)
+        self._rollout_rewards = total.masked_fill(torch.isnan(rewards).all(dim=1), float("nan"))  # dynamic sampling
         return rewards
 
     def _get_grad_norm(self, model, grad_norm=None):

@@ -82,7 +82,8 @@ def test_quick_sft_row_trains_as_long_as_the_longest_rl_run(quick):
 
 def test_every_shipped_objective_is_compared():
     loss_types = {f["loss_type"] for f in METHODS.values() if f is not None}
-    assert set(OBJECTIVES) <= loss_types and {"grpo", "bnpo"} <= loss_types
+    # dipo trains block-diffusion models only; the comparison's warm start is bidirectional (docs/compare.md).
+    assert set(OBJECTIVES) - {"dipo"} <= loss_types and {"grpo", "bnpo"} <= loss_types
     assert METHODS["d1"]["estimator"] == "mean_field" and METHODS["d1"]["loss_type"] == "bnpo"
     for fields in filter(None, METHODS.values()):  # each passes the config checks
         DiffusionGRPOConfig(output_dir="unused", use_cpu=True, report_to="none", **fields)

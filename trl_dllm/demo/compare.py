@@ -46,7 +46,9 @@ from .warmstart import prepare, warm_start
 SFT = "sft"
 # One line per method: the `DiffusionGRPOConfig` fields that define it (everything else is shared, see
 # `demo_trainer_args`: lr 2e-4 constant, T 1.0, scale_rewards "none", on-policy). Objective-level knobs follow each
-# paper's released recipe (docs/algorithms.md); `None` is the SFT-equal-compute row.
+# paper's released recipe (docs/algorithms.md); `None` is the SFT-equal-compute row. `justgrpo` decodes left to right
+# (block_length 1: the demo's steps already equal the canvas length); `dipo` needs a block-diffusion model, which the
+# demo's warm start is not, so it is not compared here (docs/compare.md).
 # fmt: off
 METHODS: dict[str, dict | None] = {
     "d1": dict(loss_type="bnpo", estimator="mean_field", p_mask_prompt=0.15, beta=0.04, epsilon=0.5),
@@ -57,6 +59,8 @@ METHODS: dict[str, dict | None] = {
     "agrpo": dict(loss_type="agrpo", estimator="trajectory"),
     "spg": dict(loss_type="spg", estimator="spg", p_mask_prompt=0.15),
     "wd1": dict(loss_type="wd1", estimator="mean_field", p_mask_prompt=0.15),
+    "justgrpo": dict(loss_type="justgrpo", estimator="left_to_right", block_length=1, score_padding_eos=True,
+                     scale_rewards="group", mc_batch_size=8),
     SFT: None,
 }
 # fmt: on

@@ -5,6 +5,7 @@
 - `scoring`: the estimators' and objectives' options (mapped once from config fields), old / reference / current
   estimates per inner iteration, their seeds and row chunks, the MoE router loss;
 - `model_setup`: loading a model by name, adapting TRL's settings to it, the tokenizer, probes of remote code;
+- `dynamic_sampling`: DAPO's dynamic sampling (groups whose rewards are all equal dropped from the loss);
 - `state`: checkpoint resume (torn checkpoints skipped) and our generation state in checkpoints.
 
 These modules import `trl_dllm.core` and `trl_dllm.models`, never the tasks, the demo or the CLI. Nothing is imported

@@ -267,6 +267,30 @@ def _check_spg_and_groups(args):
         )
 
 
+def _check_left_to_right(args):
+    """The exact left-to-right likelihood is the rollout's only if the rollout committed one token per forward, left
+    to right, from the canvas it rebuilds (no guidance, no cache approximation, no unsampled EOS filler)."""
+    if args.estimator != "left_to_right":
+        return
+    order = args.block_length == 1 or args.remasking == "left_to_right"
+    if args.diffusion_steps != args.max_completion_length or not order:
+        raise ValueError(
+            f"estimator='left_to_right' is the exact likelihood of a rollout decoded left to right, one token per "
+            f"forward, but diffusion_steps={args.diffusion_steps}, block_length={args.block_length}, "
+            f"remasking={args.remasking!r} with max_completion_length={args.max_completion_length} decode otherwise. "
+            f"Set diffusion_steps={args.max_completion_length} and remasking='left_to_right' (or block_length=1), as "
+            "JustGRPO does."
+        )
+    others = {"cfg_scale": (args.cfg_scale, 0.0), "generation_cache": (args.generation_cache, "none"),
+              "eos_early_exit": (args.eos_early_exit, False)}  # fmt: skip
+    for name, (value, exact) in others.items():
+        if value != exact:
+            raise ValueError(
+                f"estimator='left_to_right' rebuilds each canvas [prompt ; x_<t ; MASK...] without guidance, cache or "
+                f"EOS filler, so its likelihood is not the rollout's with {name}={value!r}. Set {name}={exact!r}."
+            )
+
+
 def _check_estimation(args):
     if args.estimator not in ESTIMATORS:
         raise ValueError(f"estimator={args.estimator!r} is not one of {sorted(ESTIMATORS)}.")
@@ -282,7 +306,7 @@ def _check_estimation(args):
         raise ValueError(f"step_samples={args.step_samples} must be >= 1.")
     if args.step_sampling not in STEP_SAMPLING:
         raise ValueError(f"step_sampling={args.step_sampling!r} is not one of {list(STEP_SAMPLING)}.")
-    if args.estimator == "trajectory" and not args.records_trajectory:
+    if args.estimator == "trajectory" and not getattr(OBJECTIVES.get(args.loss_type), "needs_trajectory", False):
         raise ValueError(
             f"estimator='trajectory' replays the rollout's denoising steps and only works with loss_type='agrpo' "
             f"(got loss_type={args.loss_type!r}). Use loss_type='agrpo', or another estimator."
@@ -300,6 +324,9 @@ def _check_estimation(args):
             f"TRL loss types (run on estimated log-probs): {list(TRL_LOSS_TYPES)}."
         )
     _check_spg_and_groups(args)
+    _check_left_to_right(args)
+    if args.dynamic_sampling_patience < 1:
+        raise ValueError(f"dynamic_sampling_patience={args.dynamic_sampling_patience} must be >= 1 (rollouts).")
     if not 0.0 <= args.stabledrl_clip_low < args.stabledrl_clip_high:
         raise ValueError(
             f"StableDRL clip bounds must satisfy 0 <= stabledrl_clip_low < stabledrl_clip_high, got "
@@ -547,6 +574,12 @@ def check_block_layout(args, spec: ModelSpec) -> int:
     model's own block size, else `args.block_length`). The config is never changed."""
     if args.estimator == "block":
         require_4d_mask(spec, "the block estimator")
+    if args.estimator == "block_steps" and spec.family != "block":
+        raise ValueError(
+            f"estimator='block_steps' (DiPO) scores the steps of a block-diffusion rollout, but this model "
+            f"({spec.family!r} family) is not block-causal: train a block-diffusion model (SDAR, TraDo), or use "
+            "estimator='trajectory' (loss_type='agrpo') or 'left_to_right' (loss_type='justgrpo') here."
+        )
     check_cache_model(spec, args.generation_cache)
     if spec.family != "block":
         return args.block_length

@@ -23,9 +23,10 @@ POSITIONAL = ["logits_fn", "prompt_ids", "prompt_mask", "completion_ids", "score
 def test_unknown_estimator():
     model = TableModel(4)
     batch = _batch(2, 2, 2)
-    with pytest.raises(ValueError, match="Known estimators: block, coupled, elbo, mean_field, spg, trajectory"):
+    known = "block, block_steps, coupled, elbo, left_to_right, mean_field, spg, trajectory"
+    with pytest.raises(ValueError, match=f"Known estimators: {known}"):
         estimate("trajectoryy", model, *batch, mask_token_id=MASK, seeds=torch.arange(2))
-    assert set(ESTIMATORS) == {"mean_field", "elbo", "coupled", "trajectory", "block", "spg"}
+    assert set(ESTIMATORS) == {"mean_field", "elbo", "coupled", "trajectory", "block", "spg", "left_to_right", "block_steps"}
 
 
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))
@@ -54,9 +55,10 @@ def test_output_fields_are_those_of_its_output_class(name):
 
 def test_flags():
     assert SHARED_SEED_ESTIMATORS == {"trajectory"}
-    assert {name for name, entry in ESTIMATORS.items() if entry.block_causal} == {"block", "trajectory"}
+    assert {name for name, entry in ESTIMATORS.items() if entry.block_causal} == {"block", "trajectory", "block_steps"}
     assert ESTIMATORS["trajectory"].inputs == ("unmask_step", "token_entropies")
-    assert {name for name, entry in ESTIMATORS.items() if entry.inputs} == {"trajectory"}
+    assert ESTIMATORS["block_steps"].inputs == ("unmask_step",)
+    assert {name for name, entry in ESTIMATORS.items() if entry.inputs} == {"trajectory", "block_steps"}
 
 
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))

@@ -37,7 +37,7 @@ OBJECTIVE_FNS = [_declared("espo"), _declared("stabledrl"), _declared("agrpo", a
 
 
 def test_registry():
-    assert set(OBJECTIVES) == {"espo", "stabledrl", "agrpo", "spg", "wd1"}
+    assert set(OBJECTIVES) == {"espo", "stabledrl", "agrpo", "spg", "wd1", "justgrpo", "dipo"}
     assert OBJECTIVES["agrpo"].fn is agrpo and OBJECTIVES["agrpo"].estimators == ("trajectory",)
     assert OBJECTIVES["agrpo"].needs_trajectory and "group_ids" not in OBJECTIVES["agrpo"].inputs
     for name, objective in OBJECTIVES.items():

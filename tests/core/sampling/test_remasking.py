@@ -71,3 +71,14 @@ def test_min_p_by_hand():
     expected = torch.log_softmax(torch.tensor([0.0, -1.0]), dim=0)
     torch.testing.assert_close(log_q[0, :2].float(), expected)
     assert log_q[0, 2] == float("-inf")
+
+
+def test_left_to_right_commits_the_leftmost_masked_positions():
+    # Constant confidence: every masked position ties and ties go to the leftmost (stable sort / argmax).
+    from trl_dllm.core.sampling.remasking import select_above, select_top
+
+    log_q, tokens = torch.zeros(4, 3).log_softmax(-1), torch.zeros(4, dtype=torch.long)
+    confidence = REMASKING["left_to_right"](log_q, tokens, None).reshape(1, 4)
+    masked = torch.tensor([[False, True, True, True]])
+    assert select_top(confidence, masked, torch.tensor([2])).tolist() == [[False, True, True, False]]
+    assert select_above(confidence, masked, 0.9).tolist() == [[False, True, False, False]]

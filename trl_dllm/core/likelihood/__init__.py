@@ -1,7 +1,7 @@
 """Sequence log-likelihood estimators for masked diffusion language models, and their registry.
 
 One module per estimator (:mod:`.mean_field`, :mod:`.elbo`, :mod:`.coupled`, :mod:`.spg`, :mod:`.block`,
-:mod:`.trajectory`), each with its formula in its docstring; the view drawing and scoring they share, the notation
+:mod:`.trajectory`, :mod:`.left_to_right`, :mod:`.block_steps`), each with its formula in its docstring; the view drawing and scoring they share, the notation
 and the randomness / memory contract are in :mod:`._views`. Every estimator is called as
 ``fn(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, *, mask_token_id, seeds, **options)`` and
 returns per-token contributions (a [`LikelihoodOutput`]); [`ESTIMATORS`] describes what each one takes and returns,
@@ -15,8 +15,10 @@ from dataclasses import dataclass
 
 from ._views import LikelihoodOutput
 from .block import block
+from .block_steps import block_steps
 from .coupled import coupled
 from .elbo import ELBO_COUNTS, elbo
+from .left_to_right import left_to_right
 from .mean_field import mean_field
 from .spg import SPGOutput, spg
 from .trajectory import TrajectoryOutput, trajectory, trajectory_entropies
@@ -30,9 +32,11 @@ __all__ = [
     "SPGOutput",
     "TrajectoryOutput",
     "block",
+    "block_steps",
     "coupled",
     "elbo",
     "estimate",
+    "left_to_right",
     "mean_field",
     "spg",
     "trajectory",
@@ -97,6 +101,15 @@ ESTIMATORS: dict[str, Estimator] = {
         options=("block_length", "block_layout", "mc_samples", "antithetic", "p_mask_prompt", "mc_batch_size",
                  *_MEMORY),
         block_causal=True,
+    ),
+    "block_steps": Estimator(
+        block_steps,
+        options=("block_length", "temperature", "top_k", "top_p", "min_p", *_MEMORY),
+        inputs=("unmask_step",),
+        block_causal=True,
+    ),
+    "left_to_right": Estimator(
+        left_to_right, options=("temperature", "top_k", "top_p", "min_p", "mc_batch_size", *_MEMORY)
     ),
     "spg": Estimator(
         spg,

@@ -2,6 +2,8 @@
 
 - `espo` (ESPO) and `stabledrl` (StableDRL): sequence-level importance ratios of the estimated likelihood.
 - `agrpo` (AGRPO): per-token PPO over the denoising steps the `trajectory` estimator samples.
+- `dipo` (DiPO, DiRL): per-token PPO on the step-level likelihood of block-diffusion rollouts, token mean.
+- `justgrpo` (JustGRPO): per-token PPO on the exact left-to-right likelihood, normalised by `L · N`.
 - `spg` (SPG) and `wd1` (wd1): weighted likelihoods without an importance ratio (no old policy).
 - `_common`: what they share (`ObjectiveOutput`, `sequence_logps`, `kl_divergence`, group weights, the clamped
   log-ratio, `sandwich`, `ratio_metrics`) and the notation `S_i`, `L_i`, `S̄_i`.
@@ -33,12 +35,15 @@ from ._common import (
     sequence_logps,
 )
 from .agrpo import STEP_NORMALIZATIONS, agrpo
+from .dipo import DIPO_LOG_RATIO_CLAMP, dipo
 from .espo import espo
+from .justgrpo import justgrpo
 from .spg import spg
 from .stabledrl import stabledrl
 from .wd1 import wd1
 
 __all__ = [
+    "DIPO_LOG_RATIO_CLAMP",
     "KL_ESTIMATORS",
     "LOG_RATIO_CLAMP",
     "OBJECTIVES",
@@ -46,9 +51,11 @@ __all__ = [
     "Objective",
     "ObjectiveOutput",
     "agrpo",
+    "dipo",
     "espo",
     "group_normalised_weights",
     "group_softmax",
+    "justgrpo",
     "kl_divergence",
     "ratio_metrics",
     "sandwich",
@@ -117,6 +124,8 @@ OBJECTIVES: dict[str, Objective] = {
         estimate_fields=("step_weights", "num_steps"),
         needs_trajectory=True,
     ),
+    "dipo": Objective(dipo, ("block_steps",), options=(*_PPO_CLIP, *_KL), inputs=("unmask_step",)),
+    "justgrpo": Objective(justgrpo, ("left_to_right",), options=(*_PPO_CLIP, *_KL)),
     "spg": Objective(spg, ("spg",), options=("spg_omega", *_KL), estimate_fields=("eubo_logps",), uses_old=False),
     "wd1": Objective(
         wd1, ("mean_field", "elbo", "coupled", "block", "spg"), options=_KL, inputs=("group_ids",), uses_old=False

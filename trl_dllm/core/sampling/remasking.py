@@ -22,6 +22,7 @@ __all__ = [
     "ConfidenceFn",
     "Noise",
     "filter_logits",
+    "left_to_right",
     "low_confidence",
     "margin_confidence",
     "negative_entropy",
@@ -204,8 +205,17 @@ def margin_confidence(
     return top2[..., 0] - top2[..., 1]
 
 
+def left_to_right(log_probs: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """``0`` everywhere: every masked position ties, and ties go to the leftmost one (:func:`select_top`,
+    :func:`select_above`), so a step commits the leftmost masked positions. With ``diffusion_steps =
+    gen_length`` (one token per step) this is autoregressive order, the rollout of JustGRPO (arXiv 2601.15165),
+    whatever the block length."""
+    return torch.zeros(tokens.shape, device=tokens.device)
+
+
 REMASKING: dict[str, ConfidenceFn] = {
     "low_confidence": low_confidence,
+    "left_to_right": left_to_right,
     "random": random_confidence,
     "entropy": negative_entropy,
     "margin": margin_confidence,
