@@ -6,6 +6,7 @@ import torch
 
 from trl_dllm.core.likelihood import block_steps, estimate, trajectory
 from trl_dllm.core.likelihood.block_steps import local_steps
+from trl_dllm.core.masks import layout_ids
 from trl_dllm.core.sampling import generate_block_causal
 from trl_dllm.testing import build_tiny_block_model, build_tokenizer
 
@@ -13,7 +14,13 @@ from trl_dllm.testing import build_tiny_block_model, build_tokenizer
 def test_local_steps_by_hand():
     # Blocks of 4: [5, 4, 5, -1] -> distinct {4, 5} -> [1, 0, 1, -1]; [6, 7, 8, 9] -> [0, 1, 2, 3]; [2, 2] (short).
     unmask_step = torch.tensor([[5, 4, 5, -1, 6, 7, 8, 9, 2, 2]])
-    assert local_steps(unmask_step, 4).tolist() == [[1, 0, 1, -1, 0, 1, 2, 3, 0, 0]]
+    blocks = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1, 2, 2]])
+    assert local_steps(unmask_step, blocks).tolist() == [[1, 0, 1, -1, 0, 1, 2, 3, 0, 0]]
+    # Blocks from position 0 with a 2-token prompt: completion tokens 0-1 share block 0 with the prompt, 2-5 are
+    # block 1, 6-7 block 2: [3, 2] -> [1, 0]; [4, 5, 4, 6] -> distinct {4, 5, 6} -> [0, 1, 0, 2]; [7, 7] -> [0, 0].
+    blocks = layout_ids(torch.ones(1, 2), 8, 4)[0][:, 2:]
+    assert blocks.tolist() == [[0, 0, 1, 1, 1, 1, 2, 2]]
+    assert local_steps(torch.tensor([[3, 2, 4, 5, 4, 6, 7, 7]]), blocks).tolist() == [[1, 0, 0, 1, 0, 2, 0, 0]]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +54,8 @@ def test_equals_the_rollout_and_the_step_by_step_replay(model_and_tokenizer, dec
     finally:
         hook.remove()
     # One staircase forward per local step (at most the steps a block took), all blocks at once.
-    assert len(forwards) == int(local_steps(out.unmask_step, 4).max()) + 1
+    blocks = layout_ids(prompt_mask, 12, 4)[0][:, 5:]  # blocks from each row's position 0 (ragged prompts)
+    assert len(forwards) == int(local_steps(out.unmask_step, blocks).max()) + 1
     torch.testing.assert_close(res.logps, out.logprobs, atol=1e-5, rtol=1e-5)  # ratio 1 on the rollout's weights
     steps = int(out.unmask_step.max()) + 1
     replay = trajectory(model, prompt_ids, prompt_mask, out.completion_ids, ones, mask_token_id=mask_id,

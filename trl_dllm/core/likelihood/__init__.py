@@ -104,7 +104,7 @@ ESTIMATORS: dict[str, Estimator] = {
     ),
     "block_steps": Estimator(
         block_steps,
-        options=("block_length", "temperature", "top_k", "top_p", "min_p", *_MEMORY),
+        options=("block_length", "block_layout", "temperature", "top_k", "top_p", "min_p", *_MEMORY),
         inputs=("unmask_step",),
         block_causal=True,
     ),

@@ -18,7 +18,9 @@ schedule), and the sum is exact: the trajectory estimator with every step scored
 
 ``q_θ`` is the rollout's sampling distribution (:func:`trl_dllm.core.sampling.sampling_log_probs`: temperature,
 top-k / top-p / min-p, mask token excluded), so on the rollout's weights the log-probs equal the rollout's. The blocks
-are those of the current layout: the prompt is one block and completion blocks start at the prompt's end.
+are the family's (``block_layout``, :func:`~trl_dllm.core.masks.layout_ids`): with ``"absolute"`` (SDAR / TraDo /
+LLaDA2) a token's block is its true position // ``B`` per sample, prompt included, so the first completion block of a
+row whose prompt length ``p`` is not a multiple of ``B`` holds ``B − p mod B`` completion tokens after the prompt's tail.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ..masks import layout_ids
 from ..sampling import sampling_log_probs
 from ._views import LikelihoodOutput, check_inputs, recompute_chunks
 from .block import staircase_logits
@@ -33,34 +36,31 @@ from .block import staircase_logits
 __all__ = ["block_steps", "local_steps"]
 
 
-def local_steps(unmask_step: torch.Tensor, block_length: int) -> torch.Tensor:
+def local_steps(unmask_step: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     """Each token's step within its block: the rank of its global step among the distinct steps of its block.
 
     Args:
         unmask_step (`torch.LongTensor` of shape `(B, L)`): global step that committed each token, ``-1`` if never.
-        block_length (`int`): the decoding block size (``L`` need not be a multiple: the last block may be shorter).
+        blocks (`torch.LongTensor` of shape `(B, L)`): each completion position's block id (any ids; equal = same block).
 
     Returns:
         `torch.LongTensor` of shape `(B, L)`: ``k_j >= 0``, or ``-1`` where ``unmask_step`` is ``-1``.
 
     Example: a block with steps ``[5, 4, 5, -1]`` has distinct steps ``{4, 5}``, so local steps ``[1, 0, 1, -1]``.
     """
-    batch_size, length = unmask_step.shape
-    blocks = -(-length // block_length)
-    padded = unmask_step.new_full((batch_size, blocks * block_length), -1)
-    padded[:, :length] = unmask_step
-    steps = padded.view(batch_size, blocks, block_length)
-    valid = steps >= 0
-    same = steps[..., :, None] == steps[..., None, :]  # (B, nb, i, j)
-    earlier = torch.ones(block_length, block_length, dtype=torch.bool, device=steps.device).tril(-1)  # j < i
-    first = valid & ~(same & earlier & valid[..., None, :]).any(-1)  # first occurrence of its step value
-    rank = ((steps[..., None, :] < steps[..., :, None]) & first[..., None, :]).sum(-1)
-    return rank.masked_fill(~valid, -1).view(batch_size, -1)[:, :length]
+    valid = unmask_step >= 0
+    same_block = blocks[:, :, None] == blocks[:, None, :]  # (B, i, j)
+    same_step = unmask_step[:, :, None] == unmask_step[:, None, :]
+    earlier = torch.ones(blocks.shape[1], blocks.shape[1], dtype=torch.bool, device=blocks.device).tril(-1)  # j < i
+    first = valid & ~(same_block & same_step & earlier & valid[:, None, :]).any(-1)  # first occurrence of its step
+    rank = (same_block & (unmask_step[:, None, :] < unmask_step[:, :, None]) & first[:, None, :]).sum(-1)
+    return rank.masked_fill(~valid, -1)
 
 
 def _round_scores(logits_fn, prompt_ids, prompt_mask, completion_ids, noisy_ids, keep, block_length, opts):
     """Log-probs and entropies `(n,)` of the ``keep`` tokens of one round, from one staircase forward."""
-    logits = staircase_logits(logits_fn, prompt_ids, prompt_mask, noisy_ids, completion_ids, block_length, keep=keep)
+    logits = staircase_logits(logits_fn, prompt_ids, prompt_mask, noisy_ids, completion_ids, block_length, keep=keep,
+                              layout=opts["block_layout"])  # fmt: skip
     log_q = sampling_log_probs(
         logits, temperature=opts["temperature"], top_k=opts["top_k"], top_p=opts["top_p"],
         mask_token_id=opts["mask_token_id"], min_p=opts["min_p"],
@@ -83,6 +83,7 @@ def block_steps(
     seeds,
     unmask_step=None,
     block_length=None,
+    block_layout="absolute",
     temperature=1.0,
     top_k=None,
     top_p=None,
@@ -103,6 +104,8 @@ def block_steps(
         unmask_step (`torch.LongTensor` of shape `(B, L)`): the rollout's step map (``GenerationOutput.unmask_step``).
             Required.
         block_length (`int`): the model's block size, the rollout's decoding block. Required.
+        block_layout (`str`, *optional*, defaults to `"absolute"`): how the family counts its blocks (its spec's
+            ``block_layout``): ``"absolute"`` from position 0 of each sample, prompt included, or ``"prompt"``.
         temperature (`float`, *optional*, defaults to `1.0`): the rollout's temperature (``> 0``).
         top_k (`int`, *optional*): the rollout's top-k.
         top_p (`float`, *optional*): the rollout's top-p.
@@ -125,9 +128,10 @@ def block_steps(
     if temperature <= 0:
         raise ValueError(f"`temperature` must be > 0 (a greedy rollout has no likelihood), got {temperature}.")
     opts = dict(mask_token_id=mask_token_id, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                entropy_grad=entropy_grad)  # fmt: skip
+                entropy_grad=entropy_grad, block_layout=block_layout)  # fmt: skip
     unmask_step = unmask_step.to(completion_ids.device).long()
-    local = local_steps(unmask_step, block_length)
+    blocks, _ = layout_ids(prompt_mask.to(completion_ids.device), completion_ids.shape[1], block_length, block_layout)
+    local = local_steps(unmask_step, blocks[:, prompt_ids.shape[1] :])
     scored = score_mask.bool() & (local >= 0)
     rounds = [k for k in range(int(local.max().clamp(min=-1)) + 1) if (scored & (local == k)).any()]
     recompute = recompute_chunks(checkpoint_views, len(rounds))
