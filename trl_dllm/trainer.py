@@ -37,7 +37,7 @@ from .models.native import adapter_to_original_layout
 from .nonfinite import NonFiniteGuard
 from .seeding import device_generators, sample_seeds
 from .training import checks, model_setup, rollouts, state
-from .training.dynamic_sampling import DynamicSampling
+from .training.dynamic_sampling import DynamicSampling, total_rewards
 from .training.scoring import EstimationPass, Scoring
 from .training.signal import ZeroSpreadWatch
 
@@ -84,8 +84,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         self._nonfinite = NonFiniteGuard(args.max_consecutive_nonfinite_steps)
         self._zero_spread = ZeroSpreadWatch(args)  # warns when frac_reward_zero_std stays 1 (nothing is learned)
         self._eval_rollouts = 0  # keys eval rollouts' seeds (the training ones are keyed by TRL's step counter)
-        # TRL's batch dict carries advantages, not rewards: the rollout's total rewards cross to the batch here.
-        self._rollout_rewards: torch.Tensor | None = None
+        self._rollout_rewards: torch.Tensor | None = None  # TRL's batch carries advantages, not the rewards behind them
         self._dynamic_sampling = DynamicSampling(args.dynamic_sampling_patience)
 
     @property
@@ -146,10 +145,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             replay = self.scoring.estimator_options("trajectory", current=False)
             output["token_entropies"] = rollouts.rollout_entropies(self.model, self.model_spec, {
                 **output, "completion_ids": canvas}, replay)  # fmt: skip
-        mask = rollouts.completion_mask(canvas, self.eos_token_ids, upto_first_eos=not self.args.score_padding_eos)
-        if self.mask_truncated_completions:
-            has_eos = torch.isin(canvas, torch.tensor(self.eos_token_ids, device=canvas.device)).any(dim=1)
-            mask = mask * has_eos.unsqueeze(1).long()
+        mask = rollouts.scored_mask(canvas, self.eos_token_ids, score_padding_eos=self.args.score_padding_eos,
+                                    mask_truncated=self.mask_truncated_completions)  # fmt: skip
         training = self.model.training
         batch, iterations = canvas.size(0), self.num_iterations if training else 1
         num_generations = self.num_generations if training else self.num_generations_eval
@@ -282,8 +279,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         rewards = rewards.masked_fill(torch.isinf(rewards), float("nan"))
         self._metrics[self._mode]["rewards/unscorable"].append(torch.isnan(rewards).all(dim=1).sum().item())
-        total = (rewards * self.reward_weights.to(rewards.device)).nansum(dim=1)
-        self._rollout_rewards = total.masked_fill(torch.isnan(rewards).all(dim=1), float("nan"))  # dynamic sampling
+        self._rollout_rewards = total_rewards(rewards, self.reward_weights)  # read by dynamic sampling
         return rewards
 
     def _get_grad_norm(self, model, grad_norm=None):

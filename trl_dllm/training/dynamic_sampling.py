@@ -45,6 +45,13 @@ def informative_groups(rewards: torch.Tensor, num_generations: int) -> torch.Ten
 
 
 @dataclass
+def total_rewards(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`(N,)` weighted sum of TRL's per-function rewards `(N, F)` (NaN: unscored, skipped); NaN where no function
+    scored the sample."""
+    total = (rewards * weights.to(rewards.device)).nansum(dim=1)
+    return total.masked_fill(torch.isnan(rewards).all(dim=1), float("nan"))
+
+
 class DynamicSampling:
     """The dynamic-sampling state of one trainer: consecutive rollouts that left no group, and whether it warned.
 

@@ -114,6 +114,17 @@ def completion_mask(canvas: torch.Tensor, eos_token_ids: Sequence[int], upto_fir
     return (~after_eos).long()
 
 
+def scored_mask(canvas: torch.Tensor, eos_token_ids: Sequence[int], *, score_padding_eos: bool,
+                mask_truncated: bool) -> torch.Tensor:
+    """(B, L) long: the positions the likelihood scores — up to the first EOS, or the whole canvas with
+    `score_padding_eos`; none of a row without EOS with `mask_truncated` (TRL's `mask_truncated_completions`)."""
+    mask = completion_mask(canvas, eos_token_ids, upto_first_eos=not score_padding_eos)
+    if mask_truncated:
+        has_eos = torch.isin(canvas, torch.tensor(list(eos_token_ids), device=canvas.device)).any(dim=1)
+        mask = mask * has_eos.unsqueeze(1).long()
+    return mask
+
+
 @torch.no_grad()
 def rollout_entropies(model, spec: ModelSpec, batch: dict, replay_options: dict) -> torch.Tensor:
     """(B, L) entropy of the sampling distribution at each revealed token, for entropy-weighted step sampling: one
