@@ -44,7 +44,6 @@ def informative_groups(rewards: torch.Tensor, num_generations: int) -> torch.Ten
     return finite.any(1) & (high > low)
 
 
-@dataclass
 def total_rewards(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """`(N,)` weighted sum of TRL's per-function rewards `(N, F)` (NaN: unscored, skipped); NaN where no function
     scored the sample."""
@@ -52,6 +51,7 @@ def total_rewards(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return total.masked_fill(torch.isnan(rewards).all(dim=1), float("nan"))
 
 
+@dataclass
 class DynamicSampling:
     """The dynamic-sampling state of one trainer: consecutive rollouts that left no group, and whether it warned.
 
