@@ -135,10 +135,11 @@ def step_logs(output_dir: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def one_process_run(tiny_model_path, tmp_path_factory):
-    """The tiny StableDRL recipe for 4 steps on 1 process with the global batch of 4 rows."""
+    """The tiny StableDRL recipe for 4 steps on 1 process with the global batch of 4 rows: 2 groups of 2, so that on
+    2 processes every group stays on one process (StableDRL normalises its weights over the part of a group present)."""
     output_dir = tmp_path_factory.mktemp("one_process")
     launch(torchrun(1), "stabledrl_gsm8k.yaml", tiny_model_path, output_dir, "--max_steps", "4",
-           "--per_device_train_batch_size", "4", processes=1)
+           "--per_device_train_batch_size", "4", "--num_generations", "2", processes=1)
     return output_dir
 
 
@@ -148,7 +149,7 @@ def test_one_and_two_processes_give_the_same_run(tiny_model_path, tmp_path, one_
     processes x 2 rows (DDP, ZeRO-2, ZeRO-3), gets the same completions, masks and per-step losses (4 steps)."""
     command = torchrun(2) if launcher == "ddp" else accelerate(f"{launcher}_cpu.yaml")
     launch(command, "stabledrl_gsm8k.yaml", tiny_model_path, tmp_path, "--max_steps", "4",
-           "--per_device_train_batch_size", "2")
+           "--per_device_train_batch_size", "2", "--num_generations", "2")
     one, two = step_logs(one_process_run), step_logs(tmp_path)
     assert [log["step"] for log in one] == [log["step"] for log in two] == [1, 2, 3, 4]
     for a, b in zip(one, two):
