@@ -160,33 +160,48 @@ def scaled_to(ax, values: list[float]) -> None:
 
 
 def plot_compare(results: dict, path: Path) -> None:
-    """Per task: held-out reward vs RL step (RL methods), and vs training seconds (every method, SFT included); one
-    line per method (the mean over seeds) with a band (lowest to highest seed); the legend right of the panels."""
+    """Per task, three panels: held-out reward vs RL step and vs training seconds (the RL methods), and SFT against
+    the best RL method (highest final mean) vs seconds; one line per method (the mean over seeds) with a band (lowest
+    to highest seed). At most 8 RL methods per panel; one legend, right of the panels."""
     plt = pyplot()
     tasks = results["config"]["tasks"]
-    fig, axes = plt.subplots(len(tasks), 2, figsize=(13, 4 * len(tasks)), dpi=110, squeeze=False)
+    fig, axes = plt.subplots(len(tasks), 3, figsize=(17, 4 * len(tasks)), dpi=110, squeeze=False)
     colors = {m: f"C{i % 10}" for i, m in enumerate(results["config"]["methods"])}
     for row, task in enumerate(tasks):
-        by_step, by_time = axes[row]
-        drawn = {by_step: [], by_time: []}
+        by_step, by_time, vs_sft = axes[row]
+        drawn = {by_step: [], by_time: [], vs_sft: []}
+        rl_runs, sft = {}, None
         for (t, method), runs in group_runs(results).items():
             if t != task:
                 continue
-            rl = bool(runs[0]["rollouts"])
             label = f"{method} (mean of {len(runs)}, band: min–max)" if len(runs) > 1 else method
-            if rl:
+            if runs[0]["rollouts"]:
                 drawn[by_step] += draw_band(by_step, runs, "step", colors[method], label)
-            drawn[by_time] += draw_band(by_time, runs, "seconds", colors[method], label, "-" if rl else "--")
+                drawn[by_time] += draw_band(by_time, runs, "seconds", colors[method], label)
+                rl_runs[method] = (runs, label)
+            else:
+                sft = (method, runs, label)
+        if rl_runs:  # the best RL method: the highest mean held-out reward at its last shared evaluation
+            best = max(rl_runs, key=lambda m: band(rl_runs[m][0])[1][-1])
+            drawn[vs_sft] += draw_band(vs_sft, rl_runs[best][0], "seconds", colors[best], rl_runs[best][1])
+        if sft is not None:
+            drawn[vs_sft] += draw_band(vs_sft, sft[1], "seconds", colors[sft[0]], sft[2], "--")
         by_step.set(xlabel="RL step", ylabel="held-out reward (greedy)", title=f"{task}: held-out reward vs step")
-        by_time.set(xlabel="training seconds (evaluations excluded)", title=f"{task}: vs time (dashed: SFT)")
+        by_time.set(xlabel="training seconds (evaluations excluded)", title=f"{task}: RL methods vs time")
+        vs_sft.set(xlabel="training seconds (evaluations excluded)", title=f"{task}: SFT (dashed) vs the best RL")
         demos = _demonstrations(results["warm_starts"][task])
-        for ax in (by_step, by_time):
+        for ax in (by_step, by_time, vs_sft):
             if demos < 1:  # verifier-only: the most that imitating the demonstrations can reach
                 ax.axhline(demos, color="black", lw=0.8, ls=":", label="imitating the demonstrations")
                 drawn[ax].append(demos)
             scaled_to(ax, drawn[ax])
             ax.grid(alpha=0.3)
-        by_time.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # outside the data
+        handles = {}
+        for ax in (by_step, by_time, vs_sft):  # one entry per label, every panel's lines included
+            for handle, text in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(text, handle)
+        vs_sft.legend(handles.values(), handles.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                      frameon=False)  # outside the data  # fmt: skip
     loads = [p["load1"] for r in results["runs"] for p in r["curve"] if "load1" in p]
     loads += [results["machine"]["loadavg_start"][0], results["machine"].get("loadavg_end", [float("nan")])[0]]
     loads = [x for x in loads if x == x]
