@@ -26,7 +26,8 @@ def test_two_machines_equal_one_process(tiny_model_path, tmp_path):
             [accelerate_cli, "launch", "--multi_gpu", "--num_machines", "2", "--num_processes", "2", "--machine_rank",
              str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", port, "--mixed_precision", "no",
              "--dynamo_backend", "no", "-m", "trl_dllm", "grpo", "--config", "recipes/tiny/stabledrl_gsm8k.yaml",
-             "--output_dir", str(shared), "--max_steps", "4", "--per_device_train_batch_size", "2"],
+             "--output_dir", str(shared), "--max_steps", "4", "--per_device_train_batch_size", "2",
+             "--num_generations", "2"],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         for rank in (0, 1)
@@ -38,7 +39,7 @@ def test_two_machines_equal_one_process(tiny_model_path, tmp_path):
 
     one = tmp_path / "one_process"
     launch(torchrun(1), "stabledrl_gsm8k.yaml", tiny_model_path, one, "--max_steps", "4",
-           "--per_device_train_batch_size", "4", processes=1)  # fmt: skip
+           "--per_device_train_batch_size", "4", "--num_generations", "2", processes=1)  # fmt: skip
     first, second = step_logs(one), step_logs(shared)
     assert [log["step"] for log in first] == [log["step"] for log in second] == [1, 2, 3, 4]
     for a, b in zip(first, second):
