@@ -29,3 +29,30 @@ def test_bad_flags_exit_2_with_one_line(argv, expected, capsys, monkeypatch, tmp
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err
+
+
+def test_eval_adapter_on_another_base_names_both(capsys, monkeypatch, tmp_path):
+    """A LoRA adapter whose `base_model_name_or_path` is a model of other sizes: one line naming the adapter, its
+    base and the fix, not PEFT's "size mismatch" traceback."""
+    import json
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from trl_dllm.testing import save_tiny_dllm
+
+    trained_on = save_tiny_dllm(tmp_path / "trained_on", hidden_size=32)
+    other = save_tiny_dllm(tmp_path / "other", hidden_size=48)
+    adapter = tmp_path / "adapter"
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(trained_on), LoraConfig(r=2, target_modules=["q_proj"]))
+    model.save_pretrained(adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": str(other)}))
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["eval", "--task", "gsm8k", "--eval_data_files", "tests/fixtures/gsm8k.jsonl", "--model_name_or_path",
+                  str(adapter), "--max_samples", "1"])  # fmt: skip
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"the LoRA adapter {str(adapter)!r} does not fit its base model {str(other)!r}" in err
+    assert "base_model_name_or_path" in err and "Traceback" not in err

@@ -1,4 +1,4 @@
-"""docs/troubleshooting.md rows 28-40 (reliability refusals): each quotes text the code really produces. For every row,
+"""docs/troubleshooting.md rows 28-41 (reliability refusals): each quotes text the code really produces. For every row,
 the literal parts of its message (split where the code interpolates a value) are found in the row and in the source
 of the module that raises it."""
 
@@ -26,6 +26,9 @@ ROWS = {
     39: ("trl_dllm/demo/__init__.py", [": must be > 0", ": must be in (0, 1]"]),
     40: ("trl_dllm/training/inputs.py", ["; copy or download it again", "is not valid JSON", "no weights (no *.safetensors",
                                         "no config.json", ": no such local folder or embedded model;"]),
+    41: ("trl_dllm/scripts/eval.py", ["model_name_or_path: the LoRA adapter", "does not fit its base model",
+                                     "(its weights have other shapes): the adapter was trained on another model.",
+                                     "in its adapter_config.json to the model it was trained on."]),
 }  # fmt: skip
 
 

@@ -88,7 +88,16 @@ def load_model_and_tokenizer(name_or_path: str, init_kwargs: dict, native: bool 
             with open(adapter_config, encoding="utf-8") as f:
                 base = resolve_model_name(json.load(f)["base_model_name_or_path"])  # "tiny": built on first use
             model = load_pretrained(base, native=native, **init_kwargs)
-            model = load_adapter(model, name_or_path).merge_and_unload()
+            try:
+                model = load_adapter(model, name_or_path).merge_and_unload()
+            except RuntimeError as err:  # PEFT's "size mismatch for ...": the adapter was trained on another model
+                if "size mismatch" not in str(err):
+                    raise
+                raise UsageError(
+                    f"model_name_or_path: the LoRA adapter {name_or_path!r} does not fit its base model {base!r} (its "
+                    "weights have other shapes): the adapter was trained on another model. Set base_model_name_or_path "
+                    "in its adapter_config.json to the model it was trained on."
+                ) from err
             has_tokenizer = os.path.isfile(os.path.join(name_or_path, "tokenizer_config.json"))
             tokenizer_source = name_or_path if has_tokenizer else base
         else:
