@@ -15,6 +15,7 @@ See docs/compare.md.
 
 from __future__ import annotations
 
+import ast
 import datetime
 import json
 import os
@@ -22,7 +23,7 @@ import platform
 import statistics
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -41,7 +42,7 @@ from .run import (
     train_log,
 )
 from .tasks import TASKS
-from .warmstart import prepare, warm_start
+from .warmstart import drift, prepare, warm_start
 
 SFT = "sft"
 # One line per method: the `DiffusionGRPOConfig` fields that define it (everything else is shared, see
@@ -87,6 +88,7 @@ class CompareConfig:
     collapse_drop: float = 0.2  # a collapse: held-out reward this far below the best so far (warm start included)
     quick: bool = False
     merge: tuple[str, ...] = ()  # `--merge`: combine these output directories (no training)
+    overrides: dict = field(default_factory=dict)  # `--set FIELD=VALUE`: `DiffusionGRPOConfig` fields of every RL run
 
     def steps(self, task: str) -> int:
         """RL steps per run on `task`: `max_steps` when given, else the task's default (`TASK_STEPS`, else 300)."""
@@ -138,11 +140,14 @@ class TrackedEval(HeldOutCallback):
     average recorded with every point."""
 
     counter: ForwardCounter | None = None
+    reference = None  # the warm start: each point then also records `drift` on the val prompts
 
     def evaluate(self, model, step: int) -> dict:
         began = time.monotonic()
         with self.counter.paused() if self.counter else _nothing():
             point = super().evaluate(model, step)
+            if self.reference is not None:
+                point.update(drift(model, self.reference, self.prep["tokenizer"], self.prep["task"], self.prep["val"]))
         point["seconds"] = began - self.start
         point["load1"] = os.getloadavg()[0]  # a shared machine's load moves the wall-clock cap's worth in steps
         self.start += time.monotonic() - began
@@ -168,9 +173,28 @@ def collapses(rewards: list[float], drop: float) -> int:
     return count
 
 
+# The training metrics kept per step in `results.json` (`log`): what a collapse shows before and while it happens.
+DIAGNOSTICS = ("reward", "reward_std", "frac_reward_zero_std", "entropy", "completions/mean_length",
+               "completions/mean_terminated_length", "completions/clipped_ratio", "grad_norm", "kl", "loss",
+               "learning_rate", "weights/ess", "weights/max", "ratio/max", "ratio/min", "clip_ratio/region_mean",
+               "collapse_guard/alarm")  # fmt: skip
+
+
+def training_log(history: list[dict]) -> dict[str, list]:
+    """`DIAGNOSTICS` per optimizer step (4 significant digits; metrics a method never logs are left out)."""
+    rows = [h for h in history if "loss" in h and "step" in h]
+    log = {"step": [h["step"] for h in rows]}
+    for name in DIAGNOSTICS:
+        if any(name in h for h in rows):
+            log[name] = [None if h.get(name) is None else float(f"{float(h[name]):.4g}") for h in rows]
+    return log
+
+
 def _summarise(method, task, seed, prep, callback, steps, seconds, counter, budget, drop) -> dict:
     start = {"step": 0, "seconds": 0.0, "val_reward": prep["before_val"]["reward"],
              **{f"test_{k}": v for k, v in prep["before"].items()}}  # fmt: skip
+    if callback.reference is not None:
+        start.update(drift(callback.reference, callback.reference, prep["tokenizer"], prep["task"], prep["val"]))
     curve = [start, *callback.curve]
     best = callback.best or start
     return {
@@ -193,10 +217,13 @@ def _summarise(method, task, seed, prep, callback, steps, seconds, counter, budg
 
 
 def _rl_run(cfg: CompareConfig, demo: DemoConfig, prep: dict, method: str, seed: int, progress) -> dict:
-    run_cfg = replace(demo, trainer_overrides={**METHODS[method], "seed": seed})
+    from transformers import AutoModelForCausalLM
+
+    run_cfg = replace(demo, trainer_overrides={**METHODS[method], **cfg.overrides, "seed": seed})
     args = demo_trainer_args(run_cfg, prep["task"], str(Path(demo.out_dir) / "trainer"))
     label = f"{method} · {demo.task} · seed {seed}"
     callback = TrackedEval(prep, demo.eval_every, demo.max_minutes, progress, label)
+    callback.reference = AutoModelForCausalLM.from_pretrained(prep["path"]).eval()
     trainer = make_demo_trainer(prep, args, callback)
     callback.counter = counter = ForwardCounter(trainer.model, getattr(trainer, "ref_model", None))
     trainer.train()
@@ -209,7 +236,8 @@ def _rl_run(cfg: CompareConfig, demo: DemoConfig, prep: dict, method: str, seed:
                      cfg.collapse_drop)  # fmt: skip
     grads = train_log(trainer.state.log_history)["grad_norm"]
     run["non_finite_grad_steps"] = sum(g is not None and not abs(g) < float("inf") for g in grads)
-    run["trainer_fields"] = METHODS[method]
+    run["trainer_fields"] = {**METHODS[method], **cfg.overrides}
+    run["log"] = training_log(trainer.state.log_history)
     return run
 
 
@@ -350,6 +378,13 @@ def parse_args(argv=None) -> CompareConfig:
     )
     parser.add_argument("--eval-every", type=int, default=default.eval_every, help="held-out evaluation interval")
     parser.add_argument("--warmstart-seed", type=int, default=0, help="seed of the model and its warm start")
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        metavar="FIELD=VALUE",
+        default=[],
+        help="DiffusionGRPOConfig fields for every RL run, over the methods' own (e.g. --set max_grad_norm=0.2)",
+    )
     preset = parser.add_mutually_exclusive_group()
     preset.add_argument(
         "--short",
@@ -374,12 +409,30 @@ def parse_args(argv=None) -> CompareConfig:
         if not (Path(directory) / "results.json").is_file():
             parser.error(f"--merge {directory}: no results.json there; pass output directories of `trl-dllm compare`")
     cfg = CompareConfig(out_dir=args.out, threads=args.threads, eval_every=args.eval_every,
-                        warmstart_seed=args.warmstart_seed, quick=args.quick, merge=tuple(args.merge))  # fmt: skip
+                        warmstart_seed=args.warmstart_seed, quick=args.quick, merge=tuple(args.merge),
+                        overrides=_overrides(parser, args.set))  # fmt: skip
     cfg = replace(cfg, **QUICK_COMPARE) if args.quick else replace(cfg, **SHORT_COMPARE) if args.short else cfg
     given = {"methods": args.methods, "tasks": args.tasks, "seeds": args.seeds, "max_steps": args.max_steps,
              "max_minutes": args.max_minutes}  # fmt: skip
     given = {k: tuple(dict.fromkeys(v)) if isinstance(v, list) else v for k, v in given.items() if v is not None}
     return replace(cfg, **given)
+
+
+def _overrides(parser, pairs: list[str]) -> dict:
+    """`--set FIELD=VALUE ...` as a dict; a value is read as a Python literal (0.2, True, None) or else kept a string.
+    An unknown field or a pair without `=` is a usage error naming it."""
+    from trl_dllm import DiffusionGRPOConfig
+
+    known, out = {f.name for f in fields(DiffusionGRPOConfig)}, {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or name not in known:
+            parser.error(f"--set {pair}: expected FIELD=VALUE with FIELD a DiffusionGRPOConfig field")
+        try:
+            out[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            out[name] = text
+    return out
 
 
 def main(argv=None) -> dict:

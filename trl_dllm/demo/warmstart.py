@@ -152,6 +152,29 @@ def greedy_eval(model, tokenizer, task: Task, problems: list[dict]) -> dict:
     return {"reward": sum(rewards) / len(rewards), "accuracy": sum(r == 1.0 for r in rewards) / len(rewards)}
 
 
+@torch.no_grad()
+def drift(model, reference, tokenizer, task: Task, problems: list[dict]) -> dict:
+    """How far `model` has moved from `reference` (the warm start) and how sure it is, on the fully masked canvas of
+    `problems`' prompts (the first denoising step of a decode): ``kl_reference``, the mean over completion positions of
+    ``KL(π_θ ‖ π_ref)`` (nats per token), and ``entropy``, the mean entropy of ``π_θ`` there."""
+    was_training = model.training
+    model.eval()
+    spec = resolve_model_spec(model, tokenizer)
+    enc = tokenizer([p["prompt"] for p in problems], add_special_tokens=False, padding=True, padding_side="left",
+                    return_tensors="pt")  # fmt: skip
+    rows, length = enc["input_ids"].shape[0], task.completion_length
+    ids = torch.cat([enc["input_ids"], torch.full((rows, length), spec.mask_token_id)], dim=1)
+    mask = torch.cat([enc["attention_mask"], torch.ones(rows, length, dtype=enc["attention_mask"].dtype)], dim=1)
+    positions = torch.arange(ids.shape[1] - length, ids.shape[1])
+    log_p = model_logits_fn(model, spec)(ids, mask, positions).float().log_softmax(-1)
+    log_q = model_logits_fn(reference, spec)(ids, mask, positions).float().log_softmax(-1)
+    model.train(was_training)
+    return {
+        "kl_reference": (log_p.exp() * (log_p - log_q)).sum(-1).mean().item(),
+        "entropy": -(log_p.exp() * log_p).sum(-1).mean().item(),
+    }
+
+
 # --------------------------------------------------------------------------- the demo's starting point
 def prepare(cfg, console=None) -> dict:
     """Build the tokenizer and model (sizes from `cfg`, a `run.DemoConfig`), warm-start it, save it under
