@@ -150,12 +150,31 @@ class DiffusionGRPOConfig(GRPOConfig):
             objective's own: `k2` at sequence level for `"espo"` and `"stabledrl"` (ESPO's choice), per-token `k3` for
             `"agrpo"` (AGRPO's code). TRL's own loss types keep TRL's per-token `k3`.
 
-        > Parameters that control non-finite safety
+        > Parameters that control non-finite safety and collapses
 
         max_consecutive_nonfinite_steps (`int`, *optional*, defaults to `5`):
             An optimizer step whose loss or gradient is not finite (on any process) is skipped: no parameter moves,
             the step is counted in the `nonfinite/skipped_steps` metric, and training goes on. After this many
             consecutive skipped steps training stops with an error that says what was seen. `0` stops at the first.
+        collapse_guard (`str`, *optional*, defaults to `"off"`):
+            Watch the training reward, rollout entropy and KL for a collapse (`trl_dllm.training.collapse`): `"off"`,
+            `"warn"` (log why), `"stop"` (log why and stop training) or `"rollback"` (log why, restore the last good
+            trainable parameters kept in CPU memory and lower the learning rate; not under DeepSpeed or FSDP).
+        collapse_guard_patience (`int`, *optional*, defaults to `20`):
+            Logged training steps in a row with an alarm before the guard acts.
+        collapse_guard_window (`int`, *optional*, defaults to `10`):
+            Each signal is the mean over this many logged steps.
+        collapse_guard_reward_drop (`float`, *optional*, defaults to `0.2`):
+            Alarm when the smoothed training reward is more than this below its best (in your reward's units).
+        collapse_guard_entropy_ratio (`float` or `None`, *optional*, defaults to `None`):
+            Alarm when the smoothed rollout entropy falls below this fraction of its first window. `None`: not watched.
+        collapse_guard_max_kl (`float` or `None`, *optional*, defaults to `None`):
+            Alarm when the smoothed KL to the reference model exceeds this (logged only with `beta > 0`). `None`: not
+            watched.
+        collapse_guard_lr_factor (`float`, *optional*, defaults to `0.5`):
+            `"rollback"`: the learning rate is multiplied by this at each rollback.
+        collapse_guard_max_rollbacks (`int`, *optional*, defaults to `2`):
+            `"rollback"`: after this many rollbacks, the next collapse stops the run.
 
         > Parameters that control the output directory
 
@@ -271,6 +290,26 @@ class DiffusionGRPOConfig(GRPOConfig):
     max_consecutive_nonfinite_steps: int = field(
         default=5,
         metadata={"help": "Consecutive skipped non-finite optimizer steps before training stops (0: stop at the first)."},
+    )
+    collapse_guard: str = field(
+        default="off", metadata={"help": "On a collapse of the training reward: off, warn, stop or rollback."}
+    )
+    collapse_guard_patience: int = field(default=20, metadata={"help": "collapse_guard: alarming steps before acting."})
+    collapse_guard_window: int = field(default=10, metadata={"help": "collapse_guard: logged steps each signal averages."})
+    collapse_guard_reward_drop: float = field(
+        default=0.2, metadata={"help": "collapse_guard: alarm when the smoothed reward is this far below its best."}
+    )
+    collapse_guard_entropy_ratio: float | None = field(
+        default=None, metadata={"help": "collapse_guard: alarm below this fraction of the first window's entropy."}
+    )
+    collapse_guard_max_kl: float | None = field(
+        default=None, metadata={"help": "collapse_guard: alarm when the smoothed KL to the reference exceeds this."}
+    )
+    collapse_guard_lr_factor: float = field(
+        default=0.5, metadata={"help": "collapse_guard='rollback': learning rate factor at each rollback."}
+    )
+    collapse_guard_max_rollbacks: int = field(
+        default=2, metadata={"help": "collapse_guard='rollback': rollbacks before the next collapse stops the run."}
     )
     overwrite_output_dir: bool = field(
         default=False,

@@ -10,7 +10,7 @@ not serve. The math is in `trl_dllm.core`. Overridden (TRL 1.16):
 - `_compute_loss`: the diffusion objectives (`core.objectives`), or TRL's own loss on estimated log-probs.
 - `_prepare_inputs`: only with `whole_group_batches`, TRL's shuffle-and-split of the generation batch by whole groups.
 - `compute_loss`, `_get_grad_norm`, `log`: non-finite losses and gradients skip the optimizer step (`nonfinite.py`);
-  `log` also warns when no group has reward spread for several steps (`training.signal`).
+  `log` also warns when no group has reward spread (`training.signal`) and runs the collapse guard (`training.collapse`).
 - `_calculate_rewards`: `super()`, then ±inf rewards count as unscorable (like `None`) and their number is logged.
 - `train`, `_save_checkpoint`, `_save_optimizer_and_scheduler`, `_load_optimizer_and_scheduler`, `save_model`:
   `output_dir` guarded and locked, torn checkpoints skipped, a full disk named, our generation state checkpointed
@@ -37,6 +37,7 @@ from .models.native import adapter_to_original_layout
 from .nonfinite import NonFiniteGuard
 from .seeding import device_generators, sample_seeds
 from .training import checks, model_setup, rollouts, state
+from .training.collapse import CollapseGuard
 from .training.dynamic_sampling import DynamicSampling, total_rewards
 from .training.scoring import EstimationPass, Scoring
 from .training.signal import ZeroSpreadWatch
@@ -86,6 +87,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         self._eval_rollouts = 0  # keys eval rollouts' seeds (the training ones are keyed by TRL's step counter)
         self._rollout_rewards: torch.Tensor | None = None  # TRL's batch carries advantages, not the rewards behind them
         self._dynamic_sampling = DynamicSampling(args.dynamic_sampling_patience)
+        self._collapse_guard = CollapseGuard(args)  # `log`: stops or rolls back a run whose reward drifts away
 
     @property
     def _shards_parameters(self) -> bool:
@@ -250,8 +252,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             out.logps, (out.logps.detach() if old is None else old) if objective.uses_old else None, ref, mask,
             inputs["advantages"], **self.scoring.objective_inputs(inputs, out), **self.scoring.objective_options(),
         )  # fmt: skip
-        self._log_metrics(result.metrics)
-        self._log_metrics({"entropy": (out.entropies * mask).sum() / mask.sum().clamp(min=1)})
+        self._log_metrics({**result.metrics, "entropy": (out.entropies * mask).sum() / mask.sum().clamp(min=1)})
         self._log_mc_variance(out)
         loss = result.loss
         if aux_loss is not None:  # MoE load balancing, weighted as TRL weights it
@@ -260,9 +261,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         return loss / (self.current_gradient_accumulation_steps if self.model.training else 1.0)
 
     def _inner_iteration(self) -> int:
-        if not self.model.training:
-            return 0
-        return (self._step // self.args.steps_per_generation) % self.num_iterations
+        return (self._step // self.args.steps_per_generation) % self.num_iterations if self.model.training else 0
 
     # ------------------------------------------------------------------ rewards and non-finite safety
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -297,6 +296,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         if "loss" in logs:  # training logs: the cumulative count of skipped non-finite steps; zero reward spread
             logs.update(self._nonfinite.metrics())
             self._zero_spread.observe(self._metrics["train"], self.state.global_step)
+            logs.update(self._collapse_guard.observe(self._metrics["train"], self.state.global_step, self))
         super().log(logs, start_time)
 
     # ------------------------------------------------------------------ checkpoints

@@ -1,4 +1,4 @@
-"""docs/troubleshooting.md rows 28-41 (reliability refusals): each quotes text the code really produces. For every row,
+"""docs/troubleshooting.md rows 28-42 (reliability refusals): each quotes text the code really produces. For every row,
 the literal parts of its message (split where the code interpolates a value) are found in the row and in the source
 of the module that raises it."""
 
@@ -29,6 +29,10 @@ ROWS = {
     41: ("trl_dllm/scripts/eval.py", ["model_name_or_path: the LoRA adapter", "does not fit its base model",
                                      "(its weights have other shapes): the adapter was trained on another model.",
                                      "in its adapter_config.json to the model it was trained on."]),
+    42: ("trl_dllm/training/collapse.py", ["Collapse guard, step ", "logged steps in a row (since step ",
+                                          "the training reward (mean of the last ", " logged steps) is ",
+                                          "below its best ", "Rolling back to the state of step ",
+                                          " with the learning rate × ", "Training stops"]),
 }  # fmt: skip
 
 

@@ -219,7 +219,9 @@ def _summarise(method, task, seed, prep, callback, steps, seconds, counter, budg
 def _rl_run(cfg: CompareConfig, demo: DemoConfig, prep: dict, method: str, seed: int, progress) -> dict:
     from transformers import AutoModelForCausalLM
 
-    run_cfg = replace(demo, trainer_overrides={**METHODS[method], **cfg.overrides, "seed": seed})
+    # The collapse guard (on in the demo) is off unless `--set` turns it on: the comparison measures the methods.
+    fields_ = {"collapse_guard": "off", **METHODS[method], **cfg.overrides, "seed": seed}
+    run_cfg = replace(demo, trainer_overrides=fields_)
     args = demo_trainer_args(run_cfg, prep["task"], str(Path(demo.out_dir) / "trainer"))
     label = f"{method} · {demo.task} · seed {seed}"
     callback = TrackedEval(prep, demo.eval_every, demo.max_minutes, progress, label)
@@ -314,9 +316,16 @@ def run_compare(cfg: CompareConfig) -> dict:
                     budget_s = max((r["wall_seconds"] for r in runs), default=60.0 * cfg.max_minutes)
                     runs.append(_sft_run(cfg, demo, prep, seed, budget_s, progress))
                 results["runs"] += runs
+                _save_partial(results, Path(cfg.out_dir))
     results["machine"]["loadavg_end"] = os.getloadavg()
     results["wall_minutes"] = (time.monotonic() - wall_start) / 60
     return _write(results, Path(cfg.out_dir), console)
+
+
+def _save_partial(results: dict, out: Path) -> None:
+    """`results.partial.json` after every seed: a long selection's finished runs can be read before it ends."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.partial.json").write_text(json.dumps(results, indent=2))
 
 
 def merge_compare(dirs: tuple[str, ...], out_dir: str) -> dict:

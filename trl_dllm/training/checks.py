@@ -25,6 +25,7 @@ from ..core.objectives import KL_ESTIMATORS, OBJECTIVES
 from ..core.sampling import GENERATION_CACHES, REMASKING
 from ..models import ModelSpec, require_4d_mask
 from . import inputs
+from .collapse import COLLAPSE_GUARD_MODES
 from .inputs import check_field_types  # noqa: F401  (config.py calls it before TRL's __post_init__)
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,45 @@ def check_config(args) -> None:
     _check_sampling(args)
     _check_unsupported_generation_options(args)
     _check_objective(args)
+    _check_collapse_guard(args)
+
+
+def _check_collapse_guard(args) -> None:
+    if args.collapse_guard not in COLLAPSE_GUARD_MODES:
+        raise ValueError(f"collapse_guard={args.collapse_guard!r} is not one of {list(COLLAPSE_GUARD_MODES)}.")
+    for name in ("collapse_guard_patience", "collapse_guard_window"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"{name}={getattr(args, name)} must be >= 1 (logged training steps).")
+    if args.collapse_guard_reward_drop <= 0:
+        raise ValueError(
+            f"collapse_guard_reward_drop={args.collapse_guard_reward_drop} must be > 0: the fall of the smoothed "
+            "training reward below its best that raises an alarm, in the reward's units (e.g. 0.2 for rewards in [0, 1])."
+        )
+    ratio, lr_factor = args.collapse_guard_entropy_ratio, args.collapse_guard_lr_factor
+    if ratio is not None and not 0 < ratio < 1:
+        raise ValueError(f"collapse_guard_entropy_ratio={ratio} must be in (0, 1), or None not to watch the entropy.")
+    if args.collapse_guard_max_kl is not None and args.collapse_guard_max_kl <= 0:
+        raise ValueError(f"collapse_guard_max_kl={args.collapse_guard_max_kl} must be > 0, or None not to watch it.")
+    if args.collapse_guard_max_kl is not None and args.beta == 0:
+        raise ValueError(
+            f"collapse_guard_max_kl={args.collapse_guard_max_kl} with beta=0.0: there is no reference model and no KL "
+            "is logged. Set beta > 0, or collapse_guard_max_kl=None."
+        )
+    if not 0 < lr_factor <= 1 or args.collapse_guard_max_rollbacks < 0:
+        raise ValueError(
+            f"collapse_guard_lr_factor={lr_factor} must be in (0, 1] and collapse_guard_max_rollbacks="
+            f"{args.collapse_guard_max_rollbacks} >= 0."
+        )
+
+
+def check_rollback_backend(trainer) -> None:
+    """`collapse_guard="rollback"` copies back parameters it kept itself: not what DeepSpeed or FSDP would use."""
+    if trainer.args.collapse_guard == "rollback" and (trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled):
+        raise ValueError(
+            "collapse_guard='rollback' restores parameters kept in CPU memory, which DeepSpeed and FSDP (they keep "
+            "their own master weights and optimizer shards) would not see. Use collapse_guard='stop' and resume from "
+            "the last checkpoint with a lower learning_rate."
+        )
 
 
 def check_num_generations(args) -> None:
@@ -495,6 +535,7 @@ def check_model(trainer, scan_rows: int = 1024) -> None:
     inputs.check_vocabulary(trainer._tokenizer, model)
     inputs.check_reward_functions(trainer)
     _warn_silent_settings(trainer, model)
+    check_rollback_backend(trainer)
     config, dataset = model.config, trainer.train_dataset
     positions = max_positions(config)
     completion = trainer.args.max_completion_length
