@@ -29,7 +29,7 @@ install-packages:
 	then echo "make install: keeping the installed torch $$($(PYTHON) -c 'import torch; print(torch.__version__)')"; \
 	else echo "make install: installing the $(TORCH_BUILD) build of $(TORCH_SPEC) (set TORCH_BUILD=cpu|cuda to choose)"; \
 		$(PYTHON) -m pip install "$(TORCH_SPEC)" $(TORCH_INDEX_$(TORCH_BUILD)); fi
-	$(PYTHON) -m pip install -e ".[dev,deepspeed,math,plot]"
+	$(PYTHON) -m pip install -e ".[dev,deepspeed,math,plot,logging]"
 	@$(PYTHON) -c "import torch; c = torch.cuda.is_available(); print('make install: torch', torch.__version__, \
 		'(CUDA build, GPU ' + ('found' if c else 'NOT visible') + ')' if torch.version.cuda else '(CPU build)', \
 		'in', __import__('sys').prefix)"

@@ -7,7 +7,10 @@ Takes the same fields as `trl-dllm grpo` (so a training recipe gives the decodin
 `block_length`, `diffusion_steps`, `remasking`, `cfg_scale`) plus `EvalArguments`. Decoding is greedy unless
 `eval_temperature > 0`. A sample is correct when the first reward (the task's correctness reward) is 1.
 The model may be a full model directory, a trainer checkpoint, a LoRA adapter directory (merged into its base model
-for decoding) or a Hub id. One process; `accelerate launch` is not needed.
+for decoding) or a Hub id. Under `torchrun` / `accelerate launch` the processes share the prompt batches and the
+first writes the report, equal to one process's (`trl_dllm.evaluation.processes`):
+
+    torchrun --nproc_per_node 2 -m trl_dllm eval --model_name_or_path tiny --task gsm8k --eval_data_files F.jsonl
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..evaluation.processes import Processes
 from ..models.embedded import resolve_model_name
+from ..seeding import device_generators, sample_seeds
 from .grpo import GRPOScriptArguments, check_model_path, load_dataset_for, model_init_kwargs, resolve_reward_funcs
 from .parsing import ScriptParser, UsageError, exit_on_bad_input
 
@@ -160,8 +165,8 @@ class EvalSetup:
     spec: object
 
 
-def prepare(eval_args: EvalArguments, args, model_args) -> EvalSetup:
-    """Rewards, data, then the model (fastest failures first), ready for decoding."""
+def prepare(eval_args: EvalArguments, args, model_args, device: torch.device) -> EvalSetup:
+    """Rewards, data, then the model (fastest failures first) on `device`, ready for decoding."""
     from ..models import make_bidirectional, resolve_model_spec
 
     if eval_args.max_samples is not None and eval_args.max_samples < 1:
@@ -174,24 +179,26 @@ def prepare(eval_args: EvalArguments, args, model_args) -> EvalSetup:
         dataset = dataset.select(range(min(eval_args.max_samples, len(dataset))))
     name = check_model_path(model_args.model_name_or_path)
     model, tokenizer = load_model_and_tokenizer(name, model_init_kwargs(args, model_args), args.native_loading)
-    if torch.cuda.is_available() and not args.use_cpu:
-        model.to("cuda")
+    model.to(device)
     spec = resolve_model_spec(model, tokenizer, args.mask_token_id)
     make_bidirectional(model)
     return EvalSetup(dataset, reward_funcs, model, tokenizer, spec)
 
 
-def evaluate(setup: EvalSetup, eval_args: EvalArguments, args, model_args) -> dict:
-    """Decode every prompt, score it with the rewards and return the report (fields in docs/cli.md)."""
+def evaluate(setup: EvalSetup, eval_args: EvalArguments, args, model_args, processes: Processes) -> dict | None:
+    """Decode this process's batches of prompts, score them with the rewards and return the report (fields in
+    docs/cli.md) on the first process, `None` on the others. Sample ``j`` of prompt ``i`` draws its noise from its own
+    generator, seeded by ``(seed, "eval", j, i)``: it does not depend on the batch it is decoded in."""
     dataset, reward_funcs, spec = setup.dataset, setup.reward_funcs, setup.spec
-    generator = torch.Generator(device=next(setup.model.parameters()).device).manual_seed(args.seed)
     columns = [c for c in dataset.column_names if c != "prompt"]
     names = [f.__name__ for f in reward_funcs]
-    samples, start = [], time.perf_counter()
-    for begin in range(0, len(dataset), eval_args.eval_batch_size):
-        batch = dataset[begin : begin + eval_args.eval_batch_size]
+    samples, start, size = [], time.perf_counter(), eval_args.eval_batch_size
+    for begin in processes.batch_starts(len(dataset), size):
+        batch = dataset[begin : begin + size]
         prompts = prompt_texts(batch["prompt"], setup.tokenizer)
+        rows = range(begin, begin + len(prompts))
         for sample_index in range(eval_args.samples_per_prompt):
+            generator = device_generators(sample_seeds(args.seed, "eval", sample_index, rows)[:, 0], processes.device)
             texts = decode_batch(setup.model, setup.tokenizer, spec, args, eval_args, prompts, generator)
             chat = isinstance(batch["prompt"][0], list)
             completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
@@ -209,6 +216,10 @@ def evaluate(setup: EvalSetup, eval_args: EvalArguments, args, model_args) -> di
                         "correct": rewards[names[0]] == 1.0,
                     }
                 )
+    # one process's order: batch by batch, within a batch sample by sample, then prompt by prompt
+    samples = processes.gather(samples, lambda s: (s["prompt_index"] // size, s["sample_index"], s["prompt_index"]))
+    if samples is None:
+        return None
     means = {}
     for n in names:
         values = [s["rewards"][n] for s in samples if s["rewards"][n] is not None]
@@ -234,6 +245,7 @@ def evaluate(setup: EvalSetup, eval_args: EvalArguments, args, model_args) -> di
             "mask_token_id": spec.mask_token_id,
             "model_family": spec.family,
         },
+        "processes": processes.world_size,
         "seconds": round(time.perf_counter() - start, 3),
         "samples": samples,
     }
@@ -298,6 +310,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         # Mixed precision and checkpointing are training settings (bf16 on a CPU-only machine is an error there); eval
         # casts the model with `dtype` instead.
         no_training = {"bf16": False, "fp16": False, "activation_checkpointing": False}
+        if not torch.cuda.is_available():  # parsing sets up the processes: use_cpu joins those of torchrun (gloo)
+            no_training["use_cpu"] = True
         eval_args, args, model_args = make_parser().parse(argv, defaults=no_training)
         if eval_args.eval_batch_size < 1:
             raise UsageError(f"eval_batch_size={eval_args.eval_batch_size} must be >= 1")
@@ -308,14 +322,18 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "greedy decoding gives the same completion every time; set eval_temperature > 0 (e.g. 0.9) for pass@k"
                 " with k > 1, or samples_per_prompt=1."
             )
-        setup = prepare(eval_args, args, model_args)
-    report = evaluate(setup, eval_args, args, model_args)
+        processes = Processes.join(args.use_cpu)
+        setup = prepare(eval_args, args, model_args, processes.device)
+    report = evaluate(setup, eval_args, args, model_args, processes)
     if eval_args.baseline_model_name_or_path:
         del setup
         with exit_on_bad_input("trl-dllm eval"):
             baseline_args = dataclasses.replace(model_args, model_name_or_path=eval_args.baseline_model_name_or_path)
-            baseline_setup = prepare(eval_args, args, baseline_args)
-        report = compare(report, evaluate(baseline_setup, eval_args, args, baseline_args))
+            baseline_setup = prepare(eval_args, args, baseline_args, processes.device)
+        baseline = evaluate(baseline_setup, eval_args, args, baseline_args, processes)
+        report = compare(report, baseline) if processes.is_main else None
+    if not processes.is_main:
+        return
     path = eval_args.report_file or default_report_file(eval_args, str(model_args.model_name_or_path))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
