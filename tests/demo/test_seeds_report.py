@@ -1,0 +1,64 @@
+"""The many-seed report (`trl_dllm.demo.seeds_report`) on hand-made compare results: rates, intervals,
+distributions and the diagnosis windows computed by hand."""
+
+import json
+
+import pytest
+
+from trl_dllm.demo.seeds_report import diagnosis, distribution, fall, load, main, wilson
+
+
+def run(seed, rewards, entropy, method="stabledrl"):
+    """A run evaluated every 10 steps (step 0 = warm start 0.3), logged every step for 40 steps."""
+    curve = [{"step": 10 * i, "test_reward": r, "val_reward": r, **({"kl_reference": 0.1 * i} if i else {})}
+             for i, r in enumerate(rewards)]  # fmt: skip
+    steps = list(range(1, 41))
+    return {"method": method, "task": "sort", "seed": seed, "heldout_before": 0.3, "heldout_after": max(rewards),
+            "heldout_last": rewards[-1], "steps": 40, "curve": curve,
+            "log": {"step": steps, "reward": [0.5] * 40, "entropy": [entropy(s) for s in steps]}}  # fmt: skip
+
+
+def results(runs):
+    return {"date": "2026-11-24T06:00:00+00:00", "wall_minutes": 1.0, "machine": {"loadavg_start": [0, 0, 0]},
+            "config": {"tasks": ["sort"], "methods": ["stabledrl"], "seeds": [0, 1, 2], "collapse_drop": 0.2},
+            "methods": {"stabledrl": {}}, "warm_starts": {}, "runs": runs}  # fmt: skip
+
+
+RUNS = [
+    run(0, [0.3, 0.4, 0.5, 0.5, 0.5], lambda s: 2.0),
+    run(1, [0.3, 0.5, 0.6, 0.2, 0.1], lambda s: 2.0 if s <= 20 else 0.5),  # best 0.6 at 20, fell at 30
+    run(2, [0.3, 0.4, 0.45, 0.5, 0.55], lambda s: 1.0),
+]
+
+
+def test_wilson_matches_the_closed_form():
+    z = 1.959964
+    low, high = wilson(1, 3)
+    centre, half = (1 / 3 + z * z / 6) / (1 + z * z / 3), z * ((2 / 9) / 3 + z * z / 36) ** 0.5 / (1 + z * z / 3)
+    assert (low, high) == pytest.approx((centre - half, centre + half))
+    assert wilson(3, 3)[1] == 1.0 and wilson(0, 0) == (0.0, 1.0)
+
+
+def test_fall_and_windows_by_hand():
+    assert fall(RUNS[0], 0.2) is None and fall(RUNS[1], 0.2) == (20, 30)
+    lines = "\n".join(diagnosis(RUNS, 0.2, width=10))
+    assert "Seed 1: best held-out 0.600 at step 20, fell at step 30" in lines
+    # entropy: steps 11–20 → 2.0; 21–30 → 0.5; others' median (2.0 and 1.0) → 1.5 in every window
+    assert "| `entropy` | 2 · 1.5 | 0.5 · 1.5 | 0.5 · 1.5 |" in lines
+    # kl_reference at the evaluations nearest steps 20, 30, 40: 0.2, 0.3, 0.4 (identical in the other runs)
+    assert "0.2 · 0.2 | 0.3 · 0.3 | 0.4 · 0.4 |" in lines
+
+
+def test_report_and_figure_from_a_directory(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "results.partial.json").write_text(json.dumps(results(RUNS)))
+    text = main([str(tmp_path / "a"), "--out", str(tmp_path / "out")])
+    low, high = wilson(1, 3)
+    assert f"| stabledrl | 3 | 1 (seeds 1) | 0.33 ({low:.2f}–{high:.2f}) | {distribution([0.5, 0.6, 0.55])} |" in text
+    assert "0.100 / 0.500 / 0.550 (0.10, 0.50, 0.55)" in text  # held-out last
+    assert (tmp_path / "out" / "seeds.png").stat().st_size > 10_000
+
+
+def test_a_directory_without_results_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no results.json or results.partial.json"):
+        load([str(tmp_path)])

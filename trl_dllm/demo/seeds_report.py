@@ -1,0 +1,211 @@
+"""Many seeds of `trl-dllm compare`: collapse rates with intervals, reward distributions, every seed's curve, and what
+the training logs show around each collapse.
+
+    python -m trl_dllm.demo.seeds_report cmp_a cmp_b --out seeds_out     # output directories of `trl-dllm compare`
+
+Reads each directory's `results.json` (or `results.partial.json` while a run is still going), merges them and writes
+`seeds.md` (per task and method: collapse rate with its 95% Wilson interval, the distributions of the held-out reward
+of the best-on-val checkpoint and of the last evaluation, and per collapsed run the training metrics before and after
+the fall next to the same steps of the runs that did not collapse) and `seeds.png` (one panel per method and task,
+every seed's held-out curve). A collapse is `compare.collapses`: the held-out test reward more than `collapse_drop`
+(0.2) below its best so far. See docs/compare.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+from .compare import collapses
+from .compare_report import merge_results
+from .run import pyplot
+
+# What the diagnosis table shows: training-log metrics (means over a window of steps) and the drift from the warm start
+# measured at the held-out evaluations (`compare.TrackedEval`).
+LOG_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "entropy", "completions/mean_length",
+               "completions/mean_terminated_length", "grad_norm", "weights/ess", "weights/max", "kl")  # fmt: skip
+CURVE_METRICS = ("kl_reference", "entropy")
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The 95% Wilson score interval of a rate k/n (exact at the ends: 0/n gives a lower bound 0).
+
+    >>> [round(x, 3) for x in wilson(0, 10)]
+    [0.0, 0.278]
+    >>> [round(x, 3) for x in wilson(1, 10)]
+    [0.018, 0.404]
+    """
+    if n == 0:
+        return 0.0, 1.0
+    p, z2 = k / n, z * z
+    centre, half = (p + z2 / (2 * n)) / (1 + z2 / n), z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def load(dirs: list[str]) -> dict:
+    """The merged results of `dirs` (`results.json`, else `results.partial.json`, stamped with a duration so far)."""
+    parts = []
+    for d in dirs:
+        path = Path(d) / "results.json"
+        path = path if path.is_file() else Path(d) / "results.partial.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{d}: no results.json or results.partial.json; pass `trl-dllm compare` outputs.")
+        part = json.loads(path.read_text())
+        part.setdefault("wall_minutes", 0.0)
+        part["machine"].setdefault("loadavg_end", None)
+        parts.append(part | {"source": str(d)})
+    return merge_results(parts)
+
+
+def distribution(values: list[float]) -> str:
+    """min / median / max, then every value sorted: with ~10 seeds the values are the distribution."""
+    ordered = sorted(values)
+    return (f"{ordered[0]:.3f} / {statistics.median(ordered):.3f} / {ordered[-1]:.3f} "
+            f"({', '.join(f'{v:.2f}' for v in ordered)})")  # fmt: skip
+
+
+def fall(run: dict, drop: float) -> tuple[int, int] | None:
+    """(step of the best held-out point before the first fall, step of the fall) or `None` for a run that never fell."""
+    best, best_step = float("-inf"), 0
+    for point in run["curve"]:
+        if point["test_reward"] < best - drop:
+            return best_step, point["step"]
+        if point["test_reward"] > best:
+            best, best_step = point["test_reward"], point["step"]
+    return None
+
+
+def window_mean(run: dict, name: str, first: int, last: int) -> float | None:
+    """Mean of a training-log metric over steps first..last (inclusive); `None` where the run never logged it."""
+    log = run.get("log") or {}
+    values = [v for s, v in zip(log.get("step", []), log.get(name, [])) if first <= s <= last and v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def curve_value(run: dict, name: str, step: int) -> float | None:
+    """A drift metric at the held-out evaluation nearest `step` (`None` when the run did not record it)."""
+    points = [p for p in run["curve"] if name in p]
+    return min(points, key=lambda p: abs(p["step"] - step))[name] if points else None
+
+
+def _fmt(value) -> str:
+    return "–" if value is None else f"{value:.3g}"
+
+
+def diagnosis(runs: list[dict], drop: float, width: int = 25) -> list[str]:
+    """Per collapsed run: the training metrics over the `width` steps up to its best point, up to its fall, and over
+    the last `width` steps, next to the median of the same windows in the runs of its method that did not fall."""
+    steady = [r for r in runs if fall(r, drop) is None]
+    lines = []
+    for run in runs:
+        marks = fall(run, drop)
+        if marks is None:
+            continue
+        best, fell = marks
+        end = run["steps"]
+        windows = {"before best": (best - width + 1, best), "to the fall": (fell - width + 1, fell),
+                   "last steps": (end - width + 1, end)}  # fmt: skip
+        points = ", ".join(f"{p['step']}: {p['test_reward']:.2f}" for p in run["curve"])
+        lines += [f"Seed {run['seed']}: best held-out {max(p['test_reward'] for p in run['curve']):.3f} at step {best}, "
+                  f"fell at step {fell} (held-out by evaluation: {points}).", "",
+                  "| metric | " + " | ".join(f"{k} ({a}–{b}), this seed · others' median" for k, (a, b) in windows.items())
+                  + " |", "|---|" + "---|" * len(windows)]  # fmt: skip
+        for name in LOG_METRICS:
+            cells = []
+            for a, b in windows.values():
+                others = [v for v in (window_mean(r, name, a, b) for r in steady) if v is not None]
+                cells.append(f"{_fmt(window_mean(run, name, a, b))} · {_fmt(statistics.median(others) if others else None)}")
+            if any(c != "– · –" for c in cells):
+                lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+        for name in CURVE_METRICS:
+            cells = []
+            for _, b in windows.values():
+                others = [v for v in (curve_value(r, name, b) for r in steady) if v is not None]
+                cells.append(f"{_fmt(curve_value(run, name, b))} · {_fmt(statistics.median(others) if others else None)}")
+            lines.append(f"| `{name}` at the evaluation (greedy canvas, vs warm start) | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def report(results: dict) -> str:
+    """`seeds.md`: per task, per method, the collapse rate and the reward distributions; then the diagnosis."""
+    drop = results["config"].get("collapse_drop", 0.2)
+    lines = [f"Runs: {len(results['runs'])}; a collapse: the held-out reward more than {drop} below its best so far.", ""]
+    for task in results["config"]["tasks"]:
+        lines += [f"### {task}", "", "| method | seeds | collapsed | rate (95% interval) | held-out after (best val): "
+                  "min / median / max (all) | held-out last: min / median / max (all) | steps |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        details = []
+        for method in results["config"]["methods"]:
+            runs = sorted((r for r in results["runs"] if r["task"] == task and r["method"] == method),
+                          key=lambda r: r["seed"])  # fmt: skip
+            if not runs:
+                continue
+            fell = [r["seed"] for r in runs if collapses([p["test_reward"] for p in r["curve"]], drop)]
+            low, high = wilson(len(fell), len(runs))
+            steps = sorted({r["steps"] for r in runs})
+            lines.append(
+                f"| {method} | {len(runs)} | {len(fell)} (seeds {', '.join(map(str, fell)) or '–'}) | "
+                f"{len(fell) / len(runs):.2f} ({low:.2f}–{high:.2f}) | "
+                f"{distribution([r['heldout_after'] for r in runs])} | {distribution([r['heldout_last'] for r in runs])} | "
+                f"{steps[0] if len(steps) == 1 else f'{steps[0]}–{steps[-1]}'} |"
+            )
+            if fell:
+                details += [f"#### {method} on {task}", "", *diagnosis(runs, drop)]
+        lines += ["", *details]
+    return "\n".join(lines) + "\n"
+
+
+def plot_seeds(results: dict, path: Path) -> None:
+    """One panel per (task, method): every seed's held-out test reward against the RL step; collapsed seeds in red and
+    labelled, the others grey; the warm start dotted."""
+    plt = pyplot()
+    drop = results["config"].get("collapse_drop", 0.2)
+    panels = [(t, m) for t in results["config"]["tasks"] for m in results["config"]["methods"]
+              if any(r["task"] == t and r["method"] == m for r in results["runs"])]  # fmt: skip
+    columns = min(3, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows), sharey=True, squeeze=False)
+    for ax, (task, method) in zip(axes.flat, panels):
+        runs = [r for r in results["runs"] if r["task"] == task and r["method"] == method]
+        for run in sorted(runs, key=lambda r: r["seed"]):
+            steps, rewards = [p["step"] for p in run["curve"]], [p["test_reward"] for p in run["curve"]]
+            fell = collapses(rewards, drop) > 0
+            ax.plot(steps, rewards, color="tab:red" if fell else "0.55", lw=1.6 if fell else 0.9,
+                    label=f"seed {run['seed']} (collapsed)" if fell else None, zorder=3 if fell else 2)  # fmt: skip
+        ax.axhline(runs[0]["heldout_before"], color="k", ls=":", lw=0.8, label="warm start")
+        n_fell = sum(collapses([p["test_reward"] for p in r["curve"]], drop) > 0 for r in runs)
+        ax.set_title(f"{method} · {task}: {n_fell}/{len(runs)} collapsed", fontsize=9)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("held-out reward (greedy)")
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> str:
+    parser = argparse.ArgumentParser(prog="python -m trl_dllm.demo.seeds_report", description=__doc__.splitlines()[0])
+    parser.add_argument("dirs", nargs="+", help="output directories of `trl-dllm compare`")
+    parser.add_argument("--out", default="seeds_out", help="where seeds.md and seeds.png go (default: seeds_out)")
+    args = parser.parse_args(argv)
+    results = load(args.dirs)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = report(results)
+    (out / "seeds.md").write_text(text)
+    plot_seeds(results, out / "seeds.png")
+    print(text)
+    print(f"Wrote {out}/seeds.md and seeds.png ({len(results['runs'])} runs).")
+    return text
+
+
+if __name__ == "__main__":
+    main()
