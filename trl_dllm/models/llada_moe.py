@@ -115,7 +115,8 @@ class LLaDAMoESparseMoe(nn.Module):
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shape = hidden.shape
         router_logits, weights, indices = self.gate(hidden, self.expert_bias)
-        return dispatch_experts(self.experts, hidden.reshape(-1, shape[-1]), indices, weights).view(shape), router_logits
+        out = dispatch_experts(self.experts, hidden.reshape(-1, shape[-1]), indices, weights)
+        return out.view(shape), router_logits
 
 
 class LLaDAMoEAttention(nn.Module):
@@ -125,7 +126,8 @@ class LLaDAMoEAttention(nn.Module):
     def __init__(self, config: LLaDAMoENativeConfig, layer_idx: int):
         super().__init__()
         self.config, self.layer_idx, self.is_causal = config, layer_idx, False
-        self.num_heads, self.num_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.num_heads, self.num_kv = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
         self.num_key_value_groups = self.num_heads // self.num_kv
         self.scaling, self.attention_dropout = self.head_dim**-0.5, config.attention_dropout
         hidden, bias = config.hidden_size, config.attention_bias

@@ -122,7 +122,8 @@ _RELEASED_CONFIGS = {
     # layers MoE, no shared expert or expert bias tensor, untied head, full-width RoPE, per-head q/k norms).
     "llada_moe": {
         "architectures": ["LLaDAMoEModelLM"], "attention_bias": False, "attention_dropout": 0.0,
-        "auto_map": {"AutoConfig": "configuration_lladamoe.LLaDAConfig", "AutoModel": "modeling_lladamoe.LLaDAMoEModelLM"},
+        "auto_map": {"AutoConfig": "configuration_lladamoe.LLaDAConfig",
+                     "AutoModel": "modeling_lladamoe.LLaDAMoEModelLM"},
         "dense_intermediate_size": 8192, "eos_token_id": 156892, "expert_intermediate_size": 1024,
         "hidden_act": "silu", "initializer_range": 0.02, "max_position_embeddings": 8192, "model_type": "llada",
         "moe_layer_freq": [1] * 16, "moe_router_enable_expert_bias": False, "moe_router_score_function": "softmax",
