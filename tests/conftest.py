@@ -25,11 +25,11 @@ def tiny_block_model_path(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def original_checkpoints(tmp_path_factory):
-    """Tiny random LLaDA, Dream, SDAR and LLaDA2 checkpoints in each family's original layout (real key names, config
+    """Tiny random LLaDA, Dream, SDAR, LLaDA2 and LLaDA-MoE checkpoints in each family's original layout (real key names, config
     fields and special ids), as `{family: path}`."""
     from trl_dllm.testing import save_tiny_original_checkpoint
 
     return {
         family: save_tiny_original_checkpoint(tmp_path_factory.mktemp(f"tiny-{family}"), family)
-        for family in ("llada", "dream", "sdar", "llada2")
+        for family in ("llada", "dream", "sdar", "llada2", "llada_moe")
     }

@@ -68,6 +68,8 @@ CASES = [  # family, loss_type, estimator, beta, num_iterations
     ("llada2", "grpo", "block", 0.04, 1),
     ("llada2", "agrpo", "trajectory", 0.0, 1),
     ("llada2", "agrpo", "trajectory", 0.04, 2),
+    ("llada_moe", "stabledrl", "elbo", 0.04, 2),
+    ("llada_moe", "espo", "elbo", 0.0, 1),
 ]
 
 
@@ -116,7 +118,24 @@ def test_llada2_lora_on_attention_and_experts(tmp_path, original_checkpoints, lo
     assert sorted(saved) == sorted(targets)
 
 
-@pytest.mark.parametrize("family", ["llada", "dream", "sdar", "llada2"])
+@pytest.mark.parametrize("loss_type,beta", [("stabledrl", 0.04), ("espo", 0.0)])
+def test_llada_moe_lora_on_attention_and_experts(tmp_path, original_checkpoints, loss_type, beta):
+    """LoRA on LLaDA-MoE's attention (`q_proj k_proj v_proj o_proj`) and every expert's projections (`gate_proj`
+    `up_proj` `down_proj`): trains, and the adapter names are LLaDA-MoE's own (no renaming)."""
+    args = make_args(tmp_path, loss_type=loss_type, beta=beta, learning_rate=0.05)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=targets, task_type="CAUSAL_LM")
+    trainer = train(original_checkpoints["llada_moe"], args, peft_config=peft_config)
+    trainer.save_model(str(tmp_path / "final"))
+    keys = set(load_file(tmp_path / "final" / "adapter_model.safetensors"))
+    assert any(".layers.0.self_attn.q_proj.lora_A" in k for k in keys)
+    assert any(".layers.1.mlp.experts.7.down_proj.lora_B" in k for k in keys)
+    assert not any(".mlp.gate." in k for k in keys)  # the router is not a target
+    saved = json.load(open(tmp_path / "final" / "adapter_config.json"))["target_modules"]
+    assert sorted(saved) == sorted(targets)
+
+
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar", "llada2", "llada_moe"])
 def test_padding_does_not_change_completions(original_checkpoints, family):
     """Greedy completions of a prompt alone equal those of the same prompt left-padded in a batch."""
     model = load_pretrained(original_checkpoints[family]).eval()
@@ -194,6 +213,7 @@ def test_llada_module_names_become_llama_names(tmp_path, original_checkpoints):
     ("llada", "recipes/llada/stabledrl_gsm8k_lora.yaml"),
     ("dream", "recipes/dream/stabledrl_gsm8k.yaml"),
     ("sdar", "recipes/sdar/stabledrl_gsm8k.yaml"),
+    ("llada_moe", "recipes/llada_moe/stabledrl_gsm8k_lora.yaml"),
 ])
 def test_family_recipe_scaled_down(tmp_path, monkeypatch, original_checkpoints, family, recipe):
     """`trl-dllm grpo` with the family's recipe as written (trust_remote_code included), scaled down by overrides."""
@@ -214,6 +234,8 @@ def test_family_recipe_scaled_down(tmp_path, monkeypatch, original_checkpoints, 
     grpo.main(["--config", recipe, *overrides])
     if family == "llada":  # LoRA: the adapter in LLaDA's module names
         assert all(".transformer.blocks." in k for k in load_file(out / "adapter_model.safetensors"))
+    elif family == "llada_moe":  # LoRA: LLaDA-MoE's own names, experts included
+        assert any(".mlp.experts.0.up_proj.lora_A" in k for k in load_file(out / "adapter_model.safetensors"))
     else:
         assert json.load(open(out / "config.json"))["model_type"] == {"dream": "Dream", "sdar": "sdar"}[family]
 

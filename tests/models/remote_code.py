@@ -75,6 +75,15 @@ FAMILIES = {
                      ("configuration_llada2_moe.py", "modeling_llada2_moe.py"),
                      ("generation_config.json", "special_tokens_map.json", "tokenizer_config.json"))
        for name in ("llada2", "llada21", "llada2_dllm")},
+    # LLaDA-MoE-7B-A1B (inclusionAI/LLaDA-MoE-7B-A1B-{Base,Instruct}): the Hub repository's configuration_lladamoe.py /
+    # modeling_lladamoe.py (public copy: github.com/InfiniTensor/InfiniLM, repository root), whose forward discards
+    # attention_mask; and ZHZisZZ/dllm's copy (dllm/pipelines/llada/models/), which honours it and renames the config
+    # class. No public config.json: without one in the code folder, the tiny checkpoint uses
+    # trl_dllm.testing.tiny_original_config("llada_moe").
+    "lladamoe": _Family("configuration_lladamoe", "modeling_lladamoe", "LLaDAConfig", "LLaDAMoEModelLM",
+                        ("configuration_lladamoe.py", "modeling_lladamoe.py")),
+    "lladamoe_dllm": _Family("configuration_lladamoe", "modeling_lladamoe", "LLaDAMoEConfig", "LLaDAMoEModelLM",
+                             ("configuration_lladamoe.py", "modeling_lladamoe.py")),
 }  # fmt: skip
 
 
@@ -309,7 +318,15 @@ def _patch_llada2(code: RemoteCode):
     _patch_rope_buffers(modeling.LLaDA2MoePreTrainedModel)
 
 
+def _patch_lladamoe(code: RemoteCode):
+    modeling = code.modeling_module
+    # transformers 5: ROPE_INIT_FUNCTIONS has no 'default' entry (see Dream); LLaDAMoERotaryEmbedding looks it up.
+    modeling.ROPE_INIT_FUNCTIONS = {**modeling.ROPE_INIT_FUNCTIONS, "default": _default_rope_parameters}
+    _patch_rope_buffers(modeling.LLaDAMoEPreTrainedModel)
+
+
 _PATCHES = {"llada": _patch_llada, "dream": _patch_dream, "sdar": _patch_sdar, "llada2": _patch_llada2,
+            "lladamoe": _patch_lladamoe, "lladamoe_dllm": _patch_lladamoe,
             "llada21": _patch_llada2, "llada2_dllm": _patch_llada2}
 
 
@@ -476,6 +493,10 @@ def remote_logits(
         if position_ids is None:
             position_ids = torch.arange(input_ids.size(1), device=input_ids.device)[None].expand_as(input_ids)
         return model(input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    if family in ("lladamoe", "lladamoe_dllm"):
+        # As its model card's generate() calls it: input ids only (the Hub copy discards any attention_mask and uses
+        # positions 0..N-1; the dllm copy applies a 2-D padding mask).
+        return model(input_ids, attention_mask=attention_mask).logits
     raise ValueError(f"Unknown family {family!r}.")
 
 
@@ -495,6 +516,11 @@ _TINY_SIZES = {
                                         "num_experts_per_tok": 2, "moe_intermediate_size": ff // 4,
                                         "max_window_layers": L}
        for name in ("llada2", "llada21", "llada2_dllm")},
+    **{name: lambda h, L, nh, nkv, ff: {"hidden_size": h, "num_hidden_layers": L, "num_attention_heads": nh,
+                                        "num_key_value_heads": nkv, "dense_intermediate_size": ff,
+                                        "expert_intermediate_size": ff // 4, "num_experts": 8,
+                                        "num_experts_per_tok": 2, "moe_layer_freq": [1] * L}
+       for name in ("lladamoe", "lladamoe_dllm")},
 }  # fmt: skip
 
 
@@ -510,6 +536,7 @@ def build_tiny_checkpoint(
     num_kv_heads: int = 2,
     intermediate_size: int = 128,
     seed: int = 0,
+    variant: dict | None = None,
 ) -> str:
     """A tiny random checkpoint written by the family's own classes, in its original layout.
 
@@ -518,13 +545,20 @@ def build_tiny_checkpoint(
     every tensor matters (norm weights ``1 + 0.1 N(0, 1)``, biases ``0.1 N(0, 1)``, matrices ``N(0, 1/fan_in)``,
     embeddings ``N(0, 1)``) and written as ``model.safetensors`` under the original key names; the code files (and
     generation/tokenizer metadata found in ``code_dir``) are copied next to them for ``trust_remote_code``.
+    ``variant``: config fields set after the sizes (optional architecture switches, e.g. LLaDA-MoE's shared expert).
     """
     from safetensors.torch import save_file
 
     code = import_remote_code(family, code_dir)
-    with open(os.path.join(code_dir, "config.json")) as f:
-        raw = json.load(f)
+    if os.path.isfile(os.path.join(code_dir, "config.json")):
+        with open(os.path.join(code_dir, "config.json")) as f:
+            raw = json.load(f)
+    else:  # LLaDA-MoE: no public copy of its config.json (see FAMILIES)
+        from trl_dllm.testing import tiny_original_config
+
+        raw = tiny_original_config("llada_moe")
     raw.update(_TINY_SIZES[family](hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size))
+    raw.update(variant or {})
     if "torch_dtype" in raw:
         raw["torch_dtype"] = "float32"  # the weights written below are fp32
     config = code.config_class(**raw)

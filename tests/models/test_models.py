@@ -9,6 +9,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, PretrainedConfig, Qwen3Config, Qwen3ForCausalLM
 
 from trl_dllm.models import MODEL_SPECS, ModelSpec, make_bidirectional, model_logits_fn, resolve_model_spec
+from trl_dllm.models.specs import ARCHITECTURE_SPECS
 from trl_dllm.testing import build_tiny_model, build_tokenizer
 
 ARCHITECTURES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
@@ -85,8 +86,9 @@ def test_checkpoint_config_mask_beats_family_default():
 
 
 def test_specs_dict_is_explicit():
-    assert set(MODEL_SPECS) == {"llada", "Dream", "dream", "sdar"}
+    assert set(MODEL_SPECS) == {"llada", "Dream", "dream", "sdar", "lladamoe"}
     assert MODEL_SPECS["Dream"] is MODEL_SPECS["dream"]
+    assert ARCHITECTURE_SPECS["LLaDAMoEModelLM"] is MODEL_SPECS["lladamoe"]  # model_type "llada", as released
 
 
 def test_generic_model_uses_tokenizer_mask(tokenizer):

@@ -17,7 +17,12 @@ remote-code files, unedited (see ``tests/models/remote_code.py`` for the transfo
   with ``multinomial`` even at ``temperature=0``: it has no greedy branch), which the forward-level tests do not use;
 * ``llada2_dllm/``: the same two files from github.com/ZHZisZZ/dllm (``dllm/pipelines/llada2/models/``), whose
   ``generate()`` is greedy at ``temperature=0`` and applies the ``.log()`` block mask, with LLaDA2.0-mini's
-  ``config.json``: the reference for decoding.
+  ``config.json``: the reference for decoding;
+* ``lladamoe/``: ``configuration_lladamoe.py`` and ``modeling_lladamoe.py`` of ``inclusionAI/LLaDA-MoE-7B-A1B-Base`` /
+  ``-Instruct`` (public copy: github.com/InfiniTensor/InfiniLM, repository root, commit 0a7e522a; its forward discards
+  ``attention_mask``), and ``lladamoe_dllm/``: the same two files from github.com/ZHZisZZ/dllm
+  (``dllm/pipelines/llada/models/``, which honours the mask). No public copy of LLaDA-MoE's ``config.json`` was found:
+  the tiny checkpoints use ``trl_dllm.testing.tiny_original_config("llada_moe")`` (see ``tiny_families``).
 
 The checkpoints are tiny random ones written by the families' own classes (``remote_code.build_tiny_checkpoint``:
 the released config with tiny sizes, real vocabulary and special ids, every weight drawn so that it matters).
@@ -158,3 +163,64 @@ def test_llada2_adapter_loads_in_llada2_code(checkpoints, tmp_path_factory, tmp_
     ids, mask = left_padded_batch()
     ours, theirs = native_and_remote("llada2", native, remote, ids, mask)
     assert (ours - theirs)[mask.bool()].abs().max().item() <= ATOL
+
+
+LLADA_MOE_COPIES = ("lladamoe", "lladamoe_dllm")
+# LLaDA-MoE's optional parts, off in the release (layer 0 dense, a shared expert, the expert bias): checked as well.
+LLADA_MOE_VARIANTS = {"released": None,
+                      "optional": {"moe_layer_freq": [0, 1], "shared_expert_intermediate_size": 48,
+                                   "moe_router_enable_expert_bias": True}}  # fmt: skip
+
+
+def unpadded_rows(remote, ids, mask):
+    """The family's logits of each row without its padding (LLaDA-MoE's own forward attends to padding), put back at
+    the row's visible positions."""
+    out = None
+    with torch.no_grad():
+        for row in range(ids.size(0)):
+            visible = mask[row].bool()
+            logits = remote(ids[row, visible][None]).logits[0]
+            out = torch.zeros(*ids.shape, logits.size(-1)) if out is None else out
+            out[row, visible] = logits
+    return out
+
+
+@pytest.mark.parametrize("variant", LLADA_MOE_VARIANTS)
+@pytest.mark.parametrize("family", LLADA_MOE_COPIES)
+def test_llada_moe_equals_remote(family, variant, tmp_path):
+    """Native LLaDA-MoE on a left-padded batch equals the family's code on each row unpadded (and, for the copy that
+    honours the mask, on the padded batch itself)."""
+    path = build_tiny_checkpoint(family, code_dir(family), str(tmp_path), variant=LLADA_MOE_VARIANTS[variant])
+    remote = load_remote_model(family, code_dir(family), path)
+    native = load_pretrained(path, dtype=torch.float32).eval()
+    ids, mask = left_padded_batch()
+    with torch.no_grad():
+        ours = native(input_ids=ids, attention_mask=mask).logits
+    visible = mask.bool()
+    assert (ours - unpadded_rows(remote, ids, mask))[visible].abs().max().item() <= ATOL
+    if family == "lladamoe_dllm":
+        assert (ours - remote_logits(family, remote, ids, mask))[visible].abs().max().item() <= ATOL
+
+
+@pytest.mark.parametrize("family", LLADA_MOE_COPIES)
+def test_llada_moe_saved_and_adapter_load_in_its_code(family, tmp_path):
+    """What a native LLaDA-MoE saves (full weights, and a LoRA adapter on the attention and every expert, LLaDA-MoE's
+    own module names) is loaded by the family's code, unchanged."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    path = build_tiny_checkpoint(family, code_dir(family), str(tmp_path / "ckpt"),
+                                 variant=LLADA_MOE_VARIANTS["optional"])  # fmt: skip
+    native = load_pretrained(path, dtype=torch.float32).eval()
+    native.save_pretrained(tmp_path / "saved")
+    ids = torch.randint(0, 5000, (2, 10), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ours = native(input_ids=ids).logits
+        theirs = load_remote_model(family, code_dir(family), str(tmp_path / "saved"))(ids).logits
+    assert (ours - theirs).abs().max().item() <= ATOL
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    lora = get_peft_model(native, LoraConfig(r=4, target_modules=targets, init_lora_weights=False)).eval()
+    lora.save_pretrained(tmp_path / "adapter")
+    remote = PeftModel.from_pretrained(load_remote_model(family, code_dir(family), path), str(tmp_path / "adapter"))
+    with torch.no_grad():
+        ours, theirs = lora(input_ids=ids).logits, remote.eval()(ids).logits
+    assert (ours - theirs).abs().max().item() <= ATOL

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..core.logits import LogitsFn, module_logits_fn
 from ..core.masks import BLOCK_LAYOUTS
-from .specs import FAMILY_MARKER, MARKED_SPECS, MODEL_SPECS, ModelSpec
+from .specs import ARCHITECTURE_SPECS, FAMILY_MARKER, MARKED_SPECS, MODEL_SPECS, ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -116,11 +116,14 @@ def _generic_spec(model: Any) -> ModelSpec:
 
 
 def _family_spec(model: Any) -> ModelSpec | None:
-    """The family spec of ``model``: by ``config.model_type`` (:data:`MODEL_SPECS`), else by the ``config.dllm_family``
-    marker (:data:`MARKED_SPECS`; block families take ``block_length`` from the config and ``logits_to_keep`` support
-    from the class), else `None` (generic)."""
+    """The family spec of ``model``: by ``config.architectures`` (:data:`ARCHITECTURE_SPECS`, for families sharing a
+    ``model_type``) or ``config.model_type`` (:data:`MODEL_SPECS`), else by the ``config.dllm_family`` marker
+    (:data:`MARKED_SPECS`; block families take ``block_length`` from the config and ``logits_to_keep`` support from the
+    class), else `None` (generic)."""
     config = model.config
-    family = MODEL_SPECS.get(getattr(config, "model_type", None))
+    by_architecture = (ARCHITECTURE_SPECS.get(a) for a in getattr(config, "architectures", None) or ())
+    family = next((s for s in by_architecture if s is not None), None) or MODEL_SPECS.get(
+        getattr(config, "model_type", None))
     marked = MARKED_SPECS.get(_config_value(config, FAMILY_MARKER))
     if family is not None and family.family == "block":  # remote-code block family: its block size from the config
         size = _config_value(config, "block_size") or _config_value(config, "block_length")

@@ -9,6 +9,7 @@ load on transformers 5. Their architectures are standard ones, so each is loaded
 | Dream | ``Dream`` | :class:`DreamNative` (``Qwen2ForCausalLM``) | unchanged | bidirectional, shifted logits |
 | SDAR, TraDo | ``sdar`` | :class:`SDARNative` (``Qwen3ForCausalLM``) | unchanged | block-causal (4-D masks) |
 | LLaDA2.0 / 2.1 | ``llada2_moe`` | :class:`LLaDA2Native` (:mod:`.llada2`, ours) | unchanged | block-causal (4-D only) |
+| LLaDA-MoE | ``llada`` (architecture ``LLaDAMoEModelLM``) | :class:`LLaDAMoENative` (:mod:`.llada_moe`, ours) | unchanged | bidirectional |
 
 The native model's config is the transformers config translated from the original one, with ``dllm_family`` (the
 marker :func:`trl_dllm.models.resolve_model_spec` reads), ``mask_token_id`` and, for block models, ``block_length``;
@@ -39,6 +40,7 @@ from transformers import (
 )
 
 from .llada2 import LLADA2_MASK_TOKEN_ID, LLaDA2ForDiffusionLM, llada2_config
+from .llada_moe import LLADA_MOE_ARCHITECTURES, LLADA_MOE_MASK_TOKEN_ID, LLaDAMoEForDiffusionLM, llada_moe_config
 from .specs import SDAR_MASK_TOKEN_ID, UnsupportedCheckpointError
 
 logger = logging.getLogger(__name__)
@@ -228,6 +230,13 @@ class LLaDA2Native(_OriginalLayoutMixin, LLaDA2ForDiffusionLM):
     dllm_layout = "llada2"
 
 
+class LLaDAMoENative(_OriginalLayoutMixin, LLaDAMoEForDiffusionLM):
+    """LLaDA-MoE-7B-A1B (our class on transformers' components, :mod:`trl_dllm.models.llada_moe`), bidirectional with
+    the padding mask honoured."""
+
+    dllm_layout = "llada_moe"
+
+
 @dataclass(frozen=True)
 class NativeLayout:
     """How one family's original checkpoint maps onto a transformers class.
@@ -241,6 +250,8 @@ class NativeLayout:
         names (`tuple[tuple[str, str], ...]`): ``(original, native)`` weight-name prefixes where they differ (``{i}`` =
             layer index); empty when the names already match.
         mask_token_id (`int`, *optional*): the family's mask id, for configs that do not declare it (SDAR).
+        architectures (`tuple[str, ...]`, *optional*): original ``config.architectures`` names that select this layout
+            before ``model_type`` does (LLaDA-MoE declares dense LLaDA's ``model_type`` "llada").
     """
 
     name: str
@@ -250,6 +261,7 @@ class NativeLayout:
     marker: str
     names: tuple[tuple[str, str], ...] = ()
     mask_token_id: int | None = None
+    architectures: tuple[str, ...] = ()
 
     @property
     def key_mapping(self) -> dict[str, str]:
@@ -263,11 +275,19 @@ NATIVE_LAYOUTS: dict[str, NativeLayout] = {
     "sdar": NativeLayout("sdar", ("sdar",), SDARNative, _sdar_config, "block", mask_token_id=SDAR_MASK_TOKEN_ID),
     "llada2": NativeLayout("llada2", ("llada2_moe",), LLaDA2Native, llada2_config, "block",
                            mask_token_id=LLADA2_MASK_TOKEN_ID),
+    # model_type "llada" as released; "lladamoe" / "llada_moe" as ZHZisZZ/dllm and others rename it
+    "llada_moe": NativeLayout("llada_moe", ("lladamoe", "llada_moe"), LLaDAMoENative, llada_moe_config, "llada_moe",
+                              mask_token_id=LLADA_MOE_MASK_TOKEN_ID, architectures=LLADA_MOE_ARCHITECTURES),
 }
 
 
 def native_layout(config_dict: dict) -> NativeLayout | None:
-    """The :class:`NativeLayout` of an original ``config.json`` dict, by its ``model_type``; `None` if unknown."""
+    """The :class:`NativeLayout` of an original ``config.json`` dict, by its ``architectures`` where a layout claims
+    them, else by its ``model_type``; `None` if unknown."""
+    architectures = set(config_dict.get("architectures") or ())
+    claimed = next((layout for layout in NATIVE_LAYOUTS.values() if architectures & set(layout.architectures)), None)
+    if claimed is not None:
+        return claimed
     model_type = config_dict.get("model_type")
     return next((layout for layout in NATIVE_LAYOUTS.values() if model_type in layout.model_types), None)
 

@@ -92,12 +92,29 @@ SDAR_REMOTE = ModelSpec(
     accepts_logits_to_keep=False,
 )
 
+# inclusionAI/LLaDA-MoE-7B-A1B-{Base,Instruct} with their own remote code (native_loading=False): config.json declares
+# dense LLaDA's model_type "llada" and architectures ["LLaDAMoEModelLM"], and no mask_token_id; mask 156895 (its model
+# card's generate()), EOS / pad <|endoftext|> 156892. Its forward discards attention_mask (padding is attended to):
+# load it natively for padded batches.
+LLADA_MOE = ModelSpec(
+    family="llada",
+    mask_token_id=156895,
+    eos_token_ids=(156892,),
+    trust_remote_code=True,
+    accepts_logits_to_keep=False,
+)
+
 MODEL_SPECS: dict[str, ModelSpec] = {
     "llada": LLADA,
     "Dream": DREAM,  # the spelling in Dream's config.json
     "dream": DREAM,
     "sdar": SDAR_REMOTE,
+    "lladamoe": LLADA_MOE,  # LLaDA-MoE with model_type renamed, as ZHZisZZ/dllm asks its users to do
 }
+
+# Families whose config.json shares another family's model_type: told apart by `config.architectures`, which is
+# looked up first.
+ARCHITECTURE_SPECS: dict[str, ModelSpec] = {"LLaDAMoEModelLM": LLADA_MOE, "LLaDAMoEModel": LLADA_MOE}
 
 # Block-diffusion models (SDAR / TraDo / Fast-dLLM v2 style: causal across blocks, bidirectional inside a block)
 # built on a transformers-native architecture keep that architecture's model_type, so they load without remote code,
@@ -110,11 +127,13 @@ BLOCK = ModelSpec(family="block", mask_token_id=None, accepts_4d_mask=True)
 # marked `dllm_family` "llada" / "dream": same ids and shift as above, with transformers' `logits_to_keep` and 4-D masks.
 LLADA_NATIVE = replace(LLADA, trust_remote_code=False, accepts_logits_to_keep=True, accepts_4d_mask=True)
 DREAM_NATIVE = replace(DREAM, trust_remote_code=False, accepts_logits_to_keep=True, accepts_4d_mask=True)
+LLADA_MOE_NATIVE = replace(LLADA_MOE, trust_remote_code=False, accepts_logits_to_keep=True, accepts_4d_mask=True)
 
 MARKED_SPECS: dict[str, ModelSpec] = {
     "block": BLOCK,  # config.dllm_family == "block"; block_length from config.block_length (SDAR / TraDo loaded natively)
     "llada": LLADA_NATIVE,
     "dream": DREAM_NATIVE,
+    "llada_moe": LLADA_MOE_NATIVE,  # LLaDA-MoE loaded natively (trl_dllm.models.llada_moe)
 }
 
 # SDAR / TraDo loaded natively (transformers' Qwen3) are a `block` family model, marked "block" with block_length.

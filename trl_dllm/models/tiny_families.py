@@ -33,13 +33,15 @@ FAMILY_SPECIAL_TOKENS = {
     # LLaDA2: only EOS / pad 156892 and mask 156895 are real ids (generate() defaults, config.json pad_token_id); the
     # chat-template tokens of its tokenizer are added at this tiny tokenizer's own ids (see build_family_tokenizer).
     "llada2": {"<|endoftext|>": 156892, "<|mask|>": 156895},
+    "llada_moe": {"<|endoftext|>": 156892, "<|mask|>": 156895},  # same tokenizer ids as LLaDA2 (same 157184 vocabulary)
 }  # fmt: skip
-_EXTRA_TOKENS = {"llada2": ("<role>", "</role>", "<|role_end|>")}  # template tokens at the tiny tokenizer's ids
+_EXTRA_TOKENS = {name: ("<role>", "</role>", "<|role_end|>") for name in ("llada2", "llada_moe")}  # at tiny ids
 _FAMILY_ROLES = {  # bos, eos, pad, mask tokens as each family's tokenizer declares them (LLaDA's declares no mask)
     "llada": ("<|startoftext|>", "<|endoftext|>", "<|endoftext|>", None),
     "dream": ("<|beginoftext|>", "<|endoftext|>", "<|endoftext|>", "<|mask|>"),
     "sdar": (None, "<|endoftext|>", "<|endoftext|>", "<|MASK|>"),
     "llada2": (None, "<|endoftext|>", "<|endoftext|>", "<|mask|>"),
+    "llada_moe": (None, "<|endoftext|>", "<|endoftext|>", "<|mask|>"),
 }
 _FAMILY_TEMPLATES = {  # the shape of each family's chat template: role headers and end-of-turn tokens
     "llada": (
@@ -50,7 +52,8 @@ _FAMILY_TEMPLATES = {  # the shape of each family's chat template: role headers 
         "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}"
     ),
-    # LLaDA2's prompt format (inclusionAI/dInfer benchmarks): <role>HUMAN</role>...<|role_end|><role>ASSISTANT</role>
+    # LLaDA2's and LLaDA-MoE-Instruct's prompt format (inclusionAI/dInfer benchmarks):
+    # <role>HUMAN</role>...<|role_end|><role>ASSISTANT</role>
     "llada2": (
         "{% for m in messages %}<role> {{ 'HUMAN' if m['role'] == 'user' else m['role'] | upper }} </role> "
         "{{ m['content'] }} <|role_end|> {% endfor %}{% if add_generation_prompt %}<role> ASSISTANT </role> {% endif %}"
@@ -111,16 +114,41 @@ _RELEASED_CONFIGS = {
         "use_bias": False, "use_cache": False, "use_qk_norm": True, "use_qkv_bias": False, "use_rmsnorm": True,
         "use_sliding_window": False, "using_split_qkv_in_self_attention": False, "vocab_size": 157184,
     },
+    # LLaDA-MoE-7B-A1B: no verbatim public copy of its config.json was found; these are the fields its public
+    # configuration file (configuration_lladamoe.py: every size defaults to -1, so config.json sets each) reads, with
+    # the values reported for the released file by public reimplementations (a self-contained PyTorch port and a
+    # configuration class with the released values as defaults, both found by content on GitHub), the paper's Table 2
+    # (16 layers, hidden 2048, 16 heads, 64 experts top-8 of width 1024, RoPE base 50000) and llama.cpp's loader (all
+    # layers MoE, no shared expert or expert bias tensor, untied head, full-width RoPE, per-head q/k norms).
+    "llada_moe": {
+        "architectures": ["LLaDAMoEModelLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "auto_map": {"AutoConfig": "configuration_lladamoe.LLaDAConfig",
+                     "AutoModel": "modeling_lladamoe.LLaDAMoEModelLM"},
+        "dense_intermediate_size": 8192, "eos_token_id": 156892, "expert_intermediate_size": 1024,
+        "hidden_act": "silu", "initializer_range": 0.02, "max_position_embeddings": 8192, "model_type": "llada",
+        "moe_layer_freq": [1] * 16, "moe_router_enable_expert_bias": False, "moe_router_score_function": "softmax",
+        "num_experts": 64, "num_experts_per_tok": 8, "output_router_logits": False, "pad_token_id": 156892,
+        "partial_rotary_factor": 1.0, "qk_layernorm": True, "rms_norm_eps": 1e-05, "rope_scaling": None,
+        "rope_theta": 50000.0, "router_aux_loss_coef": 0.01, "shared_expert_intermediate_size": None,
+        "tie_word_embeddings": False, "use_cache": False, "vocab_size": 157184,
+    },
 }  # fmt: skip
 
 
 def tiny_original_config(family: str, *, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
                          num_kv_heads: int = 2, intermediate_size: int = 64, block_size: int = 4) -> dict:
-    """The ``config.json`` of a tiny ``family`` checkpoint (`"llada"`, `"dream"`, `"sdar"`): the released
-    checkpoint's config (every field, its vocabulary size and special ids) with tiny sizes."""
+    """The ``config.json`` of a tiny ``family`` checkpoint (`"llada"`, `"dream"`, `"sdar"`, `"llada2"`,
+    `"llada_moe"`): the released checkpoint's config (every field, its vocabulary size and special ids) with tiny
+    sizes."""
     if family not in _RELEASED_CONFIGS:
         raise ValueError(f"family={family!r} is not one of {sorted(_RELEASED_CONFIGS)}.")
     config = dict(_RELEASED_CONFIGS[family])
+    if family == "llada_moe":  # 8 experts, top-2, every layer MoE (as released)
+        config.update(hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                      num_key_value_heads=num_kv_heads, dense_intermediate_size=intermediate_size,
+                      expert_intermediate_size=intermediate_size // 4, num_experts=8, num_experts_per_tok=2,
+                      moe_layer_freq=[1] * num_layers)
+        return config
     if family == "llada":
         config.update(d_model=hidden_size, n_heads=num_heads, n_kv_heads=num_kv_heads, n_layers=num_layers,
                       mlp_hidden_size=intermediate_size)
@@ -153,7 +181,8 @@ def build_family_tokenizer(family: str) -> PreTrainedTokenizerFast:
         additional_special_tokens=[t for t in (*FAMILY_SPECIAL_TOKENS[family], *extra) if t not in (bos, eos, pad, mask)],
         model_max_length=4096, clean_up_tokenization_spaces=False,
     )
-    tokenizer.chat_template = _FAMILY_TEMPLATES[family if family in ("llada", "llada2") else "qwen"]
+    template = {"llada": "llada", "llada2": "llada2", "llada_moe": "llada2"}.get(family, "qwen")
+    tokenizer.chat_template = _FAMILY_TEMPLATES[template]
     return tokenizer
 
 
@@ -168,7 +197,7 @@ def save_tiny_original_checkpoint(path: str | os.PathLike, family: str, *, seed:
         torch.manual_seed(seed)
         model = native_layout(original).model_class(config)
         for name, buffer in model.named_buffers():
-            if name.endswith("expert_bias"):  # LLaDA2's selection-only router bias: nonzero, so that it matters
+            if name.endswith("expert_bias"):  # a router bias (LLaDA2, or LLaDA-MoE's optional one): nonzero, so it matters
                 buffer.copy_(0.1 * torch.randn(buffer.shape))
     model.save_pretrained(path)  # original key names (transformers reverts the renaming) and config.json
     build_family_tokenizer(family).save_pretrained(path)
