@@ -70,6 +70,8 @@ CASES = [  # family, loss_type, estimator, beta, num_iterations
     ("llada2", "agrpo", "trajectory", 0.04, 2),
     ("llada_moe", "stabledrl", "elbo", 0.04, 2),
     ("llada_moe", "espo", "elbo", 0.0, 1),
+    ("llada_moe", "grpo", "elbo", 0.04, 1),
+    ("llada_moe", "agrpo", "trajectory", 0.0, 1),
 ]
 
 
