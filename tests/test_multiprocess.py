@@ -129,6 +129,18 @@ def test_deepspeed_zero3_native_llada2(original_checkpoints, tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "llada2_moe"
 
 
+def test_deepspeed_zero3_native_llada_moe(original_checkpoints, tmp_path):
+    """A tiny LLaDA-MoE (MoE, bidirectional) checkpoint given by name loads natively under ZeRO-3, trains with the tiny
+    StableDRL recipe on two CPU processes, and is saved whole in LLaDA-MoE's original layout (one module per expert)."""
+    path = original_checkpoints["llada_moe"]
+    launch(accelerate("zero3_cpu.yaml"), "stabledrl_gsm8k.yaml", path, tmp_path, "--model_name_or_path", path)
+    assert_trained(tmp_path)
+    before, after = load_file(Path(path) / "model.safetensors"), load_file(tmp_path / "model.safetensors")
+    assert before.keys() == after.keys() and "model.layers.1.mlp.experts.7.down_proj.weight" in after
+    assert all(after[k].shape == before[k].shape for k in before)  # whole tensors, not ZeRO-3 shards
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["LLaDAMoEModelLM"]
+
+
 def step_logs(output_dir: Path) -> list[dict]:
     return [log for log in json.loads((output_dir / "trainer_state.json").read_text())["log_history"] if "loss" in log]
 
