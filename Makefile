@@ -16,7 +16,7 @@ TORCH_SPEC ?= torch==$(TORCH_VERSION)
 TORCH_INDEX_cpu = --extra-index-url https://download.pytorch.org/whl/cpu
 PYTEST_ARGS ?=
 
-.PHONY: install install-packages test test-slow lint bench bench-gpu demo stability compare
+.PHONY: install install-packages test test-slow lint bench bench-gpu demo stability compare seeds
 
 install:
 	@if [ -z "$(VIRTUAL_ENV)$(CONDA_PREFIX)" ] && [ "$(origin PYTHON)" = file ] && [ ! -x .venv/bin/python ]; then \
@@ -56,6 +56,16 @@ stability:
 COMPARE_ARGS ?=
 compare:
 	$(PYTHON) -m trl_dllm.demo.compare $(COMPARE_ARGS)
+
+# Collapse rates over 10 seeds (docs/compare.md#many-seeds): two processes (one per 5 seeds), then the report.
+# SEEDS_ARGS adds compare flags to both (e.g. "--set max_grad_norm=0.2" for a remedy; "--tasks sort").
+SEEDS_ARGS ?=
+SEEDS_METHODS ?= stabledrl espo grpo agrpo d1
+seeds:
+	$(PYTHON) -m trl_dllm.demo.compare --tasks sort_shuffled --methods $(SEEDS_METHODS) --seeds 0 1 2 3 4 --max-minutes 10 --out seeds_out/a $(SEEDS_ARGS) & \
+	$(PYTHON) -m trl_dllm.demo.compare --tasks sort_shuffled --methods $(SEEDS_METHODS) --seeds 5 6 7 8 9 --max-minutes 10 --out seeds_out/b $(SEEDS_ARGS) & \
+	wait
+	$(PYTHON) -m trl_dllm.demo.seeds_report seeds_out/a seeds_out/b --out seeds_out
 
 # Benchmarks (docs/benchmarks.md): ratios measured in one run; writes bench_out/*.json and prints them.
 bench:
