@@ -32,7 +32,7 @@ def group_runs(results: dict) -> dict[tuple[str, str], list[dict]]:
 def merge_results(parts: list[dict]) -> dict:
     """One comparison from several (e.g. one process per task): runs, warm starts and selections united.
 
-    A (method, task, seed) run found in two parts raises. `date` and `loadavg_start` come from the part that started
+    A (method, task, seed) run found in two parts raises, and so do parts run on different models (`--model`). `date` and `loadavg_start` come from the part that started
     first, `loadavg_end` from the one that ended last, `wall_minutes` spans first start to last end (parallel parts
     overlap); each part's date, wall time, machine, config and `source` are kept in `merged_from`.
     """
@@ -42,6 +42,9 @@ def merge_results(parts: list[dict]) -> dict:
         start = datetime.fromisoformat(part["date"])
         return start, start + timedelta(minutes=part["wall_minutes"])
 
+    models = {p.get("source"): p["config"].get("model", "bidirectional") for p in parts}
+    if len(set(models.values())) > 1:
+        raise ValueError(f"the parts were run on different models ({models}): merge runs of one --model only.")
     seen, runs = {}, []
     for part in parts:
         for run in part["runs"]:
@@ -84,7 +87,8 @@ def table_markdown(results: dict) -> str:
             "| collapses | train s | forwards |")  # fmt: skip
     for task in cfg["tasks"]:
         ws = results["warm_starts"][task]
-        lines += [f"### {task}", "", f"Warm start: {ws['sft_steps']} SFT steps, held-out reward "
+        model = f" of the block-diffusion model (blocks of {ws['block_length']})" if ws.get("model") == "block" else ""
+        lines += [f"### {task}", "", f"Warm start{model}: {ws['sft_steps']} SFT steps, held-out reward "
                   f"{ws['heldout']['reward']:.3f}. Budget per RL run: {_max_steps(results, task)} steps × "
                   f"{_rollouts_per_step(results, task)} rollouts, cap {cfg['max_minutes']:g} min."
                   + _imitation_note(ws), "", head, "|" + "---|" * (head.count("|") - 1)]  # fmt: skip
