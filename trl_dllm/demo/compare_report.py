@@ -127,20 +127,27 @@ def _rollouts_per_step(results: dict, task: str) -> int:
     return max((r["rollouts_per_step"] for r in results["runs"] if r["task"] == task), default=0)
 
 
-def mean_curve(runs: list[dict], x: str = "step") -> tuple[list, list]:
-    """Mean held-out reward over runs at each step every run evaluated, against the mean of `x` there (`"step"`, or
-    `"seconds"`: runs reach a step at different times)."""
+def aligned_points(runs: list[dict]) -> list[list[dict]]:
+    """The runs' curve points, grouped: RL runs at each step every run evaluated; the SFT row (no rollouts), which is
+    evaluated evenly in time and so at different SFT steps in each seed, by evaluation index (the k-th of each)."""
+    if runs[0].get("rollouts", 1) == 0:
+        return [[r["curve"][i] for r in runs] for i in range(min(len(r["curve"]) for r in runs))]
     steps = sorted(set.intersection(*({p["step"] for p in r["curve"]} for r in runs)))
-    at = [[p for r in runs for p in r["curve"] if p["step"] == v] for v in steps]
+    return [[p for r in runs for p in r["curve"] if p["step"] == v] for v in steps]
+
+
+def mean_curve(runs: list[dict], x: str = "step") -> tuple[list, list]:
+    """Mean held-out reward over runs at each of their shared evaluations (`aligned_points`), against the mean of `x`
+    there (`"step"`, or `"seconds"`: runs reach a step at different times)."""
+    at = aligned_points(runs)
     return [statistics.fmean(p[x] for p in ps) for ps in at], [
         statistics.fmean(p["test_reward"] for p in ps) for ps in at
     ]
 
 
 def band(runs: list[dict], x: str = "step") -> tuple[list, list, list, list]:
-    """`mean_curve` with the spread: `(x, mean, lowest, highest)` held-out reward over runs at each shared step."""
-    steps = sorted(set.intersection(*({p["step"] for p in r["curve"]} for r in runs)))
-    at = [[p for r in runs for p in r["curve"] if p["step"] == v] for v in steps]
+    """`mean_curve` with the spread: `(x, mean, lowest, highest)` held-out reward over runs at each shared evaluation."""
+    at = aligned_points(runs)
     rewards = [[p["test_reward"] for p in ps] for ps in at]
     return [statistics.fmean(p[x] for p in ps) for ps in at], [statistics.fmean(r) for r in rewards], [
         min(r) for r in rewards], [max(r) for r in rewards]  # fmt: skip
