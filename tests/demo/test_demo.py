@@ -87,7 +87,8 @@ def test_block_warm_start_trains_in_the_block_layout():
     spec = resolve_model_spec(model, tokenizer)
     batch, rows = encode_examples(tokenizer, prompts, answers, completion_length=8), torch.arange(8)
     logits_fn = model_logits_fn(model, spec)
-    block_loss = block_sft_loss(logits_fn, batch, rows, spec.mask_token_id, torch.Generator().manual_seed(0), spec=spec)
+    generator = torch.Generator().manual_seed(0)
+    block_loss = block_sft_loss(logits_fn, batch, rows, spec.mask_token_id, generator, spec=spec)
     bidirectional = diffusion_sft_loss(logits_fn, batch, rows, spec.mask_token_id, torch.Generator().manual_seed(0))
     assert block_loss.item() > 0 and block_loss.item() != pytest.approx(bidirectional.item())
     losses = warm_start(model, tokenizer, prompts, answers, completion_length=8, steps=30, batch_size=8, seed=0)
@@ -109,7 +110,8 @@ def test_block_model_eval_decodes_block_by_block(tmp_path):
                                 mask_token_id=spec.mask_token_id, gen_length=8, diffusion_steps=8, block_length=4,
                                 use_cache=False)  # fmt: skip
     rewards = task.score(decode_completions(tokenizer, out.completion_ids), test)
-    assert greedy_eval(model, tokenizer, task, test)["reward"] == sum(rewards) / len(rewards) == prep["before"]["reward"]
+    reward = greedy_eval(model, tokenizer, task, test)["reward"]
+    assert reward == sum(rewards) / len(rewards) == prep["before"]["reward"]
 
     ids = tokenizer(["sort 3 1 2 = 1 2 3 [EOS] [EOS]"], add_special_tokens=False, return_tensors="pt")["input_ids"]
     changed = ids.clone()

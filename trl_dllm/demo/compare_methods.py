@@ -1,5 +1,6 @@
 """The method rows of `trl-dllm compare` (`trl_dllm.demo.compare`): per model of the warm start, the
-`DiffusionGRPOConfig` fields that define each method, and `sft`, the SFT-equal-compute row (`None`). docs/compare.md."""
+`DiffusionGRPOConfig` fields that define each method, and `sft`, the SFT-equal-compute row (`None`).
+See docs/compare.md."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ METHODS: dict[str, dict | None] = {
     SFT: None,
 }
 # `--model block`: the demo's model as a block-diffusion model (blocks of `BLOCK_LENGTH`, counted from position 0 of
-# prompt + completion as SDAR / TraDo count them), warm-started by the same SFT in that layout, and the methods valid on
-# it: the staircase `block` estimator for GRPO and StableDRL (as recipes/sdar/stabledrl_gsm8k.yaml), AGRPO's replay
+# prompt + completion as SDAR / TraDo count them), warm-started by the same SFT in that layout, and the methods valid
+# on it: the staircase `block` estimator for GRPO and StableDRL (as recipes/sdar/stabledrl_gsm8k.yaml), AGRPO's replay
 # (block-causal on this model), and DiPO as recipes/sdar/dipo_math.yaml has it (step map, threshold 0.9 decoding with
 # top-k 50 at T 1, clip [0.8, 1.28], group-scaled advantages, dynamic sampling) on the demo's schedule, which is
 # already the recipe's: as many steps per block as the block has tokens (diffusion_steps = canvas length).

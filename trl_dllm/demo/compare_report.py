@@ -32,9 +32,10 @@ def group_runs(results: dict) -> dict[tuple[str, str], list[dict]]:
 def merge_results(parts: list[dict]) -> dict:
     """One comparison from several (e.g. one process per task): runs, warm starts and selections united.
 
-    A (method, task, seed) run found in two parts raises, and so do parts run on different models (`--model`). `date` and `loadavg_start` come from the part that started
-    first, `loadavg_end` from the one that ended last, `wall_minutes` spans first start to last end (parallel parts
-    overlap); each part's date, wall time, machine, config and `source` are kept in `merged_from`.
+    A (method, task, seed) run found in two parts raises, and so do parts run on different models (`--model`). `date`
+    and `loadavg_start` come from the part that started first, `loadavg_end` from the one that ended last,
+    `wall_minutes` spans first start to last end (parallel parts overlap); each part's date, wall time, machine, config
+    and `source` are kept in `merged_from`.
     """
     from datetime import datetime, timedelta
 
@@ -146,7 +147,8 @@ def mean_curve(runs: list[dict], x: str = "step") -> tuple[list, list]:
 
 
 def band(runs: list[dict], x: str = "step") -> tuple[list, list, list, list]:
-    """`mean_curve` with the spread: `(x, mean, lowest, highest)` held-out reward over runs at each shared evaluation."""
+    """`mean_curve` with the spread: `(x, mean, lowest, highest)` held-out reward over runs at each shared
+    evaluation."""
     at = aligned_points(runs)
     rewards = [[p["test_reward"] for p in ps] for ps in at]
     return [statistics.fmean(p[x] for p in ps) for ps in at], [statistics.fmean(r) for r in rewards], [
