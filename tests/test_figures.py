@@ -81,6 +81,18 @@ def drawn(monkeypatch):
         close(fig)
 
 
+def test_compare_draws_the_sft_row_whose_steps_differ_per_seed(drawn, tmp_path):
+    """The SFT row is evaluated evenly in time, so at different SFT steps in each seed: its line still has a point per
+    evaluation (aligned by index), not only the shared step 0."""
+    results = compare_results()
+    for seed, run in enumerate(r for r in results["runs"] if r["rollouts"] == 0):
+        run["curve"] = [p | {"step": p["step"] * (3 + seed) + seed * (p["step"] > 0)} for p in run["curve"]]
+    plot_compare(results, tmp_path / "compare.png")
+    (fig,) = drawn
+    sft = [line for ax in fig.axes for line in ax.get_lines() if line.get_label().startswith("sft")]
+    assert sft and all(len(line.get_xdata()) == len(STEPS) for line in sft)
+
+
 @pytest.mark.parametrize("name", FIGURES)
 def test_figure_rules(name, drawn, tmp_path):
     FIGURES[name](tmp_path / f"{name}.png")

@@ -1,5 +1,6 @@
 """`trl-dllm compare` shortened (`--quick`): every method from one warm start per task, equal budgets, the SFT row,
-and the files it writes; plus the selection parsing, the collapse count and the table's mean ± std."""
+and the files it writes, on the bidirectional model and on its block-diffusion twin (`--model block`, with DiPO); plus
+the selection parsing, the collapse count and the table's mean ± std."""
 
 import json
 import statistics
@@ -7,11 +8,15 @@ import sys
 import types
 
 import pytest
+from transformers import AutoConfig
 
 from trl_dllm import DiffusionGRPOConfig, cli
 from trl_dllm.core.objectives import OBJECTIVES
 from trl_dllm.demo.compare import (
+    BLOCK_LENGTH,
+    BLOCK_METHODS,
     METHODS,
+    MODELS,
     SFT,
     SHORT_COMPARE,
     TASK_STEPS,
@@ -31,6 +36,38 @@ def quick(tmp_path_factory):
     """One `--quick` run of every method on every default task (a tiny model, 2 RL steps, seed 0)."""
     out = tmp_path_factory.mktemp("compare")
     return out, main(["--quick", "--out", str(out)])
+
+
+@pytest.fixture(scope="module")
+def quick_block(tmp_path_factory):
+    """`--quick --model block` on `sort`: every block method, DiPO included, from one block-diffusion warm start."""
+    out = tmp_path_factory.mktemp("compare_block")
+    return out, main(["--quick", "--model", "block", "--tasks", "sort", "--out", str(out)])
+
+
+def test_quick_block_compares_dipo_from_a_block_warm_start(quick_block):
+    out, results = quick_block
+    assert results["config"]["model"] == "block" and tuple(results["config"]["methods"]) == tuple(BLOCK_METHODS)
+    warm = AutoConfig.from_pretrained(out / "sort" / "warmstart")  # the checkpoint every run starts from
+    assert (warm.dllm_family, warm.block_length) == ("block", BLOCK_LENGTH)
+    ws = results["warm_starts"]["sort"]
+    assert (ws["model"], ws["block_length"]) == ("block", BLOCK_LENGTH)
+    runs = {r["method"]: r for r in results["runs"]}
+    assert set(runs) == set(BLOCK_METHODS) and {r["seed"] for r in runs.values()} == {0}
+    rl = [r for m, r in runs.items() if m != SFT]
+    assert {(r["rollouts_per_step"], r["max_steps"], r["rollouts"], r["steps"]) for r in rl} == {(8, 2, 16, 2)}
+    for method, run in runs.items():
+        assert run["heldout_before"] == ws["heldout"]["reward"] and run["forwards"] > 0
+        assert method == SFT or run["trainer_fields"] == BLOCK_METHODS[method]
+    # DiPO's step-level likelihood is exact and on-policy: the old pass scores the rollout's own weights, ratio 1.
+    dipo = runs["dipo"]["log"]
+    assert dipo["ratio/max"] == pytest.approx([1.0, 1.0]) and dipo["ratio/min"] == pytest.approx([1.0, 1.0])
+    assert runs[SFT]["forwards"] == runs[SFT]["steps"]  # one staircase forward per block-SFT step
+    table = (out / "table.md").read_text()
+    assert f"Warm start of the block-diffusion model (blocks of {BLOCK_LENGTH}): " in table
+    assert [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ")][1:] == list(
+        BLOCK_METHODS
+    )
 
 
 def test_quick_writes_results_table_and_figure(quick):
@@ -81,12 +118,13 @@ def test_quick_sft_row_trains_as_long_as_the_longest_rl_run(quick):
 
 
 def test_every_shipped_objective_is_compared():
-    loss_types = {f["loss_type"] for f in METHODS.values() if f is not None}
-    # dipo trains block-diffusion models only; the comparison's warm start is bidirectional (docs/compare.md).
-    assert set(OBJECTIVES) - {"dipo"} <= loss_types and {"grpo", "bnpo"} <= loss_types
+    loss_types = {f["loss_type"] for table in MODELS.values() for f in table.values() if f is not None}
+    assert set(OBJECTIVES) <= loss_types and {"grpo", "bnpo"} <= loss_types  # dipo: on the block model
     assert METHODS["d1"]["estimator"] == "mean_field" and METHODS["d1"]["loss_type"] == "bnpo"
-    for fields in filter(None, METHODS.values()):  # each passes the config checks
-        DiffusionGRPOConfig(output_dir="unused", use_cpu=True, report_to="none", **fields)
+    assert BLOCK_METHODS["dipo"]["estimator"] == "block_steps" and "dipo" not in METHODS
+    for table in MODELS.values():
+        for fields in filter(None, table.values()):  # each passes the config checks
+            DiffusionGRPOConfig(output_dir="unused", use_cpu=True, report_to="none", **fields)
 
 
 def test_parse_args_selection():
@@ -99,6 +137,14 @@ def test_parse_args_selection():
     )
     picked = parse_args(["--quick", "--methods", "d1", "sft", "d1", "--seeds", "3", "4", "--max-steps", "5"])
     assert (picked.methods, picked.seeds, picked.max_steps, picked.quick) == (("d1", "sft"), (3, 4), 5, True)
+    assert full.model == "bidirectional" and parse_args(["--model", "block"]).methods == tuple(BLOCK_METHODS)
+    block = parse_args(["--model", "block", "--short", "--methods", "dipo", "sft"])
+    assert (block.model, block.methods, block.tasks, block.demo("subset").block_length) == (
+        "block", ("dipo", "sft"), SHORT_COMPARE["tasks"], BLOCK_LENGTH
+    )
+    assert full.demo("sort").block_length is None
+    with pytest.raises(ValueError, match=r"CompareConfig.methods has \['d1', .*\], not methods of model='block'"):
+        CompareConfig(model="block")  # the default methods are the bidirectional model's
 
 
 def test_step_budget_is_per_task_unless_given():
@@ -147,6 +193,9 @@ def test_merge_refuses_a_run_twice_and_a_missing_directory(quick, tmp_path, caps
     part = json.loads(json.dumps(results)) | {"source": "a"}
     with pytest.raises(ValueError, match=r"\('d1', 'sort', 0\) is in both 'a' and 'b'"):
         merge_results([part, part | {"source": "b"}])
+    block = part | {"source": "b", "config": part["config"] | {"model": "block"}, "runs": []}
+    with pytest.raises(ValueError, match="different models .*merge runs of one --model only"):
+        merge_results([part, block])
     with pytest.raises(SystemExit) as exit_info:  # a flag error: one line, exit status 2
         main(["--merge", str(tmp_path / "nowhere")])
     assert exit_info.value.code == 2 and "--merge " in capsys.readouterr().err
@@ -161,6 +210,8 @@ def test_merge_refuses_a_run_twice_and_a_missing_directory(quick, tmp_path, caps
         (["--methods", "ppo"], "invalid choice: 'ppo'"),
         (["--short", "--quick"], "not allowed with argument"),
         (["--merge", "a", "--quick"], "not allowed with argument"),
+        (["--model", "block", "--methods", "d1", "dipo"], "--methods d1: not a method of --model block"),
+        (["--methods", "dipo"], "--methods dipo: not a method of --model bidirectional"),
     ],
 )
 def test_parse_args_refuses(capsys, argv, message):

@@ -4,14 +4,26 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
+from trl_dllm.core.sampling import generate_block_causal
 from trl_dllm.demo import main, parse_args
 from trl_dllm.demo import run as demo_run
 from trl_dllm.demo.run import QUICK, ROLLOUTS, DemoConfig, demo_trainer_args
 from trl_dllm.demo.tasks import TASKS
-from trl_dllm.demo.warmstart import decode_completions, encode_examples, greedy_eval, prepare, warm_start
-from trl_dllm.testing import build_tiny_model, build_tokenizer
+from trl_dllm.demo.warmstart import (
+    block_sft_loss,
+    canvas_logits,
+    decode_completions,
+    diffusion_sft_loss,
+    encode_examples,
+    greedy_eval,
+    prepare,
+    warm_start,
+)
+from trl_dllm.models import model_logits_fn, resolve_model_spec
+from trl_dllm.testing import build_tiny_block_model, build_tiny_model, build_tokenizer
 
 
 def test_quick_demo_writes_png_and_summary(tmp_path, capsys):
@@ -64,6 +76,51 @@ def test_warm_start_is_seeded_and_lowers_the_loss():
     assert first == run(0)
     assert first != run(1)
     assert sum(first[-5:]) < sum(first[:5])
+
+
+def test_block_warm_start_trains_in_the_block_layout():
+    """A block-diffusion model warm-starts on the staircase block ELBO of its own layout (`block_sft_loss`), not on the
+    bidirectional loss: the two differ on the same batch and generator, and the block loss falls with training."""
+    tokenizer = build_tokenizer()
+    prompts, answers = ["sort 3 1 2 =", "sort 2 1 ="] * 4, ["1 2 3", "1 2"] * 4
+    model = build_tiny_block_model(tokenizer, 4, seed=0)
+    spec = resolve_model_spec(model, tokenizer)
+    batch, rows = encode_examples(tokenizer, prompts, answers, completion_length=8), torch.arange(8)
+    logits_fn = model_logits_fn(model, spec)
+    generator = torch.Generator().manual_seed(0)
+    block_loss = block_sft_loss(logits_fn, batch, rows, spec.mask_token_id, generator, spec=spec)
+    bidirectional = diffusion_sft_loss(logits_fn, batch, rows, spec.mask_token_id, torch.Generator().manual_seed(0))
+    assert block_loss.item() > 0 and block_loss.item() != pytest.approx(bidirectional.item())
+    losses = warm_start(model, tokenizer, prompts, answers, completion_length=8, steps=30, batch_size=8, seed=0)
+    assert sum(losses[-5:]) < sum(losses[:5]) and model.config.dllm_family == "block"
+
+
+def test_block_model_eval_decodes_block_by_block(tmp_path):
+    """`greedy_eval` of a block-diffusion warm start is the block-causal sampler's greedy decode (here uncached, from a
+    logits function) scored by the task; `canvas_logits` (the drift) is block-causal: a token in a later block leaves
+    earlier blocks' logits alone, where the bidirectional model's move."""
+    prep = prepare(replace(DemoConfig(out_dir=str(tmp_path), block_length=4), **QUICK))
+    model = AutoModelForCausalLM.from_pretrained(prep["path"])
+    tokenizer, task, test = prep["tokenizer"], prep["task"], prep["test"]
+    spec = resolve_model_spec(model, tokenizer)
+    assert (spec.family, spec.block_length) == ("block", 4)
+    enc = tokenizer([p["prompt"] for p in test], add_special_tokens=False, padding=True, padding_side="left",
+                    return_tensors="pt")  # fmt: skip
+    out = generate_block_causal(model_logits_fn(model, spec), enc["input_ids"], enc["attention_mask"],
+                                mask_token_id=spec.mask_token_id, gen_length=8, diffusion_steps=8, block_length=4,
+                                use_cache=False)  # fmt: skip
+    rewards = task.score(decode_completions(tokenizer, out.completion_ids), test)
+    reward = greedy_eval(model, tokenizer, task, test)["reward"]
+    assert reward == sum(rewards) / len(rewards) == prep["before"]["reward"]
+
+    ids = tokenizer(["sort 3 1 2 = 1 2 3 [EOS] [EOS]"], add_special_tokens=False, return_tensors="pt")["input_ids"]
+    changed = ids.clone()
+    changed[0, -1] = tokenizer.convert_tokens_to_ids("7")  # position 9: block 2; positions 4-7 are block 1
+    mask = torch.ones_like(ids)
+    for net, moves in ((model, False), (build_tiny_model(tokenizer, hidden_size=32, num_layers=2), True)):
+        net_spec = resolve_model_spec(net, tokenizer)
+        before, after = (canvas_logits(net, net_spec, x, mask, 6)[0, :4] for x in (ids, changed))  # columns 4-7
+        assert (not torch.allclose(before, after)) == moves
 
 
 def test_encode_examples_fills_with_eos_and_left_pads():

@@ -4,12 +4,14 @@
     python -m trl_dllm.demo.compare --methods d1 stabledrl sft --tasks subset --seeds 0 1
     python -m trl_dllm.demo.compare --short              # the 30-minute selection of docs/compare.md
     python -m trl_dllm.demo.compare --quick              # a few steps of a tiny model (what the tests run)
+    python -m trl_dllm.demo.compare --model block --tasks sort   # DiPO and others on the block-diffusion twin
 
 Per task, one warm start (the demo's masked-diffusion SFT, `--warmstart-seed`); from it, every selected method × seed
 trains with the same rollout budget (prompts × completions × steps), the same wall-clock cap and the same held-out
 evaluation (greedy decodes of the test split; the checkpoint kept is the best on val, as in the demo). The methods are
 `DiffusionGRPOConfig` settings (`METHODS`, one line each) plus `sft`: the warm start trained further by the same SFT,
-for as long as the longest RL run of that task and seed took. Writes `results.json`, `table.md` and `compare.png`.
+for as long as the longest RL run of that task and seed took. `--model block` runs the same comparison on the demo's
+model as a block-diffusion model (`BLOCK_METHODS`, with DiPO). Writes `results.json`, `table.md` and `compare.png`.
 See docs/compare.md.
 """
 
@@ -29,6 +31,7 @@ from pathlib import Path
 import torch
 
 from ..console import once_per_run
+from .compare_methods import BLOCK_LENGTH, BLOCK_METHODS, METHODS, MODELS, SFT
 from .options import Parser
 from .run import (
     QUICK,
@@ -43,29 +46,6 @@ from .run import (
 )
 from .tasks import TASKS
 from .warmstart import drift, prepare, warm_start
-
-SFT = "sft"
-# One line per method: the `DiffusionGRPOConfig` fields that define it (everything else is shared, see
-# `demo_trainer_args`: lr 2e-4 constant, T 1.0, scale_rewards "none", on-policy). Objective-level knobs follow each
-# paper's released recipe (docs/algorithms.md); `None` is the SFT-equal-compute row. `justgrpo` decodes left to right
-# (block_length 1: the demo's steps already equal the canvas length); `dipo` needs a block-diffusion model, which the
-# demo's warm start is not, so it is not compared here (docs/compare.md).
-# fmt: off
-METHODS: dict[str, dict | None] = {
-    "d1": dict(loss_type="bnpo", estimator="mean_field", p_mask_prompt=0.15, beta=0.04, epsilon=0.5),
-    "grpo": dict(loss_type="grpo", estimator="elbo"),
-    "espo": dict(loss_type="espo", estimator="elbo", elbo_counts="espo", score_padding_eos=True, beta=3e-3,
-                 leave_one_out=True),
-    "stabledrl": dict(loss_type="stabledrl", estimator="elbo"),
-    "agrpo": dict(loss_type="agrpo", estimator="trajectory"),
-    "spg": dict(loss_type="spg", estimator="spg", p_mask_prompt=0.15),
-    "wd1": dict(loss_type="wd1", estimator="mean_field", p_mask_prompt=0.15),
-    "justgrpo": dict(loss_type="justgrpo", estimator="left_to_right", block_length=1, score_padding_eos=True,
-                     scale_rewards="group", mc_batch_size=8),
-    SFT: None,
-}
-# fmt: on
-
 
 # RL steps per run where a task's default differs from 300: `subset`'s canvas is 4 tokens (4 denoising forwards per
 # rollout, half of `sort`'s 8), so 600 of its steps cost about what 300 `sort` steps do (docs/compare.md).
@@ -89,6 +69,18 @@ class CompareConfig:
     quick: bool = False
     merge: tuple[str, ...] = ()  # `--merge`: combine these output directories (no training)
     overrides: dict = field(default_factory=dict)  # `--set FIELD=VALUE`: `DiffusionGRPOConfig` fields of every RL run
+    model: str = "bidirectional"  # a key of `MODELS`: "block" is the block-diffusion twin (its methods: BLOCK_METHODS)
+
+    def __post_init__(self):
+        if self.model not in MODELS:
+            raise ValueError(f"CompareConfig.model={self.model!r} is not one of {list(MODELS)}: pick one of them.")
+        if unknown := [m for m in self.methods if m not in self.table()]:
+            raise ValueError(f"CompareConfig.methods has {unknown}, not methods of model={self.model!r}: pick from "
+                             f"{list(self.table())}.")  # fmt: skip
+
+    def table(self) -> dict[str, dict | None]:
+        """The method rows of this model (`METHODS` or `BLOCK_METHODS`)."""
+        return MODELS[self.model]
 
     def steps(self, task: str) -> int:
         """RL steps per run on `task`: `max_steps` when given, else the task's default (`TASK_STEPS`, else 300)."""
@@ -96,7 +88,9 @@ class CompareConfig:
 
     def demo(self, task: str) -> DemoConfig:
         """The demo's configuration of `task` under this budget (`--quick`: the demo's tiny model and batches)."""
-        cfg = DemoConfig(task=task, out_dir=str(Path(self.out_dir) / task), seed=self.warmstart_seed)
+        block_length = BLOCK_LENGTH if self.model == "block" else None
+        cfg = DemoConfig(task=task, out_dir=str(Path(self.out_dir) / task), seed=self.warmstart_seed,
+                         block_length=block_length)  # fmt: skip
         cfg = replace(cfg, **QUICK) if self.quick else replace(cfg, eval_every=self.eval_every)
         return replace(cfg, max_steps=self.steps(task), max_minutes=self.max_minutes, threads=self.threads)
 
@@ -220,7 +214,7 @@ def _rl_run(cfg: CompareConfig, demo: DemoConfig, prep: dict, method: str, seed:
     from transformers import AutoModelForCausalLM
 
     # The collapse guard (on in the demo) is off unless `--set` turns it on: the comparison measures the methods.
-    fields_ = {"collapse_guard": "off", **METHODS[method], **cfg.overrides, "seed": seed}
+    fields_ = {"collapse_guard": "off", **cfg.table()[method], **cfg.overrides, "seed": seed}
     run_cfg = replace(demo, trainer_overrides=fields_)
     args = demo_trainer_args(run_cfg, prep["task"], str(Path(demo.out_dir) / "trainer"))
     label = f"{method} · {demo.task} · seed {seed}"
@@ -238,7 +232,7 @@ def _rl_run(cfg: CompareConfig, demo: DemoConfig, prep: dict, method: str, seed:
                      cfg.collapse_drop)  # fmt: skip
     grads = train_log(trainer.state.log_history)["grad_norm"]
     run["non_finite_grad_steps"] = sum(g is not None and not abs(g) < float("inf") for g in grads)
-    run["trainer_fields"] = {**METHODS[method], **cfg.overrides}
+    run["trainer_fields"] = {**cfg.table()[method], **cfg.overrides}
     run["log"] = training_log(trainer.state.log_history)
     return run
 
@@ -299,9 +293,9 @@ def run_compare(cfg: CompareConfig) -> dict:
     from rich.console import Console
 
     console, wall_start = Console(), time.monotonic()
-    rl = [m for m in cfg.methods if METHODS[m] is not None]
+    rl = [m for m in cfg.methods if cfg.table()[m] is not None]
     results = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "machine": _machine(), "config": asdict(cfg), "methods": {m: METHODS[m] for m in cfg.methods},
+               "machine": _machine(), "config": asdict(cfg), "methods": {m: cfg.table()[m] for m in cfg.methods},
                "warm_starts": {}, "runs": []}  # fmt: skip
     with progress_bar(console) as progress, once_per_run():
         for task in cfg.tasks:
@@ -309,7 +303,8 @@ def run_compare(cfg: CompareConfig) -> dict:
             prep = prepare(demo, console)
             results["warm_starts"][task] = {"heldout": prep["before"], "val": prep["before_val"],
                                             "seconds": prep["sft_seconds"], "sft_steps": demo.sft_steps,
-                                            "demonstrations": demonstrations_reward(prep)}  # fmt: skip
+                                            "demonstrations": demonstrations_reward(prep), "model": cfg.model,
+                                            "block_length": demo.block_length}  # fmt: skip
             for seed in cfg.seeds:
                 runs = [_rl_run(cfg, demo, prep, m, seed, progress) for m in rl]
                 if SFT in cfg.methods:  # as long as the longest RL run of this task and seed, else the cap
@@ -365,9 +360,17 @@ def parse_args(argv=None) -> CompareConfig:
     parser.add_argument(
         "--methods",
         nargs="+",
-        choices=tuple(METHODS),
+        choices=tuple(dict.fromkeys(m for table in MODELS.values() for m in table)),
         default=None,
-        help=f"methods to run (default: all: {' '.join(METHODS)})",
+        help=f"methods to run (default: all of the model's: {' '.join(METHODS)}; --model block: "
+        f"{' '.join(BLOCK_METHODS)})",
+    )
+    parser.add_argument(
+        "--model",
+        choices=tuple(MODELS),
+        default="bidirectional",
+        help="the warm start's model: the demo's bidirectional model (default), or its block-diffusion twin (blocks "
+        f"of {BLOCK_LENGTH} from position 0, as SDAR), on which DiPO runs (docs/compare.md)",
     )
     parser.add_argument(
         "--tasks",
@@ -417,14 +420,18 @@ def parse_args(argv=None) -> CompareConfig:
     for directory in args.merge:
         if not (Path(directory) / "results.json").is_file():
             parser.error(f"--merge {directory}: no results.json there; pass output directories of `trl-dllm compare`")
+    table = MODELS[args.model]
+    if unknown := [m for m in args.methods or () if m not in table]:
+        parser.error(f"--methods {' '.join(unknown)}: not a method of --model {args.model} ({' '.join(table)})")
+    # The presets' methods are the bidirectional model's: with --model block, the block rows unless --methods says.
     cfg = CompareConfig(out_dir=args.out, threads=args.threads, eval_every=args.eval_every,
                         warmstart_seed=args.warmstart_seed, quick=args.quick, merge=tuple(args.merge),
                         overrides=_overrides(parser, args.set))  # fmt: skip
     cfg = replace(cfg, **QUICK_COMPARE) if args.quick else replace(cfg, **SHORT_COMPARE) if args.short else cfg
-    given = {"methods": args.methods, "tasks": args.tasks, "seeds": args.seeds, "max_steps": args.max_steps,
-             "max_minutes": args.max_minutes}  # fmt: skip
+    given = {"methods": args.methods or (tuple(table) if args.model != "bidirectional" else None), "tasks": args.tasks,
+             "seeds": args.seeds, "max_steps": args.max_steps, "max_minutes": args.max_minutes}  # fmt: skip
     given = {k: tuple(dict.fromkeys(v)) if isinstance(v, list) else v for k, v in given.items() if v is not None}
-    return replace(cfg, **given)
+    return replace(cfg, model=args.model, **given)
 
 
 def _overrides(parser, pairs: list[str]) -> dict:

@@ -32,9 +32,10 @@ def group_runs(results: dict) -> dict[tuple[str, str], list[dict]]:
 def merge_results(parts: list[dict]) -> dict:
     """One comparison from several (e.g. one process per task): runs, warm starts and selections united.
 
-    A (method, task, seed) run found in two parts raises. `date` and `loadavg_start` come from the part that started
-    first, `loadavg_end` from the one that ended last, `wall_minutes` spans first start to last end (parallel parts
-    overlap); each part's date, wall time, machine, config and `source` are kept in `merged_from`.
+    A (method, task, seed) run found in two parts raises, and so do parts run on different models (`--model`). `date`
+    and `loadavg_start` come from the part that started first, `loadavg_end` from the one that ended last,
+    `wall_minutes` spans first start to last end (parallel parts overlap); each part's date, wall time, machine, config
+    and `source` are kept in `merged_from`.
     """
     from datetime import datetime, timedelta
 
@@ -42,6 +43,9 @@ def merge_results(parts: list[dict]) -> dict:
         start = datetime.fromisoformat(part["date"])
         return start, start + timedelta(minutes=part["wall_minutes"])
 
+    models = {p.get("source"): p["config"].get("model", "bidirectional") for p in parts}
+    if len(set(models.values())) > 1:
+        raise ValueError(f"the parts were run on different models ({models}): merge runs of one --model only.")
     seen, runs = {}, []
     for part in parts:
         for run in part["runs"]:
@@ -84,7 +88,8 @@ def table_markdown(results: dict) -> str:
             "| collapses | train s | forwards |")  # fmt: skip
     for task in cfg["tasks"]:
         ws = results["warm_starts"][task]
-        lines += [f"### {task}", "", f"Warm start: {ws['sft_steps']} SFT steps, held-out reward "
+        model = f" of the block-diffusion model (blocks of {ws['block_length']})" if ws.get("model") == "block" else ""
+        lines += [f"### {task}", "", f"Warm start{model}: {ws['sft_steps']} SFT steps, held-out reward "
                   f"{ws['heldout']['reward']:.3f}. Budget per RL run: {_max_steps(results, task)} steps × "
                   f"{_rollouts_per_step(results, task)} rollouts, cap {cfg['max_minutes']:g} min."
                   + _imitation_note(ws), "", head, "|" + "---|" * (head.count("|") - 1)]  # fmt: skip
@@ -123,20 +128,28 @@ def _rollouts_per_step(results: dict, task: str) -> int:
     return max((r["rollouts_per_step"] for r in results["runs"] if r["task"] == task), default=0)
 
 
-def mean_curve(runs: list[dict], x: str = "step") -> tuple[list, list]:
-    """Mean held-out reward over runs at each step every run evaluated, against the mean of `x` there (`"step"`, or
-    `"seconds"`: runs reach a step at different times)."""
+def aligned_points(runs: list[dict]) -> list[list[dict]]:
+    """The runs' curve points, grouped: RL runs at each step every run evaluated; the SFT row (no rollouts), which is
+    evaluated evenly in time and so at different SFT steps in each seed, by evaluation index (the k-th of each)."""
+    if runs[0].get("rollouts", 1) == 0:
+        return [[r["curve"][i] for r in runs] for i in range(min(len(r["curve"]) for r in runs))]
     steps = sorted(set.intersection(*({p["step"] for p in r["curve"]} for r in runs)))
-    at = [[p for r in runs for p in r["curve"] if p["step"] == v] for v in steps]
+    return [[p for r in runs for p in r["curve"] if p["step"] == v] for v in steps]
+
+
+def mean_curve(runs: list[dict], x: str = "step") -> tuple[list, list]:
+    """Mean held-out reward over runs at each of their shared evaluations (`aligned_points`), against the mean of `x`
+    there (`"step"`, or `"seconds"`: runs reach a step at different times)."""
+    at = aligned_points(runs)
     return [statistics.fmean(p[x] for p in ps) for ps in at], [
         statistics.fmean(p["test_reward"] for p in ps) for ps in at
     ]
 
 
 def band(runs: list[dict], x: str = "step") -> tuple[list, list, list, list]:
-    """`mean_curve` with the spread: `(x, mean, lowest, highest)` held-out reward over runs at each shared step."""
-    steps = sorted(set.intersection(*({p["step"] for p in r["curve"]} for r in runs)))
-    at = [[p for r in runs for p in r["curve"] if p["step"] == v] for v in steps]
+    """`mean_curve` with the spread: `(x, mean, lowest, highest)` held-out reward over runs at each shared
+    evaluation."""
+    at = aligned_points(runs)
     rewards = [[p["test_reward"] for p in ps] for ps in at]
     return [statistics.fmean(p[x] for p in ps) for ps in at], [statistics.fmean(r) for r in rewards], [
         min(r) for r in rewards], [max(r) for r in rewards]  # fmt: skip

@@ -42,6 +42,7 @@ class DemoConfig:
     num_layers: int = 4
     num_heads: int = 4
     intermediate_size: int = 256
+    block_length: int | None = None  # None: that model; an int: its block-diffusion twin with this block size
     # warm start: masked-diffusion SFT
     sft_steps: int = 40
     sft_batch_size: int = 64
@@ -101,7 +102,8 @@ def demo_trainer_args(cfg: DemoConfig, task: Task, output_dir: str) -> Diffusion
         output_dir=output_dir, loss_type="stabledrl", estimator="elbo", mc_samples=cfg.mc_samples, scale_rewards="none",
         beta=0.0, learning_rate=cfg.learning_rate, lr_scheduler_type="constant", temperature=cfg.temperature,
         per_device_train_batch_size=cfg.prompts_per_step * cfg.num_generations, num_generations=cfg.num_generations,
-        max_completion_length=length, block_length=length, diffusion_steps=length, max_steps=cfg.max_steps,
+        max_completion_length=length, diffusion_steps=length, max_steps=cfg.max_steps,
+        block_length=cfg.block_length or length,  # a block-diffusion model's own blocks, else one block
         logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=cfg.seed, disable_tqdm=True,
         # On by default (TRL's bf16 and gradient checkpointing, our mc_checkpointing); for this model on CPU they only
         # cost time: bf16 autocast and recomputation made a step 2x slower, mc_checkpointing another 12-17%.

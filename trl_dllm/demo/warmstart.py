@@ -7,13 +7,19 @@ log-likelihood, LLaDA eq. 3). The completion is the gold answer followed by EOS 
 fills the canvas with EOS the same way). The prompt is never masked. Everything is seeded by a local
 `torch.Generator` and `random.Random`; the global RNG is untouched.
 
-Held-out evaluation (`greedy_eval`): greedy diffusion decoding (`trl_dllm.core.sampling.generate`, temperature 0) of
-the prompts, decoded as TRL decodes completions for its rewards, scored by the task's reward — one function, used
-before, during and after RL.
+A block-diffusion model (`DemoConfig.block_length`, `trl-dllm compare --model block`) is warm-started by the same loop
+with its own layout (`block_sft_loss`): blocks counted from position 0 of prompt + completion, each noisy block
+attending to itself and the earlier clean blocks — the staircase of `trl_dllm.core.likelihood.block`, whose block ELBO
+of the gold completion is the loss (SDAR's SFT `[x_t | x_0]`).
+
+Held-out evaluation (`greedy_eval`): greedy diffusion decoding (`trl_dllm.core.sampling.generate`, temperature 0; a
+block model decodes block by block, `generate_block_causal` with its block size) of the prompts, decoded as TRL decodes
+completions for its rewards, scored by the task's reward — one function, used before, during and after RL.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Callable
@@ -23,9 +29,11 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 
-from ..core.sampling import generate
-from ..models import make_bidirectional, model_logits_fn, resolve_model_spec
-from ..models.tiny import build_tiny_model, build_tokenizer
+from ..core.likelihood import block
+from ..core.masks import block_attention, layout_ids
+from ..core.sampling import generate, generate_block_causal
+from ..models import ModelSpec, make_bidirectional, model_logits_fn, resolve_model_spec
+from ..models.tiny import build_tiny_block_model, build_tiny_model, build_tokenizer
 from .tasks import EXTRA_WORDS, Task, get_task
 
 
@@ -69,6 +77,25 @@ def diffusion_sft_loss(
     return (ce * masked / t).sum() / (n * length)
 
 
+def block_sft_loss(
+    logits_fn, batch: SFTBatch, rows: torch.Tensor, mask_token_id: int, generator: torch.Generator, *, spec: ModelSpec
+) -> torch.Tensor:
+    """The masked-diffusion loss of a block-diffusion model: minus the staircase block ELBO
+    (`trl_dllm.core.likelihood.block`, one sample; blocks laid out as `spec.block_layout` says, the families' own
+    counting from position 0 of prompt + completion) of the gold completions of `rows`, over their ``N · L`` tokens.
+
+    In every block ``b`` a count ``n ~ U{1..L_b}`` of positions is masked and their cross-entropy is weighted
+    ``L_b / n``; the noisy block sees the prompt, the clean blocks before it and itself (SDAR's SFT ``[x_t | x_0]``),
+    so one forward trains every block's conditional. Per-row seeds are drawn from `generator`."""
+    input_ids, attention_mask, prompt_length = batch.input_ids[rows], batch.attention_mask[rows], batch.prompt_length
+    completion = input_ids[:, prompt_length:]
+    seeds = torch.randint(0, 2**62, (len(rows),), generator=generator)
+    out = block(logits_fn, input_ids[:, :prompt_length], attention_mask[:, :prompt_length], completion,
+                torch.ones_like(completion), mask_token_id=mask_token_id, seeds=seeds, block_length=spec.block_length,
+                block_layout=spec.block_layout, entropy_grad=False)  # fmt: skip
+    return -out.logps.sum() / completion.numel()
+
+
 def warm_start(
     model,
     tokenizer,
@@ -86,11 +113,13 @@ def warm_start(
 
     Batches are drawn without replacement (reshuffled each epoch) by a seeded `random.Random`; masks come from a seeded
     `torch.Generator`. `on_step(step)` (1-based), if given, runs after every step; returning `True` stops training
-    (the comparison's time budget). Returns the loss of every step. The model is left in eval mode.
+    (the comparison's time budget). Returns the loss of every step. The model is left in eval mode. A block-diffusion
+    model (`dllm_family="block"`) trains on `block_sft_loss`, any other on `diffusion_sft_loss`.
     """
-    make_bidirectional(model)
+    make_bidirectional(model)  # a no-op on a block-diffusion model: it is driven with block-causal 4-D masks
     spec = resolve_model_spec(model, tokenizer, None)
     logits_fn = model_logits_fn(model, spec)
+    sft_loss = functools.partial(block_sft_loss, spec=spec) if spec.family == "block" else diffusion_sft_loss
     data = encode_examples(tokenizer, prompts, answers, completion_length)
     generator, order_rng = torch.Generator().manual_seed(seed), random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
@@ -101,7 +130,7 @@ def warm_start(
         if len(order) < batch_size:
             order += order_rng.sample(range(len(prompts)), len(prompts))
         rows, order = torch.tensor(order[:batch_size]), order[batch_size:]
-        loss = diffusion_sft_loss(logits_fn, data, rows, spec.mask_token_id, generator)
+        loss = sft_loss(logits_fn, data, rows, spec.mask_token_id, generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -138,15 +167,13 @@ def greedy_eval(model, tokenizer, task: Task, problems: list[dict]) -> dict:
         return_tensors="pt",
     )
     length = task.completion_length
-    out = generate(
-        model_logits_fn(model, spec),
-        enc["input_ids"],
-        enc["attention_mask"],
-        mask_token_id=spec.mask_token_id,
-        gen_length=length,
-        diffusion_steps=length,
-        block_length=length,
-    )
+    greedy = dict(mask_token_id=spec.mask_token_id, gen_length=length, diffusion_steps=length)  # one token per step
+    if spec.family == "block":  # block by block in the model's own blocks, prompt and committed blocks in a KV cache
+        out = generate_block_causal(model, enc["input_ids"], enc["attention_mask"], block_length=spec.block_length,
+                                    block_layout=spec.block_layout, use_cache=True, **greedy)  # fmt: skip
+    else:
+        out = generate(model_logits_fn(model, spec), enc["input_ids"], enc["attention_mask"], block_length=length,
+                       **greedy)  # fmt: skip
     rewards = task.score(decode_completions(tokenizer, out.completion_ids), problems)
     model.train(was_training)
     return {"reward": sum(rewards) / len(rewards), "accuracy": sum(r == 1.0 for r in rewards) / len(rewards)}
@@ -156,7 +183,9 @@ def greedy_eval(model, tokenizer, task: Task, problems: list[dict]) -> dict:
 def drift(model, reference, tokenizer, task: Task, problems: list[dict]) -> dict:
     """How far `model` has moved from `reference` (the warm start) and how sure it is, on the fully masked canvas of
     `problems`' prompts (the first denoising step of a decode): ``kl_reference``, the mean over completion positions of
-    ``KL(π_θ ‖ π_ref)`` (nats per token), and ``entropy``, the mean entropy of ``π_θ`` there."""
+    ``KL(π_θ ‖ π_ref)`` (nats per token), and ``entropy``, the mean entropy of ``π_θ`` there. A block-diffusion model
+    reads that canvas under its block-causal mask (`canvas_logits`): each block sees the prompt and the masked blocks
+    before it, which is the first step of the first decoding block and a canvas the later blocks never decode from."""
     was_training = model.training
     model.eval()
     spec = resolve_model_spec(model, tokenizer)
@@ -165,9 +194,8 @@ def drift(model, reference, tokenizer, task: Task, problems: list[dict]) -> dict
     rows, length = enc["input_ids"].shape[0], task.completion_length
     ids = torch.cat([enc["input_ids"], torch.full((rows, length), spec.mask_token_id)], dim=1)
     mask = torch.cat([enc["attention_mask"], torch.ones(rows, length, dtype=enc["attention_mask"].dtype)], dim=1)
-    positions = torch.arange(ids.shape[1] - length, ids.shape[1])
-    log_p = model_logits_fn(model, spec)(ids, mask, positions).float().log_softmax(-1)
-    log_q = model_logits_fn(reference, spec)(ids, mask, positions).float().log_softmax(-1)
+    log_p = canvas_logits(model, spec, ids, mask, length).float().log_softmax(-1)
+    log_q = canvas_logits(reference, spec, ids, mask, length).float().log_softmax(-1)
     model.train(was_training)
     return {
         "kl_reference": (log_p.exp() * (log_p - log_q)).sum(-1).mean().item(),
@@ -175,27 +203,39 @@ def drift(model, reference, tokenizer, task: Task, problems: list[dict]) -> dict
     }
 
 
+def canvas_logits(model, spec: ModelSpec, ids: torch.Tensor, mask: torch.Tensor, length: int) -> torch.Tensor:
+    """Logits `(B, length, V)` of the last `length` columns of `ids` (left-padded prompt ; completion): bidirectional,
+    or for a block-diffusion model under its block-causal 4-D mask and position ids (`spec.block_layout`)."""
+    positions = torch.arange(ids.shape[1] - length, ids.shape[1])
+    logits_fn = model_logits_fn(model, spec)
+    if spec.family != "block":
+        return logits_fn(ids, mask, positions)
+    blocks, position_ids = layout_ids(mask[:, : ids.shape[1] - length], length, spec.block_length, spec.block_layout)
+    attention = block_attention(blocks, mask, dtype=next(model.parameters()).dtype)
+    return logits_fn(ids, attention, positions, position_ids=position_ids)
+
+
 # --------------------------------------------------------------------------- the demo's starting point
 def prepare(cfg, console=None) -> dict:
-    """Build the tokenizer and model (sizes from `cfg`, a `run.DemoConfig`), warm-start it, save it under
-    `out_dir/warmstart`, draw the train / val / test problems and measure the warm start on val and test."""
+    """Build the tokenizer and model (sizes from `cfg`, a `run.DemoConfig`; its block-diffusion twin with blocks of
+    `cfg.block_length` when that is set), warm-start it, save it under `out_dir/warmstart`, draw the train / val / test
+    problems and measure the warm start on val and test."""
     task = get_task(cfg.task)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(EXTRA_WORDS)
-    model = build_tiny_model(
-        tokenizer,
-        hidden_size=cfg.hidden_size,
-        num_layers=cfg.num_layers,
-        num_heads=cfg.num_heads,
-        intermediate_size=cfg.intermediate_size,
-        seed=cfg.seed,
-    )
+    sizes = dict(hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
+                 intermediate_size=cfg.intermediate_size, seed=cfg.seed)  # fmt: skip
+    if cfg.block_length is None:
+        model = build_tiny_model(tokenizer, **sizes)
+    else:
+        model = build_tiny_block_model(tokenizer, cfg.block_length, **sizes)
     train = task.problems("train", cfg.num_train_problems, seed=cfg.seed)
     val = task.problems("val", cfg.num_val, seed=cfg.seed, unique=True)
     test = task.problems("test", cfg.num_test, seed=cfg.seed, unique=True)
     if console is not None:
-        console.print(f"warm start: {cfg.sft_steps} SFT steps of the {cfg.task} task...")
+        kind = "" if cfg.block_length is None else f" (block-diffusion model, blocks of {cfg.block_length})"
+        console.print(f"warm start{kind}: {cfg.sft_steps} SFT steps of the {cfg.task} task...")
     start = time.monotonic()
     losses = warm_start(
         model,
