@@ -164,8 +164,9 @@ class DiffusionGRPOConfig(GRPOConfig):
             Logged training steps in a row with an alarm before the guard acts.
         collapse_guard_window (`int`, *optional*, defaults to `10`):
             Each signal is the mean over this many logged steps.
-        collapse_guard_reward_drop (`float`, *optional*, defaults to `0.2`):
-            Alarm when the smoothed training reward is more than this below its best (in your reward's units).
+        collapse_guard_reward_drop (`float`, *optional*, defaults to `1.0`):
+            Alarm when the smoothed training reward falls below its best by more than this many times the smoothed
+            `reward_std` (the rewards' standard deviation over a batch) at that best.
         collapse_guard_entropy_ratio (`float` or `None`, *optional*, defaults to `None`):
             Alarm when the smoothed rollout entropy falls below this fraction of its first window. `None`: not watched.
         collapse_guard_max_kl (`float` or `None`, *optional*, defaults to `None`):
@@ -297,7 +298,7 @@ class DiffusionGRPOConfig(GRPOConfig):
     collapse_guard_patience: int = field(default=20, metadata={"help": "collapse_guard: alarming steps before acting."})
     collapse_guard_window: int = field(default=10, metadata={"help": "collapse_guard: logged steps each signal averages."})
     collapse_guard_reward_drop: float = field(
-        default=0.2, metadata={"help": "collapse_guard: alarm when the smoothed reward is this far below its best."}
+        default=1.0, metadata={"help": "collapse_guard: alarm when the smoothed reward falls this many reward_std below its best."}
     )
     collapse_guard_entropy_ratio: float | None = field(
         default=None, metadata={"help": "collapse_guard: alarm below this fraction of the first window's entropy."}

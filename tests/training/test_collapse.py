@@ -41,7 +41,7 @@ def test_warn_detects_the_fall_within_patience_and_goes_on(tiny_model_path, tmp_
     # The smoothed reward (window 2) first sits 0.2 below its best at step 4; patience 2 → the guard acts at step 5.
     assert rewards[1] > 0.9 and rewards[5] < 0.5
     assert events[0]["step"] == 5 and events[0]["action"] == "warn"
-    assert "collapse_guard_reward_drop=0.2 below its best" in events[0]["reasons"][0]
+    assert "collapse_guard_reward_drop=1.0 × the reward spread" in events[0]["reasons"][0]
     assert "Collapse guard, step 5: for 2 logged steps in a row (since step 4)" in caplog.text
     assert trainer.state.global_step == 12  # warn goes on
     logged = [h["collapse_guard/alarm"] for h in trainer.state.log_history if "collapse_guard/alarm" in h]
@@ -72,23 +72,32 @@ def test_rollback_restores_the_good_state_with_a_lower_rate_and_recovers(tiny_mo
 class Args(SimpleNamespace):
     def __init__(self, **kw):
         base = dict(collapse_guard="warn", collapse_guard_patience=2, collapse_guard_window=2,
-                    collapse_guard_reward_drop=0.2, collapse_guard_entropy_ratio=None, collapse_guard_max_kl=None,
+                    collapse_guard_reward_drop=1.0, collapse_guard_entropy_ratio=None, collapse_guard_max_kl=None,
                     collapse_guard_lr_factor=0.5, collapse_guard_max_rollbacks=1)  # fmt: skip
         super().__init__(**{**base, **kw})
 
 
 def feed(guard, steps, trainer=None):
-    """``steps``: per logged step a dict of metric → value; returns the guard's metrics of the last one."""
+    """``steps``: per logged step a dict of metric → value (`reward_std` 0.2 unless given: a fall of more than 0.2
+    alarms); returns the guard's metrics of the last one."""
     out = None
     for step, metrics in enumerate(steps, 1):
-        out = guard.observe({k: [v] for k, v in metrics.items()}, step, trainer)
+        out = guard.observe({k: [v] for k, v in {"reward_std": 0.2, **metrics}.items()}, step, trainer)
     return out
 
 
 def test_off_does_nothing():
     guard = CollapseGuard(Args(collapse_guard="off"))
-    assert feed(guard, [{"reward": 1.0}, {"reward": 0.0}, {"reward": 0.0}, {"reward": 0.0}]) is None or guard.events == []
-    assert guard.observe({"reward": [0.0]}, 5) == {} and guard.events == []
+    assert feed(guard, [{"reward": 1.0}, {"reward": 1.0}, {"reward": 0.0}, {"reward": 0.0}]) == {}
+    assert guard.events == [] and guard.best_reward is None
+
+
+def test_the_fall_is_measured_in_units_of_the_reward_spread():
+    """The same fall, 0.8 → 0.5, alarms when the rewards' spread at the best was 0.1 (3 spreads), not when it was 0.5."""
+    for spread, alarms in ((0.1, 3.0), (0.5, 0.0)):
+        guard = CollapseGuard(Args(collapse_guard_patience=5))
+        steps = [{"reward": 0.8, "reward_std": spread}] * 2 + [{"reward": 0.5, "reward_std": spread}] * 3
+        assert feed(guard, steps)["collapse_guard/alarm"] == alarms  # steps 3 (mean 0.65), 4 and 5 alarm
 
 
 def test_entropy_and_kl_alarms_name_their_thresholds():
@@ -109,7 +118,8 @@ def test_nan_rewards_are_skipped_and_a_recovery_resets_the_streak():
     rewards = [1.0, 1.0, 0.0, float("nan"), 1.0]  # alarms at 3, 4 (the NaN step leaves the window as it was) and 5
     assert feed(guard, [{"reward": r} for r in rewards])["collapse_guard/alarm"] == 3.0
     assert list(guard.windows["reward"]) == [0.0, 1.0]
-    assert guard.observe({"reward": [1.0]}, 6) == {"collapse_guard/alarm": 0.0, "collapse_guard/rollbacks": 0.0}
+    assert guard.observe({"reward": [1.0], "reward_std": [0.2]}, 6) == {"collapse_guard/alarm": 0.0,
+                                                                       "collapse_guard/rollbacks": 0.0}
     assert guard.events == []
 
 
@@ -134,7 +144,7 @@ def test_rollback_by_hand_then_stop_after_max_rollbacks():
     optimizer.step()
     assert optimizer.state and not torch.equal(model.layer.weight, good["layer.weight"])
     for step in (3, 4, 5):
-        guard.observe({"reward": [0.0]}, step, trainer)
+        guard.observe({"reward": [0.0], "reward_std": [0.2]}, step, trainer)
     assert [e["action"] for e in guard.events] == ["rollback"] and guard.events[0]["step"] == 4
     assert all(torch.equal(v, good[k]) for k, v in model.state_dict().items())
     assert not optimizer.state  # the moments restart
@@ -142,7 +152,7 @@ def test_rollback_by_hand_then_stop_after_max_rollbacks():
     scheduler.step()
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05)  # the scheduler keeps the lower rate
     for step in (6, 7, 8, 9):
-        guard.observe({"reward": [0.0]}, step, trainer)
+        guard.observe({"reward": [0.0], "reward_std": [0.2]}, step, trainer)
     assert guard.events[-1]["action"] == "stop" and trainer.control.should_training_stop
 
 
@@ -150,7 +160,7 @@ def test_snapshot_at_most_once_per_window():
     trainer = SimpleNamespace(model=Linear())
     guard = CollapseGuard(Args(collapse_guard="rollback", collapse_guard_window=3))
     for step, reward in enumerate([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7], 1):
-        guard.observe({"reward": [reward]}, step, trainer)
+        guard.observe({"reward": [reward], "reward_std": [0.1]}, step, trainer)
         if step == 3:
             assert guard.snapshot[0] == 3
     assert guard.snapshot[0] == 6  # steps 3 and 6: not 4, 5 (fresher than a window), nor 7

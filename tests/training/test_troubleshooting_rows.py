@@ -31,7 +31,8 @@ ROWS = {
                                      "in its adapter_config.json to the model it was trained on."]),
     42: ("trl_dllm/training/collapse.py", ["Collapse guard, step ", "logged steps in a row (since step ",
                                           "the training reward (mean of the last ", " logged steps) is ",
-                                          "below its best ", "Rolling back to the state of step ",
+                                          "× the reward spread ", "below its best ",
+                                          "Rolling back to the state of step ",
                                           " with the learning rate × ", "Training stops"]),
 }  # fmt: skip
 

@@ -89,7 +89,7 @@ def _check_collapse_guard(args) -> None:
     if args.collapse_guard_reward_drop <= 0:
         raise ValueError(
             f"collapse_guard_reward_drop={args.collapse_guard_reward_drop} must be > 0: the fall of the smoothed "
-            "training reward below its best that raises an alarm, in the reward's units (e.g. 0.2 for rewards in [0, 1])."
+            "training reward below its best that raises an alarm, in units of the rewards' spread (reward_std; e.g. 1.0)."
         )
     ratio, lr_factor = args.collapse_guard_entropy_ratio, args.collapse_guard_lr_factor
     if ratio is not None and not 0 < ratio < 1:

@@ -2,11 +2,13 @@
 
 A collapse is a slow fall, not a spike: the importance ratios stay near 1, the gradients stay finite, and the only signs
 are in the training metrics TRL already gathers over processes. Each logged training step, `CollapseGuard.observe`
-reads them (`reward`, `entropy`, and `kl` when there is a reference model) and smooths each over the last
-``collapse_guard_window`` logged steps (a moving mean). The step is **alarming** when any watched signal is past its
-threshold:
+reads them (`reward`, `reward_std`, `entropy`, and `kl` when there is a reference model) and smooths each over the
+last ``collapse_guard_window`` logged steps (a moving mean). The step is **alarming** when any watched signal is past
+its threshold:
 
-- the smoothed reward is more than ``collapse_guard_reward_drop`` below its best smoothed value so far;
+- the smoothed reward has fallen below its best smoothed value by more than ``collapse_guard_reward_drop`` times the
+  smoothed spread of the rewards at that best (`reward_std`: their standard deviation over a batch): a fall measured
+  in the reward's own units of variation, so one default serves a reward that sits near 0.2 and one near 0.8;
 - the smoothed rollout entropy is below ``collapse_guard_entropy_ratio`` × its first full window (when set);
 - the smoothed KL to the reference model is above ``collapse_guard_max_kl`` (when set; `beta > 0` only: with `beta = 0`
   there is no reference model and no `kl` is logged).
@@ -48,8 +50,9 @@ class CollapseGuard:
         self.reward_drop, self.entropy_ratio = args.collapse_guard_reward_drop, args.collapse_guard_entropy_ratio
         self.max_kl, self.lr_factor = args.collapse_guard_max_kl, args.collapse_guard_lr_factor
         self.max_rollbacks = args.collapse_guard_max_rollbacks
-        self.windows = {name: deque(maxlen=args.collapse_guard_window) for name in ("reward", "entropy", "kl")}
-        self.best_reward = self.entropy_start = None
+        names = ("reward", "reward_std", "entropy", "kl")
+        self.windows = {name: deque(maxlen=args.collapse_guard_window) for name in names}
+        self.best_reward = self.spread = self.entropy_start = None
         self.streak, self.since, self.rollbacks, self.snapshot = 0, None, 0, None
         self.events: list[dict] = []  # one per action taken: step, action, reasons
 
@@ -75,8 +78,9 @@ class CollapseGuard:
             self.streak, self.since = self.streak + 1, step if self.since is None else self.since
         else:
             self.streak, self.since = 0, None
-            if "reward" in smoothed and smoothed["reward"] >= (self.best_reward or float("-inf")):
-                self.best_reward = smoothed["reward"]
+            best = self.best_reward if self.best_reward is not None else float("-inf")
+            if "reward" in smoothed and smoothed["reward"] >= best:
+                self.best_reward, self.spread = smoothed["reward"], smoothed.get("reward_std")
                 fresh = self.snapshot is not None and step - self.snapshot[0] < self.windows["reward"].maxlen
                 if self.mode == "rollback" and trainer is not None and not fresh:  # at most one copy per window
                     self.snapshot = (step, _trainable_state(trainer.model))
@@ -86,11 +90,12 @@ class CollapseGuard:
 
     def _reasons(self, smoothed: dict[str, float]) -> list[str]:
         reasons, window = [], self.windows["reward"].maxlen
-        reward = smoothed.get("reward")
-        if reward is not None and self.best_reward is not None and reward < self.best_reward - self.reward_drop:
+        reward, spread = smoothed.get("reward"), self.spread
+        if reward is not None and spread and reward < self.best_reward - self.reward_drop * spread:
             reasons.append(
                 f"the training reward (mean of the last {window} logged steps) is {reward:.4g}, more than "
-                f"collapse_guard_reward_drop={self.reward_drop} below its best {self.best_reward:.4g}"
+                f"collapse_guard_reward_drop={self.reward_drop} × the reward spread {spread:.3g} below its best "
+                f"{self.best_reward:.4g}"
             )
         entropy = smoothed.get("entropy")
         if entropy is not None and self.entropy_start is None:
