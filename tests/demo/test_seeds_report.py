@@ -41,8 +41,10 @@ def test_wilson_matches_the_closed_form():
 
 def test_fall_and_windows_by_hand():
     assert fall(RUNS[0], 0.2) is None and fall(RUNS[1], 0.2) == (20, 30)
+    # onset: the last evaluation within 0.1 of the best so far before the fall (0.5 at 10 was 0.1 below 0.6: not 10)
+    assert fall(run(3, [0.3, 0.6, 0.45, 0.3], lambda s: 1.0), 0.2) == (10, 30)
     lines = "\n".join(diagnosis(RUNS, 0.2, width=10))
-    assert "Seed 1: best held-out 0.600 at step 20, fell at step 30" in lines
+    assert "Seed 1: held-out reward still near its best at step 20, fallen more than 0.2 below it at step 30" in lines
     # entropy: steps 11–20 → 2.0; 21–30 → 0.5; others' median (2.0 and 1.0) → 1.5 in every window
     assert "| `entropy` | 2 · 1.5 | 0.5 · 1.5 | 0.5 · 1.5 |" in lines
     # kl_reference at the evaluations nearest steps 20, 30, 40: 0.2, 0.3, 0.4 (identical in the other runs)
@@ -55,6 +57,7 @@ def test_report_and_figure_from_a_directory(tmp_path):
     text = main([str(tmp_path / "a"), "--out", str(tmp_path / "out")])
     low, high = wilson(1, 3)
     assert f"| stabledrl | 3 | 1 (seeds 1) | 0.33 ({low:.2f}–{high:.2f}) | {distribution([0.5, 0.6, 0.55])} |" in text
+    assert "| 40 | 0/1 · 0/2 |" in text  # the hand-made logs have no reward_std: the guard never acts
     assert "0.100 / 0.500 / 0.550 (0.10, 0.50, 0.55)" in text  # held-out last
     assert (tmp_path / "out" / "seeds.png").stat().st_size > 10_000
 
@@ -62,3 +65,14 @@ def test_report_and_figure_from_a_directory(tmp_path):
 def test_a_directory_without_results_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="no results.json or results.partial.json"):
         load([str(tmp_path)])
+
+
+def test_runs_made_with_set_are_another_arm(tmp_path):
+    for name, overrides in (("plain", {}), ("kl", {"beta": 0.04})):
+        (tmp_path / name).mkdir()
+        part = results(RUNS)
+        part["config"]["overrides"] = overrides
+        (tmp_path / name / "results.json").write_text(json.dumps(part))
+    merged = load([str(tmp_path / "plain"), str(tmp_path / "kl")])
+    assert merged["config"]["methods"] == ["stabledrl", "stabledrl (beta=0.04)"]
+    assert sorted({r["method"] for r in merged["runs"]}) == ["stabledrl", "stabledrl (beta=0.04)"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import statistics
 from pathlib import Path
@@ -26,7 +27,8 @@ from .run import pyplot
 # What the diagnosis table shows: training-log metrics (means over a window of steps) and the drift from the warm start
 # measured at the held-out evaluations (`compare.TrackedEval`).
 LOG_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "entropy", "completions/mean_length",
-               "completions/mean_terminated_length", "grad_norm", "weights/ess", "weights/max", "kl")  # fmt: skip
+               "completions/mean_terminated_length", "completions/clipped_ratio", "grad_norm", "weights/ess",
+               "weights/max", "kl")  # fmt: skip
 CURVE_METRICS = ("kl_reference", "entropy")
 
 
@@ -56,8 +58,23 @@ def load(dirs: list[str]) -> dict:
         part = json.loads(path.read_text())
         part.setdefault("wall_minutes", 0.0)
         part["machine"].setdefault("loadavg_end", None)
-        parts.append(part | {"source": str(d)})
+        parts.append(_label_overrides(part) | {"source": str(d)})
     return merge_results(parts)
+
+
+def _label_overrides(part: dict) -> dict:
+    """Runs made with `--set` are another arm of the study: their method is named with the fields, e.g.
+    `grpo (beta=0.04)`, so they sit beside the plain method instead of clashing with it."""
+    overrides = part["config"].get("overrides") or {}
+    if not overrides:
+        return part
+    suffix = " (" + ", ".join(f"{k}={v}" for k, v in overrides.items()) + ")"
+    renamed = {m: m + suffix for m in part["config"]["methods"]}
+    return part | {
+        "config": part["config"] | {"methods": [renamed[m] for m in part["config"]["methods"]]},
+        "methods": {renamed.get(m, m): f for m, f in part["methods"].items()},
+        "runs": [r | {"method": renamed.get(r["method"], r["method"])} for r in part["runs"]],
+    }
 
 
 def distribution(values: list[float]) -> str:
@@ -68,13 +85,16 @@ def distribution(values: list[float]) -> str:
 
 
 def fall(run: dict, drop: float) -> tuple[int, int] | None:
-    """(step of the best held-out point before the first fall, step of the fall) or `None` for a run that never fell."""
-    best, best_step = float("-inf"), 0
+    """(onset, fall) of the run's first collapse, or `None` for a run that never fell: the fall is the first evaluation
+    more than `drop` below the best so far; the onset is the last evaluation before it still within `drop / 2` of the
+    best so far (where the decline had not begun)."""
+    best, onset = float("-inf"), 0
     for point in run["curve"]:
         if point["test_reward"] < best - drop:
-            return best_step, point["step"]
-        if point["test_reward"] > best:
-            best, best_step = point["test_reward"], point["step"]
+            return onset, point["step"]
+        best = max(best, point["test_reward"])
+        if point["test_reward"] >= best - drop / 2:
+            onset = point["step"]
     return None
 
 
@@ -91,6 +111,30 @@ def curve_value(run: dict, name: str, step: int) -> float | None:
     return min(points, key=lambda p: abs(p["step"] - step))[name] if points else None
 
 
+def guard_replay(run: dict) -> int | None:
+    """The step at which the collapse guard, with `DiffusionGRPOConfig`'s defaults (`collapse_guard="warn"`), would
+    first act on this run's logged metrics; `None` if it never would. Offline: no model is involved."""
+    from dataclasses import fields
+    from types import SimpleNamespace
+
+    from trl_dllm.config import DiffusionGRPOConfig
+    from trl_dllm.training.collapse import CollapseGuard
+
+    defaults = {f.name: f.default for f in fields(DiffusionGRPOConfig) if f.name.startswith("collapse_guard")}
+    guard = CollapseGuard(SimpleNamespace(**{**defaults, "collapse_guard": "warn"}))
+    log, quiet = run.get("log") or {}, logging.getLogger("trl_dllm.training.collapse")
+    level, quiet.level = quiet.level, logging.ERROR  # a replay, not a run: its warnings are the answer, not news
+    try:
+        for i, step in enumerate(log.get("step", [])):
+            names = ("reward", "reward_std", "entropy", "kl")
+            guard.observe({k: [log[k][i]] for k in names if log.get(k) and log[k][i] is not None}, step)
+            if guard.events:
+                return guard.events[0]["step"]
+        return None
+    finally:
+        quiet.level = level
+
+
 def _fmt(value) -> str:
     return "–" if value is None else f"{value:.3g}"
 
@@ -104,13 +148,16 @@ def diagnosis(runs: list[dict], drop: float, width: int = 25) -> list[str]:
         marks = fall(run, drop)
         if marks is None:
             continue
-        best, fell = marks
+        onset, fell = marks
         end = run["steps"]
-        windows = {"before best": (best - width + 1, best), "to the fall": (fell - width + 1, fell),
+        windows = {"before the onset": (onset - width + 1, onset), "onset to fall": (onset + 1, fell),
                    "last steps": (end - width + 1, end)}  # fmt: skip
         points = ", ".join(f"{p['step']}: {p['test_reward']:.2f}" for p in run["curve"])
-        lines += [f"Seed {run['seed']}: best held-out {max(p['test_reward'] for p in run['curve']):.3f} at step {best}, "
-                  f"fell at step {fell} (held-out by evaluation: {points}).", "",
+        acted = guard_replay(run)
+        guard = f"would act at step {acted}" if acted is not None else "would not act"
+        lines += [f"Seed {run['seed']}: held-out reward still near its best at step {onset}, fallen more than {drop} "
+                  f"below it at step {fell} (by evaluation: {points}). The collapse guard with its defaults, "
+                  f"replayed on this run's logged metrics, {guard}.", "",
                   "| metric | " + " | ".join(f"{k} ({a}–{b}), this seed · others' median" for k, (a, b) in windows.items())
                   + " |", "|---|" + "---|" * len(windows)]  # fmt: skip
         for name in LOG_METRICS:
@@ -136,8 +183,8 @@ def report(results: dict) -> str:
     lines = [f"Runs: {len(results['runs'])}; a collapse: the held-out reward more than {drop} below its best so far.", ""]
     for task in results["config"]["tasks"]:
         lines += [f"### {task}", "", "| method | seeds | collapsed | rate (95% interval) | held-out after (best val): "
-                  "min / median / max (all) | held-out last: min / median / max (all) | steps |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "min / median / max (all) | held-out last: min / median / max (all) | steps | guard acts (replayed): "
+                  "collapsed · others |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         details = []
         for method in results["config"]["methods"]:
             runs = sorted((r for r in results["runs"] if r["task"] == task and r["method"] == method),
@@ -151,7 +198,9 @@ def report(results: dict) -> str:
                 f"| {method} | {len(runs)} | {len(fell)} (seeds {', '.join(map(str, fell)) or '–'}) | "
                 f"{len(fell) / len(runs):.2f} ({low:.2f}–{high:.2f}) | "
                 f"{distribution([r['heldout_after'] for r in runs])} | {distribution([r['heldout_last'] for r in runs])} | "
-                f"{steps[0] if len(steps) == 1 else f'{steps[0]}–{steps[-1]}'} |"
+                f"{steps[0] if len(steps) == 1 else f'{steps[0]}–{steps[-1]}'} | "
+                f"{sum(guard_replay(r) is not None for r in runs if r['seed'] in fell)}/{len(fell)} · "
+                f"{sum(guard_replay(r) is not None for r in runs if r['seed'] not in fell)}/{len(runs) - len(fell)} |"
             )
             if fell:
                 details += [f"#### {method} on {task}", "", *diagnosis(runs, drop)]
