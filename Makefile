@@ -57,7 +57,7 @@ COMPARE_ARGS ?=
 compare:
 	$(PYTHON) -m trl_dllm.demo.compare $(COMPARE_ARGS)
 
-# Collapse rates over 10 seeds (docs/compare.md#many-seeds): two processes (one per 5 seeds), then the report.
+# Collapse rates over 10 seeds (docs/compare.md#many-seeds-collapse-rates): two processes (one per 5 seeds), then the report.
 # SEEDS_ARGS adds compare flags to both (e.g. "--set max_grad_norm=0.2" for a remedy; "--tasks sort").
 SEEDS_ARGS ?=
 SEEDS_METHODS ?= stabledrl espo grpo agrpo d1

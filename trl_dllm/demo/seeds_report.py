@@ -230,7 +230,7 @@ def plot_seeds(results: dict, path: Path) -> None:
         ax.set_title(f"{method} · {task}: {n_fell}/{len(runs)} collapsed", fontsize=9)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper left")  # the runs start at the warm start: that corner stays empty
     for ax in axes[:, 0]:
         ax.set_ylabel("held-out reward (greedy)")
     for ax in list(axes.flat)[len(panels) :]:
