@@ -57,15 +57,16 @@ COMPARE_ARGS ?=
 compare:
 	$(PYTHON) -m trl_dllm.demo.compare $(COMPARE_ARGS)
 
-# Collapse rates over 10 seeds (docs/compare.md#many-seeds-collapse-rates): two processes (one per 5 seeds), then the report.
-# SEEDS_ARGS adds compare flags to both (e.g. "--set max_grad_norm=0.2" for a remedy; "--tasks sort").
+# Collapse rates over 10 seeds (docs/compare.md#many-seeds-collapse-rates): two processes (one per 5 seeds), then the
+# report. SEEDS_ARGS adds compare flags to both (e.g. "--set beta=0.04" for a remedy arm, with its own SEEDS_OUT).
 SEEDS_ARGS ?=
 SEEDS_METHODS ?= stabledrl espo grpo agrpo d1
+SEEDS_OUT ?= seeds_out
 seeds:
-	$(PYTHON) -m trl_dllm.demo.compare --tasks sort_shuffled --methods $(SEEDS_METHODS) --seeds 0 1 2 3 4 --max-minutes 10 --out seeds_out/a $(SEEDS_ARGS) & \
-	$(PYTHON) -m trl_dllm.demo.compare --tasks sort_shuffled --methods $(SEEDS_METHODS) --seeds 5 6 7 8 9 --max-minutes 10 --out seeds_out/b $(SEEDS_ARGS) & \
+	$(PYTHON) -m trl_dllm.demo.compare --tasks sort_shuffled --methods $(SEEDS_METHODS) --seeds 0 1 2 3 4 --max-minutes 10 --out $(SEEDS_OUT)/a $(SEEDS_ARGS) & \
+	$(PYTHON) -m trl_dllm.demo.compare --tasks sort_shuffled --methods $(SEEDS_METHODS) --seeds 5 6 7 8 9 --max-minutes 10 --out $(SEEDS_OUT)/b $(SEEDS_ARGS) & \
 	wait
-	$(PYTHON) -m trl_dllm.demo.seeds_report seeds_out/a seeds_out/b --out seeds_out
+	$(PYTHON) -m trl_dllm.demo.seeds_report $(SEEDS_OUT)/a $(SEEDS_OUT)/b --out $(SEEDS_OUT)
 
 # Benchmarks (docs/benchmarks.md): ratios measured in one run; writes bench_out/*.json and prints them.
 bench:
