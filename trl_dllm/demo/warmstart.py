@@ -154,18 +154,18 @@ def decode_completions(tokenizer, completion_ids: torch.Tensor) -> list[str]:
 
 
 @torch.no_grad()
+def encode_prompts(tokenizer, problems: list[dict]):
+    """The problems' prompts, left-padded, as the held-out evaluations decode them (no special tokens added)."""
+    return tokenizer([p["prompt"] for p in problems], add_special_tokens=False, padding=True, padding_side="left",
+                     return_tensors="pt")  # fmt: skip
+
+
 def greedy_eval(model, tokenizer, task: Task, problems: list[dict]) -> dict:
     """Mean reward and exact-match accuracy (reward == 1) of greedy diffusion decodes of `problems`."""
     was_training = model.training
     model.eval()
     spec = resolve_model_spec(model, tokenizer)
-    enc = tokenizer(
-        [p["prompt"] for p in problems],
-        add_special_tokens=False,
-        padding=True,
-        padding_side="left",
-        return_tensors="pt",
-    )
+    enc = encode_prompts(tokenizer, problems)
     length = task.completion_length
     greedy = dict(mask_token_id=spec.mask_token_id, gen_length=length, diffusion_steps=length)  # one token per step
     if spec.family == "block":  # block by block in the model's own blocks, prompt and committed blocks in a KV cache
@@ -189,8 +189,7 @@ def drift(model, reference, tokenizer, task: Task, problems: list[dict]) -> dict
     was_training = model.training
     model.eval()
     spec = resolve_model_spec(model, tokenizer)
-    enc = tokenizer([p["prompt"] for p in problems], add_special_tokens=False, padding=True, padding_side="left",
-                    return_tensors="pt")  # fmt: skip
+    enc = encode_prompts(tokenizer, problems)
     rows, length = enc["input_ids"].shape[0], task.completion_length
     ids = torch.cat([enc["input_ids"], torch.full((rows, length), spec.mask_token_id)], dim=1)
     mask = torch.cat([enc["attention_mask"], torch.ones(rows, length, dtype=enc["attention_mask"].dtype)], dim=1)
