@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from trl_dllm.demo.seeds_report import diagnosis, distribution, fall, load, main, wilson
+from trl_dllm.demo.seeds_report import diagnosis, distribution, fall, fisher_fewer, load, main, report, wilson
 
 
 def run(seed, rewards, entropy, method="stabledrl"):
@@ -37,6 +37,16 @@ def test_wilson_matches_the_closed_form():
     centre, half = (1 / 3 + z * z / 6) / (1 + z * z / 3), z * ((2 / 9) / 3 + z * z / 36) ** 0.5 / (1 + z * z / 3)
     assert (low, high) == pytest.approx((centre - half, centre + half))
     assert wilson(3, 3)[1] == 1.0 and wilson(0, 0) == (0.0, 1.0)
+
+
+def test_fisher_by_hand_and_against_scipy():
+    # 0/3 against 2/3: C(3,0) C(3,2) / C(6,2) = 3 / 15; 1/3 against 1/3: (C(3,0) C(3,2) + C(3,1) C(3,1)) / C(6,2) = 12 / 15
+    assert fisher_fewer(0, 3, 2, 3) == pytest.approx(0.2) and fisher_fewer(1, 3, 1, 3) == pytest.approx(0.8)
+    assert fisher_fewer(0, 10, 1, 10) == pytest.approx(0.5) and fisher_fewer(0, 4, 0, 4) == 1.0
+    stats = pytest.importorskip("scipy.stats")
+    for a, n, b, m in [(0, 10, 5, 10), (1, 10, 6, 10), (2, 12, 7, 9), (4, 10, 2, 10)]:
+        expected = stats.fisher_exact([[a, n - a], [b, m - b]], alternative="less").pvalue
+        assert fisher_fewer(a, n, b, m) == pytest.approx(expected)
 
 
 def test_fall_and_windows_by_hand():
@@ -76,3 +86,17 @@ def test_runs_made_with_set_are_another_arm(tmp_path):
     merged = load([str(tmp_path / "plain"), str(tmp_path / "kl")])
     assert merged["config"]["methods"] == ["stabledrl", "stabledrl (beta=0.04)"]
     assert sorted({r["method"] for r in merged["runs"]}) == ["stabledrl", "stabledrl (beta=0.04)"]
+
+
+def test_arms_against_their_plain_method(tmp_path):
+    steady = [run(1, [0.3, 0.5, 0.6, 0.6, 0.6], lambda s: 2.0), run(2, [0.3, 0.4, 0.5, 0.45, 0.55], lambda s: 1.0)]
+    for name, overrides, runs in (("plain", {}, RUNS), ("kl", {"beta": 0.04}, [RUNS[0], *steady])):
+        (tmp_path / name).mkdir()
+        part = results(runs)
+        part["config"]["overrides"] = overrides
+        (tmp_path / name / "results.json").write_text(json.dumps(part))
+    text = report(load([str(tmp_path / "plain"), str(tmp_path / "kl")]))
+    # the arm: no collapse in 3 (plain: seed 1); p = 0/3 against 1/3 = C(3,1) / C(6,1) = 0.5; held-out after: arm
+    # 0.5, 0.6, 0.55 (mean 0.55) against 0.5, 0.6, 0.55 — equal per seed, so the paired difference is 0, higher in 0
+    assert "| stabledrl (beta=0.04) | stabledrl | 0/3 · 1/3 | 0.5 | 0.550 · 0.550 | +0.000; higher in 0 of 3 |" in text
+    assert report(load([str(tmp_path / "plain")])).count("Arms against") == 0

@@ -5,9 +5,10 @@ the training logs show around each collapse.
 
 Reads each directory's `results.json` (or `results.partial.json` while a run is still going), merges them and writes
 `seeds.md` (per task and method: collapse rate with its 95% Wilson interval, the distributions of the held-out reward
-of the best-on-val checkpoint and of the last evaluation, and per collapsed run the training metrics before and after
-the fall next to the same steps of the runs that did not collapse) and `seeds.png` (one panel per method and task,
-every seed's held-out curve). A collapse is `compare.collapses`: the held-out test reward more than `collapse_drop`
+of the best-on-val checkpoint and of the last evaluation; each `--set` arm against its plain method: collapses with
+a one-sided Fisher exact p and the held-out reward seed by seed; and per collapsed run the training metrics before
+and after the fall next to the same steps of the runs that did not collapse) and `seeds.png` (one panel per method
+and task, every seed's held-out curve). A collapse is `compare.collapses`: the held-out test reward more than `collapse_drop`
 (0.2) below its best so far. See docs/compare.md.
 """
 
@@ -45,6 +46,21 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     p, z2 = k / n, z * z
     centre, half = (p + z2 / (2 * n)) / (1 + z2 / n), z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def fisher_fewer(a: int, n: int, b: int, m: int) -> float:
+    """One-sided Fisher exact test: the probability, with the collapses of both arms fixed (a + b of n + m runs) and
+    assigned to runs at random, that the first arm gets a or fewer of them — small when the first arm collapses less
+    than chance would explain. A sum of hypergeometric terms C(n, x) C(m, K - x) / C(n + m, K), K = a + b, x ≤ a.
+
+    >>> round(fisher_fewer(0, 10, 1, 10), 3)   # 0/10 against 1/10: half the ways of placing one collapse
+    0.5
+    >>> round(fisher_fewer(0, 10, 5, 10), 4)   # 0/10 against 5/10
+    0.0163
+    """
+    total = a + b
+    ways = math.comb(n + m, total)
+    return sum(math.comb(n, x) * math.comb(m, total - x) for x in range(max(0, total - m), a + 1)) / ways
 
 
 def load(dirs: list[str]) -> dict:
@@ -204,8 +220,41 @@ def report(results: dict) -> str:
             )
             if fell:
                 details += [f"#### {method} on {task}", "", *diagnosis(runs, drop)]
-        lines += ["", *details]
+        lines += ["", *arms(results, task, drop), *details]
     return "\n".join(lines) + "\n"
+
+
+def arms(results: dict, task: str, drop: float) -> list[str]:
+    """Each `--set` arm (`grpo (beta=0.04)`) against its plain method (`grpo`) on `task`: collapses in each with the
+    one-sided Fisher p that the arm's fewer collapses are chance, and the held-out reward after, per seed where both
+    arms ran that seed. Empty when no arm has its plain method beside it."""
+    by_method = {}
+    for run in results["runs"]:
+        if run["task"] == task:
+            by_method.setdefault(run["method"], {})[run["seed"]] = run
+    rows = []
+    for arm, runs in by_method.items():
+        base = arm.split(" (")[0]
+        if arm == base or base not in by_method:
+            continue
+        plain = by_method[base]
+        k_arm = sum(collapses([p["test_reward"] for p in r["curve"]], drop) > 0 for r in runs.values())
+        k_base = sum(collapses([p["test_reward"] for p in r["curve"]], drop) > 0 for r in plain.values())
+        shared = sorted(set(runs) & set(plain))
+        gains = [runs[s]["heldout_after"] - plain[s]["heldout_after"] for s in shared]
+        mean = statistics.fmean
+        rows.append(
+            f"| {arm} | {base} | {k_arm}/{len(runs)} · {k_base}/{len(plain)} | "
+            f"{fisher_fewer(k_arm, len(runs), k_base, len(plain)):.3g} | "
+            f"{mean(r['heldout_after'] for r in runs.values()):.3f} · {mean(r['heldout_after'] for r in plain.values()):.3f} | "
+            + (f"{mean(gains):+.3f}; higher in {sum(g > 0 for g in gains)} of {len(shared)} |" if shared else "– |")
+        )
+    if not rows:
+        return []
+    return ["Arms against their plain method (collapses: arm · plain; p: one-sided Fisher exact test that the arm's "
+            "fewer collapses are chance; paired: the arm minus the plain method on the seeds both ran):", "",
+            "| arm | against | collapsed | Fisher p | held-out after, mean: arm · plain | paired per seed: mean "
+            "difference; arm higher in |", "|---|---|---|---|---|---|", *rows, ""]  # fmt: skip
 
 
 def plot_seeds(results: dict, path: Path) -> None:
