@@ -58,13 +58,15 @@ compare:
 	$(PYTHON) -m trl_dllm.demo.compare $(COMPARE_ARGS)
 
 # Collapse rates over 10 seeds (docs/compare.md#many-seeds-collapse-rates): two processes (one per 5 seeds), then the
-# report. SEEDS_ARGS adds compare flags to both (e.g. "--set beta=0.04" for a remedy arm, with its own SEEDS_OUT).
+# report. SEEDS_ARGS adds compare flags to both (e.g. "--set beta=0.04" for a remedy arm, with its own SEEDS_OUT);
+# SEEDS_TASK picks the task (default sort_shuffled; SEEDS_TASK=sort for the demo task).
 SEEDS_ARGS ?=
 SEEDS_METHODS ?= stabledrl espo grpo agrpo d1
 SEEDS_OUT ?= seeds_out
+SEEDS_TASK ?= sort_shuffled
 seeds:
-	$(PYTHON) -m trl_dllm.demo.compare --tasks sort_shuffled --methods $(SEEDS_METHODS) --seeds 0 1 2 3 4 --max-minutes 10 --out $(SEEDS_OUT)/a $(SEEDS_ARGS) & \
-	$(PYTHON) -m trl_dllm.demo.compare --tasks sort_shuffled --methods $(SEEDS_METHODS) --seeds 5 6 7 8 9 --max-minutes 10 --out $(SEEDS_OUT)/b $(SEEDS_ARGS) & \
+	$(PYTHON) -m trl_dllm.demo.compare --tasks $(SEEDS_TASK) --methods $(SEEDS_METHODS) --seeds 0 1 2 3 4 --max-minutes 10 --out $(SEEDS_OUT)/a $(SEEDS_ARGS) & \
+	$(PYTHON) -m trl_dllm.demo.compare --tasks $(SEEDS_TASK) --methods $(SEEDS_METHODS) --seeds 5 6 7 8 9 --max-minutes 10 --out $(SEEDS_OUT)/b $(SEEDS_ARGS) & \
 	wait
 	$(PYTHON) -m trl_dllm.demo.seeds_report $(SEEDS_OUT)/a $(SEEDS_OUT)/b --out $(SEEDS_OUT)
 
