@@ -5,7 +5,17 @@ import json
 
 import pytest
 
-from trl_dllm.demo.seeds_report import diagnosis, distribution, fall, fisher_fewer, load, main, report, wilson
+from trl_dllm.demo.seeds_report import (
+    diagnosis,
+    distribution,
+    fall,
+    fisher_fewer,
+    load,
+    main,
+    report,
+    sign_test,
+    wilson,
+)
 
 
 def run(seed, rewards, entropy, method="stabledrl"):
@@ -47,6 +57,12 @@ def test_fisher_by_hand_and_against_scipy():
     for a, n, b, m in [(0, 10, 5, 10), (1, 10, 6, 10), (2, 12, 7, 9), (4, 10, 2, 10)]:
         expected = stats.fisher_exact([[a, n - a], [b, m - b]], alternative="less").pvalue
         assert fisher_fewer(a, n, b, m) == pytest.approx(expected)
+
+
+def test_sign_test_by_hand():
+    # 3 wins, 0 losses: 2 · (1/8) = 0.25; 2 and 1: 2 · (3 + 1) / 8 = 1; 17 of 20: 2 · (1140 + 190 + 20 + 1) / 2^20
+    assert sign_test(3, 0) == pytest.approx(0.25) and sign_test(2, 1) == 1.0 and sign_test(0, 0) == 1.0
+    assert sign_test(17, 3) == pytest.approx(2 * 1351 / 2**20) and sign_test(3, 17) == sign_test(17, 3)
 
 
 def test_fall_and_windows_by_hand():
@@ -98,5 +114,5 @@ def test_arms_against_their_plain_method(tmp_path):
     text = report(load([str(tmp_path / "plain"), str(tmp_path / "kl")]))
     # the arm: no collapse in 3 (plain: seed 1); p = 0/3 against 1/3 = C(3,1) / C(6,1) = 0.5; held-out after: arm
     # 0.5, 0.6, 0.55 (mean 0.55) against 0.5, 0.6, 0.55 — equal per seed, so the paired difference is 0, higher in 0
-    assert "| stabledrl (beta=0.04) | stabledrl | 0/3 · 1/3 | 0.5 | 0.550 · 0.550 | +0.000; higher in 0 of 3 |" in text
+    assert "| stabledrl (beta=0.04) | stabledrl | 0/3 · 1/3 | 0.5 | 0.550 · 0.550 | +0.000; higher in 0 of 3 (sign test p 1) |" in text
     assert report(load([str(tmp_path / "plain")])).count("Arms against") == 0
