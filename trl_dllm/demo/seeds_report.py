@@ -22,6 +22,7 @@ import statistics
 from pathlib import Path
 
 from .compare import collapses
+from .compare_methods import SFT
 from .compare_report import merge_results
 from .run import pyplot
 
@@ -291,7 +292,7 @@ def plot_seeds(results: dict, path: Path) -> None:
         ax.axhline(runs[0]["heldout_before"], color="k", ls=":", lw=0.8, label="warm start")
         n_fell = sum(collapses([p["test_reward"] for p in r["curve"]], drop) > 0 for r in runs)
         ax.set_title(f"{method} · {task}: {n_fell}/{len(runs)} collapsed", fontsize=9)
-        ax.set_xlabel("RL step")
+        ax.set_xlabel("SFT step" if method == SFT else "RL step")  # the SFT row counts its own steps
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")  # the runs start at the warm start: that corner stays empty
     for ax in axes[:, 0]:
