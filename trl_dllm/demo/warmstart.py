@@ -153,13 +153,13 @@ def decode_completions(tokenizer, completion_ids: torch.Tensor) -> list[str]:
     return texts
 
 
-@torch.no_grad()
 def encode_prompts(tokenizer, problems: list[dict]):
     """The problems' prompts, left-padded, as the held-out evaluations decode them (no special tokens added)."""
     return tokenizer([p["prompt"] for p in problems], add_special_tokens=False, padding=True, padding_side="left",
                      return_tensors="pt")  # fmt: skip
 
 
+@torch.no_grad()
 def greedy_eval(model, tokenizer, task: Task, problems: list[dict]) -> dict:
     """Mean reward and exact-match accuracy (reward == 1) of greedy diffusion decodes of `problems`."""
     was_training = model.training
