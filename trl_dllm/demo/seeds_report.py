@@ -75,6 +75,11 @@ def sign_test(wins: int, losses: int) -> float:
     return min(1.0, 2 * sum(math.comb(n, x) for x in range(k, n + 1)) / 2**n) if n else 1.0
 
 
+def collapsed(run: dict, drop: float) -> bool:
+    """Whether the run's held-out curve fell more than `drop` below its best so far (`compare.collapses`)."""
+    return collapses([p["test_reward"] for p in run["curve"]], drop) > 0
+
+
 def load(dirs: list[str]) -> dict:
     """The merged results of `dirs` (`results.json`, else `results.partial.json`, stamped with a duration so far)."""
     parts = []
@@ -219,7 +224,7 @@ def report(results: dict) -> str:
                           key=lambda r: r["seed"])  # fmt: skip
             if not runs:
                 continue
-            fell = [r["seed"] for r in runs if collapses([p["test_reward"] for p in r["curve"]], drop)]
+            fell = [r["seed"] for r in runs if collapsed(r, drop)]
             low, high = wilson(len(fell), len(runs))
             steps = sorted({r["steps"] for r in runs})
             lines.append(
@@ -250,24 +255,23 @@ def arms(results: dict, task: str, drop: float) -> list[str]:
         if arm == base or base not in by_method:
             continue
         plain = by_method[base]
-        k_arm = sum(collapses([p["test_reward"] for p in r["curve"]], drop) > 0 for r in runs.values())
-        k_base = sum(collapses([p["test_reward"] for p in r["curve"]], drop) > 0 for r in plain.values())
+        k_arm = sum(collapsed(r, drop) for r in runs.values())
+        k_base = sum(collapsed(r, drop) for r in plain.values())
         shared = sorted(set(runs) & set(plain))
         gains = [runs[s]["heldout_after"] - plain[s]["heldout_after"] for s in shared]
-        mean = statistics.fmean
+        wins, losses, mean = sum(g > 0 for g in gains), sum(g < 0 for g in gains), statistics.fmean
         rows.append(
             f"| {arm} | {base} | {k_arm}/{len(runs)} · {k_base}/{len(plain)} | "
             f"{fisher_fewer(k_arm, len(runs), k_base, len(plain)):.3g} | "
             f"{mean(r['heldout_after'] for r in runs.values()):.3f} · {mean(r['heldout_after'] for r in plain.values()):.3f} | "
-            + (f"{mean(gains):+.3f}; higher in {sum(g > 0 for g in gains)} of {len(shared)} "
-               f"(sign test p {sign_test(sum(g > 0 for g in gains), sum(g < 0 for g in gains)):.2g}) |"
+            + (f"{mean(gains):+.3f}; higher in {wins} of {len(shared)} (sign test p {sign_test(wins, losses):.2g}) |"
                if shared else "– |")
         )
     if not rows:
         return []
     return ["Arms against their plain method (collapses: arm · plain; p: one-sided Fisher exact test that the arm's "
-            "fewer collapses are chance; paired: the arm minus the plain method on the seeds both ran, with the two-sided sign test over the seeds that "
-            "differ):", "",
+            "fewer collapses are chance; paired: the arm minus the plain method on the seeds both ran, with the "
+            "two-sided sign test over the seeds that differ):", "",
             "| arm | against | collapsed | Fisher p | held-out after, mean: arm · plain | paired per seed: mean "
             "difference; arm higher in |", "|---|---|---|---|---|---|", *rows, ""]  # fmt: skip
 
@@ -286,11 +290,11 @@ def plot_seeds(results: dict, path: Path) -> None:
         runs = [r for r in results["runs"] if r["task"] == task and r["method"] == method]
         for run in sorted(runs, key=lambda r: r["seed"]):
             steps, rewards = [p["step"] for p in run["curve"]], [p["test_reward"] for p in run["curve"]]
-            fell = collapses(rewards, drop) > 0
+            fell = collapsed(run, drop)
             ax.plot(steps, rewards, color="tab:red" if fell else "0.55", lw=1.6 if fell else 0.9,
                     label=f"seed {run['seed']} (collapsed)" if fell else None, zorder=3 if fell else 2)  # fmt: skip
         ax.axhline(runs[0]["heldout_before"], color="k", ls=":", lw=0.8, label="warm start")
-        n_fell = sum(collapses([p["test_reward"] for p in r["curve"]], drop) > 0 for r in runs)
+        n_fell = sum(collapsed(r, drop) for r in runs)
         ax.set_title(f"{method} · {task}: {n_fell}/{len(runs)} collapsed", fontsize=9)
         ax.set_xlabel("SFT step" if method == SFT else "RL step")  # the SFT row counts its own steps
         ax.grid(alpha=0.3)
