@@ -5,7 +5,14 @@ import pytest
 import torch
 from torch import nn
 
-from trl_dllm.core.logits import accepts_logits_to_keep, as_logits_fn, kept_logits, module_logits_fn
+from trl_dllm.core.logits import (
+    accepts_logits_to_keep,
+    as_logits_fn,
+    kept_logits,
+    kept_token_scores,
+    module_logits_fn,
+    scorable_head,
+)
 
 
 class _Out:
@@ -156,3 +163,67 @@ def test_kept_logits_look_through_a_ddp_style_wrapper():
     kept = kept_logits(module_logits_fn(Wrapped(model)), ids, None, positions, keep)
     assert rows.rows == [4]
     torch.testing.assert_close(kept, module_logits_fn(model)(ids, None, positions)[keep], rtol=0, atol=1e-5)
+
+
+# ------------------------------------------------------------------ target scores computed inside the head's call
+
+
+def _reference_scorer(calls):
+    """A head scorer in plain torch (the trainer passes TRL's chunked kernel): what the fallback computes."""
+
+    def scorer(hidden, head, targets):
+        calls.append(hidden.shape[0])
+        logp = nn.functional.linear(hidden, head.weight, head.bias).float().log_softmax(-1)
+        return logp.gather(-1, targets[:, None])[:, 0], -(logp.exp() * logp).sum(-1)
+
+    return scorer
+
+
+@pytest.mark.parametrize("shift_logits", [False, True])
+def test_kept_token_scores_with_a_head_scorer_equal_the_log_softmax_of_kept_logits(shift_logits):
+    """Values and parameter gradients of ``kept_token_scores`` are the same through a head scorer (called once, on the
+    kept rows, inside the head's call) and through the kept logits; the head's own forward is restored after."""
+    model = _llama()
+    ids = torch.randint(0, 40, (2, 7), generator=torch.Generator().manual_seed(3))
+    positions, keep = torch.tensor([2, 3, 5]), torch.tensor([[True, False, True], [False, True, True]])
+    targets = torch.tensor([4, 9, 17, 33])
+    calls = []
+    plain = module_logits_fn(model, shift_logits=shift_logits)
+    scored = module_logits_fn(model, shift_logits=shift_logits, head_scorer=_reference_scorer(calls))
+    assert not getattr(plain, "takes_targets") and scored.takes_targets
+    results = []
+    for fn in (plain, scored):
+        model.zero_grad()
+        logp, entropy = kept_token_scores(fn, ids, None, positions, keep, targets)
+        (logp * torch.tensor([0.3, 1.0, 2.0, -1.0]) + 0.1 * entropy).sum().backward()
+        results.append((logp.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters()]))
+    assert calls == [4]
+    assert "forward" not in vars(model.get_output_embeddings())
+    (logp_a, ent_a, grads_a), (logp_b, ent_b, grads_b) = results
+    torch.testing.assert_close(logp_b, logp_a)
+    torch.testing.assert_close(ent_b, ent_a)
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_kept_token_scores_detach_entropies_unless_asked():
+    model = _llama()
+    ids = torch.randint(0, 40, (1, 5), generator=torch.Generator().manual_seed(4))
+    keep, targets = torch.ones(1, 2, dtype=torch.bool), torch.tensor([1, 2])
+    for fn in (module_logits_fn(model), module_logits_fn(model, head_scorer=_reference_scorer([]))):
+        logp, entropy = kept_token_scores(fn, ids, None, torch.tensor([1, 3]), keep, targets, entropy_grad=False)
+        assert logp.requires_grad and not entropy.requires_grad
+
+
+def test_head_scorer_is_not_used_where_the_head_output_is_not_the_logits():
+    """A softcapped model (Gemma's `final_logit_softcapping`), a tied functional head and a non-Linear head are scored
+    through their logits."""
+    capped = _llama()
+    capped.config.final_logit_softcapping = 30.0
+    scorer = _reference_scorer([])
+    assert scorable_head(_llama()) and not scorable_head(capped)
+    assert not scorable_head(TiedFunctional())
+    assert not module_logits_fn(capped, head_scorer=scorer).takes_targets
+    patched = _llama()
+    patched.get_output_embeddings().forward = lambda x: x  # e.g. accelerate's hooks replace forward on the instance
+    assert not scorable_head(patched)

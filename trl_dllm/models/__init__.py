@@ -14,6 +14,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..core.logits import LogitsFn, module_logits_fn
@@ -263,8 +264,35 @@ def make_bidirectional(model: Any) -> None:
 
 def model_logits_fn(model: nn.Module, spec: ModelSpec) -> LogitsFn:
     """The :data:`~trl_dllm.core.logits.LogitsFn` of ``model`` (PEFT wrapper included), with the family's logit shift
-    undone and ``logits_to_keep`` used where the model accepts it."""
-    return module_logits_fn(model, shift_logits=spec.shift_logits, logits_to_keep=spec.accepts_logits_to_keep)
+    undone, ``logits_to_keep`` used where the model accepts it, and the scores of target tokens computed by TRL's
+    chunked log-prob kernel where the LM head allows (:func:`chunked_head_scores`)."""
+    return module_logits_fn(model, shift_logits=spec.shift_logits, logits_to_keep=spec.accepts_logits_to_keep,
+                            head_scorer=chunked_head_scores)  # fmt: skip
+
+
+CHUNKED_HEAD_VOCAB_CHUNK = 32768
+"""Vocabulary columns per tile of :func:`chunked_head_scores` (TRL's own trainer uses the same width)."""
+
+
+def chunked_head_scores(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor):
+    """Log-probs and entropies `(n,)` of ``targets`` under ``softmax(head(hidden))``, by TRL 1.16's
+    ``trl.kernels.ChunkedLogProbFunction``: the projection runs in `(4096, 32768)` tiles folded into running
+    log-sum-exp statistics (Triton on CUDA, torch ops elsewhere), the backward recomputes the tiles, and the `(n, V)`
+    logits never exist — autograd holds only ``hidden``. Products are accumulated in float32 from the autocast (or
+    the weights') dtype. A :data:`~trl_dllm.core.logits.HeadScorer`, called inside the head's own forward, so DeepSpeed
+    ZeRO-3 has gathered its weight (the kernel's backward gathers it again itself); FSDP2's sharded weight is made
+    whole as TRL's fused head does."""
+    from torch.distributed.tensor import DTensor
+    from trl.kernels import ChunkedLogProbFunction
+
+    weight, bias = head.weight, head.bias
+    if isinstance(weight, DTensor):
+        weight = weight.full_tensor()
+        bias = bias.full_tensor() if bias is not None else None
+    logps, entropies, *_ = ChunkedLogProbFunction.apply(
+        hidden, weight, bias, targets, 1.0, CHUNKED_HEAD_VOCAB_CHUNK, None, 1.0, ("entropy",)
+    )
+    return logps, entropies
 
 
 def require_4d_mask(spec: ModelSpec, what: str = "the block estimator") -> None:

@@ -63,7 +63,8 @@ def test_equals_the_rollout_and_the_trajectory_replay(kwargs):
     replay = trajectory(model, prompt_ids, prompt_mask, out.completion_ids, ones, mask_token_id=31,
                         seeds=torch.arange(3), unmask_step=out.unmask_step, step_samples=8)  # fmt: skip
     assert (replay.step_weights == 1).all()  # every step scored
-    torch.testing.assert_close(exact.logps, replay.logps, atol=1e-6, rtol=1e-6)
+    # float32 round-off of differently batched forwards: up to ~2e-6 on some CPUs' kernels
+    torch.testing.assert_close(exact.logps, replay.logps, atol=1e-5, rtol=1e-5)
 
 
 def test_score_mask_top_k_and_chunking_do_not_change_values():

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..logits import as_logits_fn, kept_logits
+from ..logits import as_logits_fn, kept_token_scores
 from ..masks import apply_mask, prompt_noise_masks, row_generators
 
 __all__ = [
@@ -42,7 +42,7 @@ __all__ = [
     "recompute_chunks",
     "score_view_chunks",
     "score_views",
-    "view_logits",
+    "view_scorer",
     "view_token_scores",
 ]
 
@@ -92,14 +92,16 @@ def draw_views(seeds, prompt_mask, p_mask_prompt, num_samples, draw_completion) 
     return Views(torch.stack(completions), torch.stack(prompts), torch.stack(weights), sample_index, num_samples)
 
 
-def view_token_scores(chunk_logits, completion_ids, score_mask, views, mc_batch_size, *, checkpoint_views=False,
+def view_token_scores(chunk_scores, completion_ids, score_mask, views, mc_batch_size, *, checkpoint_views=False,
                       entropy_grad=True) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-view token scores: ``ℓ_i(x̃_view)`` and the predictive entropy at every kept position of every view.
 
     A position is kept in a view if it is masked there and scored (``m_i = 1``); both outputs are 0 elsewhere.
-    ``chunk_logits(chunk, keep)`` returns the logits `(n, V)` of the kept pairs of the views ``chunk`` (a slice),
-    ``keep`` `(c·B, L)` being view-major (canvas row ``j·B + b`` is view ``j`` of row ``b``); views are run
-    ``mc_batch_size`` per forward, and the LM head and the float32 log-softmax run at the kept positions only.
+    ``chunk_scores(chunk, keep, targets, entropy_grad)`` returns the log-probs and entropies `(n,)` of the kept pairs
+    of the views ``chunk`` (a slice), ``keep`` `(c·B, L)` being view-major (canvas row ``j·B + b`` is view ``j`` of row
+    ``b``) and ``targets`` `(n,)` the completion's tokens there; views are run ``mc_batch_size`` per forward, and the LM
+    head and the float32 log-softmax run at the kept positions only — without the `(n, V)` logits where the logits
+    function has a head scorer (:func:`~trl_dllm.core.logits.kept_token_scores`).
 
     Memory: with ``checkpoint_views`` and gradients enabled, each chunk's forward is recomputed in the backward pass
     (`torch.utils.checkpoint`), so activation memory stays that of one chunk whatever the number of views, for one
@@ -116,10 +118,7 @@ def view_token_scores(chunk_logits, completion_ids, score_mask, views, mc_batch_
     token_logps, token_entropies = [], []
 
     def kept_scores(chunk, keep, targets):
-        logp = chunk_logits(chunk, keep.flatten(0, 1)).float().log_softmax(-1)  # (n_kept, V)
-        token_logp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        source = logp if entropy_grad else logp.detach()
-        return token_logp, -(source.exp() * source).sum(-1)
+        return chunk_scores(chunk, keep.flatten(0, 1), targets, entropy_grad)
 
     for start in range(0, num_views, mc_batch_size):
         chunk = slice(start, min(start + mc_batch_size, num_views))
@@ -135,9 +134,11 @@ def view_token_scores(chunk_logits, completion_ids, score_mask, views, mc_batch_
     return torch.cat(token_logps).transpose(0, 1), torch.cat(token_entropies).transpose(0, 1)
 
 
-AUTO_KEPT_CHUNKS = 2
-"""``checkpoint_views="auto"`` keeps the activations of up to this many chunks (the default estimate, one antithetic
-pair of views, is 2 chunks) and recomputes beyond: below it the saved memory does not pay for the extra forwards."""
+AUTO_KEPT_CHUNKS = 1
+"""``checkpoint_views="auto"`` keeps the activations of up to this many chunks and recomputes beyond: an estimate of
+one chunk keeps its graph (recomputing it would save nothing), one of several chunks holds one chunk's graph at a time,
+so memory does not grow with ``mc_samples`` or the antithetic views (the default antithetic pair recomputes its two
+chunks: 4 forwards instead of 2, and a second full set of activations not held)."""
 
 
 def recompute_chunks(checkpoint_views: bool | str, num_chunks: int) -> bool:
@@ -158,7 +159,7 @@ def recompute_chunks(checkpoint_views: bool | str, num_chunks: int) -> bool:
     raise ValueError(f"checkpoint_views={checkpoint_views!r} must be True, False or 'auto'.")
 
 
-def score_view_chunks(chunk_logits, completion_ids, score_mask, views, mc_batch_size, *, checkpoint_views=False,
+def score_view_chunks(chunk_scores, completion_ids, score_mask, views, mc_batch_size, *, checkpoint_views=False,
                       entropy_grad=True) -> LikelihoodOutput:
     """Weighted contributions of the views (see :func:`view_token_scores` for the arguments and memory switches).
 
@@ -166,7 +167,7 @@ def score_view_chunks(chunk_logits, completion_ids, score_mask, views, mc_batch_
     per view) or `(B, M, L)` (per position). The entropy of a position is averaged over the views that kept it.
     """
     token_logp, token_entropy = view_token_scores(
-        chunk_logits, completion_ids, score_mask, views, mc_batch_size, checkpoint_views=checkpoint_views,
+        chunk_scores, completion_ids, score_mask, views, mc_batch_size, checkpoint_views=checkpoint_views,
         entropy_grad=entropy_grad,
     )
     weights = views.weights.to(token_logp.device)
@@ -179,32 +180,33 @@ def score_view_chunks(chunk_logits, completion_ids, score_mask, views, mc_batch_
     return LikelihoodOutput(contrib.sum(1) / views.num_samples, entropies, sample_estimates)
 
 
-def view_logits(logits_fn, prompt_ids, prompt_mask, completion_ids, views, mask_token_id):
-    """The ``chunk_logits`` of a bidirectional model for :func:`view_token_scores`: view ``j`` of row ``b`` is the canvas
-    ``[prompt' ; x with S masked]`` with the whole completion visible; logits only at the kept positions
-    (:func:`~trl_dllm.core.logits.kept_logits`)."""
+def view_scorer(logits_fn, prompt_ids, prompt_mask, completion_ids, views, mask_token_id):
+    """The ``chunk_scores`` of a bidirectional model for :func:`view_token_scores`: view ``j`` of row ``b`` is the
+    canvas ``[prompt' ; x with S masked]`` with the whole completion visible; scores only at the kept positions
+    (:func:`~trl_dllm.core.logits.kept_token_scores`)."""
     logits_fn = as_logits_fn(logits_fn)
     prompt_length, length = prompt_ids.shape[1], completion_ids.shape[1]
     positions = torch.arange(prompt_length, prompt_length + length, device=completion_ids.device)
     attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids, dtype=prompt_mask.dtype)], dim=1)
 
-    def chunk_logits(chunk, keep):
+    def chunk_scores(chunk, keep, targets, entropy_grad):
         masked = views.completion[:, chunk].transpose(0, 1).to(completion_ids.device)
         num_chunk = masked.shape[0]
         noise = views.prompt[:, chunk].transpose(0, 1).to(completion_ids.device)
         prompt = apply_mask(prompt_ids.expand(num_chunk, -1, -1), noise, mask_token_id)
         completion = apply_mask(completion_ids.expand(num_chunk, -1, -1), masked, mask_token_id)
         canvas = torch.cat([prompt, completion], dim=2).flatten(0, 1)
-        return kept_logits(logits_fn, canvas, attention_mask.repeat(num_chunk, 1), positions, keep)
+        return kept_token_scores(logits_fn, canvas, attention_mask.repeat(num_chunk, 1), positions, keep, targets,
+                                 entropy_grad=entropy_grad)  # fmt: skip
 
-    return chunk_logits
+    return chunk_scores
 
 
 def score_views(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, mask_token_id, mc_batch_size,
                 *, checkpoint_views=False, entropy_grad=True) -> LikelihoodOutput:
-    """Score the views of a bidirectional model (see :func:`view_logits` and :func:`score_view_chunks`)."""
-    chunk_logits = view_logits(logits_fn, prompt_ids, prompt_mask, completion_ids, views, mask_token_id)
-    return score_view_chunks(chunk_logits, completion_ids, score_mask, views, mc_batch_size,
+    """Score the views of a bidirectional model (see :func:`view_scorer` and :func:`score_view_chunks`)."""
+    chunk_scores = view_scorer(logits_fn, prompt_ids, prompt_mask, completion_ids, views, mask_token_id)
+    return score_view_chunks(chunk_scores, completion_ids, score_mask, views, mc_batch_size,
                              checkpoint_views=checkpoint_views, entropy_grad=entropy_grad)  # fmt: skip
 
 

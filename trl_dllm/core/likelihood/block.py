@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..logits import as_logits_fn, kept_logits
+from ..logits import as_logits_fn, kept_logits, kept_token_scores
 from ..masks import apply_mask, layout_ids, noisy_clean_attention, stratified_counts
 from ._views import LikelihoodOutput, check_inputs, draw_views, score_view_chunks
 
@@ -88,7 +88,7 @@ def staircase_inputs(prompt_ids, prompt_mask, noisy_ids, completion_ids, block_l
 
 
 def staircase_logits(logits_fn, prompt_ids, prompt_mask, noisy_ids, completion_ids, block_length, keep=None,
-                     layout="prompt") -> torch.Tensor:  # fmt: skip
+                     layout="prompt", *, targets=None, entropy_grad=True):  # fmt: skip
     """Logits for the noisy copy in one staircase forward: row ``i`` predicts completion position ``i`` given the
     prompt, the clean blocks before ``i``'s block and ``i``'s noisy block.
 
@@ -102,9 +102,12 @@ def staircase_logits(logits_fn, prompt_ids, prompt_mask, noisy_ids, completion_i
         prompt_ids, prompt_mask, noisy_ids, completion_ids, block_length, layout: as in :func:`staircase_inputs`.
         keep (`torch.BoolTensor` of shape `(B, L)`, *optional*): return only ``logits[keep]`` `(n, V)`, with the LM
             head run on those noisy positions alone (:func:`~trl_dllm.core.logits.kept_logits`).
+        targets (`torch.LongTensor` of shape `(n,)`, *optional*): with ``keep``, return the log-probs and entropies
+            `(n,)` of these tokens at the kept positions instead of the logits
+            (:func:`~trl_dllm.core.logits.kept_token_scores`; ``entropy_grad=False`` detaches the entropies).
 
     Returns:
-        `torch.Tensor` of shape `(B, L, V)`, or `(n, V)` with ``keep``.
+        `torch.Tensor` of shape `(B, L, V)`, `(n, V)` with ``keep``, or a pair of `(n,)` tensors with ``targets``.
     """
     params = logits_fn.parameters() if isinstance(logits_fn, nn.Module) else ()
     dtype = next((p.dtype for p in params if p.is_floating_point()), torch.float32)
@@ -114,6 +117,9 @@ def staircase_logits(logits_fn, prompt_ids, prompt_mask, noisy_ids, completion_i
     length = completion_ids.shape[1]
     positions = torch.arange(noisy_start, noisy_start + length, device=completion_ids.device)
     logits_fn = as_logits_fn(logits_fn)
+    if keep is not None and targets is not None:
+        return kept_token_scores(logits_fn, input_ids, attention_mask, positions, keep, targets,
+                                 position_ids=position_ids, entropy_grad=entropy_grad)  # fmt: skip
     if keep is not None:
         return kept_logits(logits_fn, input_ids, attention_mask, positions, keep, position_ids=position_ids)
     logits = logits_fn(input_ids, attention_mask, positions, position_ids=position_ids)
@@ -171,7 +177,7 @@ def _score_staircase(
     ``views.weights`` is per position here."""
     device = completion_ids.device
 
-    def chunk_logits(chunk, keep):
+    def chunk_scores(chunk, keep, targets, entropy_grad):
         masked = views.completion[:, chunk].transpose(0, 1).to(device)  # (c, B, L), view-major
         num_chunk = masked.shape[0]
         prompt_noise = views.prompt[:, chunk].transpose(0, 1).to(device)
@@ -179,10 +185,10 @@ def _score_staircase(
         noisy = apply_mask(completion_ids.expand(num_chunk, -1, -1), masked, mask_token_id)
         return staircase_logits(
             logits_fn, prompt.flatten(0, 1), prompt_mask.repeat(num_chunk, 1), noisy.flatten(0, 1),
-            completion_ids.repeat(num_chunk, 1), block_length, keep, layout,
+            completion_ids.repeat(num_chunk, 1), block_length, keep, layout, targets=targets, entropy_grad=entropy_grad,
         )  # fmt: skip
 
-    return score_view_chunks(chunk_logits, completion_ids, score_mask, views, mc_batch_size, **memory)
+    return score_view_chunks(chunk_scores, completion_ids, score_mask, views, mc_batch_size, **memory)
 
 
 def _check_block(length, block_length, mc_samples):

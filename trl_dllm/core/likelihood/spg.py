@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from ..masks import random_subsets
-from ._views import LikelihoodOutput, check_inputs, draw_views, view_logits, view_token_scores
+from ._views import LikelihoodOutput, check_inputs, draw_views, view_scorer, view_token_scores
 
 __all__ = ["SPGOutput", "block_random_views", "spg"]
 
@@ -167,9 +167,9 @@ def spg(
         return block_random_views(mc_samples, length, next(rows), block_length, p_mask_prompt, generator=generator)
 
     views = draw_views(seeds, prompt_mask, p_mask_prompt, mc_samples, draw)
-    chunk_logits = view_logits(logits_fn, prompt_ids, prompt_mask, completion_ids, views, mask_token_id)
+    chunk_scores = view_scorer(logits_fn, prompt_ids, prompt_mask, completion_ids, views, mask_token_id)
     token_logp, token_entropy = view_token_scores(
-        chunk_logits, completion_ids, score_mask, views, mc_batch_size, checkpoint_views=checkpoint_views,
+        chunk_scores, completion_ids, score_mask, views, mc_batch_size, checkpoint_views=checkpoint_views,
         entropy_grad=entropy_grad,
     )
     device = token_logp.device
