@@ -101,7 +101,10 @@ def likelihood_inputs(size: Size, mask_token_id: int) -> dict:
 
 class ForwardTimer:
     """Counts the calls of ``module.forward`` and the wall and CPU time spent inside them (forward hooks, so it sees
-    every call however the module is reached: a logits function, a trainer). Backward passes are not included."""
+    every call however the module is reached: a logits function, a trainer). Backward passes are not included.
+
+    Calls are counted when they start: a forward recomputed in backward (``torch.utils.checkpoint``) stops once it has
+    rebuilt what backward needs, at the LM head, and never returns — it counts as a call, its time is not measured."""
 
     def __init__(self, module: torch.nn.Module):
         self.reset()
@@ -110,11 +113,11 @@ class ForwardTimer:
 
     def _pre(self, module, args):
         self._start = (time.perf_counter(), time.process_time())
+        self.calls += 1
 
     def _post(self, module, args, output):
         self.seconds += time.perf_counter() - self._start[0]
         self.cpu_seconds += time.process_time() - self._start[1]
-        self.calls += 1
 
     def reset(self) -> ForwardTimer:
         self.calls, self.seconds, self.cpu_seconds = 0, 0.0, 0.0

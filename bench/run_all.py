@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import time
 
-from bench import bench_generation, bench_likelihood, bench_rollout_tradeoff, bench_train_step
+from bench import bench_generation, bench_likelihood, bench_rollout_tradeoff, bench_train_step, bench_update_memory
 from bench.common import emit, parser, setup
 
 BENCHMARKS = {
     "generation": bench_generation.run,
     "likelihood": bench_likelihood.run,
     "train_step": bench_train_step.run,
+    "update_memory": bench_update_memory.run,
     "rollout": bench_rollout_tradeoff.run,  # also writes rollout_tradeoff.json (the rows)
 }
 
@@ -35,6 +36,8 @@ def main(argv=None) -> dict:
         if args.quick and name in ("generation", "likelihood"):
             options["vocabs"] = (2 * size.vocab,)  # not the realistic 32k / 126k vocabularies in a smoke run
         options = {"out": args.out} if name == "rollout" else options
+        if name == "update_memory":
+            options = {"configs": bench_update_memory.QUICK_CONFIGS if args.quick else bench_update_memory.CONFIGS}
         results[name] = BENCHMARKS[name](size, repeats=repeats, **options)
         results[name]["benchmark_seconds"] = round(time.perf_counter() - start, 1)
         emit(name, results[name], args.out)

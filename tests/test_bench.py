@@ -88,6 +88,19 @@ def test_train_step(results):
     assert_finite_ratios(result, expected_count=8)
 
 
+def test_update_memory_is_measured_inside_train_with_checkpointing_on(results):
+    """The measured update ran with activation checkpointing on (as `Trainer.train()` turns it on), and its Monte Carlo
+    views were recomputed in backward: 2 views per sample (the antithetic pair), each forwarded twice."""
+    result = results["update_memory"]
+    if "skipped" in result:
+        pytest.skip(result["skipped"])
+    for entry in result["configs"].values():
+        assert entry["checkpointing"] is True
+        assert entry["forwards"] == 2 * 2 * entry["mc_samples"], entry
+        assert math.isfinite(entry["update_peak_mb"])
+    assert set(result["ratios"]) == {"mc4_over_mc1_checkpointing"}
+
+
 @pytest.mark.parametrize("name", sorted(run_all.BENCHMARKS))
 def test_every_benchmark_states_its_targets(results, name):
     """Next to each ratio with a target: the target and whether the measured value meets it."""

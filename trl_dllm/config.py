@@ -110,8 +110,10 @@ class DiffusionGRPOConfig(GRPOConfig):
         mc_checkpointing (`bool` or `str`, *optional*, defaults to `"auto"`):
             Recompute each chunk of masked views in the backward pass of the current policy, so activation memory is
             that of one chunk (`mc_batch_size` views) whatever `mc_samples` is, for one extra forward per chunk.
-            `"auto"`: recompute only when an estimate has more than 2 chunks (the default ELBO, K = 1 antithetic, is
-            2 views: kept, 2 forwards per step instead of 4; K = 8 is recomputed: memory flat in K). `True`: always;
+            `"auto"`: recompute when an estimate has more than one chunk (the default ELBO, K = 1 antithetic, is 2
+            views: 4 forwards per step instead of 2, one view's activations held at a time; memory flat in K and in the
+            antithetic views; with `activation_checkpointing` each view still keeps its layers' inputs until backward);
+            a single chunk is never recomputed (that would save nothing). `True`: always;
             `False`: never (every view's activations stay alive until `backward`, memory grows with `mc_samples`).
             Not applied under DeepSpeed ZeRO-3 or FSDP, which gather parameters per forward and break torch's
             recomputation.
@@ -253,7 +255,7 @@ class DiffusionGRPOConfig(GRPOConfig):
     mc_checkpointing: str = field(
         default="auto",
         metadata={"help": "Recompute each chunk of masked views in backward (memory independent of mc_samples): "
-                  "'auto' (only beyond 2 chunks per estimate), true or false."},
+                  "'auto' (whenever an estimate has more than one chunk), true or false."},
     )
     independent_mc_noise: bool = field(
         default=False,
