@@ -190,7 +190,7 @@ def test_kept_token_scores_with_a_head_scorer_equal_the_log_softmax_of_kept_logi
     calls = []
     plain = module_logits_fn(model, shift_logits=shift_logits)
     scored = module_logits_fn(model, shift_logits=shift_logits, head_scorer=_reference_scorer(calls))
-    assert not getattr(plain, "takes_targets") and scored.takes_targets
+    assert not plain.takes_targets and scored.takes_targets
     results = []
     for fn in (plain, scored):
         model.zero_grad()

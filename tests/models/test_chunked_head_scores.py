@@ -40,7 +40,7 @@ def test_estimates_and_gradients_through_the_kernel_equal_the_plain_log_softmax(
     inputs = _inputs(len(tokenizer), spec.mask_token_id)
     kernel = model_logits_fn(model, spec)
     plain = module_logits_fn(model, shift_logits=spec.shift_logits, logits_to_keep=spec.accepts_logits_to_keep)
-    assert kernel.takes_targets and not getattr(plain, "takes_targets")
+    assert kernel.takes_targets and not plain.takes_targets
     results = []
     for fn in (plain, kernel):
         model.zero_grad()
