@@ -57,7 +57,7 @@ RECIPE_STEPS = 128  # recipes/llada/stabledrl_gsm8k_lora.yaml's diffusion_steps
 ESTIMATES = {
     "device peak": 1, "build": 3, "plain forward": 3, "numerics": 12,
     "rollouts at 32 steps": {"llada": 23, "dream": 13, "sdar": 8, "llada2": 40, "llada_moe": 15},  # MoE: guesses
-    "train step": 50, "memory plan": 12, "trl": 26, "launch": 30,
+    "train step": 60, "memory plan": 12, "trl": 26, "launch": 30,
 }  # fmt: skip
 
 
@@ -72,7 +72,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--budget", type=float, default=None,
                    help="seconds: skip a part that no longer fits (default 480 on a GPU, none with --quick)")
     p.add_argument("--threshold", action="store_true",
-                   help="also measure confidence_threshold decoding (on by default with --quick)")
+                   help="also measure confidence_threshold decoding (--quick: on LLaDA)")
     p.add_argument("--skip-trl", action="store_true", help="no TRL GRPOTrainer comparison")
     p.add_argument("--skip-launch", action="store_true", help="no accelerate launches (ZeRO-2/3, FSDP2)")
     p.add_argument("--plan-batches", type=int, nargs="+", default=None, help="batches tried by the memory plan")
@@ -355,7 +355,8 @@ def run(args, save=lambda result: None) -> dict:
     parts(result, "device", "device peak", ESTIMATES["device peak"], gpu_parts.device_peak, quick)
     peak = _get(result, "device", "matmul_tflops") or 1.0
     for family in args.families:
-        family_part(parts, shapes[family], recipe, peak, args.threshold or quick)
+        # --quick measures the threshold setting on one family: the same code path for all
+        family_part(parts, shapes[family], recipe, peak, args.threshold or (quick and family == "llada"))
     if not gpu_parts.installed("trl"):  # the trainer subclasses TRL's: its parts need TRL too
         for name in ("train", "memory_plan", "trl"):
             result[name] = {"skipped": "trl is not installed (bring its wheel: docs/gpu.md)"}
