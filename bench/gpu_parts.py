@@ -116,7 +116,7 @@ def free() -> None:
     if cuda():
         gc.collect()  # drop reference cycles that keep device tensors alive (about a second in a large process)
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+        reset_peak(forget=True)
 
 
 @contextlib.contextmanager
@@ -180,12 +180,24 @@ def count_parameters(model) -> dict:
     return {"parameters": total, "trainable": trainable}
 
 
+# The peaks seen before the device's own peak counters were last reset by a phase (:func:`reset_peak`), so that
+# :func:`memory` still gives the peak since the last :func:`free` or ``reset_peak(forget=True)``.
+_PEAKS = {"allocated": 0, "reserved": 0}
+
+
+def _fold_peaks() -> None:
+    _PEAKS["allocated"] = max(_PEAKS["allocated"], torch.cuda.max_memory_allocated())
+    _PEAKS["reserved"] = max(_PEAKS["reserved"], torch.cuda.max_memory_reserved())
+
+
 def memory() -> dict:
-    """Peak allocated and reserved device memory (GB) since the last :func:`free`; empty on CPU."""
+    """Peak allocated and reserved device memory (GB) since the last :func:`free` (or ``reset_peak(forget=True)``),
+    phases included; empty on CPU."""
     if not cuda():
         return {}
-    return {"max_allocated_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
-            "max_reserved_gb": round(torch.cuda.max_memory_reserved() / 1e9, 2)}  # fmt: skip
+    _fold_peaks()
+    return {"max_allocated_gb": round(_PEAKS["allocated"] / 1e9, 2),
+            "max_reserved_gb": round(_PEAKS["reserved"] / 1e9, 2)}  # fmt: skip
 
 
 def device_memory() -> tuple[int, int] | None:
@@ -195,9 +207,14 @@ def device_memory() -> tuple[int, int] | None:
     return torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
 
 
-def reset_peak() -> None:
+def reset_peak(forget: bool = False) -> None:
+    """Reset the device's peak counters (a phase starts); the peak so far still counts for :func:`memory` unless
+    ``forget``."""
     if cuda():
+        _fold_peaks()
         torch.cuda.reset_peak_memory_stats()
+        if forget:
+            _PEAKS.update(allocated=0, reserved=0)
 
 
 @contextlib.contextmanager
@@ -344,7 +361,7 @@ def rollouts(model, tokenizer, shape: Shape, recipe: Recipe, peak_tflops: float,
             result[name] = {"skipped": overrides}
             continue
         args = rollout_config(recipe, diffusion_steps=steps, **overrides)
-        reset_peak()
+        reset_peak(forget=True)
         flops, seconds, forwards = rollout_flops_and_time(model, tokenizer, args, ids, mask)
         tflops = flops["flops"] / seconds / 1e12
         result[name] = {
@@ -369,7 +386,7 @@ def plain_forward(model, tokenizer, recipe: Recipe, peak_tflops: float, repeats:
         kwargs["attention_mask"] = torch.zeros(ids.size(0), 1, ids.size(1), ids.size(1), dtype=dtype(),
                                                device=device())  # fmt: skip
     dims = gpu_flops.dims(model.config)
-    reset_peak()
+    reset_peak(forget=True)
     with torch.no_grad(), gpu_flops.ShapeRecorder(model) as recorder:
         flops = gpu_flops.count(lambda: model(**kwargs), recorder,
                                 lambda r: sum(gpu_flops.forward_flops(dims, f) for f in r.forwards))  # fmt: skip

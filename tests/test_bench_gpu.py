@@ -231,6 +231,22 @@ def test_phase_records_device_memory(monkeypatch):
     assert record["loss_forward"]["after_gb"] == 3.0 and record["loss_forward"]["seconds"] >= 0
 
 
+def test_a_phase_resetting_the_peak_does_not_hide_it_from_the_step(monkeypatch):
+    """`memory()` gives the peak since the last `free()`, also across phases that reset the device's peak counters."""
+    peak = {"value": 0}
+    monkeypatch.setattr(gpu_parts, "cuda", lambda: True)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: peak["value"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: peak["value"] + 1e9)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: peak.update(value=0))
+    gpu_parts.reset_peak(forget=True)
+    peak["value"] = 9e9  # the loss forward's peak
+    gpu_parts.reset_peak()  # the backward phase starts
+    peak["value"] = 4e9
+    assert gpu_parts.memory() == {"max_allocated_gb": 9.0, "max_reserved_gb": 10.0}
+    gpu_parts.reset_peak(forget=True)
+    assert gpu_parts.memory() == {"max_allocated_gb": 0.0, "max_reserved_gb": 1.0}
+
+
 @pytest.mark.parametrize("launcher", sorted(gpu_launch.LAUNCHERS))
 def test_launch_commands_parse(launcher, tmp_path):
     """The CUDA-only launches: the accelerate config exists and the trainer's CLI accepts the scaled-down recipe."""
