@@ -308,7 +308,7 @@ def trainer_parts(parts: Parts, args, recipe, shapes: dict, peak: float) -> None
     if "llada" in args.families:
         parts(result, "train", "train step (LLaDA LoRA recipe)", ESTIMATES["train step"], gpu_train.train_steps,
               shapes["llada"], recipe, peak)  # fmt: skip
-        if isinstance(result["train"], dict):
+        if not ({"skipped", "error"} & set(result["train"])):
             result["train"]["recipe_checkpointing"] = gpu_train.recipe_checkpointing()
         plan = args.plan_batches or ([recipe.batch] if args.quick else [recipe.batch * 2**k for k in range(1, 3)])
         parts(result, "memory_plan", "memory plan", ESTIMATES["memory plan"] * len(plan), gpu_train.memory_plan,
