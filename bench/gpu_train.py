@@ -4,8 +4,11 @@ Not a script; see ``bench/gpu.py`` and ``docs/gpu.md``.
 
 A step is timed by wrapping the trainer's own hooks (never by copying them): the rollout is
 ``_generate_single_turn``, the old / reference estimates ``scoring.old_and_ref`` (inside
-``_generate_and_score_completions``), then ``compute_loss`` + backward and ``optimizer.step()``. The FLOPs of the
-update (loss + backward) are counted by ``torch.utils.flop_counter`` on a first, untimed micro-step (the warm-up).
+``_generate_and_score_completions``), then ``compute_loss``, backward and ``optimizer.step()``, each a phase with its
+time and (on a GPU) its memory. Activation checkpointing is turned on as ``Trainer.train()`` turns it on
+(:func:`enable_checkpointing_as_train`): the step is measured outside ``train()``, where it would otherwise stay off.
+The FLOPs of the update (loss + backward) are counted on a first, untimed update (the warm-up) by
+:mod:`bench.gpu_flops` (torch's counter with our formulas, and analytically from the shapes).
 """
 
 from __future__ import annotations
