@@ -351,27 +351,36 @@ def run(args, save=lambda result: None) -> dict:
     budget = args.budget if args.budget is not None or quick else 480.0
     result = {"benchmark": "gpu", "environment": environment(quick), "recipe": dataclasses.asdict(recipe),
               "budget_seconds": budget, "finished": False, "families": {}}  # fmt: skip
-    parts = Parts(result, budget, lambda: save(result))
+    def save_with_targets():  # the targets too, so that a run cut short reports what it measured against them
+        result["targets"] = targets(result)
+        save(result)
+
+    parts = Parts(result, budget, save_with_targets)
     parts(result, "device", "device peak", ESTIMATES["device peak"], gpu_parts.device_peak, quick)
     peak = _get(result, "device", "matmul_tflops") or 1.0
-    for family in args.families:
-        # --quick measures the threshold setting on one family: the same code path for all
-        family_part(parts, shapes[family], recipe, peak, args.threshold or (quick and family == "llada"))
+
+    def families(names):
+        for family in names:
+            # --quick measures the threshold setting on one family: the same code path for all
+            family_part(parts, shapes[family], recipe, peak, args.threshold or (quick and family == "llada"))
+
+    families([f for f in args.families if f in gpu_parts.DENSE])
     if not gpu_parts.installed("trl"):  # the trainer subclasses TRL's: its parts need TRL too
         for name in ("train", "memory_plan", "trl"):
             result[name] = {"skipped": "trl is not installed (bring its wheel: docs/gpu.md)"}
     else:
         trainer_parts(parts, args, recipe, shapes, peak)
+    families([f for f in args.families if f not in gpu_parts.DENSE])  # after the training parts: the budget's
+    # guesses for the MoE shapes cannot take the time of the parts the targets need
     if args.skip_launch:
         result["launch"] = {"skipped": "--skip-launch"}
     else:
         launchers = tuple(gpu_launch.LAUNCHERS)
         estimate = ESTIMATES["launch"] * len(launchers) if gpu_parts.cuda() else 0
         parts(result, "launch", "accelerate launches", estimate, gpu_launch.launches, launchers)
-    result["targets"] = targets(result)
     result["total_seconds"] = round(parts.elapsed(), 1)
     result["finished"] = True
-    save(result)
+    save_with_targets()
     return result
 
 
