@@ -16,7 +16,7 @@ import torch
 # bench/ is a top-level directory of the repository, not part of the installed package (see tests/test_bench.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import gpu, gpu_launch, gpu_parts, gpu_train  # noqa: E402
+from bench import gpu, gpu_launch, gpu_parts, gpu_report, gpu_train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -281,23 +281,23 @@ def test_ratios_and_targets_on_hand_made_numbers():
     ours = {"rollout": 2.0, "old_and_ref": 1.0, "other_scoring": 0.0, "update_seconds": 1.0,
             "max_allocated_gb": 120.0}  # fmt: skip
     trl = {"rollout": 1.0, "other_scoring": 0.5, "update_seconds": 1.5, "max_allocated_gb": 60.0}
-    ratios = gpu.ratios({"lora_checkpointing_off": ours}, trl, 128, 32, {"seconds": 0.5})
+    ratios = gpu_report.ratios({"lora_checkpointing_off": ours}, trl, 128, 32, {"seconds": 0.5})
     assert (ratios["rollout_over_trl"], ratios["update_over_trl"], ratios["step_over_trl"]) == (2.0, 0.667, 1.333)
     assert (ratios["memory_over_trl"], ratios["rollout_over_trl_scaled"], ratios["step_over_trl_scaled"]) == (
         2.0, 8.0, 3.333)  # fmt: skip
     assert (ratios["step_over_trl_dual_cache"], ratios["step_over_trl_dual_cache_scaled"]) == (0.833, 1.333)
-    with_ckpt = gpu.ratios({"recipe_checkpointing": True, "lora_checkpointing_on": {"skipped": "oom"},
+    with_ckpt = gpu_report.ratios({"recipe_checkpointing": True, "lora_checkpointing_on": {"skipped": "oom"},
                             "lora_checkpointing_off": ours}, trl, 128, 32)  # fmt: skip
     assert "skipped" in with_ckpt  # the recipe's row (checkpointing on) did not run
-    assert gpu._target(1.333, 1.3, "step", False, "x")["met"] is False
-    assert gpu._target(0.5, 0.5, "mfu", True, "x")["met"] is True
-    assert "skipped" in gpu._target(None, 0.5, "mfu", True, "x")
+    assert gpu_report._target(1.333, 1.3, "step", False, "x")["met"] is False
+    assert gpu_report._target(0.5, 0.5, "mfu", True, "x")["met"] is True
+    assert "skipped" in gpu_report._target(None, 0.5, "mfu", True, "x")
     fam = {"llada": {"rollouts": {"diffusion_steps": 32, "fixed_steps": {"seconds_per_step": 0.25, "mfu": 0.58},
                                   "generation_cache_dual": {"seconds_per_step": 0.1}}},
            "sdar": {"rollouts": {"fixed_steps": {"seconds_per_step": 0.0383, "mfu": 0.09}}}}  # fmt: skip
     train = {"lora_checkpointing_off": {**ours, "rollout": 8.4}, "lora_mc_samples_1": {"update_peak_gb": 40.0},
              "lora_mc_samples_4": {"update_peak_gb": 46.0}}  # fmt: skip
-    t = gpu.targets({"families": fam, "train": train})
+    t = gpu_report.targets({"families": fam, "train": train})
     assert (t["sdar_denoising_step_ms"]["value"], t["sdar_denoising_step_ms"]["met"]) == (38.3, False)
     assert (t["llada_dual_cache_speedup"]["value"], t["llada_dual_cache_speedup"]["met"]) == (2.5, True)
     assert t["trainer_rollout_step_over_bare"]["value"] == 1.05  # 8.4 s / 32 steps = 0.2625 s against 0.25 s
