@@ -59,6 +59,7 @@ def _baddbmm(bias, a, b, *args, out_shape=None, **kwargs) -> int:
 CUSTOM_MAPPING = {
     aten.mm: _mm,
     aten.addmm: _addmm,
+    aten.addmm_: _addmm,  # in place: TRL's chunked log-prob kernel off CUDA (`acc.addmm_(a, b)`)
     aten.bmm: _bmm,
     aten.baddbmm: _baddbmm,
     **dict.fromkeys([aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_flash_attention,
