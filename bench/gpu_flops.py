@@ -89,6 +89,7 @@ class Forward:
     query: int
     keys: int
     logits: int
+    chunked: bool = False  # the head ran through a chunked log-prob kernel, which recomputes the logits backward
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,7 @@ def backward_flops(d: Dims, f: Forward, lora: Lora | None, first_input_grad: boo
     checkpointing); without it the first layer's q/k/v (and router) input gradients are not computed."""
     tokens, full = f.batch * f.query, lora is None
     total = 2 * f.logits * d.hidden * d.vocab * (2 if full else 1)  # LM head: input (+ weight) gradient
+    total += 2 * f.logits * d.hidden * d.vocab if f.chunked else 0  # the kernel's recompute of the logits
     for layer in range(len(d.mlp)):
         for name, a, b, mult in _linears(d, layer):
             needs_input = first_input_grad or layer > 0 or name not in ("q_proj", "k_proj", "v_proj")
@@ -193,13 +195,15 @@ def backward_flops(d: Dims, f: Forward, lora: Lora | None, first_input_grad: boo
 class ShapeRecorder:
     """Records the :class:`Forward` of every call of ``model`` (a forward pre-hook; PEFT wrappers are looked
     through): the rows and tokens of ``input_ids``, the key length from a 4-D mask or the cache's length, and the
-    positions of ``logits_to_keep``, or the rows the output head really ran on where it ran (TRL's fused LM head: the labelled positions on a GPU, every shifted position
-    elsewhere, as its kernel does; its recompute in the backward is not counted)."""
+    rows the output head really ran on (none when a checkpoint's recompute stopped before it; TRL's fused LM head,
+    which bypasses the module: the labelled positions on a GPU, every shifted position elsewhere, as its kernel does),
+    and whether the head's log-probs came from a chunked kernel (its output is not ``vocab`` wide)."""
 
     def __init__(self, model):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.forwards: list[Forward] = []
         self.head_rows: int | None = None
+        self.has_head = base.get_output_embeddings() is not None
         self.backward: set[int] = set()  # indices of the forwards whose logits received a gradient
         self.handles = [base.register_forward_pre_hook(self._record, with_kwargs=True),
                         base.register_forward_hook(self._watch_backward)]  # fmt: skip
@@ -219,8 +223,9 @@ class ShapeRecorder:
     def _head(self, module, args, output):
         rows = output.numel() // output.shape[-1]
         self.head_rows = rows if self.head_rows is None else self.head_rows + rows
+        chunked = output.shape[-1] != module.weight.shape[0]  # log-probs and entropies, not logits
         last = self.forwards[-1]
-        self.forwards[-1] = Forward(last.batch, last.query, last.keys, self.head_rows)
+        self.forwards[-1] = Forward(last.batch, last.query, last.keys, self.head_rows, chunked)
 
     def _record(self, module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -234,10 +239,13 @@ class ShapeRecorder:
             keys = query + (past.get_seq_length() if past is not None else 0)
         keep = kwargs.get("logits_to_keep", 0)
         logits = batch * (keep.numel() if isinstance(keep, torch.Tensor) else (keep or query))
-        if kwargs.get("fused_lm_head"):
+        chunked = bool(kwargs.get("fused_lm_head"))
+        if chunked:
             labels = kwargs["labels"][:, 1:]
             logits = int((labels != -100).sum()) if ids.is_cuda else labels.numel()
-        self.forwards.append(Forward(batch, query, int(keys), int(logits)))
+        elif self.has_head:
+            logits = 0  # the head's own hook says how many rows it ran on, if it runs
+        self.forwards.append(Forward(batch, query, int(keys), int(logits), chunked))
         self.head_rows = None
 
     def clear(self) -> None:
