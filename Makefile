@@ -16,7 +16,7 @@ TORCH_SPEC ?= torch==$(TORCH_VERSION)
 TORCH_INDEX_cpu = --extra-index-url https://download.pytorch.org/whl/cpu
 PYTEST_ARGS ?=
 
-.PHONY: install install-packages test test-slow lint bench bench-gpu demo stability compare seeds
+.PHONY: install install-packages test test-slow lint bench bench-gpu gpu-wheels demo stability compare seeds
 
 install:
 	@if [ -z "$(VIRTUAL_ENV)$(CONDA_PREFIX)" ] && [ "$(origin PYTHON)" = file ] && [ ! -x .venv/bin/python ]; then \
@@ -79,3 +79,7 @@ bench:
 BENCH_GPU_ARGS ?=
 bench-gpu:
 	$(PYTHON) -m bench.gpu --out bench_out $(BENCH_GPU_ARGS)
+
+# The wheel folder an offline GPU machine needs (docs/gpu.md): run where there is network and torch.
+gpu-wheels:
+	$(PYTHON) -m bench.gpu_wheels --out wheels

@@ -1,24 +1,33 @@
 """GPU benchmark: the README's 8B run measured on one CUDA device — throughput, memory, numerics — beside TRL's trainer.
 
-    python -m bench.gpu [--quick] [--families llada dream sdar] [--batch 16] [--skip-trl] [--skip-launch] [--out DIR]
+    python -m bench.gpu [--quick] [--steps 32] [--budget 480] [--families llada dream sdar llada2 llada_moe]
+                        [--batch 16] [--threshold] [--skip-trl] [--skip-launch] [--out DIR]
 
-Random-initialised models with the released shapes of LLaDA-8B, Dream-7B and SDAR-8B (native classes, bf16), one at a
-time, freed between. Writes ``<out>/gpu.json`` (default ``bench_out``) and prints a table. Parts, each timed:
+Random-initialised models with the released shapes of LLaDA-8B, Dream-7B, SDAR-8B, LLaDA2.0-mini and LLaDA-MoE-7B-A1B
+(native classes, bf16), one at a time, freed between. Writes ``<out>/gpu.json`` (default ``bench_out``) after every
+part — a run cut short keeps what it measured — and prints a table at the end. Parts, each timed:
 
 - ``device``: measured bf16 matmul TFLOP/s and device copy bandwidth (the peak the MFU figures divide by);
-- ``families.<f>.rollouts``: the recipe's rollout (prompt 256, completion 256, block 32, 128 steps, batch 16) with fixed
-  steps, ``confidence_threshold`` and ``generation_cache="dual"``: tokens/s, forwards/s, time per forward and step,
-  MFU (FLOPs counted by ``torch.utils.flop_counter``);
-- ``families.<f>.numerics``: sdpa vs eager (and flash_attention_2) logits, padded vs unpadded completions at
+- ``families.<f>.plain_forward``: one forward of the whole canvas at the recipe's batch (the floor of a rollout step);
+- ``families.<f>.rollouts``: the recipe's rollout (prompt 256, completion 256, block 32, batch 16) at ``--steps``
+  denoising steps made valid for the family (a multiple of its number of blocks) with fixed steps, the dual cache
+  (``generation_cache="dual"``, LLaDA and LLaDA-MoE) and with ``--threshold`` ``confidence_threshold``: tokens/s, time
+  per forward and step, MFU, peak memory; FLOPs counted by torch's counter with our formulas and analytically
+  (``bench/gpu_flops.py``);
+- ``families.<f>.numerics`` (LLaDA, Dream, SDAR): sdpa vs eager logits, padded vs unpadded completions at
   temperature 0, the ELBO estimate in bf16 vs float32;
-- ``train``: one micro-step of recipes/llada/stabledrl_gsm8k_lora.yaml (LoRA, activation checkpointing off and on;
-  full fine-tuning) split into rollout / old-and-ref / loss+backward / optimizer, peak memory, MFU of the update;
-- ``trl``: TRL's GRPOTrainer on a causal Llama-8B shape at the same batch and lengths; ``ratios``: ours over TRL's;
+- ``train``: one micro-step of recipes/llada/stabledrl_gsm8k_lora.yaml (LoRA, activation checkpointing off and on,
+  enabled as ``Trainer.train()`` enables it; the update at ``mc_samples`` 1 and 4; full fine-tuning) split into
+  rollout / old-and-ref / loss forward / backward / optimizer, with the memory of each phase and the MFU of the update;
+- ``trl``: TRL's GRPOTrainer on a causal Llama-8B shape at the same batch and lengths; ``ratios``: ours over TRL's, as
+  measured and with our rollout scaled to the recipe's 128 steps (and with the dual-cache rollout);
 - ``memory_plan``: the largest per-device LoRA batch that fits (OOM caught);
 - ``launch``: DeepSpeed ZeRO-2 / ZeRO-3 and FSDP2 under ``accelerate launch --num_processes 1``;
-- ``targets``: each target of docs/gpu.md, its value and whether it is met (reported, not asserted).
+- ``targets``: the issues' GPU targets, each measured value next to its target (reported, not asserted).
 
-``--quick`` runs every path on CPU with tiny shapes in float32 (the test suite runs it); its numbers mean nothing.
+``--budget SECONDS``: before each part, its expected duration (:data:`ESTIMATES`, from the first GPU run) is checked
+against the time left; a part that no longer fits is skipped and says so. ``--quick`` runs every path on CPU with tiny
+shapes in float32 (the test suite runs it); its numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -31,15 +40,26 @@ import json
 import os
 import subprocess
 import time
+import traceback
 import warnings
 from pathlib import Path
 
 import torch
 
 from bench import gpu_launch, gpu_numerics, gpu_parts
+from bench.gpu_report import _get, ratios, table, targets
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = tuple(gpu_parts.SHAPES)
+RECIPE_STEPS = 128  # recipes/llada/stabledrl_gsm8k_lora.yaml's diffusion_steps
+# Seconds each part took on the first GPU run (one H200, 2026-11-26, rollouts at 32 steps; docs/gpu.md), used by
+# --budget to decide whether a part still fits. A rollout part scales with its number of steps. The MoE families were
+# not run there: theirs are guesses, marked so, to be replaced by the next run's `parts_seconds`.
+ESTIMATES = {
+    "device peak": 1, "build": 3, "plain forward": 3, "numerics": 12,
+    "rollouts at 32 steps": {"llada": 23, "dream": 13, "sdar": 8, "llada2": 40, "llada_moe": 15},  # MoE: guesses
+    "train step": 60, "memory plan": 12, "trl": 26, "launch": 30,
+}  # fmt: skip
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -47,6 +67,13 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="every path on CPU with tiny shapes (a smoke run)")
     p.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
     p.add_argument("--batch", type=int, default=None, help="per-device batch (default: the recipe's 16)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="denoising steps of each rollout (default 32; the recipe's 128 is 4× longer and gives the "
+                        "same per-forward figures), made valid per family")  # fmt: skip
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds: skip a part that no longer fits (default 480 on a GPU, none with --quick)")
+    p.add_argument("--threshold", action="store_true",
+                   help="also measure confidence_threshold decoding (--quick: on LLaDA)")
     p.add_argument("--skip-trl", action="store_true", help="no TRL GRPOTrainer comparison")
     p.add_argument("--skip-launch", action="store_true", help="no accelerate launches (ZeRO-2/3, FSDP2)")
     p.add_argument("--plan-batches", type=int, nargs="+", default=None, help="batches tried by the memory plan")
@@ -68,120 +95,105 @@ def environment(quick: bool) -> dict:
            "commit": commit.stdout.strip() or None, "quick": quick,
            "device": torch.cuda.get_device_name() if gpu_parts.cuda() else "cpu",
            "cuda": torch.version.cuda, "dtype": str(gpu_parts.dtype()).removeprefix("torch.")}  # fmt: skip
-    for name in ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "flash_attn"):
+    for name in ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "datasets", "flash_attn"):
         env[name] = _version(name) if gpu_parts.installed(name) else None
     return env
 
 
 class Parts:
-    """Runs named parts, prints progress, records each one's wall time in ``seconds`` (and, on a GPU, the device memory
-    still allocated when it starts in ``allocated_before_gb``)."""
+    """Runs named parts into ``result``: prints progress, records each one's wall time in ``result["parts_seconds"]``
+    (and, on a GPU, the device memory still allocated when it starts in ``parts_allocated_before_gb``), skips a part
+    whose estimate no longer fits in ``budget`` seconds, records a part's error and goes on, and rewrites the JSON
+    (``save``) after every part."""
 
-    def __init__(self):
-        self.seconds, self.allocated_before_gb, self.start = {}, {}, time.perf_counter()
+    def __init__(self, result: dict, budget: float | None, save):
+        self.result, self.budget, self.save, self.start = result, budget, save, time.perf_counter()
+        for key in ("parts_seconds", "parts_allocated_before_gb", "parts_skipped", "errors"):
+            result.setdefault(key, {})
 
-    def __call__(self, name: str, fn, *args, **kwargs):
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def __call__(self, into: dict, key: str, name: str, estimate: float, fn, *args, **kwargs):
+        """``into[key] = fn(*args, **kwargs)`` (or ``{"skipped": reason}`` / ``{"error": ...}``); returns it."""
+        if self.budget is not None and self.elapsed() + estimate > self.budget:
+            reason = (f"budget: {self.elapsed():.0f} s spent of {self.budget:.0f} s, this part takes about "
+                      f"{estimate:.0f} s")  # fmt: skip
+            into[key] = self.result["parts_skipped"][name] = {"skipped": reason}
+            print(f"[bench.gpu] {name}: skipped ({reason})", flush=True)
+            self.save()
+            return into[key]
         print(f"[bench.gpu] {name} ...", flush=True)
         if gpu_parts.cuda():  # what earlier parts left allocated: a leak would show here
-            self.allocated_before_gb[name] = round(torch.cuda.memory_allocated() / 1e9, 2)
+            self.result["parts_allocated_before_gb"][name] = round(torch.cuda.memory_allocated() / 1e9, 2)
         start = time.perf_counter()
-        out = fn(*args, **kwargs)
-        self.seconds[name] = round(time.perf_counter() - start, 1)
-        print(f"[bench.gpu] {name}: {self.seconds[name]} s (total {time.perf_counter() - self.start:.0f} s)", flush=True)
-        return out
+        try:
+            into[key] = fn(*args, **kwargs)
+        except Exception as error:  # one part's failure must not cost the rest of a GPU run
+            self.result["errors"][name] = traceback.format_exc()[-3000:]
+            into[key] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"}
+            print(f"[bench.gpu] {name} FAILED: {into[key]['error']}", flush=True)
+            gpu_parts.free()
+        self.result["parts_seconds"][name] = round(time.perf_counter() - start, 1)
+        self.result["total_seconds"] = round(self.elapsed(), 1)
+        print(f"[bench.gpu] {name}: {self.result['parts_seconds'][name]} s (total {self.elapsed():.0f} s)", flush=True)
+        self.save()
+        return into[key]
 
 
-def family_part(parts: Parts, shape, recipe, peak: float) -> dict:
-    tokenizer, model = parts(f"{shape.family}: build", gpu_parts.build_model, shape)
-    entry = {"shape": dataclasses.asdict(shape), **gpu_parts.count_parameters(model)}
-    entry["rollouts"] = parts(f"{shape.family}: rollouts", gpu_parts.rollouts, model, tokenizer, shape, recipe, peak)
-    entry["numerics"] = parts(f"{shape.family}: numerics", gpu_numerics.numerics, model, tokenizer, shape, recipe)
-    del model
+def rollout_estimate(family: str, recipe, block: int) -> float:
+    steps = gpu_parts.valid_steps(recipe.steps, recipe.completion, block)
+    return ESTIMATES["rollouts at 32 steps"][family] * steps / (64 if family == "sdar" else 32)  # sdar: 64 measured
+
+
+def family_part(parts: Parts, shape, recipe, peak: float, threshold: bool) -> dict:
+    entry = parts.result["families"][shape.family] = {}
+    holder = {}  # the model stays out of the JSON
+    built = parts(holder, "model", f"{shape.family}: build", ESTIMATES["build"], gpu_parts.build_model, shape)
+    if not isinstance(built, tuple):
+        entry["model"] = built  # skipped, or the error
+        return entry
+    tokenizer, model = built
+    entry["model"] = {"shape": dataclasses.asdict(shape), **gpu_parts.count_parameters(model),
+                      **gpu_parts.experts(shape, model)}  # fmt: skip
+    parts(entry, "plain_forward", f"{shape.family}: plain forward", ESTIMATES["plain forward"],
+          gpu_parts.plain_forward, model, tokenizer, recipe, peak)  # fmt: skip
+    block = gpu_parts.decoding_block(model, tokenizer, recipe)
+    parts(entry, "rollouts", f"{shape.family}: rollouts", rollout_estimate(shape.family, recipe, block),
+          gpu_parts.rollouts, model, tokenizer, shape, recipe, peak, threshold)  # fmt: skip
+    if shape.family in gpu_parts.DENSE:
+        parts(entry, "numerics", f"{shape.family}: numerics", ESTIMATES["numerics"], gpu_numerics.numerics, model,
+              tokenizer, shape, recipe)  # fmt: skip
+    else:
+        entry["numerics"] = {"skipped": "MoE shapes: throughput and memory only (numerics run on LLaDA, Dream, SDAR)"}
+    del model, built, holder
     gpu_parts.free()
     return entry
 
 
-def step_seconds(entry: dict) -> float:
-    return sum(entry.get(k) or 0.0 for k in ("rollout", "old_and_ref", "other_scoring", "update_seconds"))
-
-
-def ratios(train: dict, trl: dict) -> dict:
-    ours = train["lora_checkpointing_off"]
-    if "skipped" in ours or "skipped" in trl:
-        return {"skipped": "a step ran out of memory"}
-    return {"rollout_over_trl": round(ours["rollout"] / trl["rollout"], 3),
-            "update_over_trl": round(ours["update_seconds"] / trl["update_seconds"], 3),
-            "step_over_trl": round(step_seconds(ours) / step_seconds(trl), 3)}  # fmt: skip
-
-
-def _target(value, bound: float, what: str, at_least: bool) -> dict:
-    if value is None:
-        return {"what": what, "target": bound, "skipped": "not measured in this run"}
-    met = value >= bound if at_least else value <= bound
-    return {"what": what, "value": value, "target": f"{'>=' if at_least else '<='} {bound}", "met": bool(met)}
-
-
-def targets(result: dict) -> dict:
-    """The issue's targets on this run's numbers (skipped where a part did not run)."""
-    out = {}
-    for family, entry in result["families"].items():
-        out[f"rollout_mfu_{family}"] = _target(entry["rollouts"]["fixed_steps"].get("mfu"), 0.5,
-                                               f"{family} rollout forwards, fixed steps: MFU", True)  # fmt: skip
-        agreement = entry["numerics"]["attention"].get("eager_vs_sdpa", {}).get("argmax_agreement")
-        if "skipped" not in entry["numerics"]["attention"]:
-            out[f"sdpa_eager_argmax_{family}"] = _target(agreement, 0.999, f"{family}: sdpa vs eager argmax", True)
-        same = entry["numerics"]["padding_invariance"]["rows_identical"]
-        out[f"padded_equals_unpadded_{family}"] = _target(same, 1.0, f"{family}: rows identical at T=0", True)
-    lora = result.get("train", {}).get("lora_checkpointing_off", {})
-    out["update_mfu"] = _target(lora.get("update_mfu"), 0.35, "LoRA update (loss + backward) MFU", True)
-    out["step_over_trl"] = _target(result.get("ratios", {}).get("step_over_trl"), 1.3, "our step / TRL's step", False)
-    reserved = lora.get("max_reserved_gb")
-    out["recipe_fits_80gb"] = _target(reserved, 80.0, "LoRA recipe micro-step, reserved GB at its batch", False)
-    return out
-
-
-def table(result: dict) -> str:
-    """The headline figures, one per line."""
-    rows = [("device", "matmul TFLOP/s", result["device"]["matmul_tflops"]),
-            ("device", "copy GB/s", result["device"]["copy_gb_per_s"])]  # fmt: skip
-    for family, entry in result["families"].items():
-        for setting, r in entry["rollouts"].items():
-            if isinstance(r, dict) and "tokens_per_s" in r:
-                rows.append((f"{family} rollout {setting}", "tokens/s | s/forward | MFU",
-                             f"{r['tokens_per_s']} | {r['seconds_per_forward']} | {r['mfu']}"))  # fmt: skip
-    train = result.get("train", {})
-    for name, r in ({"": train} if "skipped" in train else train).items():
-        if "skipped" in r:
-            rows.append((f"train {name}", "", r["skipped"][:60]))
-            continue
-        split = " / ".join(str(r.get(k, "-")) for k in ("rollout", "old_and_ref", "loss_backward", "optimizer"))
-        rows.append((f"train {name}", "rollout / old+ref / loss+bwd / optim s", split))
-        rows.append((f"train {name}", "update MFU | max reserved GB", f"{r['update_mfu']} | "
-                     f"{r.get('max_reserved_gb', '-')}"))  # fmt: skip
-    for name, value in result.get("ratios", {}).items():
-        rows.append(("ours / TRL", name, value))
-    for name, t in result["targets"].items():
-        rows.append(("target", name, f"{t.get('value', '-')} ({t['target']}): " + (
-            "met" if t.get("met") else "not met" if "met" in t else t["skipped"])))  # fmt: skip
-    width = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
-    return "\n".join(f"{a:<{width[0]}}  {b:<{width[1]}}  {c}" for a, b, c in rows)
-
-
-def trainer_parts(parts: Parts, args, result: dict, recipe, shapes: dict, peak: float) -> None:
+def trainer_parts(parts: Parts, args, recipe, shapes: dict, peak: float) -> None:
     """The training step, the memory plan and TRL's trainer (all need TRL installed)."""
     from bench import gpu_train
 
+    result = parts.result
     if "llada" in args.families:
-        result["train"] = parts("train step (LLaDA LoRA recipe)", gpu_train.train_steps, shapes["llada"], recipe, peak)
-        plan = args.plan_batches or ([recipe.batch] if args.quick else [recipe.batch * 2**k for k in range(4)])
-        result["memory_plan"] = parts("memory plan", gpu_train.memory_plan, shapes["llada"], recipe, peak, plan)
+        parts(result, "train", "train step (LLaDA LoRA recipe)", ESTIMATES["train step"], gpu_train.train_steps,
+              shapes["llada"], recipe, peak)  # fmt: skip
+        if not ({"skipped", "error"} & set(result["train"])):
+            result["train"]["recipe_checkpointing"] = gpu_train.recipe_checkpointing()
+        plan = args.plan_batches or ([recipe.batch] if args.quick else [recipe.batch * 2**k for k in range(1, 3)])
+        parts(result, "memory_plan", "memory plan", ESTIMATES["memory plan"] * len(plan), gpu_train.memory_plan,
+              shapes["llada"], recipe, peak, plan)  # fmt: skip
     if args.skip_trl:
         result["trl"] = {"skipped": "--skip-trl"}
         return
     llama = dataclasses.replace(shapes["llada"], family="llama") if args.quick else gpu_train.LLAMA_8B
-    result["trl"] = parts("TRL GRPOTrainer (causal Llama)", gpu_train.trl_step, recipe, peak, llama)
-    if "skipped" not in result.get("train", {"skipped": ""}):
-        result["ratios"] = ratios(result["train"], result["trl"])
+    parts(result, "trl", "TRL GRPOTrainer (causal Llama)", ESTIMATES["trl"], gpu_train.trl_step, recipe, peak, llama)
+    if isinstance(result.get("train"), dict):
+        steps = gpu_parts.valid_steps(recipe.steps, recipe.completion, recipe.block)
+        dual = _get(result, "families", "llada", "rollouts", "generation_cache_dual")
+        result["ratios"] = ratios(result["train"], result["trl"], RECIPE_STEPS, steps, dual)
+        parts.save()
 
 
 def setup(threads: int) -> None:
@@ -199,29 +211,56 @@ def setup(threads: int) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-def run(args) -> dict:
+def run(args, save=lambda result: None) -> dict:
     quick = args.quick
-    recipe = gpu_parts.QUICK_RECIPE if quick else gpu_parts.Recipe()
+    recipe = gpu_parts.QUICK_RECIPE if quick else gpu_parts.Recipe(steps=32)
     if args.batch:
         recipe = dataclasses.replace(recipe, batch=args.batch)
+    if args.steps:
+        recipe = dataclasses.replace(recipe, steps=args.steps)
     shapes = gpu_parts.QUICK_SHAPES if quick else gpu_parts.SHAPES
-    parts = Parts()
-    result = {"benchmark": "gpu", "environment": environment(quick), "recipe": dataclasses.asdict(recipe)}
-    result["device"] = parts("device peak", gpu_parts.device_peak, quick)
-    peak = result["device"]["matmul_tflops"]
-    result["families"] = {f: family_part(parts, shapes[f], recipe, peak) for f in args.families}
+    budget = args.budget if args.budget is not None or quick else 480.0
+    result = {"benchmark": "gpu", "environment": environment(quick), "recipe": dataclasses.asdict(recipe),
+              "budget_seconds": budget, "finished": False, "families": {}}  # fmt: skip
+    def save_with_targets():  # the targets too, so that a run cut short reports what it measured against them
+        result["targets"] = targets(result)
+        save(result)
+
+    parts = Parts(result, budget, save_with_targets)
+    parts(result, "device", "device peak", ESTIMATES["device peak"], gpu_parts.device_peak, quick)
+    peak = _get(result, "device", "matmul_tflops") or 1.0
+
+    def families(names):
+        for family in names:
+            # --quick measures the threshold setting on one family: the same code path for all
+            family_part(parts, shapes[family], recipe, peak, args.threshold or (quick and family == "llada"))
+
+    families([f for f in args.families if f in gpu_parts.DENSE])
     if not gpu_parts.installed("trl"):  # the trainer subclasses TRL's: its parts need TRL too
         for name in ("train", "memory_plan", "trl"):
             result[name] = {"skipped": "trl is not installed (bring its wheel: docs/gpu.md)"}
     else:
-        trainer_parts(parts, args, result, recipe, shapes, peak)
-    result["launch"] = {"skipped": "--skip-launch"} if args.skip_launch else parts("accelerate launches",
-                                                                                   gpu_launch.launches)  # fmt: skip
-    result["targets"] = targets(result)
-    result["parts_seconds"] = parts.seconds
-    result["parts_allocated_before_gb"] = parts.allocated_before_gb
-    result["total_seconds"] = round(time.perf_counter() - parts.start, 1)
+        trainer_parts(parts, args, recipe, shapes, peak)
+    families([f for f in args.families if f not in gpu_parts.DENSE])  # after the training parts: the budget's
+    # guesses for the MoE shapes cannot take the time of the parts the targets need
+    if args.skip_launch:
+        result["launch"] = {"skipped": "--skip-launch"}
+    else:
+        launchers = tuple(gpu_launch.LAUNCHERS)
+        estimate = ESTIMATES["launch"] * len(launchers) if gpu_parts.cuda() else 0
+        parts(result, "launch", "accelerate launches", estimate, gpu_launch.launches, launchers)
+    result["total_seconds"] = round(parts.elapsed(), 1)
+    result["finished"] = True
+    save_with_targets()
     return result
+
+
+def write(out: Path, result: dict) -> None:
+    """``out/gpu.json``, replaced whole (written beside it, then renamed: a run killed mid-write leaves the last one)."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "gpu.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out / "gpu.json")
 
 
 def main(argv=None) -> dict:
@@ -229,11 +268,10 @@ def main(argv=None) -> dict:
     if not args.quick and not gpu_parts.cuda():
         raise SystemExit("python -m bench.gpu needs a CUDA device; `--quick` runs every path on CPU with tiny shapes.")
     setup(args.threads)
-    result = run(args)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    Path(args.out, "gpu.json").write_text(json.dumps(result, indent=2) + "\n")
+    out = Path(args.out)
+    result = run(args, save=lambda r: write(out, r))
     print(table(result), flush=True)
-    print(f"[bench.gpu] wrote {Path(args.out, 'gpu.json')}", flush=True)
+    print(f"[bench.gpu] wrote {out / 'gpu.json'}", flush=True)
     return result
 
 

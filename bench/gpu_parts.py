@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
+from bench import gpu_flops
 from trl_dllm.models import resolve_model_spec
 from trl_dllm.models.native import native_config, native_layout
 from trl_dllm.models.tiny_families import build_family_tokenizer, tiny_original_config
@@ -28,17 +28,32 @@ class Shape:
     layers: int
     heads: int
     kv_heads: int
-    intermediate: int
-    block_size: int = 4  # SDAR's native block; unused by the others
+    intermediate: int  # the dense MLP's (LLaDA2: its first, dense layer; LLaDA-MoE: dense layers, none released)
+    block_size: int = 4  # the native block of the block-diffusion families (SDAR 4, LLaDA2 32); unused by the others
+    experts: int = 0  # MoE: routed experts per layer, experts per token, an expert's intermediate size, and
+    experts_per_token: int = 0  # LLaDA2's grouped routing (groups, groups kept)
+    expert_intermediate: int = 0
+    groups: int = 0
+    topk_groups: int = 0
 
 
-# LLaDA-8B, Dream-7B (Qwen2-7B's shape) and SDAR-8B (Qwen3-8B's shape), from the released config.json files.
+# LLaDA-8B, Dream-7B (Qwen2-7B's shape), SDAR-8B (Qwen3-8B's shape), LLaDA2.0-mini and LLaDA-MoE-7B-A1B, from the
+# released config.json files (LLaDA2-mini: 20 layers, hidden 2048, 16 / 4 heads, 256 experts top-8 of width 512 in 8
+# groups keeping 4, 1 shared expert, first layer dense of width 5120, block 32; LLaDA-MoE: 16 layers, hidden 2048,
+# 16 heads, 64 experts top-8 of width 1024, every layer routed; trl_dllm/models/llada2.py and llada_moe.py).
 SHAPES = {
     "llada": Shape("llada", 4096, 32, 32, 32, 12288),
     "dream": Shape("dream", 3584, 28, 28, 4, 18944),
     "sdar": Shape("sdar", 4096, 36, 32, 8, 12288),
+    "llada2": Shape("llada2", 2048, 20, 16, 4, 5120, 32, 256, 8, 512, 8, 4),
+    "llada_moe": Shape("llada_moe", 2048, 16, 16, 16, 8192, 4, 64, 8, 1024),
 }
-QUICK_SHAPES = {name: replace(s, hidden=32, layers=1, heads=2, kv_heads=2 if name == "llada" else 1, intermediate=64)
+DENSE = ("llada", "dream", "sdar")  # the families with numerics and the default run's rollouts at every setting
+QUICK_SHAPES = {name: replace(s, hidden=32, layers=1 if name in DENSE else 2, heads=2,
+                              kv_heads=1 if s.kv_heads < s.heads else 2, intermediate=64,
+                              block_size=4, experts=8 if s.experts else 0, experts_per_token=2 if s.experts else 0,
+                              expert_intermediate=16 if s.experts else 0, groups=4 if s.groups else 0,
+                              topk_groups=2 if s.groups else 0)
                 for name, s in SHAPES.items()}  # fmt: skip
 
 
@@ -101,7 +116,7 @@ def free() -> None:
     if cuda():
         gc.collect()  # drop reference cycles that keep device tensors alive (about a second in a large process)
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+        reset_peak(forget=True)
 
 
 @contextlib.contextmanager
@@ -117,15 +132,39 @@ def default_dtype(value: torch.dtype):
 def build_model(shape: Shape, seed: int = 0, attn: str = "sdpa"):
     """``(tokenizer, model)``: a random ``shape.family`` model through its native class, created on the device in
     :func:`dtype` (never materialised on the host), and a tokenizer with the family's real special ids."""
-    original = tiny_original_config(shape.family, hidden_size=shape.hidden, num_layers=shape.layers,
-                                    num_heads=shape.heads, num_kv_heads=shape.kv_heads,
-                                    intermediate_size=shape.intermediate, block_size=shape.block_size)  # fmt: skip
+    original = original_config(shape)
     config = native_config(original)
     config._attn_implementation = attn
     with torch.random.fork_rng(devices=[]), torch.device(device()), default_dtype(dtype()):
         torch.manual_seed(seed)
         model = native_layout(original).model_class(config)
     return build_family_tokenizer(shape.family), cast_parameters(model, dtype()).eval()
+
+
+def original_config(shape: Shape) -> dict:
+    """The released ``config.json`` of ``shape.family`` with ``shape``'s sizes (experts included)."""
+    config = tiny_original_config(shape.family, hidden_size=shape.hidden, num_layers=shape.layers,
+                                  num_heads=shape.heads, num_kv_heads=shape.kv_heads,
+                                  intermediate_size=shape.intermediate, block_size=shape.block_size)  # fmt: skip
+    if shape.family == "llada2":
+        config.update(num_experts=shape.experts, num_experts_per_tok=shape.experts_per_token,
+                      moe_intermediate_size=shape.expert_intermediate, n_group=shape.groups,
+                      topk_group=shape.topk_groups)  # fmt: skip
+    elif shape.family == "llada_moe":
+        config.update(num_experts=shape.experts, num_experts_per_tok=shape.experts_per_token,
+                      expert_intermediate_size=shape.expert_intermediate)  # fmt: skip
+    return config
+
+
+def experts(shape: Shape, model) -> dict:
+    """An MoE model's experts and the parameters one token uses (the routed experts it is not sent to left out)."""
+    if not shape.experts:
+        return {}
+    routed_layers = sum(1 for m in gpu_flops.dims(model.config).mlp if m[0] == "moe")
+    per_expert = 3 * shape.hidden * shape.expert_intermediate
+    idle = routed_layers * (shape.experts - shape.experts_per_token) * per_expert
+    return {"experts": shape.experts, "experts_per_token": shape.experts_per_token, "routed_layers": routed_layers,
+            "active_parameters": sum(p.numel() for p in model.parameters()) - idle}  # fmt: skip
 
 
 def cast_parameters(model, precision: torch.dtype):
@@ -141,12 +180,60 @@ def count_parameters(model) -> dict:
     return {"parameters": total, "trainable": trainable}
 
 
+# The peaks seen before the device's own peak counters were last reset by a phase (:func:`reset_peak`), so that
+# :func:`memory` still gives the peak since the last :func:`free` or ``reset_peak(forget=True)``.
+_PEAKS = {"allocated": 0, "reserved": 0}
+
+
+def _fold_peaks() -> None:
+    _PEAKS["allocated"] = max(_PEAKS["allocated"], torch.cuda.max_memory_allocated())
+    _PEAKS["reserved"] = max(_PEAKS["reserved"], torch.cuda.max_memory_reserved())
+
+
 def memory() -> dict:
-    """Peak allocated and reserved device memory (GB) since the last :func:`free`; empty on CPU."""
+    """Peak allocated and reserved device memory (GB) since the last :func:`free` (or ``reset_peak(forget=True)``),
+    phases included; empty on CPU."""
     if not cuda():
         return {}
-    return {"max_allocated_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
-            "max_reserved_gb": round(torch.cuda.max_memory_reserved() / 1e9, 2)}  # fmt: skip
+    _fold_peaks()
+    return {"max_allocated_gb": round(_PEAKS["allocated"] / 1e9, 2),
+            "max_reserved_gb": round(_PEAKS["reserved"] / 1e9, 2)}  # fmt: skip
+
+
+def device_memory() -> tuple[int, int] | None:
+    """``(allocated, peak allocated)`` bytes on the device, or ``None`` on CPU."""
+    if not cuda():
+        return None
+    return torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
+
+
+def reset_peak(forget: bool = False) -> None:
+    """Reset the device's peak counters (a phase starts); the peak so far still counts for :func:`memory` unless
+    ``forget``."""
+    if cuda():
+        _fold_peaks()
+        torch.cuda.reset_peak_memory_stats()
+        if forget:
+            _PEAKS.update(allocated=0, reserved=0)
+
+
+@contextlib.contextmanager
+def phase(record: dict, name: str):
+    """Time the block into ``record[name]["seconds"]`` (added up over calls) and, on a GPU, its memory: allocated when
+    it starts (``base_gb``), the peak allocated inside it (``peak_gb``, the peak counter reset at its start) and what
+    it leaves allocated (``after_gb``); the highest over calls."""
+    before = device_memory()
+    reset_peak()
+    start = clock()
+    try:
+        yield
+    finally:
+        entry = record.setdefault(name, {"seconds": 0.0})
+        entry["seconds"] = round(entry["seconds"] + clock() - start, 4)
+        after = device_memory()
+        if before is not None and after is not None:
+            for key, value in (("base_gb", before[0]), ("peak_gb", after[1]), ("after_gb", after[0])):
+                entry[key] = max(entry.get(key, 0.0), round(value / 1e9, 2))
 
 
 def is_oom(error: BaseException) -> bool:
@@ -202,15 +289,29 @@ def prompt_batch(tokenizer, recipe: Recipe, seed: int = 0) -> tuple[torch.Tensor
     return ids, torch.ones_like(ids)
 
 
-def rollout_flops_and_time(model, tokenizer, args, ids, mask) -> tuple[float, float, int]:
-    """``(FLOPs, seconds, forwards)`` of one rollout: a first run under torch's FLOP counter (also the warm-up), then
-    a timed one. Forwards are counted by a forward hook."""
+def valid_steps(requested: int, completion: int, block: int) -> int:
+    """The number of denoising steps closest to ``requested`` that the sampler accepts: a multiple of the number of
+    blocks (``completion // block``; rounded up, so that no block gets fewer steps than asked), at most one token per
+    step (``completion``)."""
+    blocks = completion // block
+    return min(completion, blocks * max(1, -(-requested // blocks)))
+
+
+def decoding_block(model, tokenizer, recipe: Recipe) -> int:
+    """The block a rollout decodes with: the family's own for block-diffusion models, else the recipe's."""
+    spec = resolve_model_spec(model, tokenizer)
+    return spec.block_length if spec.family == "block" else recipe.block
+
+
+def rollout_flops_and_time(model, tokenizer, args, ids, mask) -> tuple[dict, float, int]:
+    """``(FLOPs, seconds, forwards)`` of one rollout: a first run under the FLOP counter (also the warm-up), then a
+    timed one; FLOPs as :func:`bench.gpu_flops.count` gives them (counted and analytic). Forwards are counted by the
+    shape recorder."""
     from trl_dllm.seeding import device_generators
     from trl_dllm.training.rollouts import generate_rollouts
 
     spec = resolve_model_spec(model, tokenizer)
-    calls = []
-    handle = model.register_forward_hook(lambda *_: calls.append(1))
+    dims = gpu_flops.dims(model.config)
 
     def run():
         noise = device_generators(torch.arange(ids.size(0)), device())
@@ -218,24 +319,28 @@ def rollout_flops_and_time(model, tokenizer, args, ids, mask) -> tuple[float, fl
             return generate_rollouts(model, spec, args, ids, mask, noise, eos_token_ids=[],
                                      return_trajectory=False)  # fmt: skip
 
-    try:
-        with FlopCounterMode(display=False) as counter:
-            run()
-        calls.clear()
+    with gpu_flops.ShapeRecorder(model) as recorder:
+        flops = gpu_flops.count(run, recorder, lambda r: sum(gpu_flops.forward_flops(dims, f) for f in r.forwards))
+        recorder.clear()
         start = clock()
         run()
         seconds = clock() - start
-    finally:
-        handle.remove()
-    return float(counter.get_total_flops()), seconds, len(calls)
+        forwards = len(recorder.forwards)
+    return flops, seconds, forwards
 
 
-def rollout_settings(shape: Shape, recipe: Recipe) -> dict:
-    """The settings measured for ``shape``: config overrides, or a reason when the family cannot use one."""
-    settings = {"fixed_steps": {}, "confidence_threshold": {"confidence_threshold": recipe.threshold}}
+def rollout_settings(shape: Shape, recipe: Recipe, threshold: bool = True) -> dict:
+    """The settings measured for ``shape``: config overrides, or a reason when the family cannot use one
+    (``threshold=False`` leaves ``confidence_threshold`` out: on a random model it commits about one token per step,
+    as many forwards as tokens, for nothing the fixed schedule does not show)."""
+    settings = {"fixed_steps": {}}
+    if threshold:
+        settings["confidence_threshold"] = {"confidence_threshold": recipe.threshold}
     if shape.family == "llada":
         settings["generation_cache_dual"] = {"generation_cache": "dual"}
-    elif shape.family == "sdar":
+    elif shape.family == "llada_moe":
+        settings["generation_cache_dual"] = "LLaDA-MoE's native class returns no KV cache (generation_cache needs one)"
+    elif shape.family in ("sdar", "llada2"):
         settings["generation_cache_dual"] = "block-diffusion models decode with their exact block KV cache "
         settings["generation_cache_dual"] += "(block_kv_cache=True, already on in fixed_steps)"
     else:
@@ -243,26 +348,52 @@ def rollout_settings(shape: Shape, recipe: Recipe) -> dict:
     return settings
 
 
-def rollouts(model, tokenizer, shape: Shape, recipe: Recipe, peak_tflops: float) -> dict:
-    """Tokens/s, forwards/s, time per forward and per step, MFU of the forwards at each setting."""
+def rollouts(model, tokenizer, shape: Shape, recipe: Recipe, peak_tflops: float, threshold: bool = True) -> dict:
+    """Tokens/s, forwards/s, time per forward and per step, MFU of the forwards and peak memory at each setting, at the
+    recipe's number of steps made valid for the family (:func:`valid_steps`)."""
     ids, mask = prompt_batch(tokenizer, recipe)
-    result = {"batch": recipe.batch, "prompt": recipe.prompt, "completion": recipe.completion, "block": recipe.block,
-              "diffusion_steps": recipe.steps}  # fmt: skip
-    for name, overrides in rollout_settings(shape, recipe).items():
+    block = decoding_block(model, tokenizer, recipe)
+    steps = valid_steps(recipe.steps, recipe.completion, block)
+    result = {"batch": recipe.batch, "prompt": recipe.prompt, "completion": recipe.completion, "block": block,
+              "diffusion_steps": steps, "requested_steps": recipe.steps}  # fmt: skip
+    for name, overrides in rollout_settings(shape, recipe, threshold).items():
         if isinstance(overrides, str):
             result[name] = {"skipped": overrides}
             continue
-        args = rollout_config(recipe, **overrides)
+        args = rollout_config(recipe, diffusion_steps=steps, **overrides)
+        reset_peak(forget=True)
         flops, seconds, forwards = rollout_flops_and_time(model, tokenizer, args, ids, mask)
-        tflops = flops / seconds / 1e12
+        tflops = flops["flops"] / seconds / 1e12
         result[name] = {
             **overrides, "seconds": round(seconds, 3), "forwards": forwards,
             "tokens_per_s": round(recipe.batch * recipe.completion / seconds, 1),
             "forwards_per_s": round(forwards / seconds, 2),
             "seconds_per_forward": round(seconds / forwards, 5),
-            "tflops": sig(tflops), "mfu": sig(tflops / peak_tflops),
+            "tflops": sig(tflops), "mfu": sig(tflops / peak_tflops), **flops, **memory(),
         }  # fmt: skip
         if "confidence_threshold" not in overrides:  # a fixed schedule: `diffusion_steps` steps per rollout
-            result[name]["seconds_per_step"] = round(seconds / recipe.steps, 5)
+            result[name]["seconds_per_step"] = round(seconds / steps, 5)
     free()
     return result
+
+
+def plain_forward(model, tokenizer, recipe: Recipe, peak_tflops: float, repeats: int = 3) -> dict:
+    """One forward of the whole canvas (prompt + completion, every logit) at the recipe's batch, the floor a rollout
+    forward is compared with: seconds (mean of ``repeats`` after a counted warm-up), MFU, peak memory."""
+    ids, mask = prompt_batch(tokenizer, replace(recipe, prompt=recipe.prompt + recipe.completion))
+    kwargs = {"input_ids": ids, "attention_mask": mask}
+    if resolve_model_spec(model, tokenizer).family == "block":  # a 4-D block mask; all visible: the same FLOPs
+        kwargs["attention_mask"] = torch.zeros(ids.size(0), 1, ids.size(1), ids.size(1), dtype=dtype(),
+                                               device=device())  # fmt: skip
+    dims = gpu_flops.dims(model.config)
+    reset_peak(forget=True)
+    with torch.no_grad(), gpu_flops.ShapeRecorder(model) as recorder:
+        flops = gpu_flops.count(lambda: model(**kwargs), recorder,
+                                lambda r: sum(gpu_flops.forward_flops(dims, f) for f in r.forwards))  # fmt: skip
+        start = clock()
+        for _ in range(repeats):
+            model(**kwargs)
+        seconds = (clock() - start) / repeats
+    tflops = flops["flops"] / seconds / 1e12
+    return {"batch": ids.size(0), "tokens": ids.size(1), "seconds": round(seconds, 5), "tflops": sig(tflops),
+            "mfu": sig(tflops / peak_tflops), **flops, **memory()}  # fmt: skip

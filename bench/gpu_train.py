@@ -4,8 +4,11 @@ Not a script; see ``bench/gpu.py`` and ``docs/gpu.md``.
 
 A step is timed by wrapping the trainer's own hooks (never by copying them): the rollout is
 ``_generate_single_turn``, the old / reference estimates ``scoring.old_and_ref`` (inside
-``_generate_and_score_completions``), then ``compute_loss`` + backward and ``optimizer.step()``. The FLOPs of the
-update (loss + backward) are counted by ``torch.utils.flop_counter`` on a first, untimed micro-step (the warm-up).
+``_generate_and_score_completions``), then ``compute_loss``, backward and ``optimizer.step()``, each a phase with its
+time and (on a GPU) its memory. Activation checkpointing is turned on as ``Trainer.train()`` turns it on
+(:func:`enable_checkpointing_as_train`): the step is measured outside ``train()``, where it would otherwise stay off.
+The FLOPs of the update (loss + backward) are counted on a first, untimed update (the warm-up) by
+:mod:`bench.gpu_flops` (torch's counter with our formulas, and analytically from the shapes).
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ import torch
 import yaml
 from datasets import Dataset
 from peft import LoraConfig
-from torch.utils.flop_counter import FlopCounterMode
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.modeling_layers import GradientCheckpointingLayer
 
+from bench import gpu_flops
 from bench.gpu_parts import (
     Recipe,
     Shape,
@@ -36,7 +40,9 @@ from bench.gpu_parts import (
     free,
     is_oom,
     memory,
+    phase,
     sig,
+    valid_steps,
 )
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 from trl_dllm.models.tiny_families import build_family_tokenizer
@@ -85,70 +91,122 @@ def prompt_dataset(recipe: Recipe) -> tuple[Dataset, list[dict]]:
     return Dataset.from_list(rows), rows
 
 
-def _wrap(owner, name: str, seconds: dict) -> None:
-    """Time every call of ``owner.name`` (an instance attribute shadowing the method) into ``seconds[name]``."""
+def _wrap(owner, name: str, phases: dict, label: str) -> None:
+    """Time every call of ``owner.name`` (an instance attribute shadowing the method) and its memory into
+    ``phases[label]`` (:func:`bench.gpu_parts.phase`)."""
     method = getattr(owner, name)
 
-    def timed(*args, **kwargs):
-        start = clock()
-        try:
+    def measured(*args, **kwargs):
+        with phase(phases, label):
             return method(*args, **kwargs)
-        finally:
-            seconds[name] = seconds.get(name, 0.0) + clock() - start
 
-    setattr(owner, name, timed)
+    setattr(owner, name, measured)
 
 
-def measure_step(trainer, rows: list[dict], peak_tflops: float, inputs=None) -> tuple[dict, dict]:
-    """One micro-step of ``trainer``: ``(result, inputs)``. Rollout and scoring run once (unless ``inputs`` is given);
-    the update runs twice, the first time under the FLOP counter (the warm-up, which also creates the optimizer
-    state), the second timed."""
-    seconds: dict = {}
+def enable_checkpointing_as_train(trainer) -> bool:
+    """Turn activation checkpointing on exactly as transformers 5.24's ``Trainer.train()`` does before its loop (its
+    ``args.activation_checkpointing`` branch: the same public method, the same keyword arguments); ``True`` when the
+    arguments ask for it. A step measured outside ``train()`` (``compute_loss`` called directly) otherwise runs without
+    it whatever the config says."""
+    args = trainer.args
+    if not getattr(args, "activation_checkpointing", None):
+        return False
+    kwargs = dict(args.activation_checkpointing_kwargs or {})
+    every_n_layers, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
+    trainer.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None,
+                                                  every_n_layers=every_n_layers, offload=offload)  # fmt: skip
+    return True
+
+
+def checkpointing_state(model) -> dict:
+    """Whether activation checkpointing is on: the model's own flag and how many of its layers checkpoint."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layers = [m for m in base.modules() if isinstance(m, GradientCheckpointingLayer)]
+    return {"is_activation_checkpointing": bool(getattr(base, "is_activation_checkpointing", False)),
+            "checkpointed_layers": sum(bool(m.gradient_checkpointing) for m in layers), "layers": len(layers)}
+
+
+def _lora_shape(model) -> gpu_flops.Lora | None:
+    config = getattr(model, "peft_config", {}).get("default")
+    return None if config is None else gpu_flops.Lora(config.r, tuple(sorted(config.target_modules)))
+
+
+def measure_step(trainer, rows: list[dict], peak_tflops: float, inputs=None, warm_rollout: bool = False):
+    """One micro-step of ``trainer``: ``(result, inputs)``. Activation checkpointing is enabled as ``train()`` does
+    (:func:`enable_checkpointing_as_train`). Rollout and scoring run once (unless ``inputs`` is given; twice with
+    ``warm_rollout``, the second timed: the first compiles kernels and fills caches); the update runs twice, the first
+    time under the FLOP counter (the warm-up, which also creates the optimizer state), the second timed and measured
+    phase by phase: ``phases`` {rollout, old_and_ref, loss_forward, backward, optimizer} with seconds and, on a GPU, the
+    memory allocated at the start, the peak inside and what is left (GB)."""
+    phases: dict = {}
     model = trainer.model
+    requested = enable_checkpointing_as_train(trainer)
     model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by the Trainer's loop; the losses read it
+    result: dict = {"checkpointing_requested": requested}
     if inputs is None:
-        _wrap(trainer, "_generate_single_turn", seconds)
+        _wrap(trainer, "_generate_single_turn", phases, "rollout")
         if hasattr(trainer, "scoring"):
-            _wrap(trainer.scoring, "old_and_ref", seconds)
-        start = clock()
-        inputs = trainer._generate_and_score_completions(rows)
-        seconds["generate_and_score"] = clock() - start
+            _wrap(trainer.scoring, "old_and_ref", phases, "old_and_ref")
+        for attempt in range(2 if warm_rollout else 1):
+            if attempt:
+                result["rollout_cold"] = phases.pop("rollout")["seconds"]
+                phases.pop("old_and_ref", None)
+            start = clock()
+            inputs = trainer._generate_and_score_completions(rows)
+            generate_and_score = clock() - start
     optimizer = trainer.create_optimizer()
+    seen = {}
 
-    def update():
-        trainer.accelerator.backward(trainer.compute_loss(model, inputs))
+    def loss():
+        seen.update(checkpointing_state(model))  # inside the step, as the loss's forward sees the model
+        return trainer.compute_loss(model, inputs)
 
     def step():
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    with FlopCounterMode(display=False) as counter:
-        update()
+    dims, lora = gpu_flops.dims(model.config), _lora_shape(model)
+    with gpu_flops.ShapeRecorder(model) as recorder:
+        flops = gpu_flops.count(lambda: trainer.accelerator.backward(loss()), recorder,
+                                lambda r: gpu_flops.update_flops(dims, r, lora, seen["checkpointed_layers"] > 0))
     step()
-    start = clock()
-    update()
-    seconds["loss_backward"] = clock() - start
-    start = clock()
-    step()
-    seconds["optimizer"] = clock() - start
-    flops = float(counter.get_total_flops())
-    result = {name: round(value, 4) for name, value in seconds.items()}
-    if "generate_and_score" in seconds:
-        result["rollout"] = result.pop("_generate_single_turn")
-        result["old_and_ref"] = result.pop("old_and_ref", None)
-        result["other_scoring"] = round(seconds["generate_and_score"] - sum(
-            seconds.get(k, 0.0) for k in ("_generate_single_turn", "old_and_ref")), 4)  # rewards, TRL's own passes
-    result["update_seconds"] = round(seconds["loss_backward"] + seconds["optimizer"], 4)
-    result["update_tflops"] = sig(flops / seconds["loss_backward"] / 1e12)
-    result["update_mfu"] = sig(flops / seconds["loss_backward"] / 1e12 / peak_tflops)
-    result.update(count_parameters(model), **memory())
+    with phase(phases, "loss_forward"):
+        value = loss()
+    with phase(phases, "backward"):
+        trainer.accelerator.backward(value)
+    del value
+    with phase(phases, "optimizer"):
+        step()
+    result.update(seen)
+    seconds = {name: entry["seconds"] for name, entry in phases.items()}
+    if "rollout" in seconds:
+        result["rollout"] = seconds["rollout"]
+        result["old_and_ref"] = seconds.get("old_and_ref")
+        result["other_scoring"] = round(generate_and_score - seconds["rollout"] - seconds.get("old_and_ref", 0.0), 4)
+    result["loss_backward"] = round(seconds["loss_forward"] + seconds["backward"], 4)
+    result["optimizer"] = seconds["optimizer"]
+    result["update_seconds"] = round(result["loss_backward"] + result["optimizer"], 4)
+    result["update_tflops"] = sig(flops["flops"] / result["loss_backward"] / 1e12)
+    result["update_mfu"] = sig(flops["flops"] / result["loss_backward"] / 1e12 / peak_tflops)
+    result["phases"] = phases
+    result.update(flops, **count_parameters(model), **memory())
+    peaks = [entry["peak_gb"] for name, entry in phases.items() if name != "rollout" and "peak_gb" in entry]
+    if peaks:
+        result["update_peak_gb"] = max(peaks)  # old/ref scoring, loss forward, backward, optimizer
     return result, inputs
+
+
+def recipe_checkpointing() -> bool:
+    """The recipe's own ``activation_checkpointing`` (the memory plan, the ``mc_samples`` rows and TRL's step run
+    with it)."""
+    return bool(yaml.safe_load(RECIPE.read_text()).get("activation_checkpointing", False))
 
 
 def diffusion_trainer(shape: Shape, recipe: Recipe, out: str, *, lora: bool, checkpointing: bool, **overrides):
     fields, lora_fields = recipe_fields()
-    fields.update(common_args(recipe, out), block_length=recipe.block, diffusion_steps=recipe.steps)
+    steps = valid_steps(recipe.steps, recipe.completion, recipe.block)
+    fields.update(common_args(recipe, out), block_length=recipe.block, diffusion_steps=steps)
     fields.update(**_checkpointing(checkpointing), **overrides)
     tokenizer, model = build_model(shape)
     dataset, _ = prompt_dataset(recipe)
@@ -169,24 +227,32 @@ def _attempt(fn) -> dict:
         free()
 
 
-def train_steps(shape: Shape, recipe: Recipe, peak_tflops: float, full: bool = True) -> dict:
-    """LoRA with activation checkpointing off (the recipe's) and on, on the same prepared batch; full fine-tuning."""
+def train_steps(shape: Shape, recipe: Recipe, peak_tflops: float, full: bool = True,
+                mc_samples: tuple[int, ...] = (1, 4)) -> dict:
+    """LoRA with activation checkpointing as the recipe sets it and the other way, on the same prepared batch (the
+    first run's rollout and scoring timed warm); the update at each of ``mc_samples`` (the recipe's checkpointing) on that batch; full fine-tuning with
+    checkpointing."""
     result, rows = {}, prompt_dataset(recipe)[1]
     shared = {}
 
-    def lora_step(checkpointing: bool):
+    def lora_step(checkpointing: bool, **overrides):
         def run():
             with tempfile.TemporaryDirectory() as out:
-                trainer = diffusion_trainer(shape, recipe, out, lora=True, checkpointing=checkpointing)
-                step, inputs = measure_step(trainer, rows, peak_tflops, shared.get("inputs"))
+                trainer = diffusion_trainer(shape, recipe, out, lora=True, checkpointing=checkpointing, **overrides)
+                step, inputs = measure_step(trainer, rows, peak_tflops, shared.get("inputs"),
+                                            warm_rollout="inputs" not in shared)  # fmt: skip
                 shared.setdefault("inputs", inputs)  # the batch of the first run: rollout and scoring timed once
+                step["mc_samples"] = trainer.args.mc_samples
                 del trainer
                 return step
 
         return run
 
-    result["lora_checkpointing_off"] = _attempt(lora_step(False))
-    result["lora_checkpointing_on"] = _attempt(lora_step(True))
+    first = recipe_checkpointing()  # the recipe's own setting first: its row runs the rollout and scoring too, so
+    for checkpointing in (first, not first):  # it holds the whole micro-step (time, memory) as the recipe runs it
+        result[f"lora_checkpointing_{'on' if checkpointing else 'off'}"] = _attempt(lora_step(checkpointing))
+    for k in mc_samples:
+        result[f"lora_mc_samples_{k}"] = _attempt(lora_step(recipe_checkpointing(), mc_samples=k))
     shared.clear()
     if full:
         def full_step():
@@ -214,6 +280,7 @@ def trl_step(recipe: Recipe, peak_tflops: float, shape: Shape = LLAMA_8B, vocab:
     dataset, rows = prompt_dataset(recipe)
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(**common_args(recipe, out), num_iterations=fields["num_iterations"], beta=0.0,
+                          gradient_checkpointing=recipe_checkpointing(),  # TRL's default is on: compare like with like
                           temperature=fields["temperature"], learning_rate=fields["learning_rate"],
                           generation_kwargs={"min_new_tokens": recipe.completion})  # fmt: skip
         trainer = GRPOTrainer(model=model, reward_funcs=checksum_reward, args=args, train_dataset=dataset,
@@ -225,7 +292,8 @@ def trl_step(recipe: Recipe, peak_tflops: float, shape: Shape = LLAMA_8B, vocab:
 
 
 def memory_plan(shape: Shape, recipe: Recipe, peak_tflops: float, batches: list[int]) -> dict:
-    """The largest per-device LoRA batch (recipe settings, checkpointing off as in the recipe) whose micro-step —
+    """The largest per-device LoRA batch (recipe settings, activation checkpointing as the recipe sets it, enabled as
+    ``train()`` does) whose micro-step —
     rollout, old estimates, loss + backward, optimizer — fits, trying ``batches`` in order until one runs out of
     memory. The rollout runs one denoising step per block: its memory does not depend on the number of steps."""
     tried, fits = {}, None
@@ -235,10 +303,11 @@ def memory_plan(shape: Shape, recipe: Recipe, peak_tflops: float, batches: list[
 
         def run(plan=plan):
             with tempfile.TemporaryDirectory() as out:
-                trainer = diffusion_trainer(shape, plan, out, lora=True, checkpointing=False)
+                trainer = diffusion_trainer(shape, plan, out, lora=True, checkpointing=recipe_checkpointing())
                 step = measure_step(trainer, prompt_dataset(plan)[1], peak_tflops)[0]
                 del trainer
-                return {k: step[k] for k in ("max_allocated_gb", "max_reserved_gb") if k in step} or {"fits": True}
+                keys = ("max_allocated_gb", "max_reserved_gb", "checkpointing_requested", "checkpointed_layers")
+                return {k: step[k] for k in keys if k in step}
 
         tried[str(batch)] = _attempt(run)
         if "skipped" in tried[str(batch)]:
