@@ -200,7 +200,8 @@ def settings_from_args(args, model_args=None, *, prompt_length: int = 256, logit
     steps = getattr(args, "steps_per_generation", None) or args.gradient_accumulation_steps
     use_peft = bool(model_args is not None and getattr(model_args, "use_peft", False))
     dtype = getattr(model_args, "dtype", None) if model_args is not None else None
-    mixed = bool(getattr(args, "bf16", False) or getattr(args, "fp16", False))
+    # bf16 autocast: asked for, or TRL's default on a bf16 GPU for a model loaded in bf16 / fp16
+    mixed = bool(getattr(args, "bf16", False) or getattr(args, "fp16", False)) or _DTYPE_BYTES.get(dtype, 4) == 2
     activation_bytes = 2 if (mixed or _DTYPE_BYTES.get(dtype, 2) == 2) else 4
     entropy = bool(getattr(args, "entropy_coef", 0.0) or getattr(args, "use_adaptive_entropy", False))
     return Settings(
