@@ -96,8 +96,9 @@ def architecture_from_config(config, family: str | None = None, model_class=None
     ``model_class`` (default: ``AutoModelForCausalLM``) and its modules counted."""
     import torch
     from torch import nn
+    from transformers.initialization import no_init_weights
 
-    with torch.device("meta"):
+    with torch.device("meta"), no_init_weights():  # nothing to initialise: only shapes are read
         if model_class is not None:
             model = model_class(config)
         else:
