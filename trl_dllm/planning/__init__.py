@@ -156,37 +156,41 @@ def largest_batch(arch: Architecture, s: Settings, *, steps_per_generation: int 
 
 
 def suggestions(arch: Architecture, s: Settings, *, gradient_accumulation_steps: int, steps_per_generation: int,
-                generation_chunk_size: int | None, **kwargs) -> list[dict]:  # fmt: skip
-    """Changes that make the micro-step fit, each with its planned total: activation checkpointing; a smaller
-    per-device batch with more accumulation steps (the same batch per optimizer step); ZeRO-3 on several GPUs."""
-    out = []
-    options = dict(steps_per_generation=steps_per_generation, generation_chunk_size=generation_chunk_size)
-
-    def total(settings: Settings, **extra) -> Plan:
-        merged = {**kwargs, "gradient_accumulation_steps": gradient_accumulation_steps, **extra}
-        return plan(arch, settings, **merged)
-
-    candidates = []
-    if not s.activation_checkpointing:
-        candidates.append(({"activation_checkpointing": True}, replace(s, activation_checkpointing=True), {}))
-    for settings, label in ((s, {}), (replace(s, activation_checkpointing=True), {"activation_checkpointing": True})):
-        fitting = largest_batch(arch, settings, **options, gradient_accumulation_steps=gradient_accumulation_steps,
-                                **kwargs)  # fmt: skip
-        product = s.batch * gradient_accumulation_steps
-        smaller = max((b for b in range(1, min(fitting, s.batch - 1) + 1) if product % b == 0), default=0)
-        if smaller:
-            rows = generation_chunk_size or smaller * steps_per_generation
-            change = {**label, "per_device_train_batch_size": smaller, "gradient_accumulation_steps": product // smaller}
-            candidates.append((change, replace(settings, batch=smaller, generation_rows=rows),
-                               {"gradient_accumulation_steps": product // smaller}))  # fmt: skip
-        if not s.activation_checkpointing and label == {} and fitting >= s.batch:
-            break
-    if kwargs.get("num_processes", 1) > 1 and kwargs.get("strategy") not in ("zero3", "fsdp2"):
-        candidates.append(({"accelerate_config": "recipes/accelerate/zero3.yaml"}, s, {"strategy": "zero3"}))
-    for change, settings, extra in candidates:
-        result = total(settings, **extra)
-        out.append({"change": change, "total_gb": result.total_gb, "fits": result.fits})
-    return out
+                generation_chunk_size: int | None, strategy: str = "ddp", num_processes: int = 1,
+                batch_multiple: int = 1, **kwargs) -> list[dict]:  # fmt: skip
+    """Changes that make the micro-step fit, fewest first, each with its planned total: activation checkpointing,
+    ZeRO-2 / ZeRO-3 on several GPUs, and a smaller per-device batch with more accumulation steps (the same batch per
+    optimizer step; a multiple of ``batch_multiple``, e.g. ``num_generations`` under ``whole_group_batches``), alone
+    and combined. When nothing fits, the combinations that come closest."""
+    strategies = [strategy] + [x for x in ("zero2", "zero3") if x != strategy and num_processes > 1]
+    rows = []
+    for checkpointing in dict.fromkeys([s.activation_checkpointing, True]):
+        for candidate in strategies:
+            change = {"activation_checkpointing": True} if checkpointing != s.activation_checkpointing else {}
+            if candidate != strategy:
+                change["accelerate_config"] = f"recipes/accelerate/{candidate}.yaml"
+            settings = replace(s, activation_checkpointing=checkpointing)
+            common = dict(kwargs, strategy=candidate, num_processes=num_processes)
+            result = plan(arch, settings, gradient_accumulation_steps=gradient_accumulation_steps, **common)
+            if change:
+                rows.append({"change": change, "total_gb": result.total_gb, "fits": result.fits})
+            if result.fits:
+                continue
+            fitting = largest_batch(arch, settings, steps_per_generation=steps_per_generation,
+                                    generation_chunk_size=generation_chunk_size,
+                                    gradient_accumulation_steps=gradient_accumulation_steps, **common)  # fmt: skip
+            product = s.batch * gradient_accumulation_steps
+            smaller = max((b for b in range(1, min(fitting, s.batch - 1) + 1)
+                           if product % b == 0 and b % batch_multiple == 0), default=0)  # fmt: skip
+            if smaller:
+                rows_per_rollout = generation_chunk_size or smaller * steps_per_generation
+                result = plan(arch, replace(settings, batch=smaller, generation_rows=rows_per_rollout),
+                              gradient_accumulation_steps=product // smaller, **common)  # fmt: skip
+                change = {**change, "per_device_train_batch_size": smaller,
+                          "gradient_accumulation_steps": product // smaller}  # fmt: skip
+                rows.append({"change": change, "total_gb": result.total_gb, "fits": result.fits})
+    rows.sort(key=lambda row: (not row["fits"], len(row["change"]), row["total_gb"]))
+    return rows[:4]
 
 
 def settings_from_args(args, model_args=None, *, prompt_length: int = 256, logits: str = "chunked",

@@ -99,7 +99,8 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
     rest = {k: v for k, v in common.items() if k != "gradient_accumulation_steps"}
     fixes = [] if head.fits else planning.suggestions(
         arch, settings, gradient_accumulation_steps=training_args.gradient_accumulation_steps,
-        strategy=options.strategy, **rollout_rows, **rest)  # fmt: skip
+        strategy=options.strategy, batch_multiple=training_args.num_generations if training_args.whole_group_batches
+        else 1, **rollout_rows, **rest)  # fmt: skip
     return {
         "model": {"name_or_path": model_args.model_name_or_path, "family": arch.family, "parameters": arch.parameters,
                   "active_parameters": arch.active_parameters, "trainable": planning.lora_parameters(arch, settings)
