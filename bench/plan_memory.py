@@ -1,6 +1,6 @@
 """The memory planner's update prediction against the measured peak of the real update path, on small CPU models.
 
-    python -m bench.plan_memory [--families llada dream sdar llada2 llada_moe] [--out bench_out]
+    python -m bench.plan_memory [--families llada dream sdar llada2 llada_moe ...] [--out bench_out]
 
 For each family a small model of the family's own architecture (:func:`trl_dllm.models.tiny_families.tiny_original_config`
 with the sizes below, bf16, LoRA in PEFT's float32 as the trainer has it) runs one estimate of the current policy
@@ -63,6 +63,9 @@ CASES = {
     "llada2": Case("llada2", kv_heads=2, estimator="block", block_length=32, prompt=32, completion=64,
                    lora_targets=("query_key_value", "gate_proj", "up_proj")),
     "llada_moe": Case("llada_moe", estimator="spg", lora_targets=("q_proj", "k_proj", "v_proj", "up_proj")),
+    # the memory switches: activation checkpointing; each of 4 antithetic chunks recomputed in backward
+    "llada_checkpointing": Case("llada", activation_checkpointing=True),
+    "llada_recompute": Case("llada", mc_samples=2, antithetic=True, checkpoint_views=True),
 }  # fmt: skip
 
 

@@ -1,6 +1,8 @@
 """`trl-dllm plan` on every 8B recipe, with config-only folders of the released shapes (no weights), and its errors."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +86,18 @@ def test_plan_folder_without_config(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["plan", "--config", RECIPES["llada"], "--model_name_or_path", str(tmp_path)])
     assert exit_info.value.code == 2 and "has no config.json" in capsys.readouterr().err
+
+
+def test_choosing_md_quotes_the_planner(capsys):
+    """docs/choosing.md's "Planning an 8B run": the table it quotes and the numbers in its comments are what its two
+    blocks print now (the blocks themselves also run in tests/test_docs.py)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "choosing.md").read_text()
+    section = text[text.index("## Planning an 8B run") : text.index("## Logging backends")]
+    blocks = re.findall(r"<!-- doc: run -->\n```python\n(.*?)```", section, re.S)
+    quoted = re.search(r"```text\n(.*?)```", section, re.S).group(1)
+    namespace = {}
+    exec(blocks[0], namespace)
+    printed = re.sub(r"^\S+: (?=\d)", "", capsys.readouterr().out, flags=re.M)  # the temporary folder's name
+    assert printed.strip() == quoted.strip()
+    exec(blocks[1], namespace)
+    assert capsys.readouterr().out.strip().splitlines() == re.findall(r"^# (\d+ [\d. ]+)$", blocks[1], re.M)
