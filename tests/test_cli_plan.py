@@ -101,3 +101,9 @@ def test_choosing_md_quotes_the_planner(capsys):
     assert printed.strip() == quoted.strip()
     exec(blocks[1], namespace)
     assert capsys.readouterr().out.strip().splitlines() == re.findall(r"^# (\d+ [\d. ]+)$", blocks[1], re.M)
+
+
+def test_plan_help_lists_its_options(capsys):
+    assert main(["plan", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--gpu_memory_gb" in out and "--num_processes" in out and "--per_device_train_batch_size" in out
