@@ -23,7 +23,9 @@ with the base weights frozen, checked op by op with ``torch.autograd`` saved-ten
   ``a(h + h_q + h + I) + 2ah`` (experts: ``k·aI_e + aI_s`` for the down projections).
 
 With activation checkpointing (transformers' ``GradientCheckpointingLayer``) a layer keeps only its input ``ah`` and
-one layer's activations exist at a time, recomputed in backward.
+one layer's activations exist at a time, recomputed in backward. The update's peak is the larger of the end of the
+last chunk's forward (every kept graph and log-prob) and the backward of one layer (the kept graphs, the layer's
+gradients — as large as its no-grad temporaries below — and, with checkpointing, its recomputed activations).
 
 **No-grad transient of one layer, per token** (:func:`layer_transient_bytes`): the residual and normed hidden states
 and the MLP's three intermediate tensors, ``2ah + 3aI`` (routed: ``k(3aI_e + ah) + 3aI_s``), plus ``8·d_in`` for the
@@ -216,9 +218,10 @@ def phase_bytes(arch: Architecture, s: Settings) -> dict[str, float]:
     """Bytes above the static memory (weights, optimizer state) at the peak of each phase of one micro-step.
 
     Returns ``rollout`` (KV cache + the larger of one layer's transient and the block's sampling), ``kv_cache``,
-    ``scoring`` (one old / reference no-grad chunk), ``update_activations`` (kept chunk graphs, with or without
-    activation checkpointing, and the block masks of block layouts) and ``logits`` (their log-probabilities),
-    whose sum is the update's peak.
+    ``scoring`` (one old / reference no-grad chunk), ``logits`` (the kept chunks' log-probabilities and the last
+    one's temporaries) and ``update_activations`` (the rest of the update's peak: the kept chunk graphs, with or
+    without activation checkpointing, the block masks of block layouts, or the backward of one layer, whichever is
+    larger).
     """
     a, layers = s.activation_bytes, arch.layers
     views = views_of(s)
@@ -245,18 +248,24 @@ def phase_bytes(arch: Architecture, s: Settings) -> dict[str, float]:
     _, head_transient = _head_bytes(arch, s, kept, grad=False)
     scoring = block_mask + max(tokens * layer_transient_bytes(arch, s), head_transient)
 
-    # Update: the graphs of the kept chunks.
+    # Update: the graphs of the kept chunks; the peak is the end of the last chunk's forward (every kept graph and
+    # log-prob, and the last chunk's log-softmax temporaries) or the backward of a layer (the kept graphs, the other
+    # chunks' log-probs, the layer's gradients as large as its no-grad temporaries and, with checkpointing, its
+    # recomputed activations).
     per_token = layer_saved_bytes(arch, s)
-    if s.activation_checkpointing:
-        graph = tokens * (layers * a * arch.hidden + per_token + 4 * arch.hidden)
-    else:
-        graph = tokens * (layers * per_token + 4 * arch.hidden)
+    kept_per_layer = a * arch.hidden if s.activation_checkpointing else per_token
+    graph = tokens * (layers * kept_per_layer + 4 * arch.hidden) + block_mask
     head_saved, head_transient = _head_bytes(arch, s, kept, grad=True)
     alive = 1 if _recompute(s, views.chunks) else views.chunks
+    logits = alive * head_saved + head_transient
+    backward = alive * graph + (alive - 1) * head_saved + tokens * layer_transient_bytes(arch, s)
+    if s.activation_checkpointing:
+        backward += tokens * per_token
+    update = max(alive * graph + logits, backward)
     return {
         "rollout": rollout,
         "kv_cache": kv_cache,
         "scoring": scoring if (s.old_pass or s.ref_pass) else 0.0,
-        "update_activations": alive * (graph + block_mask),
-        "logits": alive * head_saved + head_transient,
+        "update_activations": update - logits,
+        "logits": logits,
     }
