@@ -13,8 +13,8 @@ Static memory per GPU (:func:`static_bytes`), for ``T`` trainable and ``W`` base
 - AdamW: two states in the parameter dtype (``8T`` LoRA, ``4T`` full bf16 — transformers keeps no float32 master
   copy of a bf16 model); DeepSpeed ZeRO keeps float32 master weights and states (``12T``) and float32 gradients;
 - sharding: ZeRO-2 shards optimizer state and gradients over ``N``; ZeRO-3 and FSDP2 also the weights, and keep the
-  layers being gathered (two at a time, with prefetch); accelerate's FSDP2 keeps float32 shards under bf16 mixed
-  precision; TRL gathers the whole ZeRO-3 model for rollouts (``ds3_gather_for_generation``). Activations are never
+  layers being gathered (two at a time, with prefetch); accelerate's FSDP2 keeps float32 shards of the trainable
+  parameters under bf16 mixed precision; TRL gathers the whole ZeRO-3 model for rollouts (``ds3_gather_for_generation``). Activations are never
   sharded.
 
 A micro-step's peak is ``static + max(rollout, old/ref scoring, update activations + logits)``
@@ -37,6 +37,7 @@ __all__ = [
     "Settings",
     "Views",
     "architecture_from_config",
+    "dtype_bytes",
     "largest_batch",
     "phase_bytes",
     "plan",
@@ -50,6 +51,12 @@ __all__ = [
 GB = 1e9
 STRATEGIES = ("ddp", "zero2", "zero3", "fsdp2")
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2, None: 2}
+
+
+def dtype_bytes(dtype: str | None) -> int:
+    """Bytes per weight of a model loaded with ``dtype`` (TRL's ``ModelConfig.dtype``); ``"auto"`` / `None` load the
+    checkpoint's own dtype, bf16 for every family planned here."""
+    return _DTYPE_BYTES.get(dtype, 2)
 
 
 @dataclass(frozen=True)
@@ -99,7 +106,8 @@ def static_bytes(arch: Architecture, s: Settings, strategy: str, num_processes: 
         grads, optimizer = grads / n, optimizer / n
     else:
         if strategy == "fsdp2":
-            weights = (arch.parameters + adapters) * 4  # accelerate upcasts to float32 under mixed precision
+            # accelerate's fsdp2 upcasts the trainable parameters to float32 under mixed precision (frozen ones stay)
+            weights = arch.parameters * (weight_bytes if adapters else 4) + adapters * 4
         weights, grads, optimizer = weights / n + 2 * layer, grads / n, optimizer / n
         if strategy == "zero3":  # TRL's ds3_gather_for_generation: the whole model for the rollout
             gathered = arch.parameters * weight_bytes + adapters * adapter_bytes - weights

@@ -69,8 +69,9 @@ class Architecture:
     block_causal: bool = False
 
     def lora_targets(self, targets) -> tuple[Linear, ...]:
-        """The linear layers LoRA wraps for ``targets`` (a list of module names, ``"all-linear"``, or a regex string
-        matched against the module name as PEFT does). The LM head is never counted among the decoder linears."""
+        """The linear layers LoRA wraps for ``targets``: a list of module names, ``"all-linear"``, or a regex string
+        (PEFT matches it against the full module path; here against the last part, which a ``.*name`` pattern
+        matches alike). The LM head is never counted among the decoder linears."""
         import re
 
         if targets is None:
@@ -78,7 +79,7 @@ class Architecture:
         if isinstance(targets, str):
             if targets == "all-linear":
                 return self.linears
-            return tuple(lin for lin in self.linears if re.fullmatch(targets, lin.name) or re.search(targets, lin.name))
+            return tuple(lin for lin in self.linears if re.fullmatch(targets, lin.name))
         names = set(targets)
         return tuple(lin for lin in self.linears if lin.name in names)
 

@@ -82,7 +82,7 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
     arch = planning.read_architecture(model_args.model_name_or_path, revision=model_args.model_revision)
     settings = planning.settings_from_args(training_args, model_args, prompt_length=options.prompt_length,
                                            logits=options.logits, auto_kept_chunks=options.auto_kept_chunks)  # fmt: skip
-    weight_bytes = planning._DTYPE_BYTES.get(model_args.dtype, 2)
+    weight_bytes = planning.dtype_bytes(model_args.dtype)
     common = dict(num_processes=options.num_processes, weight_bytes=weight_bytes,
                   gradient_accumulation_steps=training_args.gradient_accumulation_steps,
                   full_reference=training_args.beta != 0.0 and not model_args.use_peft,
