@@ -129,8 +129,8 @@ def render(report: dict) -> str:
              f"{'on' if report['activation_checkpointing'] else 'off'}, logits {report['logits']}",
              f"per GPU under {report['strategy']} on {report['num_processes']} GPU(s) (GB):"]  # fmt: skip
     lines += [f"  {_PHASE_LABELS[name]:<36} {value:8.2f}" for name, value in report["phases"].items() if value]
-    verdict = "fits" if report["fits"] else "does NOT fit"
-    lines.append(f"  {'peak (' + report['peak_phase'] + ')':<36} {report['total_gb']:8.2f}   {verdict} in "
+    lines.append(f"  {'peak (' + report['peak_phase'] + ')':<36} {report['total_gb']:8.2f}   "
+                 f"{'fits' if report['fits'] else 'does NOT fit'} in "
                  f"{report['usable_gb']} GB usable of {report['gpu_memory_gb']}; largest batch {report['largest_batch']}")
     lines.append("strategies: " + "; ".join(f"{name} {row['total_gb']} GB (largest batch {row['largest_batch']})"
                                              for name, row in report["strategies"].items()))  # fmt: skip
