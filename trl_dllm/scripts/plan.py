@@ -62,15 +62,16 @@ def make_parser() -> ScriptParser:
 
 
 def check_plan_arguments(options: PlanArguments) -> None:
+    """One error naming the field, its value and what it must be."""
     from ..planning import STRATEGIES
 
     if options.strategy not in STRATEGIES:
         raise UsageError(f"strategy: {options.strategy!r} is not one of {', '.join(STRATEGIES)}")
     if options.logits not in ("chunked", "full"):
         raise UsageError(f"logits: {options.logits!r} must be chunked or full")
-    for name in ("gpu_memory_gb", "num_processes", "prompt_length", "usable_fraction"):
-        if getattr(options, name) <= 0:
-            raise UsageError(f"{name}: {getattr(options, name)} must be > 0")
+    for name in (n for n in ("gpu_memory_gb", "num_processes", "prompt_length", "usable_fraction")
+                 if getattr(options, n) <= 0):  # fmt: skip
+        raise UsageError(f"{name}: {getattr(options, name)} must be > 0")
 
 
 def build_report(options: PlanArguments, training_args, model_args) -> dict:
@@ -143,7 +144,7 @@ def render(report: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     with exit_on_bad_input("trl-dllm plan", errors=(UsageError, ValueError, FileNotFoundError, OSError)):
-        # use_cpu: the config's device checks (bf16 needs a bf16 GPU) are about this machine, not the planned one
+        # use_cpu: the config's device checks (bf16 needs a bf16 GPU) are about this machine, not the planned GPU
         options, _, training_args, model_args = make_parser().parse(argv, defaults={"use_cpu": True})
         check_plan_arguments(options)
         report = build_report(options, training_args, model_args)
