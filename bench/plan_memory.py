@@ -87,10 +87,13 @@ def original_config(case: Case) -> dict:
 
 
 def logits_path() -> str:
-    """``"chunked"`` when the estimators score through TRL's ``ChunkedLogProbFunction``, else ``"full"``."""
+    """``"chunked"`` when the estimators score through TRL's ``ChunkedLogProbFunction`` (named in the source of the
+    view scoring or of the logits helpers), else ``"full"``: the planner option that describes the code measured."""
+    from trl_dllm.core import logits
     from trl_dllm.core.likelihood import _views
 
-    return "chunked" if "ChunkedLogProbFunction" in inspect.getsource(_views) else "full"
+    sources = inspect.getsource(_views) + inspect.getsource(logits)
+    return "chunked" if "ChunkedLogProbFunction" in sources else "full"
 
 
 def planned_bytes(case: Case) -> float:
