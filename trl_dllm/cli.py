@@ -2,6 +2,7 @@
 
     trl-dllm grpo --config recipes/tiny/stabledrl_gsm8k.yaml --model_name_or_path tiny-dllm
     trl-dllm eval --model_name_or_path out --task gsm8k --data_files test.jsonl
+    trl-dllm plan --config recipes/llada/stabledrl_gsm8k_lora.yaml --gpu_memory_gb 80 --num_processes 8
     trl-dllm demo
     trl-dllm compare --methods d1 stabledrl sft --tasks subset --seeds 0 1
 
@@ -14,12 +15,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-USAGE = """usage: trl-dllm {grpo,eval,lm-eval,merge,demo,compare} [--help] [args ...]
+USAGE = """usage: trl-dllm {grpo,eval,lm-eval,merge,plan,demo,compare} [--help] [args ...]
 
   grpo     train with DiffusionGRPOTrainer from a YAML recipe: trl-dllm grpo --config recipe.yaml [--field value ...]
   eval     accuracy of a model or checkpoint on a task, with diffusion decoding (greedy by default); writes JSON
   lm-eval  lm-evaluation-harness with the trl_dllm model: trl-dllm lm-eval --model_args pretrained=PATH --tasks ...
   merge    merge a LoRA adapter into a full model in the family's original layout (docs/evaluation.md)
+  plan     planned peak memory per GPU of a recipe's micro-step, by phase: trl-dllm plan --config recipe.yaml [--json]
   demo     the CPU demo (trl_dllm.demo)
   compare  every method on the same budget, tasks and seeds (trl_dllm.demo.compare; docs/compare.md)
 
@@ -55,6 +57,14 @@ def _merge(argv: Sequence[str]) -> int | None:
     return main(argv)
 
 
+def _plan(argv: Sequence[str]) -> int | None:
+    if _help("plan", argv):
+        return 0
+    from .scripts.plan import main
+
+    return main(argv)
+
+
 def _demo(argv: Sequence[str]) -> int | None:
     from .demo import main
 
@@ -76,7 +86,7 @@ def _compare(argv: Sequence[str]) -> int | None:
     main(list(argv))
 
 
-COMMANDS = {"grpo": _grpo, "eval": _eval, "lm-eval": _lm_eval, "merge": _merge, "demo": _demo, "compare": _compare}
+COMMANDS = {"grpo": _grpo, "eval": _eval, "lm-eval": _lm_eval, "merge": _merge, "plan": _plan, "demo": _demo, "compare": _compare}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

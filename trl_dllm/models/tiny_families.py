@@ -17,7 +17,9 @@ from .tiny import SPECIAL_TOKENS, build_tokenizer
 
 __all__ = [
     "FAMILY_SPECIAL_TOKENS",
+    "RELEASED_SIZES",
     "build_family_tokenizer",
+    "released_original_config",
     "save_tiny_original_checkpoint",
     "tiny_original_config",
 ]
@@ -162,6 +164,31 @@ def tiny_original_config(family: str, *, hidden_size: int = 32, num_layers: int 
                       n_group=4, topk_group=2, num_experts_per_tok=2, moe_intermediate_size=intermediate_size // 4,
                       max_window_layers=num_layers, block_size=block_size)  # block_size: absent from the
         # released config (its block is 32, the default); set here so tiny tests use small blocks
+    return config
+
+
+# The sizes of the released checkpoints the 8B recipes train (facts from their config.json files): LLaDA-8B-Instruct,
+# Dream-v0-Instruct-7B (Qwen2.5-7B's shape), SDAR-8B-Chat (Qwen3-8B's), LLaDA2.0-mini (16B, 256 experts top-8, one
+# shared; layer 0 dense) and LLaDA-MoE-7B-A1B (64 experts top-8, every layer routed).
+RELEASED_SIZES = {
+    "llada": dict(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=32, intermediate_size=12288),
+    "dream": dict(hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4, intermediate_size=18944),
+    "sdar": dict(hidden_size=4096, num_layers=36, num_heads=32, num_kv_heads=8, intermediate_size=12288, block_size=4),
+    "llada2": dict(hidden_size=2048, num_layers=20, num_heads=16, num_kv_heads=4, intermediate_size=5120),
+    "llada_moe": dict(hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=16, intermediate_size=8192),
+}
+_RELEASED_MOE = {
+    "llada2": dict(num_experts=256, num_experts_per_tok=8, n_group=8, topk_group=4, moe_intermediate_size=512,
+                   num_shared_experts=1, head_dim=128, rotary_dim=64, block_size=32),
+    "llada_moe": dict(num_experts=64, num_experts_per_tok=8, expert_intermediate_size=1024, moe_layer_freq=[1] * 16),
+}
+
+
+def released_original_config(family: str) -> dict:
+    """The ``config.json`` of ``family``'s released checkpoint (:data:`RELEASED_SIZES`): every field, the real sizes,
+    vocabulary and experts. For planning memory without the Hub (``trl-dllm plan``); no weights are implied."""
+    config = tiny_original_config(family, **RELEASED_SIZES[family])
+    config.update(_RELEASED_MOE.get(family, {}))
     return config
 
 

@@ -1,0 +1,224 @@
+"""The memory planner's update prediction against the measured peak of the real update path, on small CPU models.
+
+    python -m bench.plan_memory [--families llada dream sdar llada2 llada_moe ...] [--out bench_out]
+
+For each family a small model of the family's own architecture (:func:`trl_dllm.models.tiny_families.tiny_original_config`
+with the sizes below, bf16, LoRA in PEFT's float32 as the trainer has it) runs one estimate of the current policy
+through :func:`trl_dllm.core.likelihood.estimate` with the model's logits function, under bf16 autocast, and the
+backward of its sum, in a fresh child process: ``MALLOC_MMAP_THRESHOLD_=65536`` (every tensor of 64 KiB or more is its
+own mapping, returned when freed), warm-up on a tiny input, ``gc.collect(); malloc_trim(0)``, reset the peak RSS
+(``echo 5 > /proc/self/clear_refs``), run, read ``VmHWM`` — the method of :mod:`bench.bench_memory`. The measured peak
+is ``VmHWM`` minus the RSS just before; the planned one is ``update_activations + logits`` of
+:func:`trl_dllm.planning.phase_bytes` for the same shapes and settings (``device="cpu"``: float32 dropout masks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured configuration: a family's small shape, the batch, the estimator and the memory switches."""
+
+    family: str
+    hidden: int = 256
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 4
+    intermediate: int = 768
+    vocab: int = 4096
+    batch: int = 8
+    prompt: int = 64
+    completion: int = 128
+    estimator: str = "elbo"
+    mc_samples: int = 2
+    antithetic: bool = False
+    mc_batch_size: int = 1
+    checkpoint_views: bool = False
+    activation_checkpointing: bool = False
+    block_length: int = 32
+    lora_r: int = 8
+    lora_targets: tuple = ("q_proj", "k_proj", "v_proj", "up_proj")
+    lora_dropout: float = 0.05
+    extra: dict = field(default_factory=dict)
+
+
+CASES = {
+    "llada": Case("llada"),
+    "dream": Case("dream", kv_heads=2, estimator="spg"),
+    "sdar": Case("sdar", kv_heads=2, estimator="block", block_length=32, prompt=32, completion=64),
+    "llada2": Case("llada2", kv_heads=2, estimator="block", block_length=32, prompt=32, completion=64,
+                   lora_targets=("query_key_value", "gate_proj", "up_proj")),
+    "llada_moe": Case("llada_moe", estimator="spg", lora_targets=("q_proj", "k_proj", "v_proj", "up_proj")),
+    # the memory switches: activation checkpointing; each of 4 antithetic chunks recomputed in backward
+    "llada_checkpointing": Case("llada", activation_checkpointing=True),
+    "llada_recompute": Case("llada", mc_samples=2, antithetic=True, checkpoint_views=True),
+}  # fmt: skip
+
+
+def original_config(case: Case) -> dict:
+    """The family's released ``config.json`` with the case's sizes and vocabulary."""
+    from trl_dllm.models.tiny_families import tiny_original_config
+
+    config = tiny_original_config(case.family, hidden_size=case.hidden, num_layers=case.layers, num_heads=case.heads,
+                                  num_kv_heads=case.kv_heads, intermediate_size=case.intermediate,
+                                  block_size=case.block_length)  # fmt: skip
+    config.update(vocab_size=case.vocab, **case.extra)
+    if case.family == "llada":
+        config["embedding_size"] = case.vocab
+    config["mask_token_id"] = case.vocab - 1  # special ids inside the smaller vocabulary
+    for key in ("eos_token_id", "pad_token_id", "bos_token_id"):
+        if isinstance(config.get(key), int):
+            config[key] = case.vocab - 2
+    return config
+
+
+def logits_path() -> str:
+    """``"chunked"`` when the estimators score through TRL's ``ChunkedLogProbFunction`` (named in the source of the
+    view scoring or of the logits helpers), else ``"full"``: the planner option that describes the code measured."""
+    from trl_dllm.core import logits
+    from trl_dllm.core.likelihood import _views
+
+    sources = inspect.getsource(_views) + inspect.getsource(logits)
+    return "chunked" if "ChunkedLogProbFunction" in sources else "full"
+
+
+def planned_bytes(case: Case) -> float:
+    """``update_activations + logits`` of the planner for ``case``."""
+    from trl_dllm.models.native import native_config, native_layout
+    from trl_dllm.planning import Settings, architecture_from_config, phase_bytes
+
+    original = original_config(case)
+    layout = native_layout(original)
+    arch = architecture_from_config(native_config(original), family=layout.name, model_class=layout.model_class)
+    settings = Settings(
+        batch=case.batch, prompt_length=case.prompt, completion_length=case.completion, generation_rows=case.batch,
+        estimator=case.estimator, mc_samples=case.mc_samples, antithetic=case.antithetic,
+        mc_batch_size=case.mc_batch_size, mc_checkpointing=case.checkpoint_views, block_length=case.block_length,
+        p_mask_prompt=0.15, lora_r=case.lora_r, lora_targets=list(case.lora_targets), lora_dropout=case.lora_dropout,
+        activation_checkpointing=case.activation_checkpointing, logits=logits_path(), device="cpu",
+    )  # fmt: skip
+    phases = phase_bytes(arch, settings)
+    return phases["update_activations"] + phases["logits"]
+
+
+def _status_kb(name: str) -> int:
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"^{name}:\s+(\d+)", f.read(), re.MULTILINE).group(1))
+
+
+def _reset_peak() -> None:
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def measure_child(case: Case) -> float:
+    """In the child: peak RSS growth (bytes) of one current-policy estimate and its backward."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from trl_dllm.core.likelihood import ESTIMATORS, estimate
+    from trl_dllm.models import model_logits_fn, resolve_model_spec
+    from trl_dllm.models.native import native_config, native_layout
+
+    torch.manual_seed(0)
+    original = original_config(case)
+    config = native_config(original)
+    config._attn_implementation = "sdpa"
+    model = native_layout(original).model_class(config).to(torch.bfloat16)
+    spec = resolve_model_spec(model)
+    if case.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = get_peft_model(model, LoraConfig(r=case.lora_r, lora_alpha=2 * case.lora_r, lora_dropout=case.lora_dropout,
+                                             target_modules=list(case.lora_targets)))  # fmt: skip
+    model.train()
+    logits_fn = model_logits_fn(model, spec)
+    values = {"mc_samples": case.mc_samples, "antithetic": case.antithetic, "p_mask_prompt": 0.15, "spg_beta": 1.5,
+              "mc_batch_size": case.mc_batch_size, "checkpoint_views": case.checkpoint_views, "entropy_grad": False,
+              "block_length": case.block_length, "block_layout": spec.block_layout, "return_eubo": True,
+              "block_causal": spec.family == "block"}  # fmt: skip
+    options = {k: v for k, v in values.items() if k in ESTIMATORS[case.estimator].options}
+    generator = torch.Generator().manual_seed(0)
+
+    def inputs(rows: int, prompt: int, completion: int) -> dict:
+        return {"prompt_ids": torch.randint(0, case.vocab - 8, (rows, prompt), generator=generator),
+                "prompt_mask": torch.ones(rows, prompt, dtype=torch.long),
+                "completion_ids": torch.randint(0, case.vocab - 8, (rows, completion), generator=generator),
+                "score_mask": torch.ones(rows, completion, dtype=torch.long),
+                "seeds": torch.arange(rows, dtype=torch.long), "mask_token_id": spec.mask_token_id}  # fmt: skip
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        estimate(case.estimator, logits_fn, **inputs(1, case.block_length, case.block_length), **options
+                 ).logps.sum().backward()  # fmt: skip
+        model.zero_grad(set_to_none=True)
+        batch = inputs(case.batch, case.prompt, case.completion)
+        _reset_peak()
+        before = _status_kb("VmRSS")
+        estimate(case.estimator, logits_fn, **batch, **options).logps.sum().backward()
+        peak = _status_kb("VmHWM")
+    del model, logits_fn, batch
+    gc.collect()
+    return (peak - before) * 1024.0
+
+
+def measure(cases: list[Case]) -> list[float]:
+    """Peak bytes of each case, measured one after another in one fresh child process (one thread: memory does not
+    depend on it; the peak is reset before each case and taken above the RSS with its model loaded)."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "bench.plan_memory", "--child", json.dumps([asdict(case) for case in cases])]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"bench.plan_memory child failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def compare(cases: list[Case]) -> list[dict]:
+    """Planned and measured peak (MB) of each case, and their ratio."""
+    rows = []
+    for case, measured in zip(cases, measure(cases)):
+        planned = planned_bytes(case)
+        rows.append({"family": case.family, "estimator": case.estimator,
+                     "activation_checkpointing": case.activation_checkpointing,
+                     "checkpoint_views": case.checkpoint_views, "logits": logits_path(),
+                     "measured_mb": round(measured / 1e6, 2), "planned_mb": round(planned / 1e6, 2),
+                     "planned_over_measured": round(planned / measured, 3)})  # fmt: skip
+    return rows
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--families", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--out", default=None, help="folder for plan_memory.json")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        specs = json.loads(args.child)
+        print(json.dumps([measure_child(Case(**{**spec, "lora_targets": tuple(spec["lora_targets"])}))
+                          for spec in specs]))  # fmt: skip
+        return []
+    rows = compare([CASES[name] for name in args.families])
+    for row in rows:
+        print(json.dumps(row))
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "plan_memory.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""`trl-dllm plan` on every 8B recipe, with config-only folders of the released shapes (no weights), and its errors."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from trl_dllm.cli import main
+from trl_dllm.models.tiny_families import released_original_config
+
+RECIPES = {
+    "llada": "recipes/llada/stabledrl_gsm8k_lora.yaml",
+    "dream": "recipes/dream/stabledrl_gsm8k.yaml",
+    "sdar": "recipes/sdar/stabledrl_gsm8k.yaml",
+    "llada2": "recipes/llada2/stabledrl_gsm8k_lora.yaml",
+    "llada_moe": "recipes/llada_moe/stabledrl_gsm8k_lora.yaml",
+}
+
+
+@pytest.fixture(scope="module")
+def config_folders(tmp_path_factory):
+    """`{family: folder}` holding only the released checkpoint's config.json."""
+    folders = {}
+    for family in RECIPES:
+        folder = tmp_path_factory.mktemp(f"{family}-config")
+        (folder / "config.json").write_text(json.dumps(released_original_config(family)))
+        folders[family] = str(folder)
+    return folders
+
+
+def run(capsys, *argv):
+    status = main(["plan", *argv])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+@pytest.mark.parametrize("family", list(RECIPES))
+def test_plan_json_on_each_8b_recipe(family, config_folders, capsys):
+    status, out, _ = run(capsys, "--config", RECIPES[family], "--model_name_or_path", config_folders[family],
+                         "--num_processes", "8", "--json")  # fmt: skip
+    assert status == 0
+    report = json.loads(out)
+    assert report["model"]["family"] == family
+    assert report["total_gb"] > report["phases"]["weights"] > 0
+    assert report["fits"] == (report["total_gb"] <= report["usable_gb"])
+    assert report["largest_batch"] >= (report["per_device_train_batch_size"] if report["fits"] else 0)
+    assert set(report["strategies"]) == {"ddp", "zero2", "zero3", "fsdp2"}
+    if not report["fits"]:
+        assert report["suggestions"] and any(s["fits"] for s in report["suggestions"])
+
+
+def test_plan_table_and_flags(config_folders, capsys):
+    status, out, _ = run(capsys, "--config", RECIPES["llada"], "--model_name_or_path", config_folders["llada"],
+                         "--activation_checkpointing", "true", "--per_device_train_batch_size", "8",
+                         "--num_generations", "8")  # fmt: skip
+    assert status == 0
+    assert "batch 8, activation checkpointing on" in out and "peak (" in out and "fits in 72.0 GB usable" in out
+
+
+def test_plan_suggests_changes_when_it_does_not_fit(config_folders, capsys):
+    status, out, _ = run(capsys, "--config", RECIPES["llada"], "--model_name_or_path", config_folders["llada"],
+                         "--logits", "full", "--mc_checkpointing", "false", "--json")  # fmt: skip
+    report = json.loads(out)
+    assert status == 0 and not report["fits"]
+    changes = [s["change"] for s in report["suggestions"] if s["fits"]]
+    assert {"activation_checkpointing": True} in changes
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--strategy", "zero4"], "strategy: 'zero4' is not one of ddp, zero2, zero3, fsdp2"),
+        (["--logits", "some"], "logits: 'some' must be chunked or full"),
+        (["--model_name_or_path", "nobody/no-such-model"], "only its config.json"),
+    ],
+)
+def test_plan_bad_input_exits_2(argv, message, config_folders, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--config", RECIPES["llada"], "--model_name_or_path", config_folders["llada"], *argv])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_plan_folder_without_config(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--config", RECIPES["llada"], "--model_name_or_path", str(tmp_path)])
+    assert exit_info.value.code == 2 and "has no config.json" in capsys.readouterr().err
+
+
+def test_choosing_md_quotes_the_planner(capsys):
+    """docs/choosing.md's "Planning an 8B run": the table it quotes and the numbers in its comments are what its two
+    blocks print now (the blocks themselves also run in tests/test_docs.py)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "choosing.md").read_text()
+    section = text[text.index("## Planning an 8B run") : text.index("## Logging backends")]
+    blocks = re.findall(r"<!-- doc: run -->\n```python\n(.*?)```", section, re.S)
+    quoted = re.search(r"```text\n(.*?)```", section, re.S).group(1)
+    namespace = {}
+    exec(blocks[0], namespace)
+    printed = re.sub(r"^\S+: (?=\d)", "", capsys.readouterr().out, flags=re.M)  # the temporary folder's name
+    assert printed.strip() == quoted.strip()
+    exec(blocks[1], namespace)
+    assert capsys.readouterr().out.strip().splitlines() == re.findall(r"^# (\d+ [\d. ]+)$", blocks[1], re.M)
+
+
+def test_plan_help_lists_its_options(capsys):
+    assert main(["plan", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--gpu_memory_gb" in out and "--num_processes" in out and "--per_device_train_batch_size" in out

@@ -1,0 +1,183 @@
+"""A model's shape for the memory planner, read from its configuration alone (weights on the meta device).
+
+:func:`read_architecture` takes a local folder or a Hub id, reads its ``config.json`` (only that file is fetched,
+never weights), translates a known dLLM family's original config with :func:`trl_dllm.models.native.native_config`
+(LLaDA, Dream, SDAR, LLaDA2, LLaDA-MoE) or any other transformers config with ``AutoConfig``, builds the model on
+``torch.device("meta")`` (no memory, no weights) and counts its parameters and linear layers from the module tree:
+the numbers are the real model's, experts included (an MoE holds every expert; a token runs ``top_k`` of them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+__all__ = ["Architecture", "Linear", "architecture_from_config", "read_architecture"]
+
+
+@dataclass(frozen=True)
+class Linear:
+    """Linear layers of one kind: ``count`` modules named ``name`` (the last part of the module path) of shape
+    ``in_features → out_features``; ``per_token`` is the fraction of tokens that pass through one of them (1, or
+    ``top_k / num_experts`` for a routed expert)."""
+
+    name: str
+    in_features: int
+    out_features: int
+    count: int
+    per_token: float = 1.0
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What the planner's formulas read from a model.
+
+    Args:
+        family (`str`): the dLLM family (`"llada"`, `"dream"`, `"sdar"`, `"llada2"`, `"llada_moe"`) or the config's
+            ``model_type``.
+        hidden, layers, heads, kv_heads, head_dim, intermediate, vocab (`int`): the transformer's sizes
+            (``intermediate``: the dense MLP width).
+        parameters (`int`): parameters held (every expert of an MoE).
+        active_parameters (`int`): parameters one token runs through (``top_k`` experts per MoE layer).
+        linears (`tuple[Linear, ...]`): the linear layers inside the decoder layers (what LoRA can target).
+        head_parameters (`int`): parameters of the LM head (also in ``parameters``).
+        moe_layers (`int`): layers whose MLP is routed; experts, top_k, expert_intermediate and shared_intermediate
+            (width of the always-on shared expert(s), 0 if none) describe it.
+        qk_norm (`bool`): RMSNorm on queries and keys (Qwen3 / SDAR, LLaDA2, LLaDA-MoE).
+        block_causal (`bool`): a block-diffusion family (SDAR, LLaDA2): rollouts keep an exact KV cache.
+    """
+
+    family: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    parameters: int
+    active_parameters: int
+    head_parameters: int = 0
+    linears: tuple[Linear, ...] = field(default=(), repr=False)
+    moe_layers: int = 0
+    experts: int = 0
+    top_k: int = 0
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0
+    qk_norm: bool = False
+    block_causal: bool = False
+
+    def lora_targets(self, targets) -> tuple[Linear, ...]:
+        """The linear layers LoRA wraps for ``targets``: a list of module names, ``"all-linear"``, or a regex string
+        (PEFT matches it against the full module path; here against the last part, which a ``.*name`` pattern
+        matches alike). The LM head is never counted among the decoder linears."""
+        import re
+
+        if targets is None:
+            return ()
+        if isinstance(targets, str):
+            if targets == "all-linear":
+                return self.linears
+            return tuple(lin for lin in self.linears if re.fullmatch(targets, lin.name))
+        names = set(targets)
+        return tuple(lin for lin in self.linears if lin.name in names)
+
+
+def _first(config, *names, default=None):
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def architecture_from_config(config, family: str | None = None, model_class=None) -> Architecture:
+    """The :class:`Architecture` of a transformers ``config``: the model is built on the meta device (no memory) from
+    ``model_class`` (default: ``AutoModelForCausalLM``) and its modules counted."""
+    import torch
+    from torch import nn
+    from transformers.initialization import no_init_weights
+
+    with torch.device("meta"), no_init_weights():  # nothing to initialise: only shapes are read
+        if model_class is not None:
+            model = model_class(config)
+        else:
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_config(config)
+    parameters = sum(p.numel() for p in model.parameters())
+    head = model.get_output_embeddings()
+    head_parameters = head.weight.numel() if head is not None else 0
+    kinds, moe_layers, experts, top_k, inactive = Counter(), 0, 0, 0, 0
+    for name, module in model.named_modules():
+        routed = getattr(module, "experts", None)
+        if isinstance(routed, nn.ModuleList) and len(routed):
+            moe_layers += 1
+            experts = len(routed)
+            top_k = int(_first(config, "num_experts_per_tok", "top_k", default=experts))
+            per_expert = sum(p.numel() for p in routed[0].parameters())
+            inactive += (experts - top_k) * per_expert
+        if isinstance(module, nn.Linear) and module is not head and ".layers." in f".{name}":
+            expert = ".experts." in f".{name}"
+            share = (top_k / experts) if expert and experts else 1.0
+            kinds[(name.rsplit(".", 1)[-1], module.in_features, module.out_features, share)] += 1
+    linears = tuple(Linear(n, i, o, c, s) for (n, i, o, s), c in sorted(kinds.items()))
+    heads = int(config.num_attention_heads)
+    hidden = int(config.hidden_size)
+    expert_intermediate = int(_first(config, "moe_intermediate_size", "expert_intermediate_size", default=0))
+    shared = int(_first(config, "num_shared_experts", default=0)) * expert_intermediate
+    shared = shared or int(_first(config, "shared_expert_intermediate_size", default=0) or 0)
+    return Architecture(
+        family=family or getattr(config, "model_type", "unknown"),
+        hidden=hidden,
+        layers=int(config.num_hidden_layers),
+        heads=heads,
+        kv_heads=int(_first(config, "num_key_value_heads", default=heads)),
+        head_dim=int(_first(config, "head_dim", default=hidden // heads)),
+        intermediate=int(_first(config, "intermediate_size", "dense_intermediate_size", default=4 * hidden)),
+        vocab=int(config.vocab_size),
+        parameters=parameters,
+        active_parameters=parameters - inactive,
+        head_parameters=head_parameters,
+        linears=linears,
+        moe_layers=moe_layers,
+        experts=experts if moe_layers else 0,
+        top_k=top_k if moe_layers else 0,
+        expert_intermediate=expert_intermediate if moe_layers else 0,
+        shared_intermediate=shared if moe_layers else 0,
+        qk_norm=any(n.endswith(("q_norm", "query_layernorm", "q_layernorm")) for n, _ in model.named_modules()),
+        block_causal=getattr(config, "dllm_family", None) == "block",
+    )
+
+
+def read_architecture(name_or_path: str, **hub_kwargs) -> Architecture:
+    """The :class:`Architecture` of a local model folder or a Hub id, from its ``config.json`` alone.
+
+    Raises:
+        `FileNotFoundError`: ``name_or_path`` is a folder without ``config.json``.
+        `OSError`: a Hub id whose configuration cannot be fetched (no network, unknown repository); the message names
+            the fix (a local folder holding only its ``config.json``).
+    """
+    from ..models.native import native_config, native_layout, read_config_dict
+
+    path = os.path.expanduser(name_or_path)
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"model_name_or_path: {name_or_path} has no config.json")
+    try:
+        original = read_config_dict(path if os.path.isdir(path) else name_or_path, **hub_kwargs)
+    except OSError as err:
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise OSError(
+            f"model_name_or_path: cannot read the configuration of {name_or_path!r} ({first}). The planner needs "
+            f"only its config.json: run where the Hub is reachable (`hf download {name_or_path} config.json`), or pass "
+            "--model_name_or_path <a folder holding that config.json>."
+        ) from None
+    layout = native_layout(original)
+    if layout is not None:
+        return architecture_from_config(native_config(original), family=layout.name, model_class=layout.model_class)
+    from transformers import AutoConfig
+
+    config_dict = {k: v for k, v in original.items() if k not in ("auto_map", "architectures")}
+    config = AutoConfig.for_model(**config_dict)
+    return architecture_from_config(config)

@@ -1,0 +1,271 @@
+"""Peak memory of each phase of one training micro-step, in bytes, from the architecture and the run's settings.
+
+Pure arithmetic (imports neither torch nor TRL): every formula counts the tensors that are alive at the phase's peak,
+as the training code creates them. Notation: ``a`` bytes per activation element (2 for bf16 / fp16), ``h`` hidden
+size, ``h_q = heads · head_dim``, ``h_kv = kv_heads · head_dim``, ``I`` the dense MLP width, ``I_e`` an expert's width,
+``k`` experts per token (top-k), ``E`` experts, ``I_s`` the shared expert's width, ``V`` the vocabulary, ``ℓ`` layers,
+``P`` prompt and ``L`` completion length, ``r`` the LoRA rank.
+
+**Saved activations of one decoder layer, per token** (:func:`layer_saved_bytes`; what autograd keeps for backward
+with the base weights frozen, checked op by op with ``torch.autograd`` saved-tensor hooks on every native family):
+
+- the two RMSNorms keep their float32 input: ``2 · 4h`` (+ ``4(h_q + h_kv)`` with query/key norms);
+- attention (flash / memory-efficient SDPA) keeps queries, keys, values and output and a float32 log-sum-exp:
+  ``a(2h_q + 2h_kv) + 4·heads``;
+- the SwiGLU MLP keeps the gate input, the SiLU output and the up projection: ``3aI``; a routed MLP ``k(3aI_e + ah)``
+  (each chosen expert's three, and its output for the routing-weight product) ``+ 4E`` (float32 router
+  probabilities) ``+ 3aI_s``;
+- a frozen linear keeps nothing (its weight is all the input gradient needs); a LoRA-wrapped one (PEFT keeps adapters
+  in float32 and casts the input to float32; under bf16 autocast ``lora_A`` runs in bf16) keeps the bf16 copy of its
+  (dropped-out) input ``a·d_in``, the dropout mask (1 byte per element on CUDA, 4 on CPU; none without dropout) and
+  ``lora_A``'s output ``a·r``, times the fraction of tokens routed through it;
+- full fine-tuning also keeps each linear's input and the norms' normalised output:
+  ``a(h + h_q + h + I) + 2ah`` (experts: ``k·aI_e + aI_s`` for the down projections).
+
+With activation checkpointing (transformers' ``GradientCheckpointingLayer``) a layer keeps only its input ``ah`` and
+one layer's activations exist at a time, recomputed in backward. The update's peak is the larger of the end of the
+last chunk's forward (every kept graph and log-prob) and the backward of one layer (the kept graphs, the layer's
+gradients — as large as its no-grad temporaries below — and, with checkpointing, its recomputed activations).
+
+**No-grad transient of one layer, per token** (:func:`layer_transient_bytes`): the residual and normed hidden states
+and the MLP's three intermediate tensors, ``2ah + 3aI`` (routed: ``k(3aI_e + ah) + 3aI_s``), plus ``8·d_in`` for the
+float32 copy and dropout output of a LoRA-wrapped MLP input.
+
+**Logits at scored positions** (``n`` kept positions of a chunk of views): the old path (``logits="full"``)
+materialises ``log_softmax`` of the ``(n, V)`` logits in float32 and keeps it for backward (``4nV``, ``+ 4nV`` for the
+``exp`` when the entropy is differentiated), with two more ``(n, V)`` float32 tensors alive while the entropy is
+computed; under no grad ``12nV``. TRL's ``ChunkedLogProbFunction`` (``logits="chunked"``) keeps the hidden states
+``ahn`` and per-token floats, and one ``[4096, 4096]`` float32 tile pair at a time.
+
+**Rollout** (no grad): the canvas of ``B_gen`` rows × ``P + L`` (or the current block only, with a KV cache), a KV
+cache of ``2ℓ · a · h_kv`` per cached token, and the current block's logits, gathered, and sampled in float64
+(temperature > 0: ``V(2a + 24)`` per block position, ``V(2a + 8)`` greedy).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .architecture import Architecture
+
+__all__ = ["Settings", "Views", "layer_saved_bytes", "layer_transient_bytes", "phase_bytes", "views_of"]
+
+# TRL 1.16's ChunkedLogProbFunction: TOKEN_CHUNK_SIZE tokens × a vocabulary chunk per projection tile (float32).
+_TILE_TOKENS, _TILE_VOCAB = 4096, 4096
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The run's settings the formulas read (see :func:`trl_dllm.planning.settings_from_args`).
+
+    ``mc_checkpointing`` is the config field (``"auto"``, `True`, `False`); ``auto_kept_chunks`` is how many chunks
+    ``"auto"`` keeps without recomputing (1 in the current code: more than one chunk are all recomputed; the code
+    measured on the GPU on 2026-11-26 kept 2). ``logits`` is ``"chunked"`` (current) or ``"full"`` (that older code).
+    ``shards_parameters``: ZeRO-3 / FSDP, where the trainer never recomputes chunks.
+    """
+
+    batch: int
+    prompt_length: int
+    completion_length: int
+    generation_rows: int
+    estimator: str
+    mc_samples: int = 1
+    antithetic: bool = False
+    mc_batch_size: int = 1
+    mc_checkpointing: object = "auto"
+    auto_kept_chunks: int = 1
+    block_length: int = 32
+    p_mask_prompt: float = 0.0
+    step_samples: int = 8
+    diffusion_steps: int = 128
+    temperature: float = 1.0
+    lora_r: int = 0
+    lora_targets: object = None
+    lora_dropout: float = 0.0
+    activation_checkpointing: bool = False
+    activation_bytes: int = 2
+    autocast: bool = True
+    entropy_grad: bool = False
+    old_pass: bool = True
+    ref_pass: bool = False
+    generation_cache: str = "none"
+    block_kv_cache: bool = True
+    logits: str = "chunked"
+    device: str = "cuda"
+    shards_parameters: bool = False
+
+
+@dataclass(frozen=True)
+class Views:
+    """How an estimator scores a row: ``count`` views, each a forward of ``canvas`` tokens keeping ``kept`` positions
+    (expected value), ``per_forward`` views stacked per forward."""
+
+    count: int
+    canvas: int
+    kept: float
+    per_forward: int
+
+    @property
+    def chunks(self) -> int:
+        return math.ceil(self.count / self.per_forward)
+
+
+def _spg_kept(length: int, block: int, p: float) -> float:
+    """Expected masked positions of one SPG ``block_random`` view (all ``L`` positions scored): every position after
+    the chosen block, ``U{1..L_b}`` inside it, each earlier one with probability ``p``; the block uniform."""
+    blocks = max(length // block, 1)
+    return sum((blocks - 1 - b) * block + (block + 1) / 2 + p * b * block for b in range(blocks)) / blocks
+
+
+def views_of(s: Settings) -> Views:
+    """Views per row of ``s.estimator`` (module docstrings of :mod:`trl_dllm.core.likelihood`): ``mean_field`` one
+    fully masked view; ``elbo`` ``K`` (``2K`` antithetic) views of ``L/2`` expected masked positions; ``coupled``
+    ``3K`` views (full, ``A``, complement: ``2L/3`` on average); ``spg`` ``K`` block-wise views; ``block`` ``K``
+    (``2K``) staircase forwards of ``P + 2L`` tokens; ``block_steps`` one staircase forward per step of a block;
+    ``trajectory`` ``step_samples`` canvases of ``L/T`` scored tokens; ``left_to_right`` ``L`` canvases of one."""
+    P, L, K, m = s.prompt_length, s.completion_length, s.mc_samples, max(s.mc_batch_size, 1)
+    pair = 2 if s.antithetic else 1
+    table = {
+        "mean_field": (1, P + L, L),
+        "elbo": (K * pair, P + L, L / 2),
+        "coupled": (3 * K, P + L, 2 * L / 3),
+        "spg": (K, P + L, _spg_kept(L, s.block_length, s.p_mask_prompt)),
+        "block": (K * pair, P + 2 * L, L / 2),
+        "block_steps": (max(s.diffusion_steps // max(L // s.block_length, 1), 1), P + 2 * L, 0.0),
+        "trajectory": (s.step_samples, P + L, L / max(s.diffusion_steps, 1)),
+        "left_to_right": (L, P + L, 1),
+    }
+    if s.estimator not in table:
+        raise ValueError(f"estimator={s.estimator!r}: the planner models {', '.join(sorted(table))}.")
+    count, canvas, kept = table[s.estimator]
+    if s.estimator == "block_steps":
+        kept = L / count  # every token of a block is scored once over its steps
+    per_forward = 1 if s.estimator in ("block_steps",) else min(m, count)
+    return Views(count, canvas, kept, per_forward)
+
+
+def _mlp_saved(arch: Architecture, a: int) -> float:
+    dense = 3 * a * arch.intermediate
+    if not arch.moe_layers:
+        return dense
+    routed = arch.top_k * (3 * a * arch.expert_intermediate + a * arch.hidden) + 4 * arch.experts
+    routed += 3 * a * arch.shared_intermediate
+    return (arch.moe_layers * routed + (arch.layers - arch.moe_layers) * dense) / arch.layers
+
+
+def lora_saved_bytes(arch: Architecture, s: Settings) -> float:
+    """Per token and layer: what the LoRA-wrapped linears keep (module docstring)."""
+    if not s.lora_r:
+        return 0.0
+    mask = (1 if s.device == "cuda" else 4) if s.lora_dropout > 0 else 0
+    kept_input = s.activation_bytes if s.autocast else 4
+    total = 0.0
+    for lin in arch.lora_targets(s.lora_targets):
+        total += lin.count * lin.per_token * ((kept_input + mask) * lin.in_features + s.activation_bytes * s.lora_r)
+    return total / arch.layers
+
+
+def layer_saved_bytes(arch: Architecture, s: Settings) -> float:
+    """Bytes autograd keeps per token for one decoder layer (averaged over dense and routed layers); module docstring."""
+    a, h = s.activation_bytes, arch.hidden
+    hq, hkv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    attention = a * (2 * hq + 2 * hkv) + 4 * arch.heads + (4 * (hq + hkv) if arch.qk_norm else 0)
+    saved = 2 * 4 * h + attention + _mlp_saved(arch, a)
+    if not s.lora_r:  # full fine-tuning: linear inputs and normalised outputs
+        down = arch.intermediate
+        if arch.moe_layers:
+            routed = arch.top_k * arch.expert_intermediate + arch.shared_intermediate
+            down = (arch.moe_layers * routed + (arch.layers - arch.moe_layers) * down) / arch.layers
+        saved += a * (2 * h + hq + down) + 2 * a * h
+    return saved + lora_saved_bytes(arch, s)
+
+
+def layer_transient_bytes(arch: Architecture, s: Settings) -> float:
+    """Bytes alive per token at the peak of one layer's forward under no grad (module docstring)."""
+    a, h = s.activation_bytes, arch.hidden
+    if arch.moe_layers:
+        mlp = arch.top_k * (3 * a * arch.expert_intermediate + a * h) + 3 * a * arch.shared_intermediate
+        mlp = max(mlp, 3 * a * arch.intermediate if arch.moe_layers < arch.layers else 0)
+    else:
+        mlp = 3 * a * arch.intermediate
+    widths = [lin.in_features for lin in arch.lora_targets(s.lora_targets)] if s.lora_r else []
+    return 2 * a * h + mlp + (8 * max(widths) if widths else 0)
+
+
+def _head_bytes(arch: Architecture, s: Settings, kept: float, grad: bool) -> tuple[float, float]:
+    """(kept for backward, transient) bytes of the log-probabilities at ``kept`` scored positions."""
+    V = arch.vocab
+    if s.logits == "chunked":
+        tile = 2 * 4 * min(kept, _TILE_TOKENS) * min(V, _TILE_VOCAB)
+        return (kept * (s.activation_bytes * arch.hidden + 8) if grad else 0.0), tile + 4 * kept * arch.hidden
+    if s.logits != "full":
+        raise ValueError(f"logits={s.logits!r} must be 'chunked' or 'full'.")
+    if not grad:
+        return 0.0, 12 * kept * V
+    return (8 if s.entropy_grad else 4) * kept * V, 8 * kept * V
+
+
+def _recompute(s: Settings, chunks: int) -> bool:
+    if s.shards_parameters:  # training/scoring.py: ZeRO-3 / FSDP never recompute a chunk
+        return False
+    if s.mc_checkpointing == "auto":
+        return chunks > s.auto_kept_chunks
+    return bool(s.mc_checkpointing)
+
+
+def phase_bytes(arch: Architecture, s: Settings) -> dict[str, float]:
+    """Bytes above the static memory (weights, optimizer state) at the peak of each phase of one micro-step.
+
+    Returns ``rollout`` (KV cache + the larger of one layer's transient and the block's sampling), ``kv_cache``,
+    ``scoring`` (one old / reference no-grad chunk), ``logits`` (the kept chunks' log-probabilities and the last
+    one's temporaries) and ``update_activations`` (the rest of the update's peak: the kept chunk graphs, with or
+    without activation checkpointing, the block masks of block layouts, or the backward of one layer, whichever is
+    larger).
+    """
+    a, layers = s.activation_bytes, arch.layers
+    views = views_of(s)
+    rows = s.batch * views.per_forward
+    tokens = rows * views.canvas
+    kept = rows * views.kept
+    block_mask = rows * views.canvas**2 * a if arch.block_causal or s.estimator in ("block", "block_steps") else 0.0
+
+    # Rollout: cache, forwarded tokens per call, sampled block positions.
+    canvas = s.prompt_length + s.completion_length
+    cached = arch.block_causal and s.block_kv_cache or s.generation_cache in ("prefix", "dual")
+    kv_cache = 2 * layers * a * arch.kv_heads * arch.head_dim * s.generation_rows * canvas if cached else 0.0
+    forwarded = {"prefix": s.completion_length, "dual": s.block_length}.get(s.generation_cache, canvas)
+    if arch.block_causal and s.block_kv_cache:
+        forwarded = s.block_length
+    sample = arch.vocab * (2 * a + (24 if s.temperature > 0 else 8))
+    rollout_mask = s.generation_rows * canvas**2 * a if arch.block_causal else 0.0
+    rollout = kv_cache + rollout_mask + max(
+        s.generation_rows * forwarded * layer_transient_bytes(arch, s),
+        s.generation_rows * s.block_length * sample,
+    )
+
+    # Old / reference scoring: one chunk at a time, no grad.
+    _, head_transient = _head_bytes(arch, s, kept, grad=False)
+    scoring = block_mask + max(tokens * layer_transient_bytes(arch, s), head_transient)
+
+    # Update: the graphs of the kept chunks; the peak is the end of the last chunk's forward (every kept graph and
+    # log-prob, and the last chunk's log-softmax temporaries) or the backward of a layer (the kept graphs, the other
+    # chunks' log-probs, the layer's gradients as large as its no-grad temporaries and, with checkpointing, its
+    # recomputed activations).
+    per_token = layer_saved_bytes(arch, s)
+    kept_per_layer = a * arch.hidden if s.activation_checkpointing else per_token
+    graph = tokens * (layers * kept_per_layer + 4 * arch.hidden) + block_mask
+    head_saved, head_transient = _head_bytes(arch, s, kept, grad=True)
+    alive = 1 if _recompute(s, views.chunks) else views.chunks
+    logits = alive * head_saved + head_transient
+    backward = alive * graph + (alive - 1) * head_saved + tokens * layer_transient_bytes(arch, s)
+    if s.activation_checkpointing:
+        backward += tokens * per_token
+    update = max(alive * graph + logits, backward)
+    return {
+        "rollout": rollout,
+        "kv_cache": kv_cache,
+        "scoring": scoring if (s.old_pass or s.ref_pass) else 0.0,
+        "update_activations": update - logits,
+        "logits": logits,
+    }

@@ -1,0 +1,152 @@
+"""`trl-dllm plan`: the planned peak memory per GPU of a recipe's training micro-step, by phase, before any GPU runs.
+
+    trl-dllm plan --config recipes/llada/stabledrl_gsm8k_lora.yaml --gpu_memory_gb 80 --num_processes 8 [--json]
+
+The recipe and flags are parsed as `trl-dllm grpo` parses them; the model is read from its `config.json` only
+(weights on the meta device, nothing downloaded but that file). The formulas are in :mod:`trl_dllm.planning`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .parsing import ScriptParser, UsageError, exit_on_bad_input
+
+
+@dataclass
+class PlanArguments:
+    """
+    What `trl-dllm plan` plans for, besides the recipe.
+
+    Args:
+        gpu_memory_gb (`float`, *optional*, defaults to `80.0`):
+            Memory of one GPU in GB (10⁹ bytes); `usable_fraction` of it counts as usable.
+        num_processes (`int`, *optional*, defaults to `1`):
+            GPUs (processes) the run shards over.
+        strategy (`str`, *optional*, defaults to `"ddp"`):
+            The plan's headline strategy: `ddp`, `zero2`, `zero3` or `fsdp2` (every one is shown).
+        prompt_length (`int`, *optional*, defaults to `256`):
+            Prompt tokens per row (the recipes have no prompt-length field; GSM8K prompts are shorter).
+        logits (`str`, *optional*, defaults to `"chunked"`):
+            Log-probabilities at scored positions: `chunked` (TRL's chunked kernel, the current code) or `full`
+            (float32 log-softmax of every kept position, the code measured on the GPU on 2026-11-26).
+        auto_kept_chunks (`int`, *optional*, defaults to `1`):
+            Chunks of views `mc_checkpointing="auto"` keeps without recomputing (the current code: 1; that older
+            code: 2).
+        usable_fraction (`float`, *optional*, defaults to `0.9`):
+            Share of `gpu_memory_gb` a micro-step may take (CUDA context, NCCL buffers, fragmentation take the rest).
+        json (`bool`, *optional*, defaults to `False`):
+            Print one JSON object instead of the table.
+    """
+
+    gpu_memory_gb: float = field(default=80.0, metadata={"help": "Memory of one GPU in GB (1e9 bytes)."})
+    num_processes: int = field(default=1, metadata={"help": "GPUs the run shards over."})
+    strategy: str = field(default="ddp", metadata={"help": "Headline strategy: ddp, zero2, zero3 or fsdp2."})
+    prompt_length: int = field(default=256, metadata={"help": "Prompt tokens per row."})
+    logits: str = field(default="chunked", metadata={"help": "chunked (current code) or full (older code)."})
+    auto_kept_chunks: int = field(default=1, metadata={"help": "Chunks mc_checkpointing='auto' keeps (older: 2)."})
+    usable_fraction: float = field(default=0.9, metadata={"help": "Share of the GPU a micro-step may take."})
+    json: bool = field(default=False, metadata={"help": "Print one JSON object."})
+
+
+def make_parser() -> ScriptParser:
+    from trl import ModelConfig
+
+    from ..config import DiffusionGRPOConfig
+    from .grpo import GRPOScriptArguments
+
+    return ScriptParser((PlanArguments, GRPOScriptArguments, DiffusionGRPOConfig, ModelConfig), prog="trl-dllm plan")
+
+
+def check_plan_arguments(options: PlanArguments) -> None:
+    """One error naming the field, its value and what it must be."""
+    from ..planning import STRATEGIES
+
+    if options.strategy not in STRATEGIES:
+        raise UsageError(f"strategy: {options.strategy!r} is not one of {', '.join(STRATEGIES)}")
+    if options.logits not in ("chunked", "full"):
+        raise UsageError(f"logits: {options.logits!r} must be chunked or full")
+    for name in (n for n in ("gpu_memory_gb", "num_processes", "prompt_length", "usable_fraction")
+                 if getattr(options, n) <= 0):  # fmt: skip
+        raise UsageError(f"{name}: {getattr(options, name)} must be > 0")
+
+
+def build_report(options: PlanArguments, training_args, model_args) -> dict:
+    """The plan of every strategy, the headline one's phases, its largest batch and the changes that make it fit."""
+    from .. import planning
+
+    if not model_args.model_name_or_path:
+        raise UsageError("model_name_or_path is not set: pass --model_name_or_path (a Hub id or a folder with config.json)")
+    arch = planning.read_architecture(model_args.model_name_or_path, revision=model_args.model_revision)
+    settings = planning.settings_from_args(training_args, model_args, prompt_length=options.prompt_length,
+                                           logits=options.logits, auto_kept_chunks=options.auto_kept_chunks)  # fmt: skip
+    weight_bytes = planning.dtype_bytes(model_args.dtype)
+    common = dict(num_processes=options.num_processes, weight_bytes=weight_bytes,
+                  gradient_accumulation_steps=training_args.gradient_accumulation_steps,
+                  full_reference=training_args.beta != 0.0 and not model_args.use_peft,
+                  gpu_memory_gb=options.gpu_memory_gb, usable_fraction=options.usable_fraction)  # fmt: skip
+    rollout_rows = dict(steps_per_generation=settings.generation_rows // settings.batch,
+                        generation_chunk_size=training_args.generation_chunk_size)  # fmt: skip
+    strategies = {}
+    for strategy in planning.STRATEGIES:
+        result = planning.plan(arch, settings, strategy=strategy, **common)
+        strategies[strategy] = {"total_gb": result.total_gb, "fits": result.fits, "peak_phase": result.peak_phase,
+                                "largest_batch": planning.largest_batch(arch, settings, strategy=strategy,
+                                                                        **rollout_rows, **common)}  # fmt: skip
+    head = planning.plan(arch, settings, strategy=options.strategy, **common)
+    rest = {k: v for k, v in common.items() if k != "gradient_accumulation_steps"}
+    fixes = [] if head.fits else planning.suggestions(
+        arch, settings, gradient_accumulation_steps=training_args.gradient_accumulation_steps,
+        strategy=options.strategy, batch_multiple=training_args.num_generations if training_args.whole_group_batches
+        else 1, **rollout_rows, **rest)  # fmt: skip
+    return {
+        "model": {"name_or_path": model_args.model_name_or_path, "family": arch.family, "parameters": arch.parameters,
+                  "active_parameters": arch.active_parameters, "trainable": planning.lora_parameters(arch, settings)
+                  or arch.parameters},  # fmt: skip
+        "strategy": options.strategy, "num_processes": options.num_processes, "gpu_memory_gb": options.gpu_memory_gb,
+        "usable_gb": head.usable_gb, "per_device_train_batch_size": settings.batch,
+        "activation_checkpointing": settings.activation_checkpointing, "logits": settings.logits,
+        "total_gb": head.total_gb, "peak_phase": head.peak_phase, "phases": head.phases, "fits": head.fits,
+        "largest_batch": strategies[options.strategy]["largest_batch"], "strategies": strategies, "suggestions": fixes,
+    }  # fmt: skip
+
+
+_PHASE_LABELS = {
+    "weights": "weights (adapters included)", "reference_weights": "reference model", "gradients": "gradients",
+    "optimizer": "optimizer state", "rollout_gathered_weights": "weights gathered for the rollout",
+    "rollout": "rollout (above the weights)", "kv_cache": "  of which KV cache", "scoring": "old/ref scoring",
+    "update_activations": "update activations", "logits": "update log-probs (logits)",
+}  # fmt: skip
+
+
+def render(report: dict) -> str:
+    """The report as a plain-text table: phases, the peak and its verdict, every strategy, the changes that fit."""
+    lines = [f"{report['model']['name_or_path']}: {report['model']['parameters'] / 1e9:.2f} B parameters "
+             f"({report['model']['active_parameters'] / 1e9:.2f} B active), {report['model']['trainable'] / 1e6:.1f} M "
+             f"trainable; batch {report['per_device_train_batch_size']}, activation checkpointing "
+             f"{'on' if report['activation_checkpointing'] else 'off'}, logits {report['logits']}",
+             f"per GPU under {report['strategy']} on {report['num_processes']} GPU(s) (GB):"]  # fmt: skip
+    lines += [f"  {_PHASE_LABELS[name]:<36} {value:8.2f}" for name, value in report["phases"].items() if value]
+    lines.append(f"  {'peak (' + report['peak_phase'] + ')':<36} {report['total_gb']:8.2f}   "
+                 f"{'fits' if report['fits'] else 'does NOT fit'} in "
+                 f"{report['usable_gb']} GB usable of {report['gpu_memory_gb']}; largest batch {report['largest_batch']}")
+    lines.append("strategies: " + "; ".join(f"{name} {row['total_gb']} GB (largest batch {row['largest_batch']})"
+                                             for name, row in report["strategies"].items()))  # fmt: skip
+    for fix in report["suggestions"]:
+        change = ", ".join(f"{k}={v}" for k, v in fix["change"].items())
+        lines.append(f"to fit: {change} -> {fix['total_gb']} GB ({'fits' if fix['fits'] else 'does not fit'})")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    with exit_on_bad_input("trl-dllm plan", errors=(UsageError, ValueError, FileNotFoundError, OSError)):
+        # use_cpu: the config's device checks (bf16 needs a bf16 GPU) are about this machine, not the planned GPU
+        options, _, training_args, model_args = make_parser().parse(argv, defaults={"use_cpu": True})
+        check_plan_arguments(options)
+        report = build_report(options, training_args, model_args)
+    print(json.dumps(report) if options.json else render(report))
+    return 0
