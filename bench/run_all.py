@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from bench import bench_generation, bench_likelihood, bench_rollout_tradeoff, bench_train_step
+from bench import bench_generation, bench_host_overhead, bench_likelihood, bench_rollout_tradeoff, bench_train_step
 from bench.common import emit, parser, setup
 
 BENCHMARKS = {
@@ -18,6 +18,7 @@ BENCHMARKS = {
     "likelihood": bench_likelihood.run,
     "train_step": bench_train_step.run,
     "rollout": bench_rollout_tradeoff.run,  # also writes rollout_tradeoff.json (the rows)
+    "host_overhead": bench_host_overhead.run,
 }
 
 
