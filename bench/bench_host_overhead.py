@@ -6,8 +6,8 @@ On a GPU a denoising step of a small block (SDAR: 4 tokens per row) costs what t
 running Python, not arithmetic; on a tiny CPU model the same is true, so this benchmark measures that host work where
 no GPU is needed. For every sampler — ``fixed`` (bidirectional, scheduled), ``threshold`` (bidirectional, Fast-dLLM
 threshold decoding), ``prefix_cache`` / ``dual_cache`` (Fast-dLLM's approximate caches), ``block_causal`` (exact
-block KV cache) — one seeded rollout at temperature 1 with per-row generators and EOS early exit (the trainer's
-setting) reports, per denoising step (= per model forward):
+block KV cache) — one seeded rollout at temperature 1 with per-row generators (the trainer's setting; EOS early exit
+off, its default) reports, per denoising step (= per model forward):
 
 - ``ops_per_step``: aten operations dispatched (a ``TorchDispatchMode`` counter), and ``ops_per_step_outside_model``:
   those dispatched outside the model's ``forward`` (forward pre/post hooks on the model set a flag): the sampler's own
@@ -30,7 +30,7 @@ from dataclasses import replace
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench.common import Size, build, emit, environment, median, parser, random_ids, setup, timed
+from bench.common import Size, build, emit, environment, median, parser, random_ids, setup, target, timed
 from trl_dllm.core.sampling import generate, generate_block_causal, generate_cached
 
 SAMPLERS = ("fixed", "threshold", "prefix_cache", "dual_cache", "block_causal")
@@ -106,7 +106,7 @@ def _options(size: Size, model, tokenizer, sampler: str) -> tuple:
     """``(sampler function, keyword arguments)`` of one rollout of ``size`` with ``sampler``."""
     options = dict(
         mask_token_id=model.config.mask_token_id, gen_length=size.completion, temperature=1.0,
-        eos_token_ids=[tokenizer.eos_token_id], eos_early_exit=True, return_trajectory=True,
+        eos_token_ids=[tokenizer.eos_token_id], return_trajectory=True,
     )  # fmt: skip
     block = BLOCK_CAUSAL_BLOCK if sampler == "block_causal" else size.block
     options.update(block_length=block, diffusion_steps=size.completion // 2 if sampler != "block_causal" else
@@ -162,6 +162,11 @@ def run(size: Size, repeats: int = 3, samplers=SAMPLERS) -> dict:
     results = {"environment": environment(size)}
     for sampler in samplers:
         results[sampler] = measure(size, sampler, model, tokenizer, prompt, repeats)
+    results["targets"] = {
+        f"syncs_{sampler}": target(results[sampler]["syncs_per_step_outside_model"], 1,
+                                   f"{sampler}: the sampler's host synchronisations per denoising step")
+        for sampler in samplers
+    }  # fmt: skip
     return results
 
 

@@ -261,9 +261,21 @@ class _HostCounts:
     anywhere). They are read from the device once per block, and once per step only where the device decides them
     (threshold decoding; EOS early exit); scheduled steps update them by the schedule."""
 
-    def __init__(self, rollout: Rollout, masked: torch.Tensor):
+    def __init__(self, rollout: Rollout, masked: torch.Tensor, next_masked: torch.Tensor | None = None):
         left = (rollout.completion == rollout.mask_token_id).sum(dim=1)
-        self.window, self.completion = torch.stack([masked.sum(dim=1), left]).tolist()  # the one synchronisation
+        counts = [masked.sum(dim=1), left] + ([] if next_masked is None else [next_masked.sum(dim=1)])
+        counts = torch.stack(counts).tolist()  # the one synchronisation
+        self.window, self.completion = counts[0], counts[1]
+        self.next = counts[2] if next_masked is not None else None  # the next window's, for its first step
+
+    @classmethod
+    def known(cls, window: list[int], completion: list[int]) -> _HostCounts:
+        counts = object.__new__(cls)
+        counts.window, counts.completion, counts.next = window, completion, None
+        return counts
+
+    def for_next_window(self) -> _HostCounts | None:
+        return None if self.next is None else _HostCounts.known(self.next, self.completion)
 
     def committed(self, active, transfer) -> None:
         for b, count in zip(active, transfer):
@@ -294,8 +306,9 @@ def decode_blocks(
     layout of block-diffusion models, :func:`decoding_windows`); ``None``: blocks of ``block_length`` from the
     prompt's end.
 
-    Host synchronisations: one per block (the masked counts), plus one per step with threshold decoding or EOS early
-    exit (which the device decides); a scheduled step otherwise knows every count from the schedule. Noise is
+    Host synchronisations: one per block (the masked counts) with scheduled decoding, whose steps know every count
+    from the schedule; one per step with threshold decoding or EOS early exit (the device decides the counts), which
+    also reads the next window's counts for its first step. Noise is
     counter-based (:class:`~.noise.RowStreams`), keyed by each row's own generator.
     """
     threshold = opts.confidence_threshold is not None
@@ -304,10 +317,15 @@ def decode_blocks(
     noise = RowStreams(generator, batch, length, max(steps_per_block * (length // block_length + 1), length) + 1,
                        rollout.canvas.device) if opts.temperature > 0 or opts.remasking == "random" else None  # fmt: skip
     row_index: dict[tuple[int, ...], Rows] = {}
-    for index, (start, end, member) in enumerate(decoding_windows(blocks, rollout.prompt_length, length,
-                                                                  block_length)):  # fmt: skip
+    windows = decoding_windows(blocks, rollout.prompt_length, length, block_length)
+    following = None  # counts of the next window, read with the last step's (no extra synchronisation)
+    for index, (start, end, member) in enumerate(windows):
         masked = _window_masked(rollout, start, end, member)
-        counts = _HostCounts(rollout, masked)
+        if index == 0 and member is None:  # nothing committed yet: every position of every row is masked
+            following = _HostCounts.known([end - start] * batch, [length] * batch)
+        counts = following if following is not None else _HostCounts(rollout, masked)
+        following = None
+        upcoming = windows[index + 1] if index + 1 < len(windows) else None
         schedule = None if threshold else _schedule(counts.window, steps_per_block)
         step = 0
         while any(counts.window) and (threshold or step < steps_per_block):
@@ -334,7 +352,9 @@ def decode_blocks(
                 rollout.exit_finished_rows()
                 masked = _window_masked(rollout, start, end, member)
                 if read_every_step:
-                    counts = _HostCounts(rollout, masked)
+                    next_masked = None if upcoming is None else _window_masked(rollout, *upcoming)
+                    counts = _HostCounts(rollout, masked, next_masked)
+                    following = counts.for_next_window()
                 else:
                     counts.committed(active, [transfer[b] for b in active])
             step += 1

@@ -47,7 +47,7 @@ def row_keys(generator, batch: int, device: torch.device) -> torch.Tensor:
         device_of = generator.device if generator is not None else torch.device("cpu")
         words = torch.randint(high, (batch,), generator=generator, device=device_of)
     else:
-        words = torch.cat([torch.randint(high, (1,), generator=g, device=g.device).cpu() for g in generator])
+        words = torch.cat([torch.randint(high, (1,), generator=g, device=g.device).to(device) for g in generator])
     words = words.to(device)
     return hash32(hash32(words >> 32 & _WORD) ^ (words & _WORD))
 
