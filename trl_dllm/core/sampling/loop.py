@@ -247,10 +247,14 @@ def decoding_windows(blocks: torch.Tensor | None, prompt_length: int, length: in
         return [(start, start + block_length, None) for start in range(0, length, block_length)]
     relative = blocks - blocks[:, prompt_length : prompt_length + 1]
     completion = torch.arange(blocks.shape[1], device=blocks.device) >= prompt_length
+    ks = torch.arange(length // block_length + 2, device=blocks.device)  # more than the windows there can be
+    hits = (relative[:, :, None] == ks).any(dim=0).int()  # (N, k): some row's column is in its k-th block
+    first, last = hits.argmax(dim=0), hits.shape[0] - 1 - hits.flip(0).argmax(dim=0)
+    read = torch.cat([first, last, relative[:, prompt_length:].max()[None]]).tolist()  # one synchronisation
+    first, last, count = read[: len(ks)], read[len(ks) : 2 * len(ks)], read[-1]
     windows = []
-    for k in range(int(relative[:, prompt_length:].max()) + 1):
-        columns = (relative == k).any(dim=0).nonzero().squeeze(1)
-        lo, hi = int(columns[0]), int(columns[-1]) + 1
+    for k in range(count + 1):
+        lo, hi = first[k], last[k] + 1
         member = (relative[:, lo:hi] == k) & completion[lo:hi]
         windows.append((lo - prompt_length, hi - prompt_length, member))
     return windows
