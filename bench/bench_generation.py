@@ -45,6 +45,7 @@ from bench.common import (
 from trl_dllm.core.logits import module_logits_fn
 from trl_dllm.core.sampling import REMASKING, generate, sample_tokens, sampling_log_probs, select_above, select_top
 from trl_dllm.core.sampling import loop as sampling_loop
+from trl_dllm.core.sampling.noise import KeyedNoise
 
 
 def _generate(model, timer, prompt, keep_positions: bool, **options):
@@ -86,8 +87,10 @@ def _threshold(model, size: Size, prompt, threshold: float, sharpen: float, temp
     }
 
 
-def _choose_full_block(logits, masked, num_transfer, opts, generator):
-    """The baseline: the denoising step before issue 14, sampling on every block position (committed ones too)."""
+def _choose_full_block(logits, masked, num_transfer, opts, generator, **_):
+    """The baseline: the denoising step before issue 14, sampling on every block position (committed ones too). The
+    loop's keyed noise covers the masked positions only, so this draws its `(b, K, V)` noise from the global RNG."""
+    generator = None if isinstance(generator, KeyedNoise) else generator
     log_probs = sampling_log_probs(logits, temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p,
                                    mask_token_id=opts.mask_token_id, min_p=opts.min_p)  # fmt: skip
     tokens = sample_tokens(log_probs, opts.temperature, generator)

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import time
 
-from bench import bench_generation, bench_likelihood, bench_rollout_tradeoff, bench_train_step, bench_update_memory
+from bench import (
+    bench_generation,
+    bench_host_overhead,
+    bench_likelihood,
+    bench_rollout_tradeoff,
+    bench_train_step,
+    bench_update_memory,
+)
 from bench.common import emit, parser, setup
 
 BENCHMARKS = {
@@ -19,6 +26,7 @@ BENCHMARKS = {
     "train_step": bench_train_step.run,
     "update_memory": bench_update_memory.run,
     "rollout": bench_rollout_tradeoff.run,  # also writes rollout_tradeoff.json (the rows)
+    "host_overhead": bench_host_overhead.run,
 }
 
 

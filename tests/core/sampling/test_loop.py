@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from trl_dllm.core.sampling.loop import StepOptions, _choose
+from trl_dllm.core.sampling.noise import RowStreams, keyed_uniform
 from trl_dllm.core.sampling.remasking import REMASKING, sampling_log_probs, select_top
 
 VOCAB = 16
@@ -28,14 +29,15 @@ def test_greedy_step_equals_sampling_every_block_position(remasking):
     logits, masked = _step_inputs()
     num_transfer = torch.tensor([2, 1, 3])
     opts = StepOptions(MASK, 0.0, None, None, remasking)
-    result = _choose(logits, masked, num_transfer, opts, [torch.Generator().manual_seed(i) for i in range(3)])
+    streams = RowStreams([torch.Generator().manual_seed(i) for i in range(3)], 3, 6, 8, torch.device("cpu"))
+    flat = masked.reshape(-1).nonzero().squeeze(1)
+    noise = streams.keys(slice(None), 0, 6, flat)
+    result = _choose(logits, masked, num_transfer, opts, noise, index=flat, max_transfer=3)
     log_q = sampling_log_probs(logits, mask_token_id=MASK)  # the reference: every block position
     tokens = log_q.argmax(-1)
-    if remasking == "random":  # its noise: row b draws one uniform per masked position
+    if remasking == "random":  # its noise: one keyed uniform per masked position
         confidence = torch.full(masked.shape, float("-inf"), dtype=torch.float64)
-        for b in range(3):
-            confidence[b, masked[b]] = torch.rand(int(masked[b].sum()), generator=torch.Generator().manual_seed(b),
-                                                  dtype=torch.float64)  # fmt: skip
+        confidence[masked] = keyed_uniform(noise, (len(flat),))
     else:
         confidence = REMASKING[remasking](log_q, tokens, None)
     assert torch.equal(result.commit, select_top(confidence, masked, num_transfer))
@@ -43,19 +45,22 @@ def test_greedy_step_equals_sampling_every_block_position(remasking):
     torch.testing.assert_close(result.logprobs[masked], log_q.gather(-1, tokens[..., None]).squeeze(-1)[masked])
 
 
-@pytest.mark.parametrize("per_row", [True, False])
-def test_gumbel_noise_is_drawn_for_the_masked_positions_only(per_row):
-    """The random-stream contract at T > 0: per-row generators draw `(n_b, V)` for row b's masked positions; a shared
-    generator draws `(n, V)` for all of them, row-major."""
+@pytest.mark.parametrize("keyed", [True, False])
+def test_gumbel_noise_is_drawn_for_the_masked_positions_only(keyed):
+    """The random-stream contract at T > 0: keyed noise gives masked entry i of row b the uniforms
+    `keyed_uniform(keys[i], v)`; a shared generator draws `(n, V)` for all of them, row-major."""
     logits, masked = _step_inputs(1)
     opts = StepOptions(MASK, 0.7, 5, 0.9, "low_confidence")
-    generators = [torch.Generator().manual_seed(10 + b) for b in range(3)] if per_row else torch.Generator().manual_seed(3)
-    result = _choose(logits, masked, torch.tensor([1, 1, 2]), opts, generators)
+    flat = masked.reshape(-1).nonzero().squeeze(1)
+    if keyed:
+        streams = RowStreams([torch.Generator().manual_seed(10 + b) for b in range(3)], 3, 6, 8, torch.device("cpu"))
+        noise = streams.keys(slice(None), 0, 6, flat)
+    else:
+        noise = torch.Generator().manual_seed(3)
+    result = _choose(logits, masked, torch.tensor([1, 1, 2]), opts, noise, index=flat, max_transfer=2)
     log_q = sampling_log_probs(logits[masked], temperature=0.7, top_k=5, top_p=0.9, mask_token_id=MASK)
-    if per_row:
-        counts = masked.sum(1).tolist()
-        uniform = torch.cat([torch.rand(c, VOCAB, generator=torch.Generator().manual_seed(10 + b), dtype=torch.float64)
-                             for b, c in enumerate(counts)])  # fmt: skip
+    if keyed:
+        uniform = keyed_uniform(noise, (len(flat), VOCAB))
     else:
         uniform = torch.rand(int(masked.sum()), VOCAB, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     expected = (log_q + -(-uniform.log()).log()).argmax(-1)

@@ -77,7 +77,7 @@ def test_refreshes_once_per_block_and_keeps_the_forward_count(model, mode):
     original = BidirectionalKVCache._refresh
 
     def counting(self, *args):
-        source_calls.append(args[2:])
+        source_calls.append(args[2:4])  # (start, end)
         return original(self, *args)
 
     BidirectionalKVCache._refresh = counting

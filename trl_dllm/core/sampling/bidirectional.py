@@ -127,10 +127,13 @@ def generate(
     if attention_mask is not None:
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(input_ids), gen_length))], dim=1)
 
-    def source(canvas, rows, start, end):
-        positions = torch.arange(prompt_length + start, prompt_length + end, device=canvas.device)
+    positions = {}  # per block, not per step
+
+    def source(canvas, rows, start, end, step_rows=None):
+        if (start, end) not in positions:
+            positions[(start, end)] = torch.arange(prompt_length + start, prompt_length + end, device=canvas.device)
         mask = None if attention_mask is None else attention_mask[rows]
-        return _block_logits(logits_fn, canvas[rows], mask, prompt_length, positions, opts)
+        return _block_logits(logits_fn, canvas[rows], mask, prompt_length, positions[(start, end)], opts)
 
     decode_blocks(rollout, source, opts, block_length, steps_per_block, generator)
     return rollout.output(return_trajectory)

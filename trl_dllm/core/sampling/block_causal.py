@@ -34,7 +34,7 @@ def _uncached_source(
     """Block logits from the canvas up to the end of the current block, under the block-causal 4-D mask (per-row
     block and position ids with ``layout``, see :func:`~trl_dllm.core.masks.layout_ids`)."""
 
-    def source(canvas, rows, start, end):
+    def source(canvas, rows, start, end, step_rows=None):
         hi = prompt_length + end
         padding = None if attention_mask is None else attention_mask[rows, :hi]
         columns = torch.arange(prompt_length + start, hi, device=canvas.device)

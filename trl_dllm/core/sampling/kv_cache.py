@@ -5,13 +5,14 @@ the block is committed: caching them is exact (unlike a prefix cache for a bidir
 approximation). :class:`BlockCausalKVCache` is a *block-logits source* for the step loop of
 :mod:`trl_dllm.core.sampling.loop`: each call forwards only the positions not yet cached — the current (noisy) block,
 plus, on the first step of a block, the block committed just before it (and the prompt, on the very first call) — with
-the matching rows of the 4-D mask and explicit ``position_ids``, then crops the noisy block off the cache again.
-Extending the cache therefore costs no extra forward: a committed block rides along with the first step of the next
-block.
+the matching rows of the 4-D mask and explicit ``position_ids``. The keys and values live in a static, preallocated
+:class:`SlotCache` over the whole canvas: the noisy block is overwritten by the next step instead of cropped, and
+every step of a block has fixed shapes (masks and positions are built once per block). Extending the cache costs no
+extra forward: a committed block rides along with the first step of the next block.
 
 It calls the Hugging Face module directly (``past_key_values``, ``position_ids``, ``logits_to_keep``), which the
-logits-function interface of :mod:`trl_dllm.core.logits` does not carry. The cache object (a transformers
-``DynamicCache``) is created by the model on the first call, so this module imports only torch.
+logits-function interface of :mod:`trl_dllm.core.logits` does not carry. :class:`SlotCache` implements the part of the
+transformers cache interface that attention layers call, so this module imports only torch.
 """
 
 from __future__ import annotations
@@ -21,12 +22,46 @@ from torch import nn
 
 from ..masks import block_attention, block_causal_mask
 
-__all__ = ["BlockCausalKVCache", "module_dtype"]
+__all__ = ["BlockCausalKVCache", "SlotCache", "module_dtype"]
 
 
 def module_dtype(model: nn.Module) -> torch.dtype:
     """Dtype of the first floating-point parameter (the additive attention mask must have it); float32 if none."""
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+class SlotCache:
+    """A static, preallocated KV cache that a transformers model fills through its cache interface: per layer, key and
+    value buffers `(b, H, N, D)` over the ``N`` canvas columns, allocated on the first forward. A forward writes its
+    keys and values at columns ``[lo, hi)`` (set by the caller before the call) and attends over all ``N`` slots;
+    the caller's 4-D mask hides the slots it must not see. No growth by concatenation, no crop: a noisy block is
+    simply overwritten by the next step, so every step of a block has the same shapes.
+
+    It implements what the models of this package call on a cache (``update``, ``get_seq_length``), so this module
+    needs no transformers import.
+    """
+
+    def __init__(self, length: int):
+        self.length, self.lo, self.hi = length, 0, 0
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if layer_idx == len(self.keys):
+            batch, heads = key_states.shape[:2]
+            self.keys.append(key_states.new_zeros((batch, heads, self.length, key_states.shape[-1])))
+            self.values.append(value_states.new_zeros((batch, heads, self.length, value_states.shape[-1])))
+        self.keys[layer_idx][:, :, self.lo : self.hi] = key_states
+        self.values[layer_idx][:, :, self.lo : self.hi] = value_states
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.lo
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Keep only the rows ``keep`` (finished rows leave; rare, so a copy is fine)."""
+        self.keys = [k.index_select(0, keep) for k in self.keys]
+        self.values = [v.index_select(0, keep) for v in self.values]
 
 
 class BlockCausalKVCache:
@@ -37,10 +72,15 @@ class BlockCausalKVCache:
     before ``start`` must not change between calls (committed tokens never do). Rows with no masked completion
     position left (finished, e.g. by EOS early exit) are dropped from the cache for good.
 
+    The cache is a :class:`SlotCache` over the whole canvas: each call forwards only the positions not yet cached
+    (``[cached, P + end)``) and writes their keys and values at their own columns; the attention mask covers all
+    ``P + L`` columns, built once per block (two shapes per block: the first step, which carries the block committed
+    just before, and the others).
+
     Args:
         model (`nn.Module`): a transformers causal-LM module (PEFT-wrapped or not) that accepts ``past_key_values``,
             ``position_ids``, a 4-D additive float ``attention_mask`` and an integer ``logits_to_keep``; its logits
-            must not be shifted.
+            must not be shifted, and its attention must read keys and values through ``past_key_values.update``.
         prompt_length (`int`): ``P``; the completion starts at canvas position ``P``.
         block_length (`int`): block size of the block-causal mask (the model's native block size).
         mask_token_id (`int`): id of ``[MASK]``, to tell finished rows.
@@ -55,23 +95,42 @@ class BlockCausalKVCache:
         self.model, self.prompt_length, self.block_length = model, prompt_length, block_length
         self.mask_token_id, self.attention_mask, self.layout = mask_token_id, attention_mask, layout
         self.dtype = module_dtype(model)
-        self.cache = None  # the model's DynamicCache, created on the first call
+        self.cache: SlotCache | None = None  # allocated on the first call, when the canvas length is known
         self.cached = 0  # canvas positions [0, cached) are in the cache
         self.live: torch.Tensor | None = None  # canvas rows held by the cache
+        self.live_rows: tuple[int, ...] | None = None  # the same on the host
+        self.inputs: dict = {}  # (lo, hi) -> (mask, position_ids, where) for the current live rows
 
-    def _drop_finished_rows(self, canvas: torch.Tensor) -> None:
+    def _drop_finished_rows(self, canvas: torch.Tensor, step_rows) -> None:
         if self.live is None:
             self.live = torch.arange(canvas.shape[0], device=canvas.device)
-        unfinished = (canvas[self.live, self.prompt_length :] == self.mask_token_id).any(dim=1)
-        if not bool(unfinished.all()):
+            self.live_rows = tuple(range(canvas.shape[0]))
+        if step_rows is not None:  # the loop knows them on the host: no synchronisation
+            if step_rows.unfinished == self.live_rows:
+                return
+            position = {row: i for i, row in enumerate(self.live_rows)}
+            keep = torch.tensor([position[row] for row in step_rows.unfinished], device=canvas.device)
+            self.live_rows = step_rows.unfinished
+        else:
+            unfinished = (canvas[self.live, self.prompt_length :] == self.mask_token_id).any(dim=1)
+            if bool(unfinished.all()):
+                return
             keep = unfinished.nonzero().squeeze(1)
-            if self.cache is not None:
-                self.cache.batch_select_indices(keep)
-            self.live = self.live[keep]
+            self.live_rows = tuple(self.live_rows[i] for i in keep.tolist())
+        if self.cache is not None:
+            self.cache.select_rows(keep)
+        self.live = self.live[keep]
+        self.inputs = {}
 
-    def __call__(self, canvas: torch.Tensor, rows, start: int, end: int) -> torch.Tensor:
-        self._drop_finished_rows(canvas)
-        lo, hi = self.cached, self.prompt_length + end
+    def _inputs(self, canvas: torch.Tensor, lo: int, hi: int, rows, step_rows):
+        """Mask `(b, 1, hi - lo, N)`, position ids `(b, hi - lo)` and the logits rows of ``rows``: built once per
+        block and set of live rows."""
+        key = (lo, hi, "all" if isinstance(rows, slice) else getattr(step_rows, "active", None))
+        if key in self.inputs:
+            return self.inputs[key]
+        if any(k[1] != hi for k in self.inputs):  # a new block: the previous block's inputs are done
+            self.inputs = {}
+        length = canvas.shape[1]
         padding = None if self.attention_mask is None else self.attention_mask[self.live, :hi]
         if self.layout is None:
             mask = block_causal_mask(
@@ -84,19 +143,32 @@ class BlockCausalKVCache:
             real = torch.ones_like(blocks) if padding is None else padding
             mask = block_attention(blocks, real, query_start=lo, dtype=self.dtype)
             position_ids = positions[:, lo:]
+        # the slots after hi hold nothing yet or a stale noisy block: hidden
+        mask = torch.nn.functional.pad(mask, (0, length - hi), value=float("-inf"))
+        where = None
+        if not (isinstance(rows, slice) and len(self.live) == canvas.shape[0]):
+            where = torch.full((canvas.shape[0],), -1, dtype=torch.long, device=canvas.device)
+            where[self.live] = torch.arange(len(self.live), device=canvas.device)
+            where = where[rows]
+        if key[2] is not None:  # direct calls (no host view of the rows) are not memoised
+            self.inputs[key] = (mask, position_ids, where)
+        return mask, position_ids, where
+
+    def __call__(self, canvas: torch.Tensor, rows, start: int, end: int, step_rows=None) -> torch.Tensor:
+        self._drop_finished_rows(canvas, step_rows)
+        lo, hi = self.cached, self.prompt_length + end
+        if self.cache is None:
+            self.cache = SlotCache(canvas.shape[1])
+        mask, position_ids, where = self._inputs(canvas, lo, hi, rows, step_rows)
+        self.cache.lo, self.cache.hi = lo, hi
         out = self.model(
-            input_ids=canvas[self.live, lo:hi],
+            input_ids=canvas[self.live, lo:hi] if len(self.live) < canvas.shape[0] else canvas[:, lo:hi],
             attention_mask=mask,
             position_ids=position_ids,
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=end - start,
         )
-        logits, self.cache = out.logits, out.past_key_values
-        self.cache.crop(-(end - start))  # the current block is still noisy: keep only the committed prefix
+        # the current block is still noisy: the next call rewrites its slots, and only [0, P + start) counts as cached
         self.cached = self.prompt_length + start
-        if isinstance(rows, slice) and len(self.live) == canvas.shape[0]:
-            return logits
-        where = torch.full((canvas.shape[0],), -1, dtype=torch.long, device=canvas.device)
-        where[self.live] = torch.arange(len(self.live), device=canvas.device)
-        return logits[where[rows]]
+        return out.logits if where is None else out.logits[where]

@@ -22,16 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .remasking import (
-    REMASKING,
-    Noise,
-    RaggedNoise,
-    sample_tokens,
-    sampling_log_probs,
-    select_above,
-    select_top,
-    transfer_schedule,
-)
+from .noise import KeyedNoise, RowStreams
+from .remasking import REMASKING, Noise, sample_tokens, sampling_log_probs, select_above, select_top
 
 __all__ = [
     "BlockLogits",
@@ -39,6 +31,7 @@ __all__ = [
     "Rollout",
     "Rows",
     "StepOptions",
+    "StepRows",
     "decode_blocks",
     "decoding_windows",
     "validate_eos",
@@ -118,46 +111,62 @@ def _choose(
     masked: torch.Tensor,
     num_transfer: torch.Tensor | None,
     opts: StepOptions,
-    generator: Noise,
+    noise: Noise | KeyedNoise,
+    *,
+    index: torch.Tensor | None = None,
+    max_transfer: int | None = None,
 ) -> _StepResult:
     """Sample a token per still-masked block position and pick the positions to commit: the ``num_transfer`` most
     confident, or (threshold decoding, ``num_transfer is None``) those above ``opts.confidence_threshold``.
 
     Filters, softmax, Gumbel noise and confidence run on the ``n`` masked positions alone, gathered row-major to
-    `(n, V)` (committed positions can never change). Noise: a shared generator draws `(n, V)` (and `(n,)` for
-    ``remasking="random"``); per-row generators draw for their own masked positions only, row ``b`` `(n_b, V)`
-    (:class:`~.remasking.RaggedNoise`). Unmasked positions get token 0 and log-prob 0 (never committed).
+    `(n, V)` (committed positions can never change) by ``index`` `(n,)`, their flat indices in `(b * K)`; the decoding
+    loop passes it (and ``max_transfer``, the largest ``num_transfer``) from counts it knows on the host, so the step
+    never waits for the device. Without them they are read from ``masked`` (a host synchronisation). ``noise``: the
+    :class:`~.noise.KeyedNoise` of the ``n`` entries, or a generator (or ``None``) drawing `(n, V)`. Unmasked positions
+    get token 0 and log-prob 0 (never committed).
     """
-    flat_logits = logits[masked]  # (n, V)
+    b, width, vocab = logits.shape
+    if index is None:
+        index = masked.reshape(-1).nonzero().squeeze(1)
+    flat_logits = logits.reshape(b * width, vocab).index_select(0, index)  # (n, V)
     log_probs = sampling_log_probs(
         flat_logits, temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p,
         mask_token_id=opts.mask_token_id, min_p=opts.min_p,
     )  # fmt: skip
-    noise = _masked_noise(generator, masked)
     flat_tokens = sample_tokens(log_probs, opts.temperature, noise)
     flat_confidence = REMASKING[opts.remasking](log_probs, flat_tokens, noise)
-    confidence = flat_confidence.new_full(masked.shape, float("-inf")).masked_scatter(masked, flat_confidence)
+    confidence = _scatter(flat_confidence, index, masked.shape, float("-inf"))
     if num_transfer is None:
         commit = select_above(confidence, masked, opts.confidence_threshold)
     else:
-        commit = select_top(confidence, masked, num_transfer)
+        commit = select_top(confidence, masked, num_transfer, max_count=max_transfer)
     flat_logprobs = log_probs.gather(-1, flat_tokens[:, None]).squeeze(-1).float()
-    tokens = flat_tokens.new_zeros(masked.shape).masked_scatter(masked, flat_tokens)
-    token_logprobs = flat_logprobs.new_zeros(masked.shape).masked_scatter(masked, flat_logprobs)
-    return _StepResult(tokens=tokens, commit=commit, logprobs=token_logprobs)
+    return _StepResult(
+        tokens=_scatter(flat_tokens, index, masked.shape, 0),
+        commit=commit,
+        logprobs=_scatter(flat_logprobs, index, masked.shape, 0.0),
+    )
 
 
-def _masked_noise(generator: Noise, masked: torch.Tensor) -> Noise | RaggedNoise:
-    """The noise source of the gathered masked positions: a shared generator (or ``None``) as is; per-row generators
-    as :class:`~.remasking.RaggedNoise` with each row's masked count."""
-    if generator is None or isinstance(generator, torch.Generator):
-        return generator
-    return RaggedNoise(list(generator), masked.sum(dim=1).tolist())
+def _scatter(values: torch.Tensor, index: torch.Tensor, shape, fill) -> torch.Tensor:
+    """`shape` tensor holding ``values`` (n,) at the flat indices ``index`` and ``fill`` elsewhere."""
+    return values.new_full((shape[0] * shape[1],), fill).index_copy_(0, index, values).view(shape)
 
 
 # --- The decoding loop, shared by `generate`, `generate_block_causal` and `generate_cached` ---
 
 Rows = slice | torch.Tensor  # all rows (``slice(None)``: views, no copies) or a LongTensor of row indices
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """What the decoding loop knows on the host about a step's rows, passed to the logits source so that it never
+    reads the device to learn it: ``active`` the canvas rows forwarded for their logits (``rows``, in order),
+    ``unfinished`` the rows with a masked completion position left anywhere (a KV cache may drop the others)."""
+
+    active: tuple[int, ...]
+    unfinished: tuple[int, ...]
 
 
 class Rollout:
@@ -170,6 +179,7 @@ class Rollout:
         self.unmask_step = torch.full((batch, gen_length), -1, dtype=torch.long, device=input_ids.device)
         self.logprobs = torch.zeros((batch, gen_length), dtype=torch.float32, device=input_ids.device)
         self.eos = torch.tensor(list(eos_token_ids), device=input_ids.device) if eos_early_exit else None
+        self.eos_fill = int(eos_token_ids[0]) if eos_early_exit else None  # a host int: filling never syncs
         self.num_forwards = self.num_row_forwards = 0
 
     @property
@@ -192,14 +202,12 @@ class Rollout:
         if self.eos is None:
             return
         completion = self.completion
-        length = completion.shape[1]
-        is_eos = torch.isin(completion, self.eos)
-        has_eos = is_eos.any(dim=1)
-        first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), length)  # argmax returns the first maximum
         masked = completion == self.mask_token_id
-        before = torch.arange(length, device=completion.device)[None, :] < first_eos[:, None]
-        finished = has_eos & ~(masked & before).any(dim=1)
-        completion.masked_fill_(finished[:, None] & masked, int(self.eos[0]))
+        is_eos = torch.isin(completion, self.eos)
+        # a masked position lies before the first EOS iff no EOS precedes it: (cumulative EOS count) == 0
+        masked_before_eos = (masked & (is_eos.cumsum(dim=1) == 0)).any(dim=1)
+        finished = is_eos.any(dim=1) & ~masked_before_eos
+        completion.masked_fill_(finished[:, None] & masked, self.eos_fill)
 
     def output(self, return_trajectory: bool) -> GenerationOutput:
         return GenerationOutput(
@@ -212,21 +220,11 @@ class Rollout:
         )
 
 
-BlockLogits = Callable[[torch.Tensor, Rows, int, int], torch.Tensor]
-"""``source(canvas (B, N), rows, start, end) -> logits (b, end - start, V)`` for completion positions
+BlockLogits = Callable[..., torch.Tensor]
+"""``source(canvas (B, N), rows, start, end, step_rows=None) -> logits (b, end - start, V)`` for completion positions
 ``[start, end)`` of the canvas rows ``rows``: the only part of the loop that differs between model kinds. ``start`` is
-negative when the window starts with prompt columns (the prompt tail of the absolute block layout)."""
-
-
-def _as_rows(active: torch.Tensor) -> Rows:
-    return slice(None) if bool(active.all()) else active.nonzero().squeeze(1)
-
-
-def _row_noise(generator: Noise, rows: Rows) -> Noise:
-    """The generators of ``rows`` when there is one per row; a shared generator (or ``None``) as is."""
-    if generator is None or isinstance(generator, torch.Generator) or isinstance(rows, slice):
-        return generator
-    return [generator[i] for i in rows.tolist()]
+negative when the window starts with prompt columns (the prompt tail of the absolute block layout). ``step_rows``
+(:class:`StepRows`): the host's view of the rows; ``None`` (a direct call) lets the source read the canvas instead."""
 
 
 def _window_masked(rollout: Rollout, start: int, end: int, member: torch.Tensor | None) -> torch.Tensor:
@@ -243,19 +241,55 @@ def decoding_windows(blocks: torch.Tensor | None, prompt_length: int, length: in
     ``blocks``, window ``k`` is ``[k B_b, (k + 1) B_b)`` for every row. With per-row block ids `(B, P + L)`
     (:func:`~trl_dllm.core.masks.layout_ids`), window ``k`` covers, in each row, the columns of the row's ``k``-th
     block counted from the block of its first completion position — prompt-tail columns included, so ``start`` may be
-    negative — and ``member`` is its completion part.
+    negative — and ``member`` is its completion part. Built once per rollout.
     """
     if blocks is None:
         return [(start, start + block_length, None) for start in range(0, length, block_length)]
     relative = blocks - blocks[:, prompt_length : prompt_length + 1]
     completion = torch.arange(blocks.shape[1], device=blocks.device) >= prompt_length
+    ks = torch.arange(length // block_length + 2, device=blocks.device)  # more than the windows there can be
+    hits = (relative[:, :, None] == ks).any(dim=0).int()  # (N, k): some row's column is in its k-th block
+    first, last = hits.argmax(dim=0), hits.shape[0] - 1 - hits.flip(0).argmax(dim=0)
+    read = torch.cat([first, last, relative[:, prompt_length:].max()[None]]).tolist()  # one synchronisation
+    first, last, count = read[: len(ks)], read[len(ks) : 2 * len(ks)], read[-1]
     windows = []
-    for k in range(int(relative[:, prompt_length:].max()) + 1):
-        columns = (relative == k).any(dim=0).nonzero().squeeze(1)
-        lo, hi = int(columns[0]), int(columns[-1]) + 1
+    for k in range(count + 1):
+        lo, hi = first[k], last[k] + 1
         member = (relative[:, lo:hi] == k) & completion[lo:hi]
         windows.append((lo - prompt_length, hi - prompt_length, member))
     return windows
+
+
+class _HostCounts:
+    """Per-row masked counts the loop keeps on the host: ``window`` (in the current block) and ``completion`` (left
+    anywhere). They are read from the device once per block, and once per step only where the device decides them
+    (threshold decoding; EOS early exit); scheduled steps update them by the schedule."""
+
+    def __init__(self, rollout: Rollout, masked: torch.Tensor, next_masked: torch.Tensor | None = None):
+        left = (rollout.completion == rollout.mask_token_id).sum(dim=1)
+        counts = [masked.sum(dim=1), left] + ([] if next_masked is None else [next_masked.sum(dim=1)])
+        counts = torch.stack(counts).tolist()  # the one synchronisation
+        self.window, self.completion = counts[0], counts[1]
+        self.next = counts[2] if next_masked is not None else None  # the next window's, for its first step
+
+    @classmethod
+    def known(cls, window: list[int], completion: list[int]) -> _HostCounts:
+        counts = object.__new__(cls)
+        counts.window, counts.completion, counts.next = window, completion, None
+        return counts
+
+    def for_next_window(self) -> _HostCounts | None:
+        return None if self.next is None else _HostCounts.known(self.next, self.completion)
+
+    def committed(self, active, transfer) -> None:
+        for b, count in zip(active, transfer):
+            self.window[b] -= count
+            self.completion[b] -= count
+
+
+def _schedule(counts: list[int], steps: int) -> list[list[int]]:
+    """:func:`~.remasking.transfer_schedule` of host counts: ``n[b][s] = m_b // S + (s < m_b % S)``."""
+    return [[m // steps + (s < m % steps) for s in range(steps)] for m in counts]
 
 
 def decode_blocks(
@@ -275,29 +309,58 @@ def decode_blocks(
     numbers the steps by a running counter. ``blocks`` `(B, P + L)`: per-row block ids of the canvas (the absolute
     layout of block-diffusion models, :func:`decoding_windows`); ``None``: blocks of ``block_length`` from the
     prompt's end.
+
+    Host synchronisations: one per block (the masked counts) with scheduled decoding, whose steps know every count
+    from the schedule; one per step with threshold decoding or EOS early exit (the device decides the counts), which
+    also reads the next window's counts for its first step. Noise is
+    counter-based (:class:`~.noise.RowStreams`), keyed by each row's own generator.
     """
     threshold = opts.confidence_threshold is not None
-    prompt_length = rollout.prompt_length
-    for index, (start, end, member) in enumerate(decoding_windows(blocks, prompt_length, rollout.completion.shape[1],
-                                                                  block_length)):  # fmt: skip
-
+    read_every_step = threshold or rollout.eos is not None
+    batch, length = rollout.completion.shape
+    noise = RowStreams(generator, batch, length, max(steps_per_block * (length // block_length + 1), length) + 1,
+                       rollout.canvas.device) if opts.temperature > 0 or opts.remasking == "random" else None  # fmt: skip
+    row_index: dict[tuple[int, ...], Rows] = {}
+    windows = decoding_windows(blocks, rollout.prompt_length, length, block_length)
+    following = None  # counts of the next window, read with the last step's (no extra synchronisation)
+    for index, (start, end, member) in enumerate(windows):
         masked = _window_masked(rollout, start, end, member)
-        schedule = transfer_schedule(masked.sum(dim=1), steps_per_block)
+        if index == 0 and member is None:  # nothing committed yet: every position of every row is masked
+            following = _HostCounts.known([end - start] * batch, [length] * batch)
+        counts = following if following is not None else _HostCounts(rollout, masked)
+        following = None
+        upcoming = windows[index + 1] if index + 1 < len(windows) else None
+        schedule = None if threshold else _schedule(counts.window, steps_per_block)
         step = 0
-        while masked.any() and (threshold or step < steps_per_block):
-            num_transfer = None if threshold else torch.minimum(schedule[:, step], masked.sum(dim=1))
-            active = masked.any(dim=1) if threshold else num_transfer > 0
-            if active.any():
-                rows = _as_rows(active)
-                step_id = rollout.num_forwards if threshold else index * steps_per_block + step
-                logits = source(rollout.canvas, rows, start, end)
+        while any(counts.window) and (threshold or step < steps_per_block):
+            transfer = counts.window if threshold else [min(n[step], c) for n, c in zip(schedule, counts.window)]
+            active = tuple(b for b in range(batch) if transfer[b] > 0)
+            if active:
+                if active not in row_index:
+                    full = len(active) == batch
+                    row_index[active] = slice(None) if full else torch.tensor(active, device=masked.device)
+                rows = row_index[active]
+                unfinished = tuple(b for b in range(batch) if counts.completion[b] > 0)
+                logits = source(rollout.canvas, rows, start, end, StepRows(active, unfinished))
                 rollout.num_forwards += 1
-                rollout.num_row_forwards += logits.shape[0]
-                chosen = None if threshold else num_transfer[rows]
-                result = _choose(logits, masked[rows], chosen, opts, _row_noise(generator, rows))
+                rollout.num_row_forwards += len(active)
+                row_masked = masked[rows]
+                n = sum(counts.window[b] for b in active)
+                flat = torch.nonzero_static(row_masked.reshape(-1), size=n).squeeze(1)
+                keys = None if noise is None else noise.keys(rows, start, end, flat)
+                chosen = None if threshold else torch.tensor([transfer[b] for b in active], device=masked.device)
+                result = _choose(logits, row_masked, chosen, opts, keys, index=flat,
+                                 max_transfer=None if threshold else max(transfer[b] for b in active))  # fmt: skip
+                step_id = rollout.num_forwards - 1 if threshold else index * steps_per_block + step
                 rollout.commit(rows, start, end, result, step_id)
                 rollout.exit_finished_rows()
                 masked = _window_masked(rollout, start, end, member)
+                if read_every_step:
+                    next_masked = None if upcoming is None else _window_masked(rollout, *upcoming)
+                    counts = _HostCounts(rollout, masked, next_masked)
+                    following = counts.for_next_window()
+                else:
+                    counts.committed(active, [transfer[b] for b in active])
             step += 1
 
 

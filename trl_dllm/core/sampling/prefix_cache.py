@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .kv_cache import module_dtype
+from .kv_cache import SlotCache, module_dtype
 from .loop import GenerationOutput, Rollout, StepOptions, decode_blocks, validate_eos, validate_generation
 from .remasking import Noise
 
@@ -93,13 +93,19 @@ class BidirectionalKVCache:
             keep |= positions >= self.prompt_length + end
         return positions[keep]
 
-    def _needs_refresh(self, index: torch.Tensor, start: int, end: int) -> bool:
-        if self.block != (start, end) or not bool(torch.isin(index, self.rows.to(index.device)).all()):
+    def _needs_refresh(self, index: torch.Tensor, start: int, end: int, step_rows) -> bool:
+        if self.block != (start, end):
+            return True
+        if step_rows is not None:  # the host knows the rows: no synchronisation
+            if not set(step_rows.active) <= set(self.row_ids):
+                return True
+        elif not bool(torch.isin(index, self.rows.to(index.device)).all()):
             return True
         return self.refresh_every is not None and self.calls_since_refresh % self.refresh_every == 0
 
-    def _refresh(self, canvas: torch.Tensor, index: torch.Tensor, start: int, end: int) -> torch.Tensor:
-        """Forward the whole canvas of ``index``; keep the K/V at the reused positions; return the block's logits."""
+    def _refresh(self, canvas: torch.Tensor, index: torch.Tensor, start: int, end: int, step_rows=None):
+        """Forward the whole canvas of ``index``; keep its K/V as the static slots of the block's cached steps;
+        return the block's logits."""
         lo, hi = self.prompt_length + start, self.prompt_length + end
         kwargs = {} if self.attention_mask is None else {"attention_mask": self.attention_mask[index]}
         out = self.model(
@@ -114,41 +120,59 @@ class BidirectionalKVCache:
                 f"{type(past).__name__} with use_cache=True (remote-code models return tuples or nothing). Load the "
                 "model natively (native_loading=True) or set generation_cache='none'."
             )
-        reused = self._reused(canvas.shape[1], start, end, canvas.device)
-        self.kv = [(layer.keys[:, :, reused], layer.values[:, :, reused]) for layer in past.layers]
+        # The refresh's K/V of every position, `(b, H, N, D)` per layer, become the static slots: a cached step
+        # overwrites the slots it forwards and attends over all N (the positions outside R are its own, fresh).
+        self.slots = SlotCache(canvas.shape[1])
+        self.slots.keys = [layer.keys for layer in past.layers]
+        self.slots.values = [layer.values for layer in past.layers]
         self.cache_class = type(past)
         self.rows, self.block, self.calls_since_refresh = index, (start, end), 0
+        self.row_ids = step_rows.active if step_rows is not None else tuple(index.tolist())
+        self.step_inputs = {}
         self.num_refreshes += 1
         return out.logits
 
-    def _cached_step(self, canvas: torch.Tensor, index: torch.Tensor, start: int, end: int) -> torch.Tensor:
-        """Forward ``S`` against the stored K/V of ``R`` (rows of ``index``)."""
+    def _cached_step(self, canvas: torch.Tensor, index: torch.Tensor, start: int, end: int, step_rows=None):
+        """Forward ``S`` against the static slots of the cached rows; return the logits of the rows of ``index``.
+
+        Every cached row is forwarded (fixed shapes within a block); a row not asked for (nothing left to commit in
+        the block) only rewrites its own slots of ``S``, which it never reads again in this block."""
         lo = self.prompt_length + start
         hi = self.prompt_length + end if self.mode == "dual" else canvas.shape[1]
-        where = torch.full((canvas.shape[0],), -1, dtype=torch.long, device=self.rows.device)
-        where[self.rows] = torch.arange(len(self.rows), device=self.rows.device)
-        pick = where[index.to(self.rows.device)]
-        past = self.cache_class(ddp_cache_data=[(k[pick], v[pick]) for k, v in self.kv])
-        reused = self._reused(canvas.shape[1], start, end, canvas.device)
-        visible = torch.ones((len(index), reused.numel() + hi - lo), dtype=torch.bool, device=canvas.device)
-        if self.attention_mask is not None:
-            visible[:, : reused.numel()] = self.attention_mask[index][:, reused].bool()
-        out = self.model(
-            input_ids=canvas[index, lo:hi],
-            attention_mask=_padding_bias(visible, hi - lo, self.dtype),
-            position_ids=torch.arange(lo, hi, device=canvas.device)[None].expand(len(index), -1),
-            past_key_values=past,
-            use_cache=True,
-            logits_to_keep=torch.arange(end - start, device=canvas.device),
-        )
-        return out.logits
-
-    def __call__(self, canvas: torch.Tensor, rows, start: int, end: int) -> torch.Tensor:
-        index = _as_index(rows, canvas.shape[0], canvas.device)
-        if self._needs_refresh(index, start, end):
-            logits = self._refresh(canvas, index, start, end)
+        key = step_rows.active if step_rows is not None else None
+        if key is None or key not in self.step_inputs:
+            where = torch.full((canvas.shape[0],), -1, dtype=torch.long, device=self.rows.device)
+            where[self.rows] = torch.arange(len(self.rows), device=self.rows.device)
+            pick = where[index.to(self.rows.device)]
+            visible = torch.ones((len(self.rows), canvas.shape[1]), dtype=torch.bool, device=canvas.device)
+            if self.attention_mask is not None:
+                visible = self.attention_mask[self.rows].bool()
+            bias = _padding_bias(visible, hi - lo, self.dtype)
+            position_ids = torch.arange(lo, hi, device=canvas.device)[None].expand(len(self.rows), -1)
+            keep = torch.arange(end - start, device=canvas.device)  # the block: the first positions of S
+            inputs = (None if key == self.row_ids else pick, bias, position_ids, keep)
+            if key is not None:
+                self.step_inputs[key] = inputs
         else:
-            logits = self._cached_step(canvas, index, start, end)
+            inputs = self.step_inputs[key]
+        pick, bias, position_ids, keep = inputs
+        self.slots.lo, self.slots.hi = lo, hi
+        out = self.model(
+            input_ids=canvas[self.rows, lo:hi],
+            attention_mask=bias,
+            position_ids=position_ids,
+            past_key_values=self.slots,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        return out.logits if pick is None else out.logits[pick]
+
+    def __call__(self, canvas: torch.Tensor, rows, start: int, end: int, step_rows=None) -> torch.Tensor:
+        index = _as_index(rows, canvas.shape[0], canvas.device)
+        if self._needs_refresh(index, start, end, step_rows):
+            logits = self._refresh(canvas, index, start, end, step_rows)
+        else:
+            logits = self._cached_step(canvas, index, start, end, step_rows)
         self.calls_since_refresh += 1
         return logits
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .noise import KeyedNoise, keyed_uniform
+
 __all__ = [
     "REMASKING",
     "ConfidenceFn",
@@ -54,9 +56,14 @@ class RaggedNoise:
     counts: Sequence[int]
 
 
-def uniform_noise(shape: tuple[int, ...], generator: Noise | RaggedNoise, device: torch.device) -> torch.Tensor:
+def uniform_noise(
+    shape: tuple[int, ...], generator: Noise | RaggedNoise | KeyedNoise, device: torch.device
+) -> torch.Tensor:
     """``U(0, 1)`` float64 noise of ``shape`` on ``device``, drawn from ``generator`` (see :data:`Noise`; per-row
-    generators must live on ``device``; with :class:`RaggedNoise`, ``shape[0]`` is the sum of its counts)."""
+    generators must live on ``device``; with :class:`RaggedNoise`, ``shape[0]`` is the sum of its counts; with
+    :class:`~.noise.KeyedNoise`, the counter-based noise of its ``shape[0]`` entries, :func:`~.noise.keyed_uniform`)."""
+    if isinstance(generator, KeyedNoise):
+        return keyed_uniform(generator, shape)
     if generator is None or isinstance(generator, torch.Generator):
         return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
     if isinstance(generator, RaggedNoise):
@@ -251,14 +258,17 @@ def _masked_scores(confidence: torch.Tensor, masked: torch.Tensor) -> torch.Tens
     return finite.masked_fill(~masked, float("-inf"))
 
 
-def select_top(confidence: torch.Tensor, masked: torch.Tensor, num_transfer: torch.Tensor) -> torch.Tensor:
+def select_top(
+    confidence: torch.Tensor, masked: torch.Tensor, num_transfer: torch.Tensor, max_count: int | None = None
+) -> torch.Tensor:
     """Bool `(B, K)`: the ``num_transfer[b]`` most confident masked positions of each row.
 
     Ties (e.g. probabilities saturated at 1 in float32) go to the leftmost position, as in :func:`select_above`.
-    ``num_transfer[b] <= masked[b].sum()`` is guaranteed by the caller.
+    ``num_transfer[b] <= masked[b].sum()`` is guaranteed by the caller. ``max_count``: ``num_transfer.max()`` when the
+    caller knows it on the host (otherwise it is read from the device, a host synchronisation).
     """
     order = _masked_scores(confidence, masked).sort(dim=-1, descending=True, stable=True).indices
-    top = order[:, : int(num_transfer.max())]
+    top = order[:, : int(num_transfer.max()) if max_count is None else max_count]
     chosen = torch.arange(top.shape[-1], device=top.device)[None, :] < num_transfer[:, None]
     return torch.zeros_like(masked).scatter_(-1, top, chosen) & masked
 

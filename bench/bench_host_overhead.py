@@ -1,0 +1,184 @@
+"""Host work per denoising step, on CPU: aten operations dispatched and host synchronisations, per sampler.
+
+    python -m bench.bench_host_overhead [--quick] [--repeats 3] [--samplers fixed ...] [--out bench_out]
+
+On a GPU a denoising step of a small block (SDAR: 4 tokens per row) costs what the host spends launching kernels and
+running Python, not arithmetic; on a tiny CPU model the same is true, so this benchmark measures that host work where
+no GPU is needed. For every sampler — ``fixed`` (bidirectional, scheduled), ``threshold`` (bidirectional, Fast-dLLM
+threshold decoding), ``prefix_cache`` / ``dual_cache`` (Fast-dLLM's approximate caches), ``block_causal`` (exact
+block KV cache) — one seeded rollout at temperature 1 with per-row generators (the trainer's setting; EOS early exit
+off, its default) reports, per denoising step (= per model forward):
+
+- ``ops_per_step``: aten operations dispatched (a ``TorchDispatchMode`` counter), and ``ops_per_step_outside_model``:
+  those dispatched outside the model's ``forward`` (forward pre/post hooks on the model set a flag): the sampler's own
+  work, which a GPU runs as that many kernel launches;
+- ``syncs_per_step``: operations that make a CUDA host wait for the device — ``aten._local_scalar_dense`` (``.item()``,
+  ``bool(t)``, ``int(t)``), ``nonzero``, ``masked_select``, indexing with a boolean mask, ``repeat_interleave`` without
+  an output size, ``unique`` — plus calls of ``Tensor.tolist``, ``.cpu()`` and ``.numpy()`` (which dispatch no
+  operation on a CPU tensor), counted by wrapping them; ``syncs_per_step_outside_model`` the part outside the model;
+- ``seconds_per_step``: wall time per step of the same rollout without the counters (median over repeats), and
+  ``tokens_per_second``.
+
+Counts are exact and do not depend on the machine's load; times do (see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from bench.common import Size, build, emit, environment, median, parser, random_ids, setup, target, timed
+from trl_dllm.core.sampling import generate, generate_block_causal, generate_cached
+
+SAMPLERS = ("fixed", "threshold", "prefix_cache", "dual_cache", "block_causal")
+SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_consecutive"}
+SYNC_METHODS = ("tolist", "cpu", "numpy")
+BLOCK_CAUSAL_BLOCK = 4  # SDAR / TraDo's native block: the host-bound case of the issue
+
+
+def _forces_sync(func, args) -> bool:
+    name = func.overloadpacket.__name__
+    if name in SYNC_OPS:
+        return True
+    if name == "repeat_interleave":
+        return len(args) > 0 and isinstance(args[0], torch.Tensor) and args[0].dtype != torch.bool and len(args) < 3
+    if name in ("index", "index_put", "index_put_") and len(args) > 1:  # a boolean index is a nonzero on the device
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] or ())
+    return False
+
+
+class HostCounter(TorchDispatchMode):
+    """Counts aten operations and host synchronisations, in total and outside ``model.forward``."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model, self.depth = model, 0
+        self.ops = self.ops_outside = self.syncs = self.syncs_outside = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        sync = _forces_sync(func, args)
+        self.syncs += sync
+        if self.depth == 0:
+            self.ops_outside += 1
+            self.syncs_outside += sync
+        return func(*args, **(kwargs or {}))
+
+    def _method_sync(self):
+        self.syncs += 1
+        self.syncs_outside += self.depth == 0
+
+    @contextlib.contextmanager
+    def counting(self):
+        def pre(module, args, kwargs):
+            self.depth += 1
+
+        def post(module, args, kwargs, output):
+            self.depth -= 1
+
+        handles = [self.model.register_forward_pre_hook(pre, with_kwargs=True),
+                   self.model.register_forward_hook(post, with_kwargs=True)]  # fmt: skip
+        originals = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
+
+        def wrap(original):
+            def method(tensor, *args, **kwargs):
+                self._method_sync()
+                return original(tensor, *args, **kwargs)
+
+            return method
+
+        try:
+            for name, original in originals.items():
+                setattr(torch.Tensor, name, wrap(original))
+            with self:
+                yield self
+        finally:
+            for name, original in originals.items():
+                setattr(torch.Tensor, name, original)
+            for handle in handles:
+                handle.remove()
+
+
+def _options(size: Size, model, tokenizer, sampler: str) -> tuple:
+    """``(sampler function, keyword arguments)`` of one rollout of ``size`` with ``sampler``."""
+    options = dict(
+        mask_token_id=model.config.mask_token_id, gen_length=size.completion, temperature=1.0,
+        eos_token_ids=[tokenizer.eos_token_id], return_trajectory=True,
+    )  # fmt: skip
+    block = BLOCK_CAUSAL_BLOCK if sampler == "block_causal" else size.block
+    options.update(block_length=block, diffusion_steps=size.completion // 2 if sampler != "block_causal" else
+                   size.completion)  # fmt: skip
+    if sampler == "threshold":
+        return generate, {**options, "confidence_threshold": 0.9}
+    if sampler in ("prefix_cache", "dual_cache"):
+        return generate_cached, {**options, "generation_cache": sampler.split("_")[0]}
+    if sampler == "block_causal":
+        return generate_block_causal, options
+    return generate, options
+
+
+def _rollout(fn, model, prompt, options):
+    generators = [torch.Generator().manual_seed(100 + b) for b in range(len(prompt))]
+    return fn(model, prompt, torch.ones_like(prompt), generator=generators, **options)
+
+
+def measure(size: Size, sampler: str, model, tokenizer, prompt, repeats: int) -> dict:
+    """Counts and wall time per denoising step of one seeded rollout of ``sampler``."""
+    fn, options = _options(size, model, tokenizer, sampler)
+    counter = HostCounter(model)
+    with counter.counting():
+        out = _rollout(fn, model, prompt, options)
+    steps = out.num_forwards
+    _rollout(fn, model, prompt, options)  # warm-up, untimed
+    times = [timed(_rollout, fn, model, prompt, options)[0] for _ in range(repeats)]
+    seconds = median(times)
+    return {
+        "steps": steps,
+        "block_length": options["block_length"],
+        "syncs_per_step": round(counter.syncs / steps, 3),
+        "syncs_per_step_outside_model": round(counter.syncs_outside / steps, 3),
+        "ops_per_step": round(counter.ops / steps, 1),
+        "ops_per_step_outside_model": round(counter.ops_outside / steps, 1),
+        "seconds_per_step": round(seconds / steps, 6),
+        "tokens_per_second": round(out.completion_ids.numel() / seconds, 1),
+        "wall_seconds": round(seconds, 4),
+    }
+
+
+def host_size(size: Size) -> Size:
+    """The benchmark's size: ``size``'s model and batch, a shorter canvas (host work per step does not grow with it,
+    and the counted rollout runs every operation through Python)."""
+    return replace(size, prompt=min(size.prompt, 32), completion=min(size.completion, 64))
+
+
+def run(size: Size, repeats: int = 3, samplers=SAMPLERS) -> dict:
+    size = host_size(size)
+    tokenizer, model = build(size)
+    model.eval()
+    prompt = random_ids(size.batch, size.prompt, size.vocab, seed=0)
+    results = {"environment": environment(size)}
+    for sampler in samplers:
+        results[sampler] = measure(size, sampler, model, tokenizer, prompt, repeats)
+    results["targets"] = {
+        f"syncs_{sampler}": target(results[sampler]["syncs_per_step_outside_model"], 1,
+                                   f"{sampler}: the sampler's host synchronisations per denoising step")
+        for sampler in samplers
+    }  # fmt: skip
+    return results
+
+
+def main(argv=None) -> dict:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=list(SAMPLERS))
+    args = p.parse_args(argv)
+    size = setup(args)
+    result = run(size, repeats=args.repeats or (1 if args.quick else 3), samplers=args.samplers)
+    emit("host_overhead", result, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Smoke test of bench/bench_host_overhead.py at the tiny size: every sampler is measured and its own host
+synchronisations per denoising step are at most one (counts are exact; no timing is asserted)."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import bench_host_overhead  # noqa: E402
+from bench.common import QUICK  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def result():
+    return bench_host_overhead.run(QUICK, repeats=1)
+
+
+@pytest.mark.parametrize("sampler", bench_host_overhead.SAMPLERS)
+def test_every_sampler_is_measured_with_at_most_one_sync_per_step(result, sampler):
+    entry = result[sampler]
+    assert entry["steps"] >= 1
+    assert 0 < entry["ops_per_step_outside_model"] <= entry["ops_per_step"]
+    assert entry["syncs_per_step_outside_model"] <= min(1.0, entry["syncs_per_step"])
+    assert all(math.isfinite(entry[key]) and entry[key] > 0 for key in ("seconds_per_step", "tokens_per_second"))
+    assert result["targets"][f"syncs_{sampler}"]["met"]
+
+
+def test_the_counter_sees_syncs_and_model_ops():
+    """The counter attributes ops to the model by its forward hooks and counts `.tolist()` and `bool(t)`."""
+    import torch
+
+    model = torch.nn.Linear(3, 3)
+    counter = bench_host_overhead.HostCounter(model)
+    x = torch.ones(2, 3)
+    with counter.counting():
+        y = model(x)
+        y.sum(1).tolist()
+        bool(y.any())
+        x[x > 0]
+    assert counter.ops > counter.ops_outside >= 4
+    assert counter.syncs == counter.syncs_outside == 3  # tolist, bool, boolean index
