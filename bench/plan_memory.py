@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
-import inspect
 import json
 import os
 import re
@@ -86,17 +85,13 @@ def original_config(case: Case) -> dict:
     return config
 
 
-def logits_path() -> str:
-    """``"chunked"`` when the estimators score through TRL's ``ChunkedLogProbFunction`` (named in the source of the
-    view scoring or of the logits helpers), else ``"full"``: the planner option that describes the code measured."""
-    from trl_dllm.core import logits
-    from trl_dllm.core.likelihood import _views
-
-    sources = inspect.getsource(_views) + inspect.getsource(logits)
-    return "chunked" if "ChunkedLogProbFunction" in sources else "full"
+def logits_path(logits_fn) -> str:
+    """The planner's ``logits`` option that describes how ``logits_fn`` scores target tokens: ``"chunked"`` when it
+    computes them inside the LM head's call (TRL's chunked log-prob kernel, ``takes_targets``), else ``"full"``."""
+    return "chunked" if getattr(logits_fn, "takes_targets", False) else "full"
 
 
-def planned_bytes(case: Case) -> float:
+def planned_bytes(case: Case, logits: str = "chunked") -> float:
     """``update_activations + logits`` of the planner for ``case``."""
     from trl_dllm.models.native import native_config, native_layout
     from trl_dllm.planning import Settings, architecture_from_config, phase_bytes
@@ -109,7 +104,7 @@ def planned_bytes(case: Case) -> float:
         estimator=case.estimator, mc_samples=case.mc_samples, antithetic=case.antithetic,
         mc_batch_size=case.mc_batch_size, mc_checkpointing=case.checkpoint_views, block_length=case.block_length,
         p_mask_prompt=0.15, lora_r=case.lora_r, lora_targets=list(case.lora_targets), lora_dropout=case.lora_dropout,
-        activation_checkpointing=case.activation_checkpointing, logits=logits_path(), device="cpu",
+        activation_checkpointing=case.activation_checkpointing, logits=logits, device="cpu",
     )  # fmt: skip
     phases = phase_bytes(arch, settings)
     return phases["update_activations"] + phases["logits"]
@@ -127,8 +122,9 @@ def _reset_peak() -> None:
         f.write("5")
 
 
-def measure_child(case: Case) -> float:
-    """In the child: peak RSS growth (bytes) of one current-policy estimate and its backward."""
+def measure_child(case: Case) -> tuple[float, str]:
+    """In the child: peak RSS growth (bytes) of one current-policy estimate and its backward, and how its logits
+    function scored the tokens (:func:`logits_path`)."""
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -171,12 +167,13 @@ def measure_child(case: Case) -> float:
         before = _status_kb("VmRSS")
         estimate(case.estimator, logits_fn, **batch, **options).logps.sum().backward()
         peak = _status_kb("VmHWM")
+    path = logits_path(logits_fn)
     del model, logits_fn, batch
     gc.collect()
-    return (peak - before) * 1024.0
+    return (peak - before) * 1024.0, path
 
 
-def measure(cases: list[Case]) -> list[float]:
+def measure(cases: list[Case]) -> list[tuple[float, str]]:
     """Peak bytes of each case, measured one after another in one fresh child process (one thread: memory does not
     depend on it; the peak is reset before each case and taken above the RSS with its model loaded)."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
@@ -190,11 +187,11 @@ def measure(cases: list[Case]) -> list[float]:
 def compare(cases: list[Case]) -> list[dict]:
     """Planned and measured peak (MB) of each case, and their ratio."""
     rows = []
-    for case, measured in zip(cases, measure(cases)):
-        planned = planned_bytes(case)
+    for case, (measured, logits) in zip(cases, measure(cases)):
+        planned = planned_bytes(case, logits)
         rows.append({"family": case.family, "estimator": case.estimator,
                      "activation_checkpointing": case.activation_checkpointing,
-                     "checkpoint_views": case.checkpoint_views, "logits": logits_path(),
+                     "checkpoint_views": case.checkpoint_views, "logits": logits,
                      "measured_mb": round(measured / 1e6, 2), "planned_mb": round(planned / 1e6, 2),
                      "planned_over_measured": round(planned / measured, 3)})  # fmt: skip
     return rows

@@ -6,18 +6,16 @@ On a CPU host accelerate forms the group only with `--multi_gpu` (its torchrun l
 each machine's process alone unless launched through mpirun."""
 
 import os
-import shutil
 import subprocess
 
 import pytest
 
-from tests.test_multiprocess import ROOT, free_port, launch, step_logs, torchrun
+from tests.test_multiprocess import ROOT, accelerate_command, free_port, launch, step_logs, torchrun
 
 
 @pytest.mark.slow
 def test_two_machines_equal_one_process(tiny_model_path, tmp_path):
-    accelerate_cli = shutil.which("accelerate")
-    assert accelerate_cli, "the accelerate command is not on PATH"
+    accelerate_cli = accelerate_command()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
            "TRL_DLLM_TINY_MODEL": tiny_model_path}  # fmt: skip
     port, shared = str(free_port()), tmp_path / "two_machines"

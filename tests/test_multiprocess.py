@@ -51,9 +51,17 @@ def torchrun(processes: int = 2) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port", port]
 
 
+def accelerate_command() -> str:
+    """The `accelerate` launcher of the interpreter running the tests (its environment's `bin/`, also when that
+    environment is not activated, as under `make test-slow`), else the one on PATH."""
+    beside = Path(sys.executable).parent / "accelerate"
+    accelerate_cli = str(beside) if beside.is_file() else shutil.which("accelerate")
+    assert accelerate_cli, f"no accelerate command beside {sys.executable} or on PATH"
+    return accelerate_cli
+
+
 def accelerate(config: str) -> list[str]:
-    accelerate_cli = shutil.which("accelerate")
-    assert accelerate_cli, "the accelerate command is not on PATH"
+    accelerate_cli = accelerate_command()
     port = ["--main_process_port", str(free_port())]
     return [accelerate_cli, "launch", "--config_file", f"recipes/accelerate/{config}", *port]
 
