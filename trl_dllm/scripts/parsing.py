@@ -26,6 +26,7 @@ import yaml
 from trl import TrlParser
 
 from ..training.checks import REMOVED_ARGUMENTS
+from ..training.inputs import FieldTypeError, RewardFunctionError
 
 _ENV_VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
@@ -35,8 +36,9 @@ class UsageError(Exception):
 
 
 # Errors that mean "bad input" while a script sets up (parsing, data, rewards, model path, config checks). Errors
-# raised later, during training, keep their traceback.
-SETUP_ERRORS = (UsageError, ValueError, FileNotFoundError, RuntimeError)
+# raised later, during training, keep their traceback. A recipe value of the wrong type (`mc_samples: 2.5`) and a reward
+# function whose signature or return value TRL cannot use are TypeErrors, and bad input as well.
+SETUP_ERRORS = (UsageError, ValueError, FileNotFoundError, RuntimeError, FieldTypeError, RewardFunctionError)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import inspect
 import numbers
 import os
@@ -16,7 +17,8 @@ import os
 CHAT_ROLES = ("system", "user", "assistant", "tool")  # TRL's roles
 _INT_TYPES = ("int", "int|None", "Optional[int]", "Union[int,NoneType]")
 # Counts TRL / transformers check only inside `train()` (ours, e.g. mc_samples, are checked in `checks.py`).
-_POSITIVE_INTS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation")
+_POSITIVE_INTS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+                  "max_unscorable_rollouts")
 
 
 class PromptFormatError(ValueError):
@@ -159,6 +161,31 @@ def check_reward_functions(trainer) -> None:
                 f"reward function {name!r} {problem} (dry call on train_dataset row 0 with two completions). A reward "
                 "function returns a list with one float (or None: unscorable) per completion."
             )
+
+
+def checked_reward_functions(funcs: list, names: list[str]) -> list:
+    """TRL's reward functions with every plain (synchronous, non-model) one wrapped so that what it returns at each
+    rollout is checked: a value TRL cannot turn into one reward per completion (a string, one float, a list of
+    lists, n − 1 values) raises a [`RewardFunctionError`] naming the function, what it returned and `n`, instead of
+    TRL's `torch.tensor` error mid-step."""
+    return [f if not callable(f) or hasattr(f, "forward") or inspect.iscoroutinefunction(f) else _checked(f, name)
+            for f, name in zip(funcs, names)]  # fmt: skip
+
+
+def _checked(func, name: str):
+    @functools.wraps(func)
+    def checked(*args, **kwargs):
+        output = func(*args, **kwargs)
+        expected = len(kwargs.get("completions") or [])
+        problem = reward_output_problem(output, expected)
+        if problem is not None:
+            raise RewardFunctionError(
+                f"reward function {name!r} {problem} (a rollout of {expected} completions). A reward function returns "
+                f"a list with one float (or None: unscorable) per completion, e.g. [1.0, 0.0, ...] of length {expected}."
+            )
+        return output
+
+    return checked
 
 
 def reward_output_problem(output, expected: int) -> str | None:

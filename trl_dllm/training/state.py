@@ -234,8 +234,14 @@ def check_output_dir(output_dir: str, resume_from_checkpoint, overwrite_output_d
     """Refuse to start a fresh run in an ``output_dir`` that holds an earlier run's checkpoints.
 
     TRL's checkpoint rotation (`save_total_limit`) would delete them and same-numbered ones would be overwritten.
-    Resuming (any truthy ``resume_from_checkpoint``) or ``overwrite_output_dir=True`` lets the run start.
+    Resuming (any truthy ``resume_from_checkpoint``) or ``overwrite_output_dir=True`` lets the run start. An
+    ``output_dir`` that is an existing file (not a folder) is refused whatever the flags.
     """
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise OutputDirError(
+            f"output_dir={output_dir} is an existing file, not a folder: the run saves its checkpoints and model into "
+            "a folder of that name. Choose another output_dir (or move that file away)."
+        )
     if resume_from_checkpoint or overwrite_output_dir:
         return
     found = checkpoints(output_dir)
