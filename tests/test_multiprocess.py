@@ -281,6 +281,6 @@ def test_every_objective_gives_the_same_losses_on_one_and_two_processes(
     assert any(abs(log["loss"]) > 1e-6 for log in one), one  # the rewards spread: there is something to compare
     for a, b in zip(one, two):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-5), (name, a, b)
-        for key in ("grad_norm", "completions/mean_length", "ratio/max"):
+        for key in ("grad_norm", "completions/mean_length"):  # ratio/* are per-micro-batch maxima, averaged
             if a.get(key) is not None:
                 assert b[key] == pytest.approx(a[key], abs=1e-5), (name, key, a, b)

@@ -242,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         check_output_dir(training_args.output_dir, resume, training_args.overwrite_output_dir)  # before loading
         trainer = build_trainer(script_args, training_args, model_args)
     # Another run holds output_dir's lock; a reward function returned what TRL cannot use, or scored nothing.
-    with exit_on_bad_input("trl-dllm grpo", errors=(OutputDirError, RewardFunctionError)):
+    with exit_on_bad_input("trl-dllm grpo", errors=(OutputDirError, RewardFunctionError), fresh_line=True):
         trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json: the log history, next to the model

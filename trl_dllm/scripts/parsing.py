@@ -42,8 +42,12 @@ SETUP_ERRORS = (UsageError, ValueError, FileNotFoundError, RuntimeError, FieldTy
 
 
 @contextlib.contextmanager
-def exit_on_bad_input(prog: str, errors: tuple[type[BaseException], ...] = SETUP_ERRORS) -> Iterator[None]:
+def exit_on_bad_input(
+    prog: str, errors: tuple[type[BaseException], ...] = SETUP_ERRORS, fresh_line: bool = False
+) -> Iterator[None]:
     """Turn a setup error (one of ``errors``) into one line on stderr, `<prog>: error: <message>`, and exit status 2.
+    With ``fresh_line`` (errors found while training) the line starts after a newline: a progress bar may hold the
+    current one.
 
     Set `TRL_DLLM_TRACEBACK=1` to get the traceback instead.
     """
@@ -53,7 +57,7 @@ def exit_on_bad_input(prog: str, errors: tuple[type[BaseException], ...] = SETUP
         if os.environ.get("TRL_DLLM_TRACEBACK") == "1":
             raise
         message = " ".join(str(err).split()) or type(err).__name__
-        print(f"{prog}: error: {message}", file=sys.stderr)
+        print(f"{chr(10) if fresh_line else ''}{prog}: error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -78,6 +78,7 @@ def check_config(args) -> None:
     _check_unsupported_generation_options(args)
     _check_objective(args)
     _check_collapse_guard(args)
+    inputs.check_report_to(args)
 
 
 def _check_collapse_guard(args) -> None:

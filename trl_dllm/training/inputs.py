@@ -37,6 +37,10 @@ class FieldTypeError(TypeError):
     """A config field holds a value of the wrong type (a float where an integer is needed)."""
 
 
+class LoggerLoginError(ValueError):
+    """`report_to` names a logger whose login is missing (W&B without credentials and not offline)."""
+
+
 class NameNotFoundError(ValueError):
     """A model or reward name that is neither a local folder nor an embedded name, while the Hub is offline."""
 
@@ -204,6 +208,50 @@ def reward_output_problem(output, expected: int) -> str | None:
 
 def _is_scalar(value) -> bool:
     return getattr(value, "ndim", None) == 0 or getattr(value, "shape", None) == ()
+
+
+# ---------------------------------------------------------------------------------------------------- loggers
+
+
+def wandb_login_problem(environ=os.environ) -> str | None:
+    """Why `wandb.init` would fail for want of credentials, or `None`: W&B reads them from `WANDB_API_KEY` (or
+    `WANDB_IDENTITY_TOKEN_FILE`), the host's entry in the netrc file, or its settings file; offline and disabled modes
+    need none. Read without importing wandb or touching the network."""
+    import netrc
+    from urllib.parse import urlparse
+
+    if environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return None
+    if environ.get("WANDB_DISABLED", "").lower() in ("1", "true", "yes") or environ.get("WANDB_API_KEY"):
+        return None
+    if environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return None
+    host = urlparse(environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    path = environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        if netrc.netrc(path).authenticators(host):
+            return None
+    except (OSError, netrc.NetrcParseError):
+        pass
+    config_dir = environ.get("WANDB_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".config", "wandb")
+    try:
+        with open(os.path.join(config_dir, "settings"), encoding="utf-8") as f:
+            if any(line.split("=")[0].strip() == "api_key" for line in f):
+                return None
+    except OSError:
+        pass
+    return f"W&B is not logged in (no WANDB_API_KEY, no {host} entry in {path})"
+
+
+def check_report_to(args) -> None:
+    """`report_to` with `wandb` and no W&B credentials fails here, before the model loads, not in `wandb.init`."""
+    report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
+    problem = wandb_login_problem() if "wandb" in report_to else None
+    if problem is not None:
+        raise LoggerLoginError(
+            f"report_to={list(report_to)}: {problem}. Run `wandb login` (or set WANDB_API_KEY), or set "
+            "WANDB_MODE=offline to log locally and `wandb sync` later, or drop wandb from report_to."
+        )
 
 
 # ---------------------------------------------------------------------------------------------------- tokenizer
