@@ -167,3 +167,31 @@ def test_wandb_credentials_are_found_where_wandb_reads_them(tmp_path):
     assert wandb_login_problem({**bare, "WANDB_API_KEY": "k"}) is None
     (tmp_path / "settings").write_text("[default]\napi_key = k\n")
     assert wandb_login_problem(bare) is None
+
+
+def fake_checkpoint(path: Path, files: dict) -> Path:
+    """A checkpoint folder that passes the torn-checkpoint checks: `trainer_state.json`, `files` (JSON) and weights."""
+    path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text(json.dumps({"global_step": 1}))
+    for name, content in files.items():
+        (path / name).write_text(json.dumps(content))
+    weights = "adapter_model.safetensors" if "adapter_config.json" in files else "model.safetensors"
+    save_file({"w": torch.zeros(1)}, path / weights)
+    return path
+
+
+def test_resume_from_an_adapter_only_checkpoint_without_use_peft(in_repo, tmp_path, capsys):
+    checkpoint = fake_checkpoint(tmp_path / "lora" / "checkpoint-1", {"adapter_config.json": {"peft_type": "LORA"}})
+    line = run_bad(capsys, grpo.main, [*ONE_STEP, "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint",
+                                       str(checkpoint)], training=True)  # fmt: skip
+    assert f"resume_from_checkpoint={checkpoint} holds a LoRA adapter only" in line
+    assert "add --use_peft true with the LoRA fields of the run that wrote it" in line
+
+
+def test_resume_from_a_checkpoint_of_another_model(in_repo, tmp_path, capsys):
+    hidden = json.loads((Path(in_repo) / "config.json").read_text())["hidden_size"]
+    checkpoint = fake_checkpoint(tmp_path / "other" / "checkpoint-1", {"config.json": {"hidden_size": hidden * 2}})
+    line = run_bad(capsys, grpo.main, [*ONE_STEP, "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint",
+                                       str(checkpoint)], training=True)  # fmt: skip
+    assert f"resume_from_checkpoint={checkpoint} was saved from another model (hidden_size={hidden * 2} there, " in line
+    assert "resume with the model_name_or_path that run trained" in line

@@ -311,6 +311,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         last complete checkpoint: torn ones are skipped with a warning."""
         with state.claim_output_dir(self.args, resume_from_checkpoint, self.accelerator):
             resume_from_checkpoint = state.resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
+            state.check_checkpoint_fits(resume_from_checkpoint, self.accelerator.unwrap_model(self.model))
             return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):

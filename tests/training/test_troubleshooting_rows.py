@@ -47,6 +47,9 @@ ROWS = {
                                      "restore that folder, or set base_model_name_or_path to the base model's folder"]),
     49: ("trl_dllm/scripts/grpo.py", ["is empty; write one row per prompt into it (JSON Lines: one object per line) or",
                                      "point data_files at another file", "has no rows; add prompts to it"]),
+    50: ("trl_dllm/training/state.py", ["holds a LoRA adapter only (adapter_config.json, no full weights), but this",
+                                       "add --use_peft true with the LoRA fields of the run that wrote it",
+                                       "was saved from another model (", "resume with the model_name_or_path that run"]),
 }  # fmt: skip
 
 
