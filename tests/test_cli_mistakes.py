@@ -2,6 +2,7 @@
 naming the field or file, the value and the fix, and exit status 2 (`trl-dllm grpo | eval` in-process, tiny model)."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,22 @@ def test_resume_from_a_checkpoint_of_another_model(in_repo, tmp_path, capsys):
                                        str(checkpoint)], training=True)  # fmt: skip
     assert f"resume_from_checkpoint={checkpoint} was saved from another model (hidden_size={hidden * 2} there, " in line
     assert "resume with the model_name_or_path that run trained" in line
+
+
+def test_full_disk_at_a_checkpoint(in_repo, tmp_path, capsys, monkeypatch):
+    """The disk fills while checkpoint-1 is written (transformers' save raises ENOSPC): one line that says how much
+    space, where, and how to resume; the partial folder is gone."""
+    import errno
+
+    from transformers import Trainer
+
+    def full(self, model, trial):
+        os.makedirs(os.path.join(self.args.output_dir, "checkpoint-1"))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Trainer, "_save_checkpoint", full)
+    out = tmp_path / "out"
+    line = run_bad(capsys, grpo.main, [*ONE_STEP, "--output_dir", str(out), "--save_strategy", "steps",
+                                       "--save_steps", "1"], training=True)  # fmt: skip
+    assert "no space left on device: " in line and f"MB needed at {out / 'checkpoint-1'}" in line
+    assert "then resume with resume_from_checkpoint=True" in line and not (out / "checkpoint-1").exists()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ..config import DiffusionGRPOConfig
 from ..training.inputs import RewardFunctionError
-from ..training.state import OutputDirError, ResumeError, check_output_dir
+from ..training.state import FullDiskError, OutputDirError, ResumeError, check_output_dir
 from .parsing import ScriptParser, UsageError, exit_on_bad_input
 
 # A Hub id is `name` or `org/name`; anything else (absolute, ./relative, nested) can only be a local path.
@@ -241,8 +241,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         resume = resume_checkpoint(training_args.resume_from_checkpoint)
         check_output_dir(training_args.output_dir, resume, training_args.overwrite_output_dir)  # before loading
         trainer = build_trainer(script_args, training_args, model_args)
-    # Another run holds output_dir's lock; a reward function returned what TRL cannot use, or scored nothing.
-    with exit_on_bad_input("trl-dllm grpo", errors=(OutputDirError, ResumeError, RewardFunctionError), fresh_line=True):
+    # Another run holds output_dir's lock; the checkpoint cannot be resumed; a reward function returned what TRL
+    # cannot use, or scored nothing; the disk filled while a checkpoint was saved (the previous one is intact).
+    training_errors = (OutputDirError, ResumeError, RewardFunctionError, FullDiskError)
+    with exit_on_bad_input("trl-dllm grpo", errors=training_errors, fresh_line=True):
         trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json: the log history, next to the model

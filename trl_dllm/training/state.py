@@ -211,6 +211,10 @@ def check_checkpoint_fits(path, model) -> None:
 _FULL_DISK = ("no space left", "iostream error", "file write failed", "disk quota")
 
 
+class FullDiskError(OSError):
+    """A checkpoint save that ran out of space (`errno.ENOSPC`); the message says how much, where, and what is intact."""
+
+
 @contextlib.contextmanager
 def reporting_full_disk(run_dir: str, step: int, model):
     """Around transformers' `_save_checkpoint` of ``checkpoint-{step}``: a save that fails for lack of space raises
@@ -232,7 +236,7 @@ def reporting_full_disk(run_dir: str, step: int, model):
         shutil.rmtree(partial, ignore_errors=True)
         previous = [p for p in checkpoints(run_dir) if checkpoint_problem(p) is None]
         kept = f"; the previous checkpoint {previous[0]} is intact" if previous else ""
-        raise OSError(
+        raise FullDiskError(
             errno.ENOSPC,
             f"no space left on device: {needed / 2**20:.1f} MB needed at {partial} ({(free or 0) / 2**20:.1f} MB "
             f"free){kept}. Free space, lower save_total_limit, or set output_dir to a larger disk, then resume with "
