@@ -11,7 +11,6 @@ from safetensors.torch import save_file
 
 from trl_dllm.scripts import eval as eval_script
 from trl_dllm.scripts import grpo
-from trl_dllm.training.inputs import wandb_login_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "recipes/tiny/stabledrl_gsm8k.yaml"
@@ -158,6 +157,8 @@ def test_wandb_not_logged_in(in_repo, tmp_path, capsys, monkeypatch):
 
 
 def test_wandb_credentials_are_found_where_wandb_reads_them(tmp_path):
+    from trl_dllm.training.inputs import wandb_login_problem
+
     netrc = tmp_path / "netrc"
     netrc.write_text("machine api.wandb.ai\n  login user\n  password abc\n")
     netrc.chmod(0o600)
