@@ -7,6 +7,7 @@ import pytest
 from trl import GRPOConfig
 
 from trl_dllm import DiffusionGRPOConfig
+from trl_dllm.core.objectives import OBJECTIVES
 
 
 def make(**kwargs):
@@ -124,3 +125,31 @@ def test_estimator_helps_follow_the_registry():
     named = set(re.findall(r"\w+", helps["mc_samples"])) & set(ESTIMATORS)
     assert named == {name for name, entry in ESTIMATORS.items() if "mc_samples" in entry.options} == {
         "elbo", "coupled", "block", "spg"}  # fmt: skip
+
+
+def _objective_config(name, **kwargs):
+    """A config of objective `name` with the first estimator of its registry entry."""
+    estimator = OBJECTIVES[name].estimators[0]
+    decoding = dict(block_length=1, diffusion_steps=16) if estimator == "left_to_right" else {}
+    return make(loss_type=name, estimator=estimator, **decoding, **kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_whole_group_batches_follow_the_objective_registry(name):
+    """Unset, `whole_group_batches` is the registry entry's `whole_groups`; for those objectives a batch that cannot
+    hold whole groups, or an explicit `False`, is refused with the fix."""
+    assert _objective_config(name).whole_group_batches is OBJECTIVES[name].whole_groups
+    if not OBJECTIVES[name].whole_groups:
+        assert _objective_config(name, per_device_train_batch_size=2, steps_per_generation=2).whole_group_batches is False
+        return
+    pattern = (rf"loss_type='{name}' \(its loss is defined over whole groups\) needs per_device_train_batch_size=2 to "
+               r"be a multiple of num_generations=4, .* set per_device_train_batch_size=4")  # fmt: skip
+    with pytest.raises(ValueError, match=pattern):
+        _objective_config(name, per_device_train_batch_size=2, steps_per_generation=2)
+    with pytest.raises(ValueError, match=rf"whole_group_batches=False with loss_type='{name}'.* Remove whole_group_batches"):
+        _objective_config(name, whole_group_batches=False)
+
+
+def test_trl_loss_types_keep_trl_batches():
+    assert make(loss_type="grpo").whole_group_batches is False
+    assert make(loss_type="grpo", whole_group_batches=True).whole_group_batches is True

@@ -55,3 +55,32 @@ def test_frozen_weights_give_ratio_one(tmp_path, tiny_model_path, tiny_block_mod
         assert log["ratio/max"] == pytest.approx(1.0, abs=1e-5) and log["ratio/min"] == pytest.approx(1.0, abs=1e-5)
         assert log["clip_ratio/region_mean"] == 0.0
         assert log["kl"] == pytest.approx(0.0, abs=1e-6)  # the reference pass (same weights) scores the same terms
+
+
+@pytest.mark.parametrize("disable_dropout", [None, False], ids=["default", "dropout-on"])
+def test_frozen_lora_policy_ratio_is_one_with_dropout_off(tmp_path, tiny_model_path, disable_dropout, capsys):
+    """Issue 35: LoRA on every linear layer with a non-zero initial adapter and `lora_dropout=0.05`, StableDRL on a
+    2-sample ELBO, learning rate 0. With the default `disable_dropout=True` the second inner iteration's ratio is exactly
+    1 (rollout, old and current passes see the same network); with dropout on, each pass draws its own dropout mask and
+    the ratio of the same, unchanged policy scatters (issue 35 measured std 0.024, max 1.057)."""
+    from peft import LoraConfig
+
+    overrides = {} if disable_dropout is None else {"disable_dropout": disable_dropout}
+    args = DiffusionGRPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
+        block_length=4, diffusion_steps=4, max_steps=2, num_iterations=2, learning_rate=0.0, logging_steps=1,
+        report_to="none", save_strategy="no", use_cpu=True, seed=0, loss_type="stabledrl", estimator="elbo",
+        mc_samples=2, antithetic=False, **overrides,
+    )  # fmt: skip
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.05, init_lora_weights=False,
+                      task_type="CAUSAL_LM")  # fmt: skip
+    trainer = DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=reward, args=args, peft_config=lora,
+                                   train_dataset=Dataset.from_dict({"prompt": [f"add {i} and 1 ." for i in range(6)]}))
+    said = capsys.readouterr().out
+    assert ("disable_dropout=True (trl_dllm's default): lora_dropout=0.05 is off" in said) is (disable_dropout is None)
+    trainer.train()
+    second = [log for log in trainer.state.log_history if "ratio/max" in log][1]
+    if disable_dropout is None:
+        assert second["ratio/max"] == pytest.approx(1.0, abs=1e-6) and second["ratio/std"] == pytest.approx(0, abs=1e-6)
+    else:
+        assert second["ratio/std"] > 1e-3 and abs(second["ratio/max"] - 1) > 1e-3, second

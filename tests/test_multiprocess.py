@@ -20,6 +20,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from trl_dllm.core.objectives import OBJECTIVES
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
@@ -249,3 +251,44 @@ def test_nonfinite_step_on_one_process_is_skipped_on_all(tiny_model_path, tmp_pa
         report = json.loads((tmp_path / f"faults_{rank}.json").read_text())
         assert report["moved"]["2"] == 0.0 and report["moved"]["1"] > 0 and report["moved"]["3"] > 0, report
         assert report["finite"] and report["skipped"] == [0.0, 1.0, 1.0], report
+
+
+SPREAD_REWARD = '''def spread(completions, **kwargs):
+    """A score that differs between most completions of a random model, so every group has advantages."""
+    return [float(sum(map(ord, str(c))) % 7) for c in completions]
+'''
+
+
+def objective_run(name: str, output_dir: Path, processes: int) -> list[dict]:
+    """Objective `name` (its registry entry's first estimator) on the tiny recipe: groups of 2 and 2 rows per
+    micro-batch, the global batch of 4 rows as 1 process x 2 accumulation steps or 2 processes x 1."""
+    estimator = OBJECTIVES[name].estimators[0]
+    recipe = "stabledrl_gsm8k_block.yaml" if estimator in ("block", "block_steps") else "stabledrl_gsm8k.yaml"
+    flags = ["--loss_type", name, "--estimator", estimator, "--reward_funcs", "spread_reward.spread", "--max_steps",
+             "2", "--num_generations", "2", "--per_device_train_batch_size", "2",
+             "--gradient_accumulation_steps", str(2 // processes)]  # fmt: skip
+    if estimator == "left_to_right":  # one token per forward, left to right: the rollout's exact likelihood
+        flags += ["--block_length", "1", "--diffusion_steps", "8"]
+    launch(torchrun(processes), recipe, os.environ["TRL_DLLM_TINY_MODEL"], output_dir, *flags, processes=processes)
+    return step_logs(output_dir)
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_every_objective_gives_the_same_losses_on_one_and_two_processes(
+    name, tiny_model_path, tiny_block_model_path, tmp_path, monkeypatch
+):
+    """With 1 process and 2 accumulation steps TRL's row shuffle would split the groups of 2 over the micro-batches;
+    an objective defined over groups keeps them whole (`whole_group_batches`, its registry entry's `whole_groups`), so
+    1 process and 2 processes compute the same losses, step by step, for every objective of the registry."""
+    (tmp_path / "spread_reward.py").write_text(SPREAD_REWARD)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("TRL_DLLM_TINY_MODEL", tiny_model_path)
+    monkeypatch.setenv("TRL_DLLM_TINY_BLOCK_MODEL", tiny_block_model_path)
+    one, two = objective_run(name, tmp_path / "one", 1), objective_run(name, tmp_path / "two", 2)
+    assert [log["step"] for log in one] == [log["step"] for log in two] == [1, 2]
+    assert any(abs(log["loss"]) > 1e-6 for log in one), one  # the rewards spread: there is something to compare
+    for a, b in zip(one, two):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5), (name, a, b)
+        for key in ("grad_norm", "completions/mean_length"):  # ratio/* are per-micro-batch maxima, averaged
+            if a.get(key) is not None:
+                assert b[key] == pytest.approx(a[key], abs=1e-5), (name, key, a, b)

@@ -121,6 +121,12 @@ class DiffusionGRPOConfig(GRPOConfig):
             Draw fresh masks for every evaluation instead of sharing them between the old, reference and current
             policy (common random numbers). `True` reproduces the noisy-ratio regime studied by StableDRL (and its
             released code). No effect on `"trajectory"`, whose seed picks the scored steps, not noise.
+        disable_dropout (`bool`, *optional*, defaults to `True`):
+            TRL's field with another default (TRL: `False`): dropout (the model's and LoRA's `lora_dropout`) is off in
+            rollouts and in every likelihood pass, so the old, reference and current estimates of a sample see the
+            same network and share their Monte Carlo masks for real (with dropout on, a frozen policy's ratio has std
+            0.024 on the tiny model). Said in one line at start when it switches a dropout off. `False` keeps the
+            dropout (the d1 and ESPO recipes do, as their code ran).
         score_padding_eos (`bool`, *optional*, defaults to `False`):
             Score the EOS tokens that fill the canvas after the answer. They are generated and decide the length;
             `False` scores the completion up to and including its first EOS, like TRL.
@@ -140,13 +146,20 @@ class DiffusionGRPOConfig(GRPOConfig):
         dynamic_sampling (`bool`, *optional*, defaults to `False`):
             DAPO's dynamic sampling without refill: the completions of a group whose total rewards are all equal (zero
             advantage) are dropped from the loss (their completion mask is zeroed); the batch is not refilled.
+        max_unscorable_rollouts (`int`, *optional*, defaults to `1`):
+            Rollouts in a row in which no reward function scored any completion (every one returned `None` or NaN)
+            before training stops with the reason: such a rollout has advantage 0 everywhere and moves nothing. A
+            completion some function scores trains as usual; the unscorable ones (`None`, NaN, ±inf from every
+            function) get advantage 0 and are counted in the `rewards/unscorable` metric at every step.
         dynamic_sampling_patience (`int`, *optional*, defaults to `3`):
             With `dynamic_sampling`: warn once, with the reward statistics, after this many rollouts in a row left no
             group to train on.
-        whole_group_batches (`bool`, *optional*, defaults to `False`):
+        whole_group_batches (`bool` or `None`, *optional*, defaults to `None`):
             Shuffle each generation batch by whole groups before TRL cuts it into micro-batches, so every micro-batch
             holds complete groups (StableDRL normalises over one whole group per micro-step). Needs
-            `per_device_train_batch_size` to be a multiple of `num_generations`.
+            `per_device_train_batch_size` to be a multiple of `num_generations`. `None`: on for the objectives whose
+            loss is defined over whole groups (`stabledrl`, `wd1`, `spg`, `dipo`, `justgrpo`: their registry entry's
+            `whole_groups`), so 1 and N processes compute the same losses; off otherwise. `False` is refused for those.
         kl_estimator (`str` or `None`, *optional*, defaults to `None`):
             KL estimator of the diffusion objectives: `"k1"`, `"k2"` (`½(S - S_ref)²`) or `"k3"`. `None` takes each
             objective's own: `k2` at sequence level for `"espo"` and `"stabledrl"` (ESPO's choice), per-token `k3` for
@@ -261,6 +274,10 @@ class DiffusionGRPOConfig(GRPOConfig):
         default=False,
         metadata={"help": "Fresh masks for old/ref/current passes instead of common random numbers."},
     )
+    disable_dropout: bool = field(
+        default=True,
+        metadata={"help": "Dropout off in rollouts and every likelihood pass (TRL's field; TRL's default is False)."},
+    )
     score_padding_eos: bool = field(
         default=False, metadata={"help": "Score the EOS tokens that fill the canvas after the first EOS."}
     )
@@ -279,11 +296,15 @@ class DiffusionGRPOConfig(GRPOConfig):
     dynamic_sampling: bool = field(
         default=False, metadata={"help": "Drop groups whose rewards are all equal from the loss (DAPO, no refill)."}
     )
+    max_unscorable_rollouts: int = field(
+        default=1, metadata={"help": "Stop after this many rollouts in a row that no reward function scored (all None/NaN)."}
+    )
     dynamic_sampling_patience: int = field(
         default=3, metadata={"help": "dynamic_sampling: warn after this many rollouts in a row left no group."}
     )
-    whole_group_batches: bool = field(
-        default=False, metadata={"help": "Shuffle generation batches by whole groups: every micro-batch holds whole groups."}
+    whole_group_batches: bool | None = field(
+        default=None,
+        metadata={"help": "Every micro-batch holds whole groups. None: on for objectives defined over groups, else off."},
     )
     kl_estimator: str | None = field(
         default=None,
@@ -332,6 +353,7 @@ class DiffusionGRPOConfig(GRPOConfig):
         checks.check_completion_length(self)
         self._fill_decoding_defaults()
         self.mc_checkpointing = checks.auto_or_bool("mc_checkpointing", self.mc_checkpointing)
+        self.whole_group_batches = checks.whole_group_batches(self)
         checks.check_config(self)
 
     def _fill_decoding_defaults(self):

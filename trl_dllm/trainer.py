@@ -11,7 +11,8 @@ not serve. The math is in `trl_dllm.core`. Overridden (TRL 1.16):
 - `_prepare_inputs`: only with `whole_group_batches`, TRL's shuffle-and-split of the generation batch by whole groups.
 - `compute_loss`, `_get_grad_norm`, `log`: non-finite losses and gradients skip the optimizer step (`nonfinite.py`);
   `log` also warns when no group has reward spread (`training.signal`) and runs the collapse guard (`training.collapse`).
-- `_calculate_rewards`: `super()`, then ±inf rewards count as unscorable (like `None`) and their number is logged.
+- `_calculate_rewards`: `super()`, then ±inf rewards count as unscorable (like `None` and NaN) and their number is
+  logged; a run whose rollouts no reward scores stops (`training.signal`). Reward outputs are checked per call.
 - `train`, `_save_checkpoint`, `_save_optimizer_and_scheduler`, `_load_optimizer_and_scheduler`, `save_model`:
   `output_dir` guarded and locked, torn checkpoints skipped, a full disk named, our generation state checkpointed
   (`training.state`), LoRA adapters of native LLaDA saved in LLaDA's names.
@@ -36,11 +37,11 @@ from .models.loading import is_native_layout
 from .models.native import adapter_to_original_layout
 from .nonfinite import NonFiniteGuard
 from .seeding import device_generators, sample_seeds
-from .training import checks, model_setup, rollouts, state
+from .training import checks, inputs, model_setup, rollouts, state
 from .training.collapse import CollapseGuard
 from .training.dynamic_sampling import DynamicSampling, total_rewards
 from .training.scoring import EstimationPass, Scoring
-from .training.signal import ZeroSpreadWatch
+from .training.signal import UnscorableWatch, ZeroSpreadWatch
 
 
 class DiffusionGRPOTrainer(GRPOTrainer):
@@ -74,7 +75,9 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         block_length = checks.check_block_layout(args, self.model_spec)
         model_setup.probe_remote_code(unwrapped, self.model_spec, self._shards_parameters)
         checks.check_model(self)  # text-only, prompts + completion within the model's positions
-        for line in unsaid(startup_lines(args, block_length)):  # once per `once_per_run()` block
+        self.reward_funcs = inputs.checked_reward_functions(self.reward_funcs, self.reward_func_names)
+        notices = [*startup_lines(args, block_length), *model_setup.dropout_notice(unwrapped, args)]
+        for line in unsaid(notices):  # once per `once_per_run()` block
             self.accelerator.print(line)
         self.scoring = Scoring(args, self.model_spec, block_length, self._entropy_bonus_enabled,
                                self._shards_parameters, self.accelerator.autocast)  # fmt: skip
@@ -84,6 +87,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         self._pending_rollout: rollouts.Rollout | None = None
         self._nonfinite = NonFiniteGuard(args.max_consecutive_nonfinite_steps)
         self._zero_spread = ZeroSpreadWatch(args)  # warns when frac_reward_zero_std stays 1 (nothing is learned)
+        self._unscorable = UnscorableWatch(args.max_unscorable_rollouts)  # stops when no reward scores anything
         self._eval_rollouts = 0  # keys eval rollouts' seeds (the training ones are keyed by TRL's step counter)
         self._rollout_rewards: torch.Tensor | None = None  # TRL's batch carries advantages, not the rewards behind them
         self._dynamic_sampling = DynamicSampling(args.dynamic_sampling_patience)
@@ -278,6 +282,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         rewards = rewards.masked_fill(torch.isinf(rewards), float("nan"))
         self._metrics[self._mode]["rewards/unscorable"].append(torch.isnan(rewards).all(dim=1).sum().item())
+        if self.model.training:
+            self._unscorable.observe(rewards, self.reward_func_names)
         self._rollout_rewards = total_rewards(rewards, self.reward_weights)  # read by dynamic sampling
         return rewards
 
@@ -305,6 +311,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         last complete checkpoint: torn ones are skipped with a warning."""
         with state.claim_output_dir(self.args, resume_from_checkpoint, self.accelerator):
             resume_from_checkpoint = state.resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
+            state.check_checkpoint_fits(resume_from_checkpoint, self.accelerator.unwrap_model(self.model))
             return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):

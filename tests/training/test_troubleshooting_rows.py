@@ -34,6 +34,22 @@ ROWS = {
                                           "× the reward spread ", "below its best ",
                                           "Rolling back to the state of step ",
                                           " with the learning rate × ", "Training stops"]),
+    43: ("trl_dllm/training/inputs.py", ["(a rollout of", "completions). A reward function returns a list with one float",
+                                        "(or None: unscorable) per completion, e.g. [1.0, 0.0, ...] of length"]),
+    44: ("trl_dllm/training/signal.py", ["no reward function scored any of the", "completions of the last",
+                                        "returned None or NaN for every one): every advantage is 0 and nothing"]),
+    45: ("trl_dllm/scripts/grpo.py", ["reward_funcs: cannot import", "fix that line (python -m py_compile FILE shows it)"]),
+    46: ("trl_dllm/training/state.py", ["is an existing file, not a folder: the run saves its checkpoints and model into",
+                                       "Choose another output_dir (or move that file away)."]),
+    47: ("trl_dllm/training/inputs.py", ["W&B is not logged in (no WANDB_API_KEY, no", "Run `wandb login` (or set",
+                                        "WANDB_MODE=offline to log locally and `wandb sync` later"]),
+    48: ("trl_dllm/scripts/eval.py", ["was trained on the base model", "(base_model_name_or_path in its adapter_config.json)",
+                                     "restore that folder, or set base_model_name_or_path to the base model's folder"]),
+    49: ("trl_dllm/scripts/grpo.py", ["is empty; write one row per prompt into it (JSON Lines: one object per line) or",
+                                     "point data_files at another file", "has no rows; add prompts to it"]),
+    50: ("trl_dllm/training/state.py", ["holds a LoRA adapter only (adapter_config.json, no full weights), but this",
+                                       "add --use_peft true with the LoRA fields of the run that wrote it",
+                                       "was saved from another model (", "resume with the model_name_or_path that run"]),
 }  # fmt: skip
 
 

@@ -80,6 +80,20 @@ def make_parser(prog: str = "trl-dllm eval") -> ScriptParser:
     return ScriptParser((EvalArguments, DiffusionGRPOConfig, ModelConfig), prog=prog)
 
 
+def check_adapter_base(adapter: str, base: str) -> None:
+    """A LoRA adapter's base model must still be where its `adapter_config.json` says: a local path that is gone (not a
+    Hub id either) fails here by name, not as the Hub's "Repo id must be in the form ..."."""
+    from .grpo import _HUB_ID
+
+    if os.path.isdir(os.path.expanduser(base)) or (_HUB_ID.match(base) and not os.path.exists(base)):
+        return
+    raise UsageError(
+        f"model_name_or_path: the LoRA adapter {adapter!r} was trained on the base model {base!r} "
+        "(base_model_name_or_path in its adapter_config.json), which is not a folder (any more) nor a Hub id: restore "
+        "that folder, or set base_model_name_or_path to the base model's folder or Hub id"
+    )
+
+
 def load_model_and_tokenizer(name_or_path: str, init_kwargs: dict, native: bool = True):
     """The model the trainer would load (`trl_dllm.models.loading.load_pretrained`: LLaDA / Dream / SDAR natively
     unless `native` is off); a LoRA adapter is merged into its base model."""
@@ -92,6 +106,7 @@ def load_model_and_tokenizer(name_or_path: str, init_kwargs: dict, native: bool 
         if os.path.isfile(adapter_config):
             with open(adapter_config, encoding="utf-8") as f:
                 base = resolve_model_name(json.load(f)["base_model_name_or_path"])  # "tiny": built on first use
+            check_adapter_base(name_or_path, base)
             model = load_pretrained(base, native=native, **init_kwargs)
             try:
                 model = load_adapter(model, name_or_path).merge_and_unload()
@@ -174,7 +189,10 @@ def prepare(eval_args: EvalArguments, args, model_args, device: torch.device) ->
     reward_funcs = resolve_reward_funcs(eval_args.reward_funcs, eval_args.task)
     dataset = load_dataset_for(eval_args, eval_args.eval_split, data_files=eval_args.eval_data_files)
     if len(dataset) == 0:
-        raise UsageError(f"the {eval_args.eval_split!r} split has no examples: nothing to evaluate")
+        raise UsageError(
+            f"the {eval_args.eval_split!r} split has no examples: nothing to evaluate; point eval_data_files (or "
+            "eval_split) at data with rows"
+        )
     if eval_args.max_samples is not None:
         dataset = dataset.select(range(min(eval_args.max_samples, len(dataset))))
     name = check_model_path(model_args.model_name_or_path)

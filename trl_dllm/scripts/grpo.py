@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..config import DiffusionGRPOConfig
-from ..training.state import OutputDirError, check_output_dir
+from ..training.inputs import RewardFunctionError
+from ..training.state import FullDiskError, OutputDirError, ResumeError, check_output_dir
 from .parsing import ScriptParser, UsageError, exit_on_bad_input
 
 # A Hub id is `name` or `org/name`; anything else (absolute, ./relative, nested) can only be a local path.
@@ -97,7 +98,12 @@ def resolve_reward_funcs(names: Sequence[str] | None, task: str | None) -> list[
             sys.path.insert(0, os.getcwd())  # like `trl grpo`: modules next to the recipe's working directory
             try:
                 funcs.append(getattr(importlib.import_module(module_name), attr))
-            except (ImportError, AttributeError, SyntaxError) as err:  # a typo in the module: one line, no traceback
+            except SyntaxError as err:  # the module's own file and line, not the import machinery's
+                raise UsageError(
+                    f"reward_funcs: cannot import {name!r}: {err.filename} line {err.lineno}: {err.msg}; fix that "
+                    "line (python -m py_compile FILE shows it)"
+                ) from None
+            except (ImportError, AttributeError) as err:  # a typo in the module: one line, no traceback
                 raise UsageError(f"reward_funcs: cannot import {name!r} ({type(err).__name__}: {err})") from None
         else:
             raise UsageError(
@@ -124,13 +130,18 @@ def load_dataset_for(args: GRPOScriptArguments, split: str, data_files=None):
         raise UsageError("no data: set task (gsm8k, math, countdown, sudoku) or dataset_name")
     import datasets
 
+    from ..tasks.common import check_json_lines
+
     for path in [data_files] if isinstance(data_files, str) else list(data_files or []):
         if isinstance(path, str) and not os.path.exists(path):
             raise UsageError(f"data_files: no such file: {path}")
+        if isinstance(path, str) and args.dataset_name == "json" and os.path.isfile(path):
+            check_json_lines(path)  # a malformed line: its file and number, not a `datasets` traceback
     try:
         dataset = datasets.load_dataset(args.dataset_name, args.dataset_config, data_files=data_files, split=split)
     except StopIteration:  # `datasets`' json/csv builders on a file without a single row
-        raise UsageError(f"data_files: {data_files} has no rows") from None
+        raise UsageError(f"data_files: {data_files} has no rows; add prompts to it or point data_files at another file"
+                         ) from None
     if "prompt" not in dataset.column_names:
         raise UsageError(f"dataset {args.dataset_name!r} has no 'prompt' column; it has {dataset.column_names}")
     return dataset
@@ -144,7 +155,10 @@ def _check_local_files(data_files) -> None:
         paths = [data_files] if isinstance(data_files, str) else list(data_files or [])
     for path in paths:
         if isinstance(path, str) and os.path.isfile(path) and os.path.getsize(path) == 0:
-            raise UsageError(f"data_files: {path} is empty")
+            raise UsageError(
+                f"data_files: {path} is empty; write one row per prompt into it (JSON Lines: one object per line) or "
+                "point data_files at another file"
+            )
 
 
 def check_model_path(name_or_path: str | None) -> str:
@@ -227,7 +241,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         resume = resume_checkpoint(training_args.resume_from_checkpoint)
         check_output_dir(training_args.output_dir, resume, training_args.overwrite_output_dir)  # before loading
         trainer = build_trainer(script_args, training_args, model_args)
-    with exit_on_bad_input("trl-dllm grpo", errors=(OutputDirError,)):  # another run holds output_dir's lock
+    # Another run holds output_dir's lock; the checkpoint cannot be resumed; a reward function returned what TRL
+    # cannot use, or scored nothing; the disk filled while a checkpoint was saved (the previous one is intact).
+    training_errors = (OutputDirError, ResumeError, RewardFunctionError, FullDiskError)
+    with exit_on_bad_input("trl-dllm grpo", errors=training_errors, fresh_line=True):
         trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json: the log history, next to the model

@@ -26,6 +26,7 @@ import yaml
 from trl import TrlParser
 
 from ..training.checks import REMOVED_ARGUMENTS
+from ..training.inputs import FieldTypeError, RewardFunctionError
 
 _ENV_VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
@@ -35,13 +36,18 @@ class UsageError(Exception):
 
 
 # Errors that mean "bad input" while a script sets up (parsing, data, rewards, model path, config checks). Errors
-# raised later, during training, keep their traceback.
-SETUP_ERRORS = (UsageError, ValueError, FileNotFoundError, RuntimeError)
+# raised later, during training, keep their traceback. A recipe value of the wrong type (`mc_samples: 2.5`) and a reward
+# function whose signature or return value TRL cannot use are TypeErrors, and bad input as well.
+SETUP_ERRORS = (UsageError, ValueError, FileNotFoundError, RuntimeError, FieldTypeError, RewardFunctionError)
 
 
 @contextlib.contextmanager
-def exit_on_bad_input(prog: str, errors: tuple[type[BaseException], ...] = SETUP_ERRORS) -> Iterator[None]:
+def exit_on_bad_input(
+    prog: str, errors: tuple[type[BaseException], ...] = SETUP_ERRORS, fresh_line: bool = False
+) -> Iterator[None]:
     """Turn a setup error (one of ``errors``) into one line on stderr, `<prog>: error: <message>`, and exit status 2.
+    With ``fresh_line`` (errors found while training) the line starts after a newline: a progress bar may hold the
+    current one.
 
     Set `TRL_DLLM_TRACEBACK=1` to get the traceback instead.
     """
@@ -51,7 +57,7 @@ def exit_on_bad_input(prog: str, errors: tuple[type[BaseException], ...] = SETUP
         if os.environ.get("TRL_DLLM_TRACEBACK") == "1":
             raise
         message = " ".join(str(err).split()) or type(err).__name__
-        print(f"{prog}: error: {message}", file=sys.stderr)
+        print(f"{chr(10) if fresh_line else ''}{prog}: error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

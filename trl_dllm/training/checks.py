@@ -78,6 +78,7 @@ def check_config(args) -> None:
     _check_unsupported_generation_options(args)
     _check_objective(args)
     _check_collapse_guard(args)
+    inputs.check_report_to(args)
 
 
 def _check_collapse_guard(args) -> None:
@@ -300,11 +301,35 @@ def _check_spg_and_groups(args):
     if not 0.0 <= args.spg_omega <= 1.0:
         raise ValueError(f"spg_omega={args.spg_omega} must be in [0, 1] (SPG's mix weight; 0.5 in SPG/StableDRL).")
     if args.whole_group_batches and args.per_device_train_batch_size % args.num_generations:
+        needs = OBJECTIVES.get(args.loss_type)
+        why = (f"loss_type={args.loss_type!r} (its loss is defined over whole groups)"
+               if needs is not None and needs.whole_groups else "whole_group_batches=True")  # fmt: skip
         raise ValueError(
-            f"whole_group_batches=True needs per_device_train_batch_size={args.per_device_train_batch_size} to be "
-            f"a multiple of num_generations={args.num_generations} (each micro-batch holds whole groups); e.g. "
-            f"per_device_train_batch_size={args.num_generations}."
+            f"{why} needs per_device_train_batch_size={args.per_device_train_batch_size} to be a multiple of "
+            f"num_generations={args.num_generations}, so that every micro-batch (and process) holds whole groups; set "
+            f"per_device_train_batch_size={_group_multiple(args)} (and gradient_accumulation_steps for a larger batch)."
         )
+
+
+def _group_multiple(args) -> int:
+    """The multiple of `num_generations` nearest above `per_device_train_batch_size`."""
+    return -(-args.per_device_train_batch_size // args.num_generations) * args.num_generations
+
+
+def whole_group_batches(args) -> bool:
+    """The effective `whole_group_batches`: `None` takes the objective's registry entry (`Objective.whole_groups`);
+    `False` is refused for an objective defined over whole groups (1 and N processes would compute different losses)."""
+    objective = OBJECTIVES.get(args.loss_type)
+    needs = objective is not None and objective.whole_groups
+    if args.whole_group_batches is None:
+        return needs
+    if needs and not args.whole_group_batches:
+        raise ValueError(
+            f"whole_group_batches=False with loss_type={args.loss_type!r}: its loss is defined over whole groups, and "
+            "TRL's row shuffle would split them over micro-batches and processes (the update would then change with "
+            "the number of processes). Remove whole_group_batches (or set it to true)."
+        )
+    return bool(args.whole_group_batches)
 
 
 def _check_left_to_right(args):
@@ -455,7 +480,10 @@ def _check_dataset(name: str, dataset, prompts_needed: int, batch_field: str, ar
         return  # an IterableDataset: its length is unknown before iterating
     size = len(dataset)
     if size == 0:
-        raise ValueError(f"{name} is empty (0 rows): training would run 0 steps and save an untrained model.")
+        raise ValueError(
+            f"{name} is empty (0 rows): training would run 0 steps and save an untrained model. Pass a dataset with "
+            "prompts: check data_files and dataset_split (or the filter that emptied it)."
+        )
     inputs.check_prompts(name, dataset)
     if size < prompts_needed:
         raise ValueError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import inspect
 import numbers
 import os
@@ -16,7 +17,8 @@ import os
 CHAT_ROLES = ("system", "user", "assistant", "tool")  # TRL's roles
 _INT_TYPES = ("int", "int|None", "Optional[int]", "Union[int,NoneType]")
 # Counts TRL / transformers check only inside `train()` (ours, e.g. mc_samples, are checked in `checks.py`).
-_POSITIVE_INTS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation")
+_POSITIVE_INTS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+                  "max_unscorable_rollouts")
 
 
 class PromptFormatError(ValueError):
@@ -33,6 +35,10 @@ class ModelMismatchError(ValueError):
 
 class FieldTypeError(TypeError):
     """A config field holds a value of the wrong type (a float where an integer is needed)."""
+
+
+class LoggerLoginError(ValueError):
+    """`report_to` names a logger whose login is missing (W&B without credentials and not offline)."""
 
 
 class NameNotFoundError(ValueError):
@@ -161,6 +167,31 @@ def check_reward_functions(trainer) -> None:
             )
 
 
+def checked_reward_functions(funcs: list, names: list[str]) -> list:
+    """TRL's reward functions with every plain (synchronous, non-model) one wrapped so that what it returns at each
+    rollout is checked: a value TRL cannot turn into one reward per completion (a string, one float, a list of
+    lists, n − 1 values) raises a [`RewardFunctionError`] naming the function, what it returned and `n`, instead of
+    TRL's `torch.tensor` error mid-step."""
+    return [f if not callable(f) or hasattr(f, "forward") or inspect.iscoroutinefunction(f) else _checked(f, name)
+            for f, name in zip(funcs, names)]  # fmt: skip
+
+
+def _checked(func, name: str):
+    @functools.wraps(func)
+    def checked(*args, **kwargs):
+        output = func(*args, **kwargs)
+        expected = len(kwargs.get("completions") or [])
+        problem = reward_output_problem(output, expected)
+        if problem is not None:
+            raise RewardFunctionError(
+                f"reward function {name!r} {problem} (a rollout of {expected} completions). A reward function returns "
+                f"a list with one float (or None: unscorable) per completion, e.g. [1.0, 0.0, ...] of length {expected}."
+            )
+        return output
+
+    return checked
+
+
 def reward_output_problem(output, expected: int) -> str | None:
     if isinstance(output, (str, bytes, dict)) or not hasattr(output, "__len__") or not hasattr(output, "__iter__"):
         return f"returned {type(output).__name__} {output!r:.40}, not a list"
@@ -177,6 +208,50 @@ def reward_output_problem(output, expected: int) -> str | None:
 
 def _is_scalar(value) -> bool:
     return getattr(value, "ndim", None) == 0 or getattr(value, "shape", None) == ()
+
+
+# ---------------------------------------------------------------------------------------------------- loggers
+
+
+def wandb_login_problem(environ=os.environ) -> str | None:
+    """Why `wandb.init` would fail for want of credentials, or `None`: W&B reads them from `WANDB_API_KEY` (or
+    `WANDB_IDENTITY_TOKEN_FILE`), the host's entry in the netrc file, or its settings file; offline and disabled modes
+    need none. Read without importing wandb or touching the network."""
+    import netrc
+    from urllib.parse import urlparse
+
+    if environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return None
+    if environ.get("WANDB_DISABLED", "").lower() in ("1", "true", "yes") or environ.get("WANDB_API_KEY"):
+        return None
+    if environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return None
+    host = urlparse(environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    path = environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        if netrc.netrc(path).authenticators(host):
+            return None
+    except (OSError, netrc.NetrcParseError):
+        pass
+    config_dir = environ.get("WANDB_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".config", "wandb")
+    try:
+        with open(os.path.join(config_dir, "settings"), encoding="utf-8") as f:
+            if any(line.split("=")[0].strip() == "api_key" for line in f):
+                return None
+    except OSError:
+        pass
+    return f"W&B is not logged in (no WANDB_API_KEY, no {host} entry in {path})"
+
+
+def check_report_to(args) -> None:
+    """`report_to` with `wandb` and no W&B credentials fails here, before the model loads, not in `wandb.init`."""
+    report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
+    problem = wandb_login_problem() if "wandb" in report_to else None
+    if problem is not None:
+        raise LoggerLoginError(
+            f"report_to={list(report_to)}: {problem}. Run `wandb login` (or set WANDB_API_KEY), or set "
+            "WANDB_MODE=offline to log locally and `wandb sync` later, or drop wandb from report_to."
+        )
 
 
 # ---------------------------------------------------------------------------------------------------- tokenizer

@@ -109,6 +109,24 @@ def name_embedded_base(output_dir: str, name: str) -> None:
             json.dump(config, f, indent=2, sort_keys=True)
 
 
+def dropout_notice(model, args) -> list[str]:
+    """One line when `disable_dropout` (on by default here) switched a dropout of the model or of its LoRA adapters off
+    (TRL sets every `nn.Dropout` to `p=0`), naming what it switched off; no line otherwise."""
+    if not args.disable_dropout:
+        return []
+    found = [f"lora_dropout={c.lora_dropout}" for c in getattr(model, "peft_config", {}).values()
+             if getattr(c, "lora_dropout", 0)]  # fmt: skip
+    config = getattr(model, "config", None)
+    for key, value in (config.to_dict() if config is not None else {}).items():
+        if "dropout" in key and isinstance(value, float) and value > 0:
+            found.append(f"{key}={value}")
+    if not found:
+        return []
+    return [f"disable_dropout=True (trl_dllm's default): {', '.join(found)} is off in rollouts and every likelihood "
+            "pass, so the old, reference and current estimates of a sample see the same network; "
+            "disable_dropout=False keeps it."]  # fmt: skip
+
+
 def make_models_bidirectional(*models) -> None:
     """`config.is_causal = False` on each model that is not `None` (through PEFT / DDP / DeepSpeed wrappers)."""
     for model in models:

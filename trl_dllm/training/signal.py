@@ -1,8 +1,13 @@
-"""Runs that cannot learn say so: when every group's completions get the same reward, every advantage is 0."""
+"""Runs that cannot learn say so: when every group's completions get the same reward, every advantage is 0; when no
+reward function scores any completion, the run stops."""
 
 from __future__ import annotations
 
 import logging
+
+import torch
+
+from .inputs import RewardFunctionError
 
 logger = logging.getLogger(__name__)
 
@@ -44,3 +49,32 @@ class ZeroSpreadWatch:
         )
         logger.warning(message)
         return message
+
+
+class UnscorableWatch:
+    """Stops a run whose rollouts no reward function scores: a completion is unscorable when every function returned
+    `None` or NaN (or ±inf) for it — TRL gives it advantage 0 and the trainer logs their count as
+    `rewards/unscorable` at every step. After ``patience`` rollouts in a row with *every* completion unscorable, the
+    loss is 0 and the weights do not move, so training stops with a [`RewardFunctionError`] saying why.
+
+    Args:
+        patience (`int`): `max_unscorable_rollouts`.
+    """
+
+    def __init__(self, patience: int):
+        self.patience, self.streak = patience, 0
+
+    def observe(self, rewards: torch.Tensor, names: list[str]) -> None:
+        """``rewards``: TRL's `(N, F)` rewards of one rollout (gathered over processes; NaN: unscored)."""
+        if rewards.numel() and not torch.isnan(rewards).all():
+            self.streak = 0
+            return
+        self.streak += 1
+        if self.streak < self.patience:
+            return
+        raise RewardFunctionError(
+            f"no reward function scored any of the {rewards.size(0)} completions of the last {self.streak} rollout(s) "
+            f"(reward_funcs {', '.join(names)} returned None or NaN for every one): every advantage is 0 and nothing "
+            "is learned. Fix the reward functions (None or NaN marks one completion as unscorable) or give the dataset "
+            f"the columns they read; max_unscorable_rollouts={self.patience} is how many such rollouts stop the run."
+        )

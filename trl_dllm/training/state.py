@@ -151,7 +151,7 @@ def resolve_resume_checkpoint(value, output_dir: str):
                 return path
             torn.append(f"{path} ({problem})")
         detail = f" (torn: {'; '.join(torn)})" if torn else ""
-        raise ValueError(
+        raise ResumeError(
             f"resume_from_checkpoint=True: no complete checkpoint in output_dir={output_dir}{detail}. Start without "
             "resume_from_checkpoint, or pass the path of a complete checkpoint."
         )
@@ -161,11 +161,58 @@ def resolve_resume_checkpoint(value, output_dir: str):
             parent = os.path.dirname(os.path.normpath(value))
             complete = [p for p in checkpoints(parent) if checkpoint_problem(p) is None]
             hint = f" The newest complete checkpoint there is {complete[0]}." if complete else ""
-            raise ValueError(f"resume_from_checkpoint={value}: torn checkpoint, {problem}.{hint}")
+            raise ResumeError(f"resume_from_checkpoint={value}: torn checkpoint, {problem}.{hint}")
     return value
 
 
+class ResumeError(ValueError):
+    """A checkpoint this run cannot resume from: torn, of another model, or an adapter without `use_peft`."""
+
+
+# Sizes a checkpoint's config.json shares with the model it was saved from (compared only where both name them: a
+# natively loaded family saves its original layout, whose names differ).
+_SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                 "vocab_size")  # fmt: skip
+
+
+def check_checkpoint_fits(path, model) -> None:
+    """A checkpoint resumes into this run's model: an adapter-only checkpoint needs a PEFT model (`use_peft`), and a
+    full one's sizes in `config.json` must be the model's. Raises [`ResumeError`] naming the field and the fix, before
+    transformers fails deep in `load_state_dict`."""
+    if not isinstance(path, str) or not os.path.isdir(path):
+        return
+    names = set(os.listdir(path))
+    peft = hasattr(model, "peft_config")
+    full = [n for n in _WEIGHTS if not n.startswith("adapter") and n in names]
+    if "adapter_config.json" in names and not full and not peft:
+        raise ResumeError(
+            f"resume_from_checkpoint={path} holds a LoRA adapter only (adapter_config.json, no full weights), but this "
+            "run trains the full model: add --use_peft true with the LoRA fields of the run that wrote it (lora_r, "
+            "lora_alpha, lora_target_modules; peft_config= in Python), or resume from a full-model checkpoint."
+        )
+    if "config.json" not in names:
+        return
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return
+    base = model.get_base_model() if peft and callable(getattr(model, "get_base_model", None)) else model
+    ours = base.config.to_dict() if hasattr(base, "config") else {}
+    for key in _SHAPE_FIELDS:
+        if key in saved and key in ours and saved[key] != ours[key]:
+            raise ResumeError(
+                f"resume_from_checkpoint={path} was saved from another model ({key}={saved[key]} there, {ours[key]} "
+                f"in {ours.get('_name_or_path') or 'this model'}): resume with the model_name_or_path that run "
+                "trained, or start a new run in another output_dir."
+            )
+
+
 _FULL_DISK = ("no space left", "iostream error", "file write failed", "disk quota")
+
+
+class FullDiskError(OSError):
+    """A checkpoint save that ran out of space (`errno.ENOSPC`); the message says how much, where, and what is intact."""
 
 
 @contextlib.contextmanager
@@ -189,7 +236,7 @@ def reporting_full_disk(run_dir: str, step: int, model):
         shutil.rmtree(partial, ignore_errors=True)
         previous = [p for p in checkpoints(run_dir) if checkpoint_problem(p) is None]
         kept = f"; the previous checkpoint {previous[0]} is intact" if previous else ""
-        raise OSError(
+        raise FullDiskError(
             errno.ENOSPC,
             f"no space left on device: {needed / 2**20:.1f} MB needed at {partial} ({(free or 0) / 2**20:.1f} MB "
             f"free){kept}. Free space, lower save_total_limit, or set output_dir to a larger disk, then resume with "
@@ -234,8 +281,14 @@ def check_output_dir(output_dir: str, resume_from_checkpoint, overwrite_output_d
     """Refuse to start a fresh run in an ``output_dir`` that holds an earlier run's checkpoints.
 
     TRL's checkpoint rotation (`save_total_limit`) would delete them and same-numbered ones would be overwritten.
-    Resuming (any truthy ``resume_from_checkpoint``) or ``overwrite_output_dir=True`` lets the run start.
+    Resuming (any truthy ``resume_from_checkpoint``) or ``overwrite_output_dir=True`` lets the run start. An
+    ``output_dir`` that is an existing file (not a folder) is refused whatever the flags.
     """
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise OutputDirError(
+            f"output_dir={output_dir} is an existing file, not a folder: the run saves its checkpoints and model into "
+            "a folder of that name. Choose another output_dir (or move that file away)."
+        )
     if resume_from_checkpoint or overwrite_output_dir:
         return
     found = checkpoints(output_dir)

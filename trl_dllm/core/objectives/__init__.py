@@ -89,6 +89,12 @@ class Objective:
             (`unmask_step`) and the estimator is `"trajectory"` (AGRPO). Conversely, only an objective with
             `needs_trajectory=True` may list the `"trajectory"` estimator: its per-token values are raw step
             log-probs, not contributions whose row sum is a sequence estimate.
+        whole_groups (`bool`, *optional*, defaults to `False`): `fn`'s loss is not a mean of per-row terms: it
+            normalises over a group (StableDRL's self-normalised weights, wd1's softmax) or over the rows of its
+            micro-batch together (SPG's `Σ L`, DiPO's token count, JustGRPO's non-zero-advantage rows), as the
+            papers' code does over one whole group per micro-step. TRL's row shuffle would split groups over
+            micro-batches and processes and make the update depend on both, so the trainer keeps whole groups in every
+            micro-batch (`whole_group_batches`, on by default for these objectives).
     """
 
     fn: Callable[..., ObjectiveOutput]
@@ -98,6 +104,7 @@ class Objective:
     estimate_fields: tuple[str, ...] = ()
     uses_old: bool = True
     needs_trajectory: bool = False
+    whole_groups: bool = False
 
     @property
     def keywords(self) -> tuple[str, ...]:
@@ -116,6 +123,7 @@ OBJECTIVES: dict[str, Objective] = {
         options=("clip_low", "clip_high", "spg_omega", *_KL),
         inputs=("group_ids",),
         estimate_fields=("eubo_logps",),
+        whole_groups=True,
     ),
     "agrpo": Objective(
         agrpo,
@@ -124,10 +132,16 @@ OBJECTIVES: dict[str, Objective] = {
         estimate_fields=("step_weights", "num_steps"),
         needs_trajectory=True,
     ),
-    "dipo": Objective(dipo, ("block_steps",), options=(*_PPO_CLIP, *_KL), inputs=("unmask_step",)),
-    "justgrpo": Objective(justgrpo, ("left_to_right",), options=(*_PPO_CLIP, *_KL)),
-    "spg": Objective(spg, ("spg",), options=("spg_omega", *_KL), estimate_fields=("eubo_logps",), uses_old=False),
+    "dipo": Objective(
+        dipo, ("block_steps",), options=(*_PPO_CLIP, *_KL), inputs=("unmask_step",), whole_groups=True
+    ),
+    "justgrpo": Objective(justgrpo, ("left_to_right",), options=(*_PPO_CLIP, *_KL), whole_groups=True),
+    "spg": Objective(
+        spg, ("spg",), options=("spg_omega", *_KL), estimate_fields=("eubo_logps",), uses_old=False,
+        whole_groups=True,
+    ),
     "wd1": Objective(
-        wd1, ("mean_field", "elbo", "coupled", "block", "spg"), options=_KL, inputs=("group_ids",), uses_old=False
+        wd1, ("mean_field", "elbo", "coupled", "block", "spg"), options=_KL, inputs=("group_ids",), uses_old=False,
+        whole_groups=True,
     ),
 }

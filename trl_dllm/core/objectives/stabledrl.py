@@ -50,8 +50,8 @@ def stabledrl(
     """StableDRL's self-normalised, unconditionally clipped surrogate (formula in the module docstring).
 
     The authors' released code clips only above (`ρ ≤ 5`, `ais_clip_iw`), which is why `clip_low` defaults to 0
-    (a no-op, since `ρ > 0`). A group only partly present in the batch (split across micro-batches or processes) is
-    normalised over the rows present. The log-ratio is clamped to `±LOG_RATIO_CLAMP` before `exp`.
+    (a no-op, since `ρ > 0`). The trainer hands it whole groups (the registry entry's `whole_groups`); a group only
+    partly present in a direct call's batch is normalised over the rows present. The log-ratio is clamped to `±LOG_RATIO_CLAMP` before `exp`.
 
     With `eubo_logps` (the `spg` estimator's EUBO contributions) and `spg_omega = ω > 0`, the surrogate of a row with
     `A_i ≤ 0` is SPG's sandwich, as in the released code: `S̄_i → ω Σ_t m e / L_i + (1 − ω) S̄_i` (:func:`sandwich`);

@@ -1,0 +1,218 @@
+"""Issue 35 §3: mistakes that ended in a traceback or a message without the fix. Each stops with one line on stderr
+naming the field or file, the value and the fix, and exit status 2 (`trl-dllm grpo | eval` in-process, tiny model)."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from trl_dllm.scripts import eval as eval_script
+from trl_dllm.scripts import grpo
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = "recipes/tiny/stabledrl_gsm8k.yaml"
+ONE_STEP = ["--config", TINY, "--max_steps", "1", "--num_iterations", "1"]
+
+REWARDS = '''
+def _real(completion_ids):
+    if not any(completion_ids):  # the trainer's dry call before training: looks fine there
+        raise ValueError("nothing to score")
+
+def strings(completions, completion_ids, **kwargs):
+    _real(completion_ids)
+    return ["good"] * len(completions)
+
+def one_float(completions, completion_ids, **kwargs):
+    _real(completion_ids)
+    return 1.0
+
+def nested(completions, completion_ids, **kwargs):
+    _real(completion_ids)
+    return [[1.0] for _ in completions]
+
+def one_short(completions, completion_ids, **kwargs):
+    _real(completion_ids)
+    return [1.0] * (len(completions) - 1)
+
+def nothing(completions, **kwargs):
+    return [None if i % 2 else float("nan") for i in range(len(completions))]
+'''
+
+
+@pytest.fixture
+def in_repo(monkeypatch, tiny_model_path, tmp_path):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("TRL_DLLM_TINY_MODEL", tiny_model_path)
+    (tmp_path / "mistaken_rewards.py").write_text(REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tiny_model_path
+
+
+def run_bad(capsys, main, argv, training: bool = False) -> str:
+    """Exit status 2 and exactly one line on stderr, returned. A mistake found at the first rollout (`training`)
+    comes after the progress bars of loading and training: its line is the last, and no traceback."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    if training:
+        assert not any("Traceback" in line for line in err), err
+        err = [line for line in err if "error:" in line]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def recipe(tmp_path: Path, drop: tuple[str, ...] = (), **fields) -> str:
+    """The tiny recipe with `drop`ped fields and `fields` appended, written to `tmp_path`."""
+    lines = [line for line in (ROOT / TINY).read_text().splitlines() if line.split(":")[0] not in drop]
+    path = tmp_path / "recipe.yaml"
+    path.write_text("\n".join([*lines, *(f"{k}: {v}" for k, v in fields.items())]) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("func,problem", [
+    ("strings", "returned a str ('good') among its values, not a number"),
+    ("one_float", "returned float 1.0, not a list"),
+    ("nested", "returned a list ([1.0]) among its values, not a number"),
+    ("one_short", "returned 3 values for 4 completions"),
+])  # fmt: skip
+def test_reward_function_output_at_a_rollout(in_repo, tmp_path, capsys, func, problem):
+    line = run_bad(capsys, grpo.main, [*ONE_STEP, "--output_dir", str(tmp_path / "out"), "--reward_funcs",
+                                       f"mistaken_rewards.{func}"], training=True)  # fmt: skip
+    assert line.startswith(f"trl-dllm grpo: error: reward function '{func}' {problem} (a rollout of 4 completions)")
+    assert "returns a list with one float (or None: unscorable) per completion" in line
+
+
+def test_rewards_all_none_or_nan_stop_the_run(in_repo, tmp_path, capsys):
+    out = tmp_path / "out"
+    line = run_bad(capsys, grpo.main, [*ONE_STEP, "--output_dir", str(out), "--reward_funcs", "mistaken_rewards.nothing"],
+                   training=True)
+    assert "no reward function scored any of the 4 completions of the last 1 rollout(s)" in line
+    assert "max_unscorable_rollouts=1" in line and not (out / "model.safetensors").exists()
+
+
+def test_recipe_field_of_the_wrong_type(in_repo, tmp_path, capsys):
+    line = run_bad(capsys, grpo.main, ["--config", recipe(tmp_path, drop=("mc_samples",), mc_samples=2.5)])
+    assert line == ("trl-dllm grpo: error: mc_samples=2.5 (float) must be an integer; write e.g. mc_samples: 2 in the "
+                    "recipe or --mc_samples 2.")  # fmt: skip
+
+
+def test_reward_module_with_a_syntax_error(in_repo, tmp_path, capsys):
+    (tmp_path / "broken_reward.py").write_text("def reward(completions, **kwargs):\n    return [1.0 for c in completions\n")
+    line = run_bad(capsys, grpo.main, [*ONE_STEP, "--reward_funcs", "broken_reward.reward"])
+    assert f"{tmp_path / 'broken_reward.py'} line 2: " in line and "fix that line" in line
+
+
+def test_malformed_json_lines_file_without_a_task(in_repo, tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"prompt": "add 1 and 2 ."}\n{"prompt": "add 2 and 3 ."\n{"prompt": "add 3 and 4 ."}\n')
+    path = recipe(tmp_path, drop=("task", "data_files", "reward_funcs"), dataset_name="json", data_files=str(data),
+                  reward_funcs="[format]")  # fmt: skip
+    line = run_bad(capsys, grpo.main, ["--config", path])
+    assert f"data_files: {data} line 2 is not valid JSON" in line and "Fix or delete that line" in line
+
+
+def test_output_dir_that_is_a_file(in_repo, tmp_path, capsys):
+    existing = tmp_path / "out.txt"
+    existing.write_text("notes")
+    line = run_bad(capsys, grpo.main, [*ONE_STEP, "--output_dir", str(existing)])
+    assert line == (f"trl-dllm grpo: error: output_dir={existing} is an existing file, not a folder: the run saves its "
+                    "checkpoints and model into a folder of that name. Choose another output_dir (or move that file "
+                    "away).")  # fmt: skip
+    assert existing.read_text() == "notes"
+
+
+def test_empty_data_file_says_what_to_do(in_repo, tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    line = run_bad(capsys, grpo.main, [*ONE_STEP, "--data_files", str(empty)])
+    assert line.endswith(f"data_files: {empty} is empty; write one row per prompt into it (JSON Lines: one object "
+                         "per line) or point data_files at another file")  # fmt: skip
+
+
+def test_eval_of_an_adapter_whose_base_folder_is_gone(in_repo, tmp_path, capsys):
+    adapter, gone = tmp_path / "adapter", tmp_path / "base-deleted"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(gone),
+                                                             "peft_type": "LORA"}))  # fmt: skip
+    save_file({"base_model.model.lm_head.lora_A.weight": torch.zeros(1, 1)}, adapter / "adapter_model.safetensors")
+    line = run_bad(capsys, eval_script.main, ["--config", TINY, "--model_name_or_path", str(adapter),
+                                              "--eval_data_files", "tests/fixtures/gsm8k.jsonl"])  # fmt: skip
+    assert f"the LoRA adapter {str(adapter)!r} was trained on the base model {str(gone)!r}" in line
+    assert "restore that folder, or set base_model_name_or_path to the base model's folder or Hub id" in line
+
+
+def test_wandb_not_logged_in(in_repo, tmp_path, capsys, monkeypatch):
+    for name in ("WANDB_MODE", "WANDB_DISABLED", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "no-wandb-config"))
+    line = run_bad(capsys, grpo.main, [*ONE_STEP, "--output_dir", str(tmp_path / "out"), "--report_to", "wandb"])
+    assert line == (f"trl-dllm grpo: error: report_to=['wandb']: W&B is not logged in (no WANDB_API_KEY, no "
+                    f"api.wandb.ai entry in {tmp_path / 'no-netrc'}). Run `wandb login` (or set WANDB_API_KEY), or set "
+                    "WANDB_MODE=offline to log locally and `wandb sync` later, or drop wandb from report_to.")  # fmt: skip
+
+
+def test_wandb_credentials_are_found_where_wandb_reads_them(tmp_path):
+    from trl_dllm.training.inputs import wandb_login_problem
+
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password abc\n")
+    netrc.chmod(0o600)
+    bare = {"NETRC": str(tmp_path / "none"), "WANDB_CONFIG_DIR": str(tmp_path)}
+    assert wandb_login_problem(bare) is not None
+    assert wandb_login_problem({**bare, "NETRC": str(netrc)}) is None
+    assert wandb_login_problem({**bare, "WANDB_MODE": "offline"}) is None
+    assert wandb_login_problem({**bare, "WANDB_API_KEY": "k"}) is None
+    (tmp_path / "settings").write_text("[default]\napi_key = k\n")
+    assert wandb_login_problem(bare) is None
+
+
+def fake_checkpoint(path: Path, files: dict) -> Path:
+    """A checkpoint folder that passes the torn-checkpoint checks: `trainer_state.json`, `files` (JSON) and weights."""
+    path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text(json.dumps({"global_step": 1}))
+    for name, content in files.items():
+        (path / name).write_text(json.dumps(content))
+    weights = "adapter_model.safetensors" if "adapter_config.json" in files else "model.safetensors"
+    save_file({"w": torch.zeros(1)}, path / weights)
+    return path
+
+
+def test_resume_from_an_adapter_only_checkpoint_without_use_peft(in_repo, tmp_path, capsys):
+    checkpoint = fake_checkpoint(tmp_path / "lora" / "checkpoint-1", {"adapter_config.json": {"peft_type": "LORA"}})
+    line = run_bad(capsys, grpo.main, [*ONE_STEP, "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint",
+                                       str(checkpoint)], training=True)  # fmt: skip
+    assert f"resume_from_checkpoint={checkpoint} holds a LoRA adapter only" in line
+    assert "add --use_peft true with the LoRA fields of the run that wrote it" in line
+
+
+def test_resume_from_a_checkpoint_of_another_model(in_repo, tmp_path, capsys):
+    hidden = json.loads((Path(in_repo) / "config.json").read_text())["hidden_size"]
+    checkpoint = fake_checkpoint(tmp_path / "other" / "checkpoint-1", {"config.json": {"hidden_size": hidden * 2}})
+    line = run_bad(capsys, grpo.main, [*ONE_STEP, "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint",
+                                       str(checkpoint)], training=True)  # fmt: skip
+    assert f"resume_from_checkpoint={checkpoint} was saved from another model (hidden_size={hidden * 2} there, " in line
+    assert "resume with the model_name_or_path that run trained" in line
+
+
+def test_full_disk_at_a_checkpoint(in_repo, tmp_path, capsys, monkeypatch):
+    """The disk fills while checkpoint-1 is written (transformers' save raises ENOSPC): one line that says how much
+    space, where, and how to resume; the partial folder is gone."""
+    import errno
+
+    from transformers import Trainer
+
+    def full(self, model, trial):
+        os.makedirs(os.path.join(self.args.output_dir, "checkpoint-1"))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Trainer, "_save_checkpoint", full)
+    out = tmp_path / "out"
+    line = run_bad(capsys, grpo.main, [*ONE_STEP, "--output_dir", str(out), "--save_strategy", "steps",
+                                       "--save_steps", "1"], training=True)  # fmt: skip
+    assert "no space left on device: " in line and f"MB needed at {out / 'checkpoint-1'}" in line
+    assert "then resume with resume_from_checkpoint=True" in line and not (out / "checkpoint-1").exists()
