@@ -15,15 +15,15 @@ is ``VmHWM`` minus the RSS just before; the planned one is ``update_activations 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import os
-import re
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from bench.bench_memory import _reset_peak, _status_kb
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,18 +108,6 @@ def planned_bytes(case: Case, logits: str = "chunked") -> float:
     )  # fmt: skip
     phases = phase_bytes(arch, settings)
     return phases["update_activations"] + phases["logits"]
-
-
-def _status_kb(name: str) -> int:
-    with open("/proc/self/status") as f:
-        return int(re.search(rf"^{name}:\s+(\d+)", f.read(), re.MULTILINE).group(1))
-
-
-def _reset_peak() -> None:
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 def measure_child(case: Case) -> tuple[float, str]:

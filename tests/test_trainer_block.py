@@ -104,3 +104,15 @@ def test_dipo_trains_on_the_step_map(tmp_path, tiny_block_model_path, dynamic_sa
 def test_dipo_is_refused_on_a_bidirectional_model(tmp_path, tiny_model_path):
     with pytest.raises(ValueError, match="estimator='block_steps' .* not block-causal"):
         make_trainer(tmp_path, tiny_model_path, loss_type="dipo", estimator="block_steps")
+
+
+def test_a_micro_step_with_nothing_scored_still_backpropagates(tmp_path, tiny_block_model_path):
+    """Every group with equal rewards (a constant reward) is dropped by dynamic sampling; `block_steps` then makes no
+    forward at all. The loss is a zero through the trained weights, so the step runs (and leaves them unchanged)."""
+    args = make_args(tmp_path, loss_type="dipo", estimator="block_steps", temperature=1.0, dynamic_sampling=True,
+                     max_steps=1)  # fmt: skip
+    trainer = DiffusionGRPOTrainer(model=tiny_block_model_path, reward_funcs=lambda completions, **kw: [1.0] *
+                                   len(completions), args=args, train_dataset=make_dataset())  # fmt: skip
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    assert all(torch.equal(a, b.detach()) for a, b in zip(before, trainer.model.parameters()))

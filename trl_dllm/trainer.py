@@ -259,6 +259,10 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         self._log_metrics({**result.metrics, "entropy": (out.entropies * mask).sum() / mask.sum().clamp(min=1)})
         self._log_mc_variance(out)
         loss = result.loss
+        if torch.is_grad_enabled() and not loss.requires_grad:  # nothing scored: e.g. every group dropped by dynamic
+            # sampling on an estimator that then makes no forward (block_steps); a zero through the trained weights,
+            # so backward and the processes' gradient synchronisation run as on any micro-step
+            loss = loss + 0.0 * sum(p.sum() for p in model.parameters() if p.requires_grad)
         if aux_loss is not None:  # MoE load balancing, weighted as TRL weights it
             loss = loss + self.router_aux_loss_coef * aux_loss
             self._log_metrics({"aux_loss": aux_loss})
