@@ -210,8 +210,10 @@ trainer = DiffusionGRPOTrainer(model=model_path, args=args, train_dataset=data,
 rank, state = trainer.accelerator.process_index, {"active": False}
 snapshots = {}
 
-def hook(module, inputs, output):  # +inf logits in rank 0's current-policy forward of step 2 only
-    return output + float("inf") if state["active"] and rank == 0 and torch.is_grad_enabled() else None
+def hook(module, inputs):  # +inf into the LM head (so +inf logits) in rank 0's current-policy forward of step 2 only
+    # (on the head's input: with TRL's chunked kernel the head's output is the scored tokens' log-probs, not logits)
+    active = state["active"] and rank == 0 and torch.is_grad_enabled()
+    return (inputs[0] + float("inf"), *inputs[1:]) if active else None
 
 class Faults(TrainerCallback):
     def on_step_begin(self, args, s, control, **kw):
@@ -219,7 +221,7 @@ class Faults(TrainerCallback):
     def on_step_end(self, args, s, control, model=None, **kw):
         snapshots[s.global_step] = [p.detach().clone() for p in trainer.accelerator.unwrap_model(model).parameters()]
 
-trainer.model.lm_head.register_forward_hook(hook)
+trainer.model.lm_head.register_forward_pre_hook(hook)
 trainer.add_callback(Faults())
 snapshots[0] = [p.detach().clone() for p in trainer.model.parameters()]
 trainer.train()

@@ -25,16 +25,17 @@ def varied_reward(completions, **kwargs):
 
 
 class InfiniteLogits(TrainerCallback):
-    """+inf logits in the current policy's forwards of `steps`; a snapshot of the weights after every step."""
+    """+inf logits in the current policy's forwards of `steps` (+inf into the LM head: with TRL's chunked kernel the
+    head's output is the scored tokens' log-probs, not logits); a snapshot of the weights after every step."""
 
     def __init__(self, trainer, steps):
         self.steps, self.active, self.weights = set(steps), False, {0: _weights(trainer.model)}
-        trainer.model.lm_head.register_forward_hook(self._hook)
+        trainer.model.lm_head.register_forward_pre_hook(self._hook)
         trainer.add_callback(self)
 
-    def _hook(self, module, args, output):
+    def _hook(self, module, args):
         if self.active and torch.is_grad_enabled():
-            return output + float("inf")
+            return (args[0] + float("inf"), *args[1:])
         return None
 
     def on_step_begin(self, args, state, control, **kwargs):
