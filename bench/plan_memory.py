@@ -85,10 +85,12 @@ def original_config(case: Case) -> dict:
     return config
 
 
-def logits_path(logits_fn) -> str:
-    """The planner's ``logits`` option that describes how ``logits_fn`` scores target tokens: ``"chunked"`` when it
-    computes them inside the LM head's call (TRL's chunked log-prob kernel, ``takes_targets``), else ``"full"``."""
-    return "chunked" if getattr(logits_fn, "takes_targets", False) else "full"
+def logits_path(logits_fn, device: str = "cpu") -> str:
+    """The planner's ``logits`` option that describes how ``logits_fn`` scores target tokens on ``device``:
+    ``"chunked"`` when it computes them inside the LM head's call (TRL's chunked log-prob kernel, ``takes_targets``)
+    with Triton (CUDA), else ``"full"`` — on CPU the kernel folds each `(n, vocabulary chunk)` tile in float32 torch
+    ops, which hold as much as the full logits' log-softmax when the vocabulary fits one chunk."""
+    return "chunked" if getattr(logits_fn, "takes_targets", False) and device == "cuda" else "full"
 
 
 def planned_bytes(case: Case, logits: str = "chunked") -> float:
@@ -117,7 +119,8 @@ def measure_child(case: Case) -> tuple[float, str]:
     from peft import LoraConfig, get_peft_model
 
     from trl_dllm.core.likelihood import ESTIMATORS, estimate
-    from trl_dllm.models import model_logits_fn, resolve_model_spec
+    from trl_dllm.core.logits import module_logits_fn
+    from trl_dllm.models import resolve_model_spec
     from trl_dllm.models.native import native_config, native_layout
 
     torch.manual_seed(0)
@@ -131,7 +134,9 @@ def measure_child(case: Case) -> tuple[float, str]:
     model = get_peft_model(model, LoraConfig(r=case.lora_r, lora_alpha=2 * case.lora_r, lora_dropout=case.lora_dropout,
                                              target_modules=list(case.lora_targets)))  # fmt: skip
     model.train()
-    logits_fn = model_logits_fn(model, spec)
+    # The plain float32 log-softmax of the kept logits (the planner's "full" path): on CPU TRL's chunked kernel folds
+    # whole (n, vocabulary) tiles in torch ops, which is not what it does on a GPU (Triton), so it is not measured here
+    logits_fn = module_logits_fn(model, shift_logits=spec.shift_logits, logits_to_keep=spec.accepts_logits_to_keep)
     values = {"mc_samples": case.mc_samples, "antithetic": case.antithetic, "p_mask_prompt": 0.15, "spg_beta": 1.5,
               "mc_batch_size": case.mc_batch_size, "checkpoint_views": case.checkpoint_views, "entropy_grad": False,
               "block_length": case.block_length, "block_layout": spec.block_layout, "return_eubo": True,

@@ -49,7 +49,7 @@ def test_help_and_unknown_command(capsys):
 
 def test_python_dash_m_is_the_cli():
     out = subprocess.run([sys.executable, "-m", "trl_dllm", "--help"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "trl-dllm {grpo,eval,lm-eval,merge,demo,compare}" in out.stdout
+    assert out.returncode == 0 and "trl-dllm {grpo,eval,lm-eval,merge,plan,demo,compare}" in out.stdout
 
 
 def test_demo_forwards_its_arguments(monkeypatch):
@@ -61,9 +61,9 @@ def test_demo_forwards_its_arguments(monkeypatch):
 
 def test_grpo_trains_and_saves(in_repo, tmp_path):
     out = tmp_path / "out"
-    # 2 prompts x 2 completions per step, the recipe's global batch on 2 processes: with 1 prompt per step the random
+    # 2 prompts x 4 completions per step: with 1 prompt per step the random
     # tiny model can draw identical rewards in its only group (all advantages 0, nothing to learn).
-    cli.main(["grpo", "--config", TINY, "--output_dir", str(out), "--per_device_train_batch_size", "4"])
+    cli.main(["grpo", "--config", TINY, "--output_dir", str(out), "--per_device_train_batch_size", "8"])
     state = json.loads((out / "trainer_state.json").read_text())
     losses = [log["loss"] for log in state["log_history"] if "loss" in log]
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))

@@ -60,7 +60,8 @@ def test_plan_table_and_flags(config_folders, capsys):
 
 def test_plan_suggests_changes_when_it_does_not_fit(config_folders, capsys):
     status, out, _ = run(capsys, "--config", RECIPES["llada"], "--model_name_or_path", config_folders["llada"],
-                         "--logits", "full", "--mc_checkpointing", "false", "--json")  # fmt: skip
+                         "--activation_checkpointing", "false", "--logits", "full", "--mc_checkpointing", "false",
+                         "--json")  # fmt: skip
     report = json.loads(out)
     assert status == 0 and not report["fits"]
     changes = [s["change"] for s in report["suggestions"] if s["fits"]]

@@ -59,5 +59,6 @@ def test_cli_malformed_line_and_reward_module_syntax_error(tmp_path, capsys, mon
     with pytest.raises(SystemExit) as exit_info:
         grpo.main([*argv, "--reward_funcs", "broken_reward.reward"])
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "cannot import 'broken_reward.reward' (SyntaxError:" in err
+    assert exit_info.value.code == 2 and "cannot import 'broken_reward.reward'" in err
+    assert "broken_reward.py line 1" in err and "py_compile" in err  # the file, the line and how to check it
     assert "Traceback" not in err
