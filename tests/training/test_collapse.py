@@ -19,12 +19,13 @@ def distinct_tokens(completions, **kwargs):
 
 def forced_collapse(path, tmp_path, mode, max_steps=12, **fields):
     """StableDRL at learning rate 0.05 (400x the demo's 2e-4 would be 0.08): within 4 steps the model repeats one token
-    and the reward falls from 0.95 to 0.4 (measured on this model, seed 0)."""
+    and the reward falls from 0.92 to 0.59 by step 5 and 0.27 by step 10 (measured on this model, seed 3, with the
+    rollouts' counter-based noise; seed 0 no longer collapses within the window)."""
     args = DiffusionGRPOConfig(
         output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=8,
         block_length=8, diffusion_steps=8, max_steps=max_steps, learning_rate=0.05, lr_scheduler_type="constant",
         logging_steps=1, report_to="none", use_cpu=True, bf16=False, loss_type="stabledrl", estimator="elbo",
-        scale_rewards="none", seed=0, save_strategy="no", collapse_guard=mode, collapse_guard_window=2,
+        scale_rewards="none", seed=3, save_strategy="no", collapse_guard=mode, collapse_guard_window=2,
         collapse_guard_patience=2, collapse_guard_lr_factor=0.001, **fields,
     )  # fmt: skip
     dataset = Dataset.from_dict({"prompt": [f"add {i} and {i + 1} ." for i in range(32)]})
@@ -39,7 +40,7 @@ def test_warn_detects_the_fall_within_patience_and_goes_on(tiny_model_path, tmp_
         trainer, rewards = forced_collapse(tiny_model_path, tmp_path, "warn")
     events = trainer._collapse_guard.events
     # The smoothed reward (window 2) first sits 0.2 below its best at step 4; patience 2 → the guard acts at step 5.
-    assert rewards[1] > 0.9 and rewards[5] < 0.5
+    assert rewards[1] > 0.9 and rewards[5] < 0.6
     assert events[0]["step"] == 5 and events[0]["action"] == "warn"
     assert "collapse_guard_reward_drop=1.0 × the reward spread" in events[0]["reasons"][0]
     assert "Collapse guard, step 5: for 2 logged steps in a row (since step 4)" in caplog.text
@@ -64,7 +65,7 @@ def test_rollback_restores_the_good_state_with_a_lower_rate_and_recovers(tiny_mo
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.05 * 0.001)
     assert rates[6] == pytest.approx(0.05) and all(rates[s] == pytest.approx(0.05 * 0.001) for s in range(7, 11))
     after = [rewards[s] for s in range(6, 11)]
-    assert min(after) > 0.6 and max(unguarded[s] for s in range(6, 11)) < 0.45
+    assert min(after) > 0.7 and max(unguarded[s] for s in range(6, 11)) < 0.55
     logged = [h["collapse_guard/rollbacks"] for h in trainer.state.log_history if "collapse_guard/rollbacks" in h]
     assert logged[4:6] == [1.0, 1.0]
 
