@@ -153,3 +153,12 @@ def test_whole_group_batches_follow_the_objective_registry(name):
 def test_trl_loss_types_keep_trl_batches():
     assert make(loss_type="grpo").whole_group_batches is False
     assert make(loss_type="grpo", whole_group_batches=True).whole_group_batches is True
+
+
+@pytest.mark.parametrize("value", [True, None])
+def test_ddp_broadcast_buffers_is_refused_with_the_fix(value):
+    """DDP's per-forward buffer broadcast is a collective; processes make different numbers of forwards (chunks
+    follow the completions' lengths), so it would hang a 2-process `left_to_right` run (it did, in CI)."""
+    assert make().ddp_broadcast_buffers is False
+    with pytest.raises(ValueError, match=rf"ddp_broadcast_buffers={value!r}: .*hangs.*leave ddp_broadcast_buffers=False"):
+        make(ddp_broadcast_buffers=value)

@@ -127,6 +127,13 @@ class DiffusionGRPOConfig(GRPOConfig):
             same network and share their Monte Carlo masks for real (with dropout on, a frozen policy's ratio has std
             0.024 on the tiny model). Said in one line at start when it switches a dropout off. `False` keeps the
             dropout (the d1 and ESPO recipes do, as their code ran).
+        ddp_broadcast_buffers (`bool`, *optional*, defaults to `False`):
+            transformers' field with another default (there: DDP's own, `True`). With `True` DDP broadcasts the
+            model's buffers at every forward, a collective that needs every process to make the same number of
+            forwards; ours do not (`left_to_right` scores in as many chunks as its longest completion needs,
+            `trajectory` and `block_steps` as many as the rollout made, recomputation adds forwards inside backward),
+            so the run would hang. The buffers of the models we load are constants (rotary frequencies). `True` is
+            refused.
         score_padding_eos (`bool`, *optional*, defaults to `False`):
             Score the EOS tokens that fill the canvas after the answer. They are generated and decide the length;
             `False` scores the completion up to and including its first EOS, like TRL.
@@ -277,6 +284,11 @@ class DiffusionGRPOConfig(GRPOConfig):
     disable_dropout: bool = field(
         default=True,
         metadata={"help": "Dropout off in rollouts and every likelihood pass (TRL's field; TRL's default is False)."},
+    )
+    ddp_broadcast_buffers: bool | None = field(
+        default=False,
+        metadata={"help": "DDP broadcasts buffers at every forward (transformers' field; False here: processes make "
+                  "different numbers of forwards, and a per-forward collective would hang). True is refused."},
     )
     score_padding_eos: bool = field(
         default=False, metadata={"help": "Score the EOS tokens that fill the canvas after the first EOS."}

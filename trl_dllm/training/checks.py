@@ -78,7 +78,18 @@ def check_config(args) -> None:
     _check_unsupported_generation_options(args)
     _check_objective(args)
     _check_collapse_guard(args)
+    _check_ddp(args)
     inputs.check_report_to(args)
+
+
+def _check_ddp(args) -> None:
+    if args.ddp_broadcast_buffers is not False:
+        raise ValueError(
+            f"ddp_broadcast_buffers={args.ddp_broadcast_buffers!r}: DDP would broadcast the model's buffers at every "
+            "forward, a collective that hangs when processes make different numbers of forwards, as the likelihood "
+            "estimators do (chunks follow the completions' lengths, recomputation forwards in backward). The buffers "
+            "of these models are constants: leave ddp_broadcast_buffers=False (trl_dllm's default)."
+        )
 
 
 def _check_collapse_guard(args) -> None:
