@@ -178,7 +178,7 @@ class DiffusionGRPOConfig(GRPOConfig):
             An optimizer step whose loss or gradient is not finite (on any process) is skipped: no parameter moves,
             the step is counted in the `nonfinite/skipped_steps` metric, and training goes on. After this many
             consecutive skipped steps training stops with an error that says what was seen. `0` stops at the first.
-        collapse_guard (`str`, *optional*, defaults to `"off"`):
+        collapse_guard (`str`, *optional*, defaults to `"warn"`):
             Watch the training reward, rollout entropy and KL for a collapse (`trl_dllm.training.collapse`): `"off"`,
             `"warn"` (log why), `"stop"` (log why and stop training) or `"rollback"` (log why, restore the last good
             trainable parameters kept in CPU memory and lower the learning rate; not under DeepSpeed or FSDP).
@@ -328,7 +328,7 @@ class DiffusionGRPOConfig(GRPOConfig):
         metadata={"help": "Consecutive skipped non-finite optimizer steps before training stops (0: stop at the first)."},
     )
     collapse_guard: str = field(
-        default="off", metadata={"help": "On a collapse of the training reward: off, warn, stop or rollback."}
+        default="warn", metadata={"help": "On a collapse of the training reward: off, warn, stop or rollback."}
     )
     collapse_guard_patience: int = field(default=20, metadata={"help": "collapse_guard: alarming steps before acting."})
     collapse_guard_window: int = field(default=10, metadata={"help": "collapse_guard: logged steps each signal averages."})
