@@ -10,7 +10,6 @@ from .console import announce_deepspeed_cpu_build
 from .core.likelihood import ESTIMATORS
 from .core.objectives import OBJECTIVES
 from .training import checks
-from .training.checks import TRL_LOSS_TYPES  # noqa: F401  (its home before training/checks.py; kept for one release)
 
 
 def _estimators_taking(option: str) -> str:

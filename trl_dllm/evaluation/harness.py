@@ -38,9 +38,6 @@ logger = logging.getLogger(__name__)
 GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature", "top_k", "top_p")
 """The lm-eval ``gen_kwargs`` a request may carry; any other is refused (diffusion decoding has no such option)."""
 
-LIKELIHOOD_ESTIMATORS = ("elbo", "block")
-
-
 def request_seed(seed: int, *token_lists: Sequence[int]) -> int:
     """The noise seed of one request: a CRC-32 of ``seed`` and its token ids (context, continuation)."""
     return zlib.crc32(json.dumps([int(seed), *[[int(t) for t in ids] for ids in token_lists]]).encode())
