@@ -108,3 +108,42 @@ def test_plan_help_lists_its_options(capsys):
     assert main(["plan", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--gpu_memory_gb" in out and "--num_processes" in out and "--per_device_train_batch_size" in out
+
+
+PAPER_RECIPES = sorted(p for p in Path("recipes").glob("*/*.yaml") if p.parent.name in RECIPES)
+
+
+@pytest.mark.parametrize("recipe", PAPER_RECIPES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_paper_recipe_fits_8_gpus_of_80gb_under_its_launch_config(recipe, config_folders, capsys):
+    """Each 8B recipe, with the released model's shape and the accelerate config its header launches with, plans
+    to fit 8 GPUs of 80 GB (what the README promises; `sdar/dipo_math` needed ZeRO-2 with a smaller micro-batch and
+    rollout chunks, `llada2/stabledrl_gsm8k` rollout chunks)."""
+    launch = re.search(r"--config_file recipes/accelerate/(\w+)\.yaml", recipe.read_text())
+    assert launch, f"{recipe}: its header names no launch command"
+    status, out, _ = run(capsys, "--config", str(recipe), "--model_name_or_path", config_folders[recipe.parent.name],
+                         "--num_processes", "8", "--strategy", launch.group(1), "--json")  # fmt: skip
+    report = json.loads(out)
+    assert status == 0 and report["fits"], (report["total_gb"], report["peak_phase"], report["suggestions"])
+
+
+def test_a_smaller_batch_keeps_the_rollout_rows_and_chunks_them(config_folders, capsys):
+    """A smaller per-device batch with more accumulation steps keeps the rows per rollout (TRL's steps_per_generation
+    follows the accumulation), so where the rollout is the peak the suggestion bounds it with generation_chunk_size,
+    and the suggestion, applied, plans what it said."""
+    argv = ["--config", "recipes/sdar/dipo_math.yaml", "--model_name_or_path", config_folders["sdar"],
+            "--num_processes", "8", "--strategy", "zero3", "--per_device_train_batch_size", "16",
+            "--gradient_accumulation_steps", "8", "--generation_chunk_size", "None", "--json"]  # fmt: skip
+    status, out, _ = run(capsys, *argv)
+    report = json.loads(out)
+    assert status == 0 and not report["fits"]
+    fix = next(s for s in report["suggestions"] if s["fits"])
+    assert fix["change"]["per_device_train_batch_size"] * fix["change"]["gradient_accumulation_steps"] == 128
+    assert 128 % fix["change"]["generation_chunk_size"] == 0
+    applied = list(argv)
+    for field, value in fix["change"].items():
+        if field == "accelerate_config":
+            applied[applied.index("--strategy") + 1] = Path(value).stem
+        else:
+            applied += [f"--{field}", str(value)]
+    status, out, _ = run(capsys, *applied)
+    assert json.loads(out)["total_gb"] == pytest.approx(fix["total_gb"])

@@ -163,15 +163,41 @@ def largest_batch(arch: Architecture, s: Settings, *, steps_per_generation: int 
     return low
 
 
-def suggestions(arch: Architecture, s: Settings, *, gradient_accumulation_steps: int, steps_per_generation: int,
+def largest_chunk(arch: Architecture, s: Settings, **kwargs) -> int:
+    """The largest ``generation_chunk_size`` below ``s.generation_rows`` that divides them (equal sampler calls) and
+    whose micro-step fits with ``s``'s batch; 0 if none does."""
+    rows = s.generation_rows
+    for chunk in sorted((d for d in range(1, rows) if rows % d == 0), reverse=True):
+        if plan(arch, replace(s, generation_rows=chunk), **kwargs).fits:
+            return chunk
+    return 0
+
+
+def suggestions(arch: Architecture, s: Settings, *, gradient_accumulation_steps: int, steps_per_generation: int | None,
                 generation_chunk_size: int | None, strategy: str = "ddp", num_processes: int = 1,
                 batch_multiple: int = 1, **kwargs) -> list[dict]:  # fmt: skip
-    """Changes that make the micro-step fit, fewest first, each with its planned total: activation checkpointing,
-    ZeRO-2 / ZeRO-3 on several GPUs, and a smaller per-device batch with more accumulation steps (the same batch per
-    optimizer step; a multiple of ``batch_multiple``, e.g. ``num_generations`` under ``whole_group_batches``), alone
-    and combined. When nothing fits, the combinations that come closest."""
+    """Changes that make the micro-step fit, fewest first, each planned as it would run, with its total: activation
+    checkpointing, ZeRO-2 / ZeRO-3 on several GPUs, a smaller per-device batch with more accumulation steps (the same
+    batch per optimizer step; a multiple of ``batch_multiple``, e.g. ``num_generations`` for an objective over whole
+    groups), and, where the rollout is the peak, a ``generation_chunk_size``; alone and combined. When nothing fits,
+    the combinations that come closest.
+
+    ``steps_per_generation`` ``None`` (TRL's default) follows ``gradient_accumulation_steps``: a smaller batch with more
+    accumulation steps then generates as many rows per rollout as before, which a chunk size bounds instead."""
     strategies = [strategy] + [x for x in ("zero2", "zero3") if x != strategy and num_processes > 1]
+    product = s.batch * gradient_accumulation_steps
     rows = []
+
+    def planned(settings: Settings, change: dict, accumulation: int, **common) -> dict:
+        result = plan(arch, settings, gradient_accumulation_steps=accumulation, **common)
+        if not result.fits and result.peak_phase == "rollout" and not generation_chunk_size:
+            chunk = largest_chunk(arch, settings, gradient_accumulation_steps=accumulation, **common)
+            if chunk:
+                change = {**change, "generation_chunk_size": chunk}
+                result = plan(arch, replace(settings, generation_rows=chunk),
+                              gradient_accumulation_steps=accumulation, **common)  # fmt: skip
+        return {"change": change, "total_gb": result.total_gb, "fits": result.fits}
+
     for checkpointing in dict.fromkeys([s.activation_checkpointing, True]):
         for candidate in strategies:
             change = {"activation_checkpointing": True} if checkpointing != s.activation_checkpointing else {}
@@ -179,24 +205,22 @@ def suggestions(arch: Architecture, s: Settings, *, gradient_accumulation_steps:
                 change["accelerate_config"] = f"recipes/accelerate/{candidate}.yaml"
             settings = replace(s, activation_checkpointing=checkpointing)
             common = dict(kwargs, strategy=candidate, num_processes=num_processes)
-            result = plan(arch, settings, gradient_accumulation_steps=gradient_accumulation_steps, **common)
-            if change:
-                rows.append({"change": change, "total_gb": result.total_gb, "fits": result.fits})
-            if result.fits:
+            row = planned(settings, change, gradient_accumulation_steps, **common)
+            if row["change"]:
+                rows.append(row)
+            if row["fits"]:
                 continue
-            fitting = largest_batch(arch, settings, steps_per_generation=steps_per_generation,
-                                    generation_chunk_size=generation_chunk_size,
+            # the largest batch whose update fits (the rollout, one row at a time, is sized separately above)
+            fitting = largest_batch(arch, settings, generation_chunk_size=1,
                                     gradient_accumulation_steps=gradient_accumulation_steps, **common)  # fmt: skip
-            product = s.batch * gradient_accumulation_steps
             smaller = max((b for b in range(1, min(fitting, s.batch - 1) + 1)
                            if product % b == 0 and b % batch_multiple == 0), default=0)  # fmt: skip
             if smaller:
-                rows_per_rollout = generation_chunk_size or smaller * steps_per_generation
-                result = plan(arch, replace(settings, batch=smaller, generation_rows=rows_per_rollout),
-                              gradient_accumulation_steps=product // smaller, **common)  # fmt: skip
-                change = {**change, "per_device_train_batch_size": smaller,
-                          "gradient_accumulation_steps": product // smaller}  # fmt: skip
-                rows.append({"change": change, "total_gb": result.total_gb, "fits": result.fits})
+                accumulation = product // smaller
+                rollout_rows = generation_chunk_size or smaller * (steps_per_generation or accumulation)
+                change = {**change, "per_device_train_batch_size": smaller, "gradient_accumulation_steps": accumulation}
+                rows.append(planned(replace(settings, batch=smaller, generation_rows=rollout_rows), change,
+                                    accumulation, **common))  # fmt: skip
     rows.sort(key=lambda row: (not row["fits"], len(row["change"]), row["total_gb"]))
     return rows[:4]
 

@@ -98,10 +98,14 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
                                                                         **rollout_rows, **common)}  # fmt: skip
     head = planning.plan(arch, settings, strategy=options.strategy, **common)
     rest = {k: v for k, v in common.items() if k != "gradient_accumulation_steps"}
+    # TRL fills steps_per_generation with gradient_accumulation_steps when unset: a suggested change of the
+    # accumulation then changes it too
+    follows = training_args.steps_per_generation == training_args.gradient_accumulation_steps
     fixes = [] if head.fits else planning.suggestions(
         arch, settings, gradient_accumulation_steps=training_args.gradient_accumulation_steps,
-        strategy=options.strategy, batch_multiple=training_args.num_generations if training_args.whole_group_batches
-        else 1, **rollout_rows, **rest)  # fmt: skip
+        steps_per_generation=None if follows else training_args.steps_per_generation,
+        generation_chunk_size=training_args.generation_chunk_size, strategy=options.strategy,
+        batch_multiple=training_args.num_generations if training_args.whole_group_batches else 1, **rest)  # fmt: skip
     return {
         "model": {"name_or_path": model_args.model_name_or_path, "family": arch.family, "parameters": arch.parameters,
                   "active_parameters": arch.active_parameters, "trainable": planning.lora_parameters(arch, settings)
