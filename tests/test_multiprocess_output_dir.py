@@ -26,7 +26,8 @@ def run(model_path: str, output_dir: Path, *flags: str) -> subprocess.CompletedP
            "TRL_DLLM_TINY_MODEL": model_path}  # fmt: skip
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                str(free_port()), "-m", "trl_dllm", "grpo", "--config", "recipes/tiny/stabledrl_gsm8k.yaml",
-               "--output_dir", str(output_dir), "--per_device_train_batch_size", "2", *flags]  # fmt: skip
+               "--output_dir", str(output_dir), "--per_device_train_batch_size", "2", "--num_generations", "2",
+               *flags]  # fmt: skip
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
