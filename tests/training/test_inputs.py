@@ -135,8 +135,7 @@ def model_copy(tiny_model_path, tmp_path):
     ],
 )  # fmt: skip
 def test_broken_model_folder_is_named(model_copy, damage, expected):
-    from trl_dllm.scripts.grpo import check_model_path
-    from trl_dllm.training.inputs import ModelFolderError
+    from trl_dllm.training.inputs import ModelFolderError, check_model_path
 
     damage(model_copy)
     with pytest.raises(ModelFolderError, match=expected):
@@ -144,7 +143,7 @@ def test_broken_model_folder_is_named(model_copy, damage, expected):
 
 
 def test_cli_offline_typo_of_embedded_model(monkeypatch):
-    from trl_dllm.scripts.grpo import check_model_path
+    from trl_dllm.training.inputs import check_model_path
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(NameNotFoundError, match=r"model_name_or_path='tinny': .* did you mean 'tiny'\?"):

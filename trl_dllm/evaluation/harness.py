@@ -154,9 +154,9 @@ class DiffusionLM(TemplateLM):
         A block-diffusion model decodes in its own blocks (``block_length`` left unset takes them) and is scored by the
         ``block`` estimator."""
         from ..models import make_bidirectional, resolve_model_spec
-        from ..scripts.eval import eos_ids, load_model_and_tokenizer
-        from ..scripts.grpo import check_model_path
+        from ..models.loading import eos_ids, load_model_and_tokenizer
         from ..training.checks import check_block_layout, max_positions
+        from ..training.inputs import check_model_path
 
         init = {"dtype": dtype, "trust_remote_code": trust_remote_code}
         model, self.tokenizer = load_model_and_tokenizer(check_model_path(str(pretrained)), init,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..scripts.parsing import UsageError
+from ..errors import UsageError
 
 
 @dataclass(frozen=True)

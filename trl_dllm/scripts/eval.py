@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..evaluation.processes import Processes
-from ..models.embedded import resolve_model_name
+from ..models.loading import eos_ids, load_model_and_tokenizer
 from ..seeding import device_generators, sample_seeds
-from .grpo import GRPOScriptArguments, check_model_path, load_dataset_for, model_init_kwargs, resolve_reward_funcs
+from ..training.inputs import check_model_path
+from .grpo import GRPOScriptArguments, load_dataset_for, model_init_kwargs, resolve_reward_funcs
 from .parsing import ScriptParser, UsageError, exit_on_bad_input
 
 
@@ -80,66 +81,11 @@ def make_parser(prog: str = "trl-dllm eval") -> ScriptParser:
     return ScriptParser((EvalArguments, DiffusionGRPOConfig, ModelConfig), prog=prog)
 
 
-def check_adapter_base(adapter: str, base: str) -> None:
-    """A LoRA adapter's base model must still be where its `adapter_config.json` says: a local path that is gone (not a
-    Hub id either) fails here by name, not as the Hub's "Repo id must be in the form ..."."""
-    from .grpo import _HUB_ID
-
-    if os.path.isdir(os.path.expanduser(base)) or (_HUB_ID.match(base) and not os.path.exists(base)):
-        return
-    raise UsageError(
-        f"model_name_or_path: the LoRA adapter {adapter!r} was trained on the base model {base!r} "
-        "(base_model_name_or_path in its adapter_config.json), which is not a folder (any more) nor a Hub id: restore "
-        "that folder, or set base_model_name_or_path to the base model's folder or Hub id"
-    )
-
-
-def load_model_and_tokenizer(name_or_path: str, init_kwargs: dict, native: bool = True):
-    """The model the trainer would load (`trl_dllm.models.loading.load_pretrained`: LLaDA / Dream / SDAR natively
-    unless `native` is off); a LoRA adapter is merged into its base model."""
-    from transformers import AutoTokenizer
-
-    from ..models.loading import load_adapter, load_pretrained
-
-    adapter_config = os.path.join(name_or_path, "adapter_config.json")
-    try:
-        if os.path.isfile(adapter_config):
-            with open(adapter_config, encoding="utf-8") as f:
-                base = resolve_model_name(json.load(f)["base_model_name_or_path"])  # "tiny": built on first use
-            check_adapter_base(name_or_path, base)
-            model = load_pretrained(base, native=native, **init_kwargs)
-            try:
-                model = load_adapter(model, name_or_path).merge_and_unload()
-            except RuntimeError as err:  # PEFT's "size mismatch for ...": the adapter was trained on another model
-                if "size mismatch" not in str(err):
-                    raise
-                raise UsageError(
-                    f"model_name_or_path: the LoRA adapter {name_or_path!r} does not fit its base model {base!r} (its "
-                    "weights have other shapes): the adapter was trained on another model. Set base_model_name_or_path "
-                    "in its adapter_config.json to the model it was trained on."
-                ) from err
-            has_tokenizer = os.path.isfile(os.path.join(name_or_path, "tokenizer_config.json"))
-            tokenizer_source = name_or_path if has_tokenizer else base
-        else:
-            model, tokenizer_source = load_pretrained(name_or_path, native=native, **init_kwargs), name_or_path
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_source, trust_remote_code=init_kwargs["trust_remote_code"])
-    except OSError as err:
-        first = (str(err).strip().splitlines() or [""])[0]
-        raise UsageError(f"model_name_or_path: cannot load {name_or_path!r} ({first})") from err
-    return model.eval(), tokenizer
-
-
 def prompt_texts(prompts, tokenizer) -> list[str]:
     """Prompts as text, the way TRL renders them: chat messages through the chat template with a generation prompt."""
     if prompts and isinstance(prompts[0], list):
         return [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in prompts]
     return list(prompts)
-
-
-def eos_ids(tokenizer, spec) -> list[int]:
-    """The ids that end a completion, the tokenizer's first (it fills the canvas after an early exit), as the trainer."""
-    first = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    return list(dict.fromkeys([*first, *spec.eos_token_ids]))
 
 
 def sampler_for(model, spec, args, eval_args, eos_token_ids: list[int]):

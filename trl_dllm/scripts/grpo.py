@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..config import DiffusionGRPOConfig
-from ..training.inputs import RewardFunctionError
+from ..training.inputs import RewardFunctionError, check_model_path
 from ..training.state import FullDiskError, OutputDirError, ResumeError, check_output_dir
 from .parsing import ScriptParser, UsageError, exit_on_bad_input
 
 # A Hub id is `name` or `org/name`; anything else (absolute, ./relative, nested) can only be a local path.
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 @dataclass
@@ -159,26 +157,6 @@ def _check_local_files(data_files) -> None:
                 f"data_files: {path} is empty; write one row per prompt into it (JSON Lines: one object per line) or "
                 "point data_files at another file"
             )
-
-
-def check_model_path(name_or_path: str | None) -> str:
-    """Fail early, naming the path, when the model is neither a local directory nor a possible Hub id; an embedded
-    model's name (`tiny`, `tiny-block`) becomes its path."""
-    from ..models.embedded import EMBEDDED_MODELS, resolve_model_name
-    from ..training.inputs import check_model_folder, check_offline_name
-
-    if not name_or_path:
-        raise UsageError("model_name_or_path is not set: pass --model_name_or_path or set it in the recipe")
-    path = os.path.expanduser(resolve_model_name(name_or_path))  # "tiny", "tiny-block": built on first use
-    if os.path.isdir(path):
-        check_model_folder(path)  # config JSON, weights present, safetensors headers whole
-        return path
-    check_offline_name("model_name_or_path", name_or_path, tuple(EMBEDDED_MODELS))
-    if os.path.exists(path):
-        raise UsageError(f"model_name_or_path: {name_or_path} is a file, not a model directory")
-    if not _HUB_ID.match(name_or_path):
-        raise UsageError(f"model_name_or_path: no such directory: {name_or_path}")
-    return name_or_path
 
 
 def model_init_kwargs(training_args: DiffusionGRPOConfig, model_args) -> dict:

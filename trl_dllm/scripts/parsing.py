@@ -25,14 +25,11 @@ from typing import Any
 import yaml
 from trl import TrlParser
 
+from ..errors import UsageError
 from ..training.checks import REMOVED_ARGUMENTS
 from ..training.inputs import FieldTypeError, RewardFunctionError
 
 _ENV_VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
-
-
-class UsageError(Exception):
-    """Bad input from the user (recipe, flag, path, name). `trl-dllm` prints it on one line and exits with status 2."""
 
 
 # Errors that mean "bad input" while a script sets up (parsing, data, rewards, model path, config checks). Errors

@@ -14,6 +14,8 @@ import inspect
 import numbers
 import os
 
+from ..errors import UsageError
+
 CHAT_ROLES = ("system", "user", "assistant", "tool")  # TRL's roles
 _INT_TYPES = ("int", "int|None", "Optional[int]", "Union[int,NoneType]")
 # Counts TRL / transformers check only inside `train()` (ours, e.g. mc_samples, are checked in `checks.py`).
@@ -310,3 +312,23 @@ def check_model_folder(path: str) -> None:
         problem = safetensors_problem(os.path.join(path, name)) if name.endswith(".safetensors") else None
         if problem is not None:
             raise ModelFolderError(f"model {path}: {name} {problem}; copy or download it again.")
+
+
+def check_model_path(name_or_path: str | None) -> str:
+    """Fail early, naming the path, when the model is neither a local directory nor a possible Hub id; an embedded
+    model's name (`tiny`, `tiny-block`) becomes its path."""
+    from ..models.embedded import EMBEDDED_MODELS, resolve_model_name
+    from ..models.loading import HUB_ID
+
+    if not name_or_path:
+        raise UsageError("model_name_or_path is not set: pass --model_name_or_path or set it in the recipe")
+    path = os.path.expanduser(resolve_model_name(name_or_path))  # "tiny", "tiny-block": built on first use
+    if os.path.isdir(path):
+        check_model_folder(path)  # config JSON, weights present, safetensors headers whole
+        return path
+    check_offline_name("model_name_or_path", name_or_path, tuple(EMBEDDED_MODELS))
+    if os.path.exists(path):
+        raise UsageError(f"model_name_or_path: {name_or_path} is a file, not a model directory")
+    if not HUB_ID.match(name_or_path):
+        raise UsageError(f"model_name_or_path: no such directory: {name_or_path}")
+    return name_or_path
