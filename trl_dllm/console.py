@@ -112,6 +112,15 @@ def quiet_trl_internals() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def quiet_ddp_buffers() -> Iterator[None]:
+    """Silence torch's deprecation of DDP's `broadcast_buffers` argument, which accelerate passes for our
+    `ddp_broadcast_buffers=False` (torch's replacement, `forward_sync_buffers`, is not an accelerate option)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`broadcast_buffers` is deprecated", category=FutureWarning)
+        yield
+
+
 def startup_lines(args, block_length: int | None = None) -> list[str]:
     """The lines the trainer prints once when it starts: device choices, and forwards per rollout.
 

@@ -29,7 +29,7 @@ from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import pad, split_tensor_dict, use_adapter
 
 from .config import DiffusionGRPOConfig
-from .console import quiet_trl_internals, startup_lines, unsaid
+from .console import quiet_ddp_buffers, quiet_trl_internals, startup_lines, unsaid
 from .core.objectives import ratio_metrics
 from .models import resolve_model_spec
 from .models.embedded import resolve_model_name
@@ -313,7 +313,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train` in an `output_dir` no other run owns (checked, locked while training), resuming from the
         last complete checkpoint: torn ones are skipped with a warning."""
-        with state.claim_output_dir(self.args, resume_from_checkpoint, self.accelerator):
+        with state.claim_output_dir(self.args, resume_from_checkpoint, self.accelerator), quiet_ddp_buffers():
             resume_from_checkpoint = state.resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
             state.check_checkpoint_fits(resume_from_checkpoint, self.accelerator.unwrap_model(self.model))
             return super().train(resume_from_checkpoint, *args, **kwargs)
