@@ -187,6 +187,12 @@ def _import_stubs(family):
             stubs[import_utils.__name__] = patched
     if family != "sdar":
         return stubs
+    if importlib.util.find_spec("transformers.modeling_attn_mask_utils") is None:
+        # transformers 5.24 removed `modeling_attn_mask_utils`; modeling_sdar.py imports its AttentionMaskConverter
+        # for `_update_causal_mask` only, which its forward never calls (the call is commented out).
+        stubs["transformers.modeling_attn_mask_utils"] = _stub_module(
+            "transformers.modeling_attn_mask_utils", AttentionMaskConverter=_unavailable("AttentionMaskConverter")
+        )
     if importlib.util.find_spec("triton") is None:
         # fused_linear_diffusion_cross_entropy.py defines Triton kernels at import; they are used only by SDAR's
         # fine-tuning branch (train mode with labels), never on the eval path.
