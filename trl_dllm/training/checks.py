@@ -368,6 +368,36 @@ def _check_left_to_right(args):
             )
 
 
+def default_estimator(loss_type: str) -> str:
+    """The estimator of `loss_type` when `estimator` is not set: the first its registry entry lists (the paper's own,
+    `trl_dllm.core.objectives.OBJECTIVES`), `"elbo"` for TRL's loss types."""
+    objective = OBJECTIVES.get(loss_type)
+    return objective.estimators[0] if objective is not None else "elbo"
+
+
+def fit_estimator(args, block_family: bool) -> str | None:
+    """With `estimator` not set (`DiffusionGRPOConfig._estimator_defaulted`), on a block-diffusion model
+    (``block_family``: its spec's family is `"block"`): the family's own `"block"` (staircase attention), unless the
+    loss type's own estimator is block-causal already (`trajectory`, `block_steps`) or the loss type cannot use
+    `"block"`. Sets `args.estimator`; returns the start-up line that names the choice, or `None` when the user set
+    `estimator` (kept, and checked by `check_block_layout`). Called by the trainer and `trl-dllm plan`."""
+    if not getattr(args, "_estimator_defaulted", False):
+        return None
+    objective = OBJECTIVES.get(args.loss_type)
+    accepted = objective.estimators if objective is not None else tuple(ESTIMATORS)
+    if block_family and not ESTIMATORS[args.estimator].block_causal and "block" in accepted:
+        args.estimator = "block"
+        reason = "the block-diffusion family's own: staircase attention over its blocks"
+    elif objective is not None:
+        reason = f"the default for loss_type={args.loss_type!r}: the first estimator its registry entry lists"
+    else:
+        reason = f"the default for TRL's loss_type={args.loss_type!r}"
+    return (
+        f"trl_dllm: estimator={args.estimator!r} ({reason}; estimator was not set). Set estimator to choose another "
+        "(docs/estimators.md)."
+    )
+
+
 def _check_estimation(args):
     if args.estimator not in ESTIMATORS:
         raise ValueError(f"estimator={args.estimator!r} is not one of {sorted(ESTIMATORS)}.")
