@@ -9,6 +9,7 @@ from torch import nn
 
 from trl_dllm.core.masks import additive_mask, block_causal_mask, block_ids
 from trl_dllm.core.sampling import generate, generate_block_causal
+from trl_dllm.core.sampling.block_causal import block_ends
 from trl_dllm.testing import build_tiny_block_model, build_tokenizer
 
 BLOCK = 4
@@ -208,6 +209,8 @@ def test_last_block_is_decoded_to_its_boundary_then_cut(model, tokenizer, kwargs
     generators give both runs the same noise. ``decode_to_block_end=False`` stops at 12: row 2 (a whole last block) is
     unchanged, rows 0 and 1 score their last tokens in another context."""
     ids, attention_mask = batch()
+    # By hand: 3 + 12 = 15 -> boundary 16, 1 position past; 5 + 12 = 17 -> 20, 3 past; 4 + 12 = 16, none.
+    assert block_ends(attention_mask, 12, BLOCK).tolist() == [13, 15, 12]
 
     def run(gen_length, **extra):
         generators = [torch.Generator().manual_seed(seed) for seed in range(3)]
