@@ -80,12 +80,13 @@ def _remote_code_object(class_name, model_type, name_or_path):
     "class_name,model_type,name",
     [("LLaDA2MoeModelLM", "llada2_moe", "inclusionAI/LLaDA2.0-mini"),
      ("LLaDAMoEModelLM", "llada", "inclusionAI/LLaDA-MoE-7B-A1B-Instruct"),
-     ("LLaDAMoEModelLM", "lladamoe", "/data/llada-moe")],
+     ("LLaDAMoEModelLM", "lladamoe", "/data/llada-moe"),
+     ("SDARForCausalLM", "sdar", "JetLM/SDAR-1.7B-Chat")],
 )  # fmt: skip
 def test_remote_code_object_is_refused_with_its_name(tmp_path, class_name, model_type, name):
-    """Remote-code objects of LLaDA2 and LLaDA-MoE are refused before TRL builds anything (TRL's own __init__ would
-    raise AttributeError on LLaDA-MoE's missing generation_config; LLaDA2 would be driven with 2-D masks), naming the
-    fix: the model's name or folder, which loads the native class."""
+    """Remote-code objects of LLaDA2, LLaDA-MoE and SDAR are refused before TRL builds anything (TRL's own __init__
+    would raise AttributeError on LLaDA-MoE's missing generation_config; LLaDA2 would be driven with 2-D masks), naming
+    the fix: the model's name or folder, which loads the native class."""
     model = _remote_code_object(class_name, model_type, name)
     assert not hasattr(model, "generation_config")
     with pytest.raises(ValueError, match=rf"model={name!r}, and it is loaded as the native") as error:
