@@ -162,3 +162,18 @@ def test_ddp_broadcast_buffers_is_refused_with_the_fix(value):
     assert make().ddp_broadcast_buffers is False
     with pytest.raises(ValueError, match=rf"ddp_broadcast_buffers={value!r}: .*hangs.*leave ddp_broadcast_buffers=False"):
         make(ddp_broadcast_buffers=value)
+
+
+@pytest.mark.parametrize("loss_type", [*OBJECTIVES, "dapo", "bnpo"])
+def test_estimator_left_unset_is_the_loss_types_own(loss_type):
+    """`estimator=None` (the default) becomes the first estimator the objective's registry entry lists (its paper's),
+    `"elbo"` for TRL's loss types; a value the user sets is kept."""
+    extra = dict(diffusion_steps=16, remasking="left_to_right") if loss_type == "justgrpo" else {}
+    args = make(loss_type=loss_type, **extra)
+    expected = OBJECTIVES[loss_type].estimators[0] if loss_type in OBJECTIVES else "elbo"
+    assert (args.estimator, args._estimator_defaulted) == (expected, True)
+    assert {"agrpo": "trajectory", "dipo": "block_steps", "justgrpo": "left_to_right", "spg": "spg",
+            "wd1": "mean_field", "espo": "elbo", "stabledrl": "elbo"}.get(loss_type, "elbo") == expected  # fmt: skip
+    if "block" in getattr(OBJECTIVES.get(loss_type), "estimators", ("block",)):
+        explicit = make(loss_type=loss_type, estimator="block", **extra)
+        assert (explicit.estimator, explicit._estimator_defaulted) == ("block", False)

@@ -97,3 +97,9 @@ def test_startup_lines_said_once_per_run():
             assert unsaid([*lines, "trl_dllm: c"]) == ["trl_dllm: c"]
         assert unsaid(lines) == []
     assert unsaid(lines) == lines
+
+
+def test_startup_lines_name_the_estimator_picked_before_the_rollout_cost():
+    line = "trl_dllm: estimator='block' (the block-diffusion family's own ...)"
+    lines = startup_lines(make(max_completion_length=16), block_length=4, estimator_line=line)
+    assert line in lines and lines.index(line) == len(lines) - 2 and "denoising forwards" in lines[-1]

@@ -116,3 +116,13 @@ def test_a_micro_step_with_nothing_scored_still_backpropagates(tmp_path, tiny_bl
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
     assert all(torch.equal(a, b.detach()) for a, b in zip(before, trainer.model.parameters()))
+
+
+def test_estimator_left_unset_is_the_block_family_own(tmp_path, tiny_block_model_path, capsys):
+    """With `estimator` not set, a block-diffusion model is scored by its own `block` estimator (the default `elbo`
+    would be refused: bidirectional attention), and the start-up line says so; a value set by the user is kept (see
+    test_bidirectional_estimator_on_block_model_is_rejected)."""
+    trainer = make_trainer(tmp_path, tiny_block_model_path, loss_type="stabledrl", max_steps=1)
+    assert trainer.args.estimator == "block"
+    assert "trl_dllm: estimator='block' (the block-diffusion family's own" in capsys.readouterr().out
+    train_and_check(trainer)

@@ -54,3 +54,41 @@ def test_explicit_mask_token_id_rescues_a_model_without_one(tmp_path, tiny_model
     trainer = DiffusionGRPOTrainer(model=model, reward_funcs=reward, args=args(tmp_path, mask_token_id=mask_id),
                                    train_dataset=DATA, processing_class=tokenizer)
     assert trainer.model_spec.mask_token_id == mask_id
+
+
+def _remote_code_object(class_name, model_type, name_or_path):
+    """A tiny stand-in for a model built with a family's own remote code: a `PreTrainedModel` (not a transformers
+    architecture, no `GenerationMixin`, so no `generation_config`, as LLaDA-MoE's) of that class name, whose config has
+    the released `model_type` and `architectures`."""
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
+
+    config_class = type(f"{class_name}Config", (PretrainedConfig,), {"model_type": model_type})
+
+    def __init__(self, config):
+        PreTrainedModel.__init__(self, config)
+        self.embed = torch.nn.Embedding(160000, 4)
+        self.post_init()
+
+    model_class = type(class_name, (PreTrainedModel,), {"config_class": config_class, "__init__": __init__})
+    config = config_class(architectures=[class_name], vocab_size=160000)
+    config._name_or_path = name_or_path
+    return model_class(config)
+
+
+@pytest.mark.parametrize(
+    "class_name,model_type,name",
+    [("LLaDA2MoeModelLM", "llada2_moe", "inclusionAI/LLaDA2.0-mini"),
+     ("LLaDAMoEModelLM", "llada", "inclusionAI/LLaDA-MoE-7B-A1B-Instruct"),
+     ("LLaDAMoEModelLM", "lladamoe", "/data/llada-moe"),
+     ("SDARForCausalLM", "sdar", "JetLM/SDAR-1.7B-Chat")],
+)  # fmt: skip
+def test_remote_code_object_is_refused_with_its_name(tmp_path, class_name, model_type, name):
+    """Remote-code objects of LLaDA2, LLaDA-MoE and SDAR are refused before TRL builds anything (TRL's own __init__
+    would raise AttributeError on LLaDA-MoE's missing generation_config; LLaDA2 would be driven with 2-D masks), naming
+    the fix: the model's name or folder, which loads the native class."""
+    model = _remote_code_object(class_name, model_type, name)
+    assert not hasattr(model, "generation_config")
+    with pytest.raises(ValueError, match=rf"model={name!r}, and it is loaded as the native") as error:
+        DiffusionGRPOTrainer(model=model, reward_funcs=reward, args=args(tmp_path), train_dataset=DATA)
+    assert class_name in str(error.value) and "\n" not in str(error.value)

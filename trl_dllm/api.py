@@ -15,7 +15,7 @@ from .core.likelihood import LikelihoodOutput
 from .core.likelihood import estimate as _estimate
 from .core.sampling import GenerationOutput, generate_block_causal
 from .core.sampling import generate as _generate
-from .models import model_logits_fn, resolve_model_spec
+from .models import model_logits_fn, require_4d_mask, resolve_model_spec
 from .training.checks import check_block_guidance
 
 
@@ -33,6 +33,7 @@ def generate(model: Any, input_ids, attention_mask=None, **kwargs: Any) -> Gener
     if isinstance(model, nn.Module):
         spec = resolve_model_spec(model, mask_token_id=kwargs.get("mask_token_id"))
         if spec.family == "block":
+            require_4d_mask(spec, "block-causal generation")
             check_block_guidance(kwargs.pop("cfg_scale", 0.0))
             kwargs["block_length"] = spec.block_length
             kwargs.setdefault("block_layout", spec.block_layout)

@@ -79,13 +79,18 @@ class DiffusionGRPOConfig(GRPOConfig):
 
         > Parameters that control likelihood estimation
 
-        estimator (`str`, *optional*, defaults to `"elbo"`):
+        estimator (`str` or `None`, *optional*, defaults to `None`):
             Sequence log-likelihood estimator: `"mean_field"` (d1's one-step estimate), `"elbo"` (Monte Carlo ELBO,
             LLaDA/ESPO), `"coupled"` (DiffuCoder's full-mask + weighted complementary views), `"spg"` (SPG's block-wise
             forward process with its ELBO and EUBO, StableDRL's released likelihood), `"block"` (staircase attention
             for block-diffusion models, StableDRL), `"trajectory"` (AGRPO: replays sampled steps of the recorded
             rollout; `loss_type="agrpo"` only) or `"left_to_right"` (JustGRPO: the exact likelihood of a rollout
-            decoded left to right, one forward per completion position). See `docs/estimators.md`.
+            decoded left to right, one forward per completion position). See `docs/estimators.md`. `None` picks the
+            loss type's own: the first estimator its registry entry lists (`espo`, `stabledrl`: `"elbo"`; `wd1`:
+            `"mean_field"`; `agrpo`: `"trajectory"`; `dipo`: `"block_steps"`; `justgrpo`: `"left_to_right"`; `spg`:
+            `"spg"`), `"elbo"` for TRL's loss types; and on a block-diffusion model (SDAR, TraDo, LLaDA2) the
+            family's own, `"block"`, unless that estimator is block-causal already or the loss type cannot use
+            `"block"`. The trainer's start-up line says which it picked. A value you set is kept and checked.
         mc_samples (`int`, *optional*, defaults to `1`):
             Monte Carlo samples per sequence for `"elbo"`, `"coupled"`, `"spg"` and `"block"` (an antithetic pair or a
             coupled triple counts as one).
@@ -250,8 +255,12 @@ class DiffusionGRPOConfig(GRPOConfig):
     eos_early_exit: bool = field(
         default=False, metadata={"help": "Finish a row once its first EOS is committed; fill the rest with EOS."}
     )
-    estimator: str = field(
-        default="elbo", metadata={"help": f"Likelihood estimator: {', '.join(ESTIMATORS)} (docs/estimators.md)."}
+    estimator: str | None = field(
+        default=None,
+        metadata={
+            "help": f"Likelihood estimator: {', '.join(ESTIMATORS)}. None: the loss type's own (elbo for TRL's), "
+            "block on a block-diffusion model (docs/estimators.md)."
+        },
     )
     mc_samples: int = field(
         default=1, metadata={"help": f"Monte Carlo samples per sequence ({_estimators_taking('mc_samples')})."}
@@ -363,6 +372,10 @@ class DiffusionGRPOConfig(GRPOConfig):
         super().__post_init__()
         checks.check_completion_length(self)
         self._fill_decoding_defaults()
+        # Whether `estimator` was left to its default: the trainer fits it to the model's family (`fit_estimator`).
+        self._estimator_defaulted = self.estimator is None
+        if self.estimator is None:
+            self.estimator = checks.default_estimator(self.loss_type)
         self.mc_checkpointing = checks.auto_or_bool("mc_checkpointing", self.mc_checkpointing)
         self.whole_group_batches = checks.whole_group_batches(self)
         checks.check_config(self)

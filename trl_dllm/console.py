@@ -121,13 +121,15 @@ def quiet_ddp_buffers() -> Iterator[None]:
         yield
 
 
-def startup_lines(args, block_length: int | None = None) -> list[str]:
-    """The lines the trainer prints once when it starts: device choices, and forwards per rollout.
+def startup_lines(args, block_length: int | None = None, estimator_line: str | None = None) -> list[str]:
+    """The lines the trainer prints once when it starts: device choices, the estimator picked when `estimator` was
+    not set, and forwards per rollout (last).
 
     Args:
         args (`DiffusionGRPOConfig`): the training arguments.
         block_length (`int` or `None`): the block length generation uses, when it is not `args.block_length` (a
             block-diffusion model decodes in its native blocks).
+        estimator_line (`str` or `None`): the line `trl_dllm.training.checks.fit_estimator` returned.
     """
     lines = []
     choices = getattr(args, "_device_choices", ())
@@ -136,6 +138,8 @@ def startup_lines(args, block_length: int | None = None) -> list[str]:
             f"trl_dllm: no bf16-capable GPU (or use_cpu=True): {', '.join(choices)} instead of TRL's default. "
             "Set it explicitly to silence this line."
         )
+    if estimator_line:
+        lines.append(estimator_line)
     per_step = 2 if args.cfg_scale > 0 else 1
     forwards = args.diffusion_steps * per_step
     bound = "at most " if args.confidence_threshold is not None or args.eos_early_exit else ""

@@ -72,11 +72,12 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         model_setup.make_models_bidirectional(unwrapped, ref)
         # TRL lists the tokenizer's EOS first; early exit fills with the first id, so keep that order.
         self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *self.model_spec.eos_token_ids]))
+        picked = checks.fit_estimator(args, self.model_spec.family == "block")  # `estimator` not set: the model's own
         block_length = checks.check_block_layout(args, self.model_spec)
         model_setup.probe_remote_code(unwrapped, self.model_spec, self._shards_parameters)
         checks.check_model(self)  # text-only, prompts + completion within the model's positions
         self.reward_funcs = inputs.checked_reward_functions(self.reward_funcs, self.reward_func_names)
-        notices = [*startup_lines(args, block_length), *model_setup.dropout_notice(unwrapped, args)]
+        notices = [*startup_lines(args, block_length, picked), *model_setup.dropout_notice(unwrapped, args)]
         for line in unsaid(notices):  # once per `once_per_run()` block
             self.accelerator.print(line)
         self.scoring = Scoring(args, self.model_spec, block_length, self._entropy_bonus_enabled,

@@ -185,6 +185,18 @@ def _import_stubs(family):
             patched = _stub_module(import_utils.__name__, **vars(import_utils))
             patched.is_torch_fx_available = lambda: False
             stubs[import_utils.__name__] = patched
+    if family in ("sdar", "llada2", "llada21", "llada2_dllm") and (
+        importlib.util.find_spec("transformers.modeling_attn_mask_utils") is None
+    ):
+        # transformers 5.24 removed `modeling_attn_mask_utils`. modeling_sdar.py imports its AttentionMaskConverter for
+        # `_update_causal_mask` only, which its forward never calls (the call is commented out); modeling_llada2_moe.py
+        # its 2-D-to-4-D mask builders, which its SDPA forward skips when given the 4-D block mask (the tests always
+        # pass one). Stand-ins that raise if called.
+        names = ("AttentionMaskConverter", "_prepare_4d_causal_attention_mask",
+                 "_prepare_4d_causal_attention_mask_for_sdpa")  # fmt: skip
+        stubs["transformers.modeling_attn_mask_utils"] = _stub_module(
+            "transformers.modeling_attn_mask_utils", **{name: _unavailable(name) for name in names}
+        )
     if family != "sdar":
         return stubs
     if importlib.util.find_spec("triton") is None:

@@ -168,3 +168,27 @@ def test_save_round_trip(original_checkpoints, model, tmp_path):
     before, after = load_file(os.path.join(path, "model.safetensors")), load_file(tmp_path / "model.safetensors")
     assert before.keys() == after.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_remote_code_object_resolves_to_the_block_family_and_is_not_driven():
+    """A `LLaDA2MoeModelLM` built with its own code (told by its architecture / model_type, as loading by name does)
+    is the block family with LLaDA2's ids and blocks of 32, never `generic`; its forward is not trusted with the 4-D
+    block mask, so `trl_dllm.generate` refuses it and names native loading."""
+    from types import SimpleNamespace
+
+    import trl_dllm
+
+    config = SimpleNamespace(model_type="llada2_moe", architectures=["LLaDA2MoeModelLM"], vocab_size=157184,
+                             eos_token_id=156892)  # fmt: skip
+    spec = resolve_model_spec(SimpleNamespace(config=config))
+    assert (spec.family, spec.mask_token_id, spec.eos_token_ids, spec.block_length) == ("block", 156895, (156892,), 32)
+    assert spec.trust_remote_code and not spec.accepts_4d_mask
+
+    class LLaDA2MoeModelLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = config
+
+    with pytest.raises(ValueError, match="Load the checkpoint natively"):
+        trl_dllm.generate(LLaDA2MoeModelLM(), torch.ones(1, 3, dtype=torch.long), mask_token_id=156895, gen_length=4,
+                          diffusion_steps=4)  # fmt: skip

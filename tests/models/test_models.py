@@ -86,9 +86,10 @@ def test_checkpoint_config_mask_beats_family_default():
 
 
 def test_specs_dict_is_explicit():
-    assert set(MODEL_SPECS) == {"llada", "Dream", "dream", "sdar", "lladamoe"}
+    assert set(MODEL_SPECS) == {"llada", "Dream", "dream", "sdar", "lladamoe", "llada2_moe"}
     assert MODEL_SPECS["Dream"] is MODEL_SPECS["dream"]
     assert ARCHITECTURE_SPECS["LLaDAMoEModelLM"] is MODEL_SPECS["lladamoe"]  # model_type "llada", as released
+    assert ARCHITECTURE_SPECS["LLaDA2MoeModelLM"] is MODEL_SPECS["llada2_moe"]  # LLaDA2's own code: a block family
 
 
 def test_generic_model_uses_tokenizer_mask(tokenizer):

@@ -1,6 +1,8 @@
 """Every bad input is refused before training, with a message that names the field, the value and the fix
 (trl_dllm/validation.py): in the config, at the trainer's construction, and through the CLI in one line."""
 
+import dataclasses
+
 import pytest
 from datasets import Dataset, DatasetDict
 from transformers import AutoTokenizer
@@ -260,3 +262,35 @@ def test_block_layout_refuses_a_missing_or_mismatched_block_size(block_size, fie
     spec = replace(BLOCK, mask_token_id=3, block_length=block_size)
     with pytest.raises(ValueError, match=pattern):
         check_block_layout(SimpleNamespace(**{**good, **fields}), spec)
+
+
+@pytest.mark.parametrize(
+    "loss_type,block_family,picked,reason",
+    [("stabledrl", True, "block", "the block-diffusion family's own"),
+     ("dapo", True, "block", "the block-diffusion family's own"),
+     ("agrpo", True, "trajectory", "the default for loss_type='agrpo'"),  # block-causal already
+     ("dipo", True, "block_steps", "the default for loss_type='dipo'"),
+     ("spg", True, "spg", "the default for loss_type='spg'"),  # no 'block' for spg: refused
+     ("stabledrl", False, "elbo", "the default for loss_type='stabledrl'"),
+     ("dapo", False, "elbo", "the default for TRL's loss_type='dapo'")],
+)  # fmt: skip
+def test_estimator_left_unset_fits_the_model(loss_type, block_family, picked, reason):
+    from trl_dllm.training.checks import fit_estimator
+
+    args = DiffusionGRPOConfig(output_dir="unused", report_to="none", use_cpu=True, per_device_train_batch_size=4,
+                               num_generations=4, max_completion_length=8, block_length=4, loss_type=loss_type)  # fmt: skip
+    line = fit_estimator(args, block_family)
+    assert args.estimator == picked
+    assert line.startswith(f"trl_dllm: estimator={picked!r} ({reason}") and "estimator was not set" in line
+
+
+def test_estimator_set_by_the_user_is_kept_and_checked():
+    from trl_dllm.models.specs import BLOCK
+    from trl_dllm.training.checks import check_block_layout, fit_estimator
+
+    args = DiffusionGRPOConfig(output_dir="unused", report_to="none", use_cpu=True, per_device_train_batch_size=4,
+                               num_generations=4, max_completion_length=8, block_length=4, loss_type="stabledrl",
+                               estimator="elbo")  # fmt: skip
+    assert fit_estimator(args, True) is None and args.estimator == "elbo"
+    with pytest.raises(ValueError, match="estimator='elbo' scores with bidirectional attention"):
+        check_block_layout(args, dataclasses.replace(BLOCK, block_length=4, mask_token_id=3))

@@ -51,6 +51,10 @@ def test_decoding_plan_picks_the_sampler_of_the_family_and_cache():
     sampler, denoiser, options = decoding_plan(model, block, _Args(), eos_token_ids=[2])
     assert sampler is generate_block_causal and denoiser is model and options["block_length"] == 2
     assert options["use_cache"] is True and "cfg_scale" not in options
+    # The family's decoding (last block to its boundary, then cut), except for a rollout that is replayed.
+    assert options["decode_to_block_end"] is True
+    _, _, options = decoding_plan(model, block, _Args(), eos_token_ids=[2], return_trajectory=True)
+    assert options["decode_to_block_end"] is False and options["return_trajectory"] is True
     args = _Args()
     args.generation_cache = "dual"
     sampler, denoiser, options = decoding_plan(model, LLADA_NATIVE, args, eos_token_ids=[2])

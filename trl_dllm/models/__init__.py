@@ -127,7 +127,7 @@ def _family_spec(model: Any) -> ModelSpec | None:
         getattr(config, "model_type", None))
     marked = MARKED_SPECS.get(_config_value(config, FAMILY_MARKER))
     if family is not None and family.family == "block":  # remote-code block family: its block size from the config
-        size = _config_value(config, "block_size") or _config_value(config, "block_length")
+        size = _config_value(config, "block_size") or _config_value(config, "block_length") or family.block_length
         return replace(family, block_length=int(size) if size else None)
     if family is not None or marked is None:
         return family

@@ -104,17 +104,35 @@ LLADA_MOE = ModelSpec(
     accepts_logits_to_keep=False,
 )
 
+# inclusionAI/LLaDA2.0-mini / LLaDA2.1-mini with their own remote code (`LLaDA2MoeModelLM`, model_type "llada2_moe"): a
+# block-diffusion MoE (mask 156895, EOS 156892, blocks of 32: its generate()'s default, its config.json names none). Its
+# forward is causal under a 2-D mask or none; the library trusts only the native class (LLaDA2Native) with its 4-D block
+# mask (accepts_4d_mask False): the trainer refuses such an object and asks for the name or folder.
+LLADA2_REMOTE = ModelSpec(
+    family="block",
+    mask_token_id=156895,
+    eos_token_ids=(156892,),
+    trust_remote_code=True,
+    accepts_logits_to_keep=False,
+    block_length=32,
+)
+
 MODEL_SPECS: dict[str, ModelSpec] = {
     "llada": LLADA,
     "Dream": DREAM,  # the spelling in Dream's config.json
     "dream": DREAM,
     "sdar": SDAR_REMOTE,
     "lladamoe": LLADA_MOE,  # LLaDA-MoE with model_type renamed, as ZHZisZZ/dllm asks its users to do
+    "llada2_moe": LLADA2_REMOTE,
 }
 
 # Families whose config.json shares another family's model_type: told apart by `config.architectures`, which is
 # looked up first.
-ARCHITECTURE_SPECS: dict[str, ModelSpec] = {"LLaDAMoEModelLM": LLADA_MOE, "LLaDAMoEModel": LLADA_MOE}
+ARCHITECTURE_SPECS: dict[str, ModelSpec] = {
+    "LLaDAMoEModelLM": LLADA_MOE,
+    "LLaDAMoEModel": LLADA_MOE,
+    "LLaDA2MoeModelLM": LLADA2_REMOTE,
+}
 
 # Block-diffusion models (SDAR / TraDo / Fast-dLLM v2 style: causal across blocks, bidirectional inside a block)
 # built on a transformers-native architecture keep that architecture's model_type, so they load without remote code,

@@ -77,10 +77,12 @@ def check_plan_arguments(options: PlanArguments) -> None:
 def build_report(options: PlanArguments, training_args, model_args) -> dict:
     """The plan of every strategy, the headline one's phases, its largest batch and the changes that make it fit."""
     from .. import planning
+    from ..training.checks import fit_estimator
 
     if not model_args.model_name_or_path:
         raise UsageError("model_name_or_path is not set: pass --model_name_or_path (a Hub id or a folder with config.json)")
     arch = planning.read_architecture(model_args.model_name_or_path, revision=model_args.model_revision)
+    fit_estimator(training_args, arch.block_causal)  # `estimator` not set: the one the trainer would pick
     settings = planning.settings_from_args(training_args, model_args, prompt_length=options.prompt_length,
                                            logits=options.logits, auto_kept_chunks=options.auto_kept_chunks)  # fmt: skip
     weight_bytes = planning.dtype_bytes(model_args.dtype)

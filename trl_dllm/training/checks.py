@@ -23,7 +23,8 @@ from ..core.likelihood import ELBO_COUNTS, ESTIMATORS
 from ..core.likelihood.trajectory import STEP_SAMPLING
 from ..core.objectives import KL_ESTIMATORS, OBJECTIVES
 from ..core.sampling import GENERATION_CACHES, REMASKING
-from ..models import ModelSpec, require_4d_mask
+from ..models import ModelSpec, base_model, is_transformers_native, require_4d_mask
+from ..models.native import native_layout
 from . import inputs
 from .collapse import COLLAPSE_GUARD_MODES
 from .inputs import check_field_types  # noqa: F401  (config.py calls it before TRL's __post_init__)
@@ -367,6 +368,36 @@ def _check_left_to_right(args):
             )
 
 
+def default_estimator(loss_type: str) -> str:
+    """The estimator of `loss_type` when `estimator` is not set: the first its registry entry lists (the paper's own,
+    `trl_dllm.core.objectives.OBJECTIVES`), `"elbo"` for TRL's loss types."""
+    objective = OBJECTIVES.get(loss_type)
+    return objective.estimators[0] if objective is not None else "elbo"
+
+
+def fit_estimator(args, block_family: bool) -> str | None:
+    """With `estimator` not set (`DiffusionGRPOConfig._estimator_defaulted`), on a block-diffusion model
+    (``block_family``: its spec's family is `"block"`): the family's own `"block"` (staircase attention), unless the
+    loss type's own estimator is block-causal already (`trajectory`, `block_steps`) or the loss type cannot use
+    `"block"`. Sets `args.estimator`; returns the start-up line that names the choice, or `None` when the user set
+    `estimator` (kept, and checked by `check_block_layout`). Called by the trainer and `trl-dllm plan`."""
+    if not getattr(args, "_estimator_defaulted", False):
+        return None
+    objective = OBJECTIVES.get(args.loss_type)
+    accepted = objective.estimators if objective is not None else tuple(ESTIMATORS)
+    if block_family and not ESTIMATORS[args.estimator].block_causal and "block" in accepted:
+        args.estimator = "block"
+        reason = "the block-diffusion family's own: staircase attention over its blocks"
+    elif objective is not None:
+        reason = f"the default for loss_type={args.loss_type!r}: the first estimator its registry entry lists"
+    else:
+        reason = f"the default for TRL's loss_type={args.loss_type!r}"
+    return (
+        f"trl_dllm: estimator={args.estimator!r} ({reason}; estimator was not set). Set estimator to choose another "
+        "(docs/estimators.md)."
+    )
+
+
 def _check_estimation(args):
     if args.estimator not in ESTIMATORS:
         raise ValueError(f"estimator={args.estimator!r} is not one of {sorted(ESTIMATORS)}.")
@@ -440,6 +471,7 @@ def check_trainer_inputs(args, model, reward_funcs, pargs: Sequence, kwargs: Map
     named = {**dict(zip(positional, pargs)), **kwargs}
     train_dataset, eval_dataset = named.get("train_dataset"), named.get("eval_dataset")
     _check_names(model, reward_funcs)
+    check_remote_code_object(model)
     if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs):
         raise ValueError(
             "No reward source provided: reward_funcs is empty, so every completion would get reward 0 and nothing "
@@ -454,6 +486,37 @@ def check_trainer_inputs(args, model, reward_funcs, pargs: Sequence, kwargs: Map
             label = name if name == "eval_dataset" else f"eval_dataset[{name!r}]"
             _check_dataset(label, dataset, 1, "per_device_eval_batch_size", args)
     _check_text_only(named.get("processing_class"), model)
+
+
+# Families whose own remote code the trainer does not drive, each with why; by name or folder they load natively.
+REMOTE_CODE_REFUSED = {
+    "sdar": "its forward takes keep-masks, not the additive 4-D block mask, and returns no logits in train mode",
+    "llada2": "its forward is causal without a 4-D block mask, which the library gives only the native class",
+    "llada_moe": "its forward ignores attention_mask (padding is attended to) and it has no generation_config",
+}
+
+
+def check_remote_code_object(model) -> None:
+    """A model object built with the remote code of SDAR / TraDo, LLaDA2 (`LLaDA2MoeModelLM`) or LLaDA-MoE
+    (`LLaDAMoEModelLM`), told by ``config.architectures`` / ``model_type`` as loading by name tells them: refused with
+    the fix, the model's name or folder (the trainer then loads the family's native class)."""
+    if isinstance(model, str) or not (hasattr(model, "config") or hasattr(model, "get_base_model")):
+        return
+    base = base_model(model)
+    if getattr(base, "dllm_layout", None) is not None or is_transformers_native(base):
+        return
+    config = base.config
+    layout = native_layout(
+        {"architectures": getattr(config, "architectures", None), "model_type": getattr(config, "model_type", None)}
+    )
+    if layout is None or layout.name not in REMOTE_CODE_REFUSED:
+        return
+    name = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None) or "<name or folder>"
+    raise ValueError(
+        f"model is a {type(base).__name__} object built with its own remote code (trust_remote_code=True), which the "
+        f"trainer does not drive ({REMOTE_CODE_REFUSED[layout.name]}): pass its name or folder instead, "
+        f"model={name!r}, and it is loaded as the native {layout.model_class.__name__}."
+    )
 
 
 def _check_names(model, reward_funcs) -> None:

@@ -35,7 +35,9 @@ def _rollout(model, tokenizer, **kwargs):
     prompt_ids = prompt_ids.masked_fill(prompt_mask == 0, 0)
     out = generate_block_causal(model, prompt_ids, prompt_mask, mask_token_id=tokenizer.mask_token_id, gen_length=12,
                                 block_length=4, temperature=1.0, top_k=20, generator=torch.Generator().manual_seed(0),
-                                return_trajectory=True, **kwargs)  # fmt: skip
+                                return_trajectory=True, decode_to_block_end=False, **kwargs)  # fmt: skip
+    # decode_to_block_end=False: a replayed rollout stops at gen_length (rows 0 and 1 end mid-block), as the trainer
+    # decodes when it records the trajectory; the replay rebuilds its canvases from the completion alone.
     return prompt_ids, prompt_mask, out
 
 

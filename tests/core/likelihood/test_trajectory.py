@@ -243,7 +243,10 @@ def test_replay_of_block_causal_rollouts(use_cache, layout):
     prompt_ids = prompt_ids.masked_fill(prompt_mask == 0, 0)
     out = generate_block_causal(model, prompt_ids, prompt_mask, mask_token_id=mask_id, gen_length=12, block_length=4,
                                 diffusion_steps=6, temperature=1.0, top_k=20, use_cache=use_cache, block_layout=layout,
-                                generator=torch.Generator().manual_seed(0), return_trajectory=True)  # fmt: skip
+                                generator=torch.Generator().manual_seed(0), return_trajectory=True,
+                                decode_to_block_end=False)  # fmt: skip
+    # A replayed rollout stops at gen_length (decode_to_block_end=False, as the trainer decodes when it records the
+    # trajectory): the replay rebuilds its canvases from the completion alone.
     # Absolute layout: rows whose prompt does not end on a block boundary decode 4 blocks of 2 steps (the first shared
     # with the prompt's tail), so up to 8 steps; every step is scored.
     score = dict(mask_token_id=mask_id, seeds=torch.arange(3), unmask_step=out.unmask_step, step_samples=8, top_k=20)

@@ -9,6 +9,7 @@ from torch import nn
 
 from trl_dllm.core.masks import additive_mask, block_causal_mask, block_ids
 from trl_dllm.core.sampling import generate, generate_block_causal
+from trl_dllm.core.sampling.block_causal import block_ends
 from trl_dllm.testing import build_tiny_block_model, build_tokenizer
 
 BLOCK = 4
@@ -190,6 +191,44 @@ def test_cache_and_early_exit_drop_finished_rows(model, tokenizer):
     assert torch.equal(cached.unmask_step, uncached.unmask_step)
     assert (cached.unmask_step == -1).any() and (cached.completion_ids[cached.unmask_step == -1] == eos).all()
     assert cached.num_row_forwards == uncached.num_row_forwards < full.num_row_forwards
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(temperature=0.0),
+        dict(temperature=1.0, top_k=5),
+        dict(temperature=1.0, use_cache=False),
+        dict(temperature=0.0, confidence_threshold=0.9),
+    ],
+)
+def test_last_block_is_decoded_to_its_boundary_then_cut(model, tokenizer, kwargs):
+    """Prompts of 3, 5 and 4 tokens with 12 completion tokens end at 15, 17 and 16: the first two rows end mid-block.
+    Their last block is decoded whole and cut at 12, so the kept tokens, steps and log-probs are those of a run one
+    block longer (every row's last block whole, and a block after it that no earlier position sees) cut at 12; per-row
+    generators give both runs the same noise. ``decode_to_block_end=False`` stops at 12: row 2 (a whole last block) is
+    unchanged, rows 0 and 1 score their last tokens in another context."""
+    ids, attention_mask = batch()
+    # By hand: 3 + 12 = 15 -> boundary 16, 1 position past; 5 + 12 = 17 -> 20, 3 past; 4 + 12 = 16, none.
+    assert block_ends(attention_mask, 12, BLOCK).tolist() == [13, 15, 12]
+
+    def run(gen_length, **extra):
+        generators = [torch.Generator().manual_seed(seed) for seed in range(3)]
+        steps = 2 * gen_length // BLOCK  # two steps per block in both runs
+        kw = options(tokenizer, gen_length=gen_length, diffusion_steps=steps, **kwargs, **extra)
+        return generate_block_causal(model, ids, attention_mask, generator=generators, **kw)
+
+    out, longer = run(12), run(12 + BLOCK)
+    assert out.completion_ids.shape == (3, 12) and out.sequences.shape == (3, 5 + 12)
+    assert torch.equal(out.completion_ids, longer.completion_ids[:, :12])
+    assert torch.equal(out.unmask_step, longer.unmask_step[:, :12])
+    torch.testing.assert_close(out.logprobs, longer.logprobs[:, :12], rtol=1e-5, atol=1e-5)
+    partial = run(12, decode_to_block_end=False)
+    last = slice(12 - 3, 12)  # row 0's last block holds completion positions 9..11 (and 12, cut)
+    assert torch.equal(partial.completion_ids[2], out.completion_ids[2])
+    assert torch.equal(partial.completion_ids[:, : last.start], out.completion_ids[:, : last.start])
+    assert not torch.allclose(partial.logprobs[:2, last], out.logprobs[:2, last])
+    assert out.num_row_forwards > partial.num_row_forwards
 
 
 @pytest.mark.parametrize("layout", ["absolute", "prompt"])

@@ -3,9 +3,11 @@
 Definition (SDAR's own ``generate.py``, its serving engines and its SFT): a token's block is its true position // B,
 counted per sample from the sample's first token, prompt included; position ids are ``0..n-1`` per sample; the
 prompt's whole blocks are fixed context and its tail (``p mod B`` tokens) shares the first decoding block with the
-masks after it. The reference below decodes one unpadded prompt with a plain loop straight from that definition: for
-each block, forward the sequence up to the block's end under ``key block <= query block``, and commit, one token at a
-time, the masked position of the block whose greedy token is the most probable (mask id excluded).
+masks after it; the last block is decoded whole, up to its boundary, and the completion cut at ``gen_length`` (SDAR's
+``generate.py`` decodes ``ceil((p + L) / B)`` blocks and its caller keeps ``L`` tokens). The reference below decodes one
+unpadded prompt with a plain loop straight from that definition: for each block, forward the sequence up to the
+block's end under ``key block <= query block``, and commit, one token at a time, the masked position of the block whose
+greedy token is the most probable (mask id excluded).
 """
 
 import pytest
@@ -41,19 +43,21 @@ def prompts():
 _REFERENCES = {}
 
 
-def reference_decode(model, prompt, mask_id, threshold=None):
-    key = (id(model), tuple(prompt), threshold)
+def reference_decode(model, prompt, mask_id, threshold=None, to_block_end=True):
+    key = (id(model), tuple(prompt), threshold, to_block_end)
     if key not in _REFERENCES:
-        _REFERENCES[key] = _reference_decode(model, prompt, mask_id, threshold)
+        _REFERENCES[key] = _reference_decode(model, prompt, mask_id, threshold, to_block_end)
     return _REFERENCES[key]
 
 
 @torch.no_grad()
-def _reference_decode(model, prompt, mask_id, threshold=None):
+def _reference_decode(model, prompt, mask_id, threshold=None, to_block_end=True):
     """One prompt, no padding: the plain loop of the module docstring (one token per step, or with ``threshold`` every
-    masked position of the block above it, at least the most confident one)."""
-    x = list(prompt) + [mask_id] * GEN
-    p, n = len(prompt), len(prompt) + GEN
+    masked position of the block above it, at least the most confident one). ``to_block_end=False``: stop at ``p +
+    GEN``, the last block partial."""
+    p = len(prompt)
+    n = -(-(p + GEN) // BLOCK) * BLOCK if to_block_end else p + GEN
+    x = list(prompt) + [mask_id] * (n - p)
     for block in range(p // BLOCK, (n - 1) // BLOCK + 1):
         lo, hi = max(block * BLOCK, p), min((block + 1) * BLOCK, n)
         while mask_id in x[lo:hi]:
@@ -70,7 +74,7 @@ def _reference_decode(model, prompt, mask_id, threshold=None):
             chosen = [c for c in candidates if threshold is not None and c[0] > threshold] or [best]
             for _, i, token in chosen:
                 x[i] = token
-    return x[p:]
+    return x[p : p + GEN]
 
 
 def decode(model, tokenizer, input_ids, attention_mask=None, **kwargs):
@@ -139,3 +143,17 @@ def test_the_layout_matters_on_this_model(model, tokenizer):
         as_one_block = decode(model, tokenizer, ids, block_layout="prompt")
         differs += not torch.equal(absolute, as_one_block)
     assert differs >= 3
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_without_decode_to_block_end_the_last_block_stops_at_gen_length(model, tokenizer, use_cache):
+    """``decode_to_block_end=False`` decodes only ``gen_length`` positions (a partial last block): the reference with
+    ``to_block_end=False``; on this model it gives other tokens than the family's decoding for some prompt length."""
+    rows = prompts()
+    ids, mask = left_pad(rows)
+    out = decode(model, tokenizer, ids, mask, use_cache=use_cache, decode_to_block_end=False)
+    mask_id = tokenizer.mask_token_id
+    for prompt, completion in zip(rows, out):
+        assert completion.tolist() == reference_decode(model, prompt, mask_id, to_block_end=False), len(prompt)
+    assert any(reference_decode(model, p, mask_id) != reference_decode(model, p, mask_id, to_block_end=False)
+               for p in rows)  # fmt: skip

@@ -75,7 +75,9 @@ class Objective:
 
     Args:
         fn (`Callable[..., ObjectiveOutput]`): the objective, e.g. :func:`espo`.
-        estimators (`tuple[str, ...]`): names of the estimators in `trl_dllm.core.likelihood` it can use.
+        estimators (`tuple[str, ...]`): names of the estimators in `trl_dllm.core.likelihood` it can use; the first
+            is its own (its paper's, or the library's default where the released code differs: StableDRL's `spg` is
+            set by its recipes), taken when `estimator` is not set (`DiffusionGRPOConfig.estimator`).
         options (`tuple[str, ...]`, *optional*, defaults to `()`): keyword options of `fn` the trainer passes from
             its configuration, by `fn`'s keyword names (`"epsilon_low"`, `"beta"`, `"kl_estimator"`, `"clip_high"`, …).
         inputs (`tuple[str, ...]`, *optional*, defaults to `()`): batch tensors `fn` takes by keyword (`"group_ids"`:

@@ -9,7 +9,9 @@ right with the same step (sampling, remasking, schedule or threshold, EOS early 
 :mod:`trl_dllm.core.sampling.loop`) as :func:`trl_dllm.core.sampling.generate`; while block ``b`` is decoded the model
 sees only the prompt, the committed blocks and block ``b`` — later blocks are invisible under the mask, so they are not
 even forwarded. With ``use_cache=True`` the prompt and committed blocks sit in an exact KV cache
-(:class:`trl_dllm.core.sampling.kv_cache.BlockCausalKVCache`) and each step forwards only the current block.
+(:class:`trl_dllm.core.sampling.kv_cache.BlockCausalKVCache`) and each step forwards only the current block. As in
+the families' own ``generate``, a row whose ``prompt + gen_length`` ends inside a block decodes that block to its end
+and the completion is cut at ``gen_length`` (``decode_to_block_end``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .kv_cache import BlockCausalKVCache, module_dtype
 from .loop import BlockLogits, GenerationOutput, Rollout, StepOptions, decode_blocks, validate_eos, validate_generation
 from .remasking import Noise
 
-__all__ = ["generate_block_causal"]
+__all__ = ["block_ends", "generate_block_causal"]
 
 
 def _uncached_source(
@@ -73,6 +75,7 @@ def generate_block_causal(
     return_trajectory: bool = False,
     min_p: float | None = None,
     block_layout: str = "absolute",
+    decode_to_block_end: bool = True,
 ) -> GenerationOutput:
     """Generate ``gen_length`` tokens after each prompt with a block-causal model, one block at a time.
 
@@ -97,6 +100,14 @@ def generate_block_causal(
             true position // ``block_length`` per row, prompt included, position ids from each row's first real token,
             so left padding shifts nothing and the prompt's tail is decoded with the first completion block;
             ``"prompt"``: the prompt is one block and completion blocks start at its end.
+        decode_to_block_end (`bool`, *optional*, defaults to `True`): with the absolute layout, where a row's
+            ``p_b + gen_length`` ends inside a block, decode that last block whole — up to its boundary, at most
+            ``block_length - 1`` positions past ``gen_length`` — and cut the completion at ``gen_length``, as SDAR's
+            ``generate.py`` and LLaDA2's ``generate()`` do: the kept tokens of that block are then committed in the
+            family's order (a block's confidences, schedule and threshold depend on every position of the block).
+            ``False`` stops at ``gen_length`` (the last block is partial); a rollout whose likelihood replays its own
+            steps (the ``trajectory`` and ``block_steps`` estimators) needs it, since the cut tokens, which its steps
+            saw, are not in the completion. The ``"prompt"`` layout has whole blocks only.
 
     Returns:
         [`GenerationOutput`].
@@ -114,16 +125,24 @@ def generate_block_causal(
     opts = StepOptions(
         mask_token_id, temperature, top_k, top_p, remasking, confidence_threshold=confidence_threshold, min_p=min_p
     )
-    rollout = Rollout(input_ids, gen_length, mask_token_id, eos_token_ids, eos_early_exit)
     prompt_length = input_ids.shape[1]
     if block_layout not in BLOCK_LAYOUTS:
         raise ValueError(f"Unknown block_layout={block_layout!r}; expected one of {BLOCK_LAYOUTS}.")
-    layout = None
+    layout, ends, decoded = None, None, gen_length
     if block_layout == "absolute":
         prompt_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        layout = layout_ids(prompt_mask, gen_length, block_length, "absolute")
+        if decode_to_block_end:
+            ends = block_ends(prompt_mask, gen_length, block_length)
+            decoded = int(ends.max())
+        layout = layout_ids(prompt_mask, decoded, block_length, "absolute")
+    rollout = Rollout(input_ids, decoded, mask_token_id, eos_token_ids, eos_early_exit)
+    if decoded > gen_length:
+        # A row decodes up to its own block boundary; the columns past it (rows whose boundary comes earlier) lie in a
+        # later block of the row, which no decoded position sees. They hold a non-mask id, so nothing decodes them.
+        past = torch.arange(decoded, device=input_ids.device) >= ends[:, None]
+        rollout.completion.masked_fill_(past, 1 if mask_token_id == 0 else 0)
     if attention_mask is not None:
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(input_ids), gen_length))], dim=1)
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(input_ids), decoded))], dim=1)
     if use_cache:
         source = BlockCausalKVCache(model, prompt_length, block_length, mask_token_id, attention_mask, layout)
     else:
@@ -131,4 +150,18 @@ def generate_block_causal(
         source = _uncached_source(as_logits_fn(model), attention_mask, prompt_length, block_length, dtype, layout)
     blocks = None if layout is None else layout[0]
     decode_blocks(rollout, source, opts, block_length, steps_per_block, generator, blocks)
-    return rollout.output(return_trajectory)
+    return rollout.output(return_trajectory, gen_length)
+
+
+def block_ends(prompt_mask: torch.Tensor, gen_length: int, block_length: int) -> torch.Tensor:
+    """`(B,)` the completion length each row decodes with the absolute layout when its last block is decoded whole:
+    ``gen_length`` plus the positions from ``p_b + gen_length`` to the next multiple of ``block_length`` (``p_b`` the
+    row's real prompt tokens), i.e. ``gen_length + (-(p_b + gen_length) mod block_length)``.
+
+    Args:
+        prompt_mask (`torch.Tensor` of shape `(B, P)`): 1 for prompt tokens, 0 for (left) padding.
+        gen_length (`int`): the completion length kept.
+        block_length (`int`): the model's block size.
+    """
+    real = prompt_mask.long().sum(dim=1)
+    return gen_length + torch.remainder(-(real + gen_length), block_length)

@@ -209,12 +209,16 @@ class Rollout:
         finished = is_eos.any(dim=1) & ~masked_before_eos
         completion.masked_fill_(finished[:, None] & masked, self.eos_fill)
 
-    def output(self, return_trajectory: bool) -> GenerationOutput:
+    def output(self, return_trajectory: bool, length: int | None = None) -> GenerationOutput:
+        """The rollout's result; with ``length``, its first ``length`` completion positions only (the positions a
+        block-causal rollout decoded past ``gen_length`` to finish its last block are cut)."""
+        end = self.canvas.shape[1] if length is None else self.prompt_length + length
+        sequences = self.canvas[:, :end]
         return GenerationOutput(
-            sequences=self.canvas,
-            completion_ids=self.completion,
-            unmask_step=self.unmask_step if return_trajectory else None,
-            logprobs=self.logprobs if return_trajectory else None,
+            sequences=sequences,
+            completion_ids=sequences[:, self.prompt_length :],
+            unmask_step=self.unmask_step[:, : end - self.prompt_length] if return_trajectory else None,
+            logprobs=self.logprobs[:, : end - self.prompt_length] if return_trajectory else None,
             num_forwards=self.num_forwards,
             num_row_forwards=self.num_row_forwards,
         )
