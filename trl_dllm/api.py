@@ -35,7 +35,7 @@ def generate(model: Any, input_ids, attention_mask=None, **kwargs: Any) -> Gener
         if spec.family == "block":
             require_4d_mask(spec, "block-causal generation")
             check_block_guidance(kwargs.pop("cfg_scale", 0.0))
-            kwargs["block_length"] = spec.block_length
+            kwargs["block_length"] = spec.decoding_block_length(kwargs.get("block_length"))
             kwargs.setdefault("block_layout", spec.block_layout)
             return generate_block_causal(model, input_ids, attention_mask, **kwargs)
         model = model_logits_fn(model, spec)

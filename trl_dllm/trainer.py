@@ -73,7 +73,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         # TRL lists the tokenizer's EOS first; early exit fills with the first id, so keep that order.
         self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *self.model_spec.eos_token_ids]))
         picked = checks.fit_estimator(args, self.model_spec.family == "block")  # `estimator` not set: the model's own
-        block_length = checks.check_block_layout(args, self.model_spec)
+        checks.check_block_layout(args, self.model_spec)
+        block_length = self.model_spec.decoding_block_length(args.block_length)
         model_setup.probe_remote_code(unwrapped, self.model_spec, self._shards_parameters)
         checks.check_model(self)  # text-only, prompts + completion within the model's positions
         self.reward_funcs = inputs.checked_reward_functions(self.reward_funcs, self.reward_func_names)

@@ -258,7 +258,7 @@ def test_block_layout_refuses_a_missing_or_mismatched_block_size(block_size, fie
 
     good = dict(estimator="block", generation_cache="none", block_length=4, max_completion_length=16,
                 diffusion_steps=16, cfg_scale=0.0)  # fmt: skip
-    assert check_block_layout(SimpleNamespace(**good), replace(BLOCK, mask_token_id=3, block_length=4)) == 4
+    check_block_layout(SimpleNamespace(**good), replace(BLOCK, mask_token_id=3, block_length=4))  # no error
     spec = replace(BLOCK, mask_token_id=3, block_length=block_size)
     with pytest.raises(ValueError, match=pattern):
         check_block_layout(SimpleNamespace(**{**good, **fields}), spec)
@@ -294,3 +294,13 @@ def test_estimator_set_by_the_user_is_kept_and_checked():
     assert fit_estimator(args, True) is None and args.estimator == "elbo"
     with pytest.raises(ValueError, match="estimator='elbo' scores with bidirectional attention"):
         check_block_layout(args, dataclasses.replace(BLOCK, block_length=4, mask_token_id=3))
+
+
+def test_decoding_block_length_is_the_family_s_own_for_block_diffusion_only():
+    """The one rule: a block-diffusion family decodes in its checkpoint's block size whatever the config says, any
+    other family in the configured one."""
+    from trl_dllm.models.specs import BLOCK, LLADA
+
+    block = dataclasses.replace(BLOCK, block_length=4, mask_token_id=3)
+    assert [block.decoding_block_length(n) for n in (None, 4, 32)] == [4, 4, 4]
+    assert [LLADA.decoding_block_length(n) for n in (None, 4, 32)] == [None, 4, 32]

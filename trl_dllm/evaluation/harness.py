@@ -119,7 +119,8 @@ class DiffusionLM(TemplateLM):
             "mc_samples": self._positive("mc_samples", mc_samples),
             "mc_batch_size": self._positive("mc_batch_size", mc_batch_size),
             "antithetic": _flag("antithetic", antithetic),
-            **({"block_length": self.spec.block_length} if estimator == "block" else {}),
+            **({"block_length": self.spec.decoding_block_length(self.config.block_length)} if estimator == "block"
+               else {}),
         }
         self.estimator = estimator
         self.loglikelihood_stderrs: list[float] = []
@@ -167,7 +168,7 @@ class DiffusionLM(TemplateLM):
         if self.spec.family == "block":
             self.config.estimator = "block"
             if block_length is None:
-                self.config.block_length = self.spec.block_length
+                self.config.block_length = self.spec.decoding_block_length(None)
         check_block_layout(self.config, self.spec)
         self.eos = eos_ids(self.tokenizer, self.spec)
         self.max_length = max_positions(self.model.config)
@@ -288,8 +289,9 @@ class DiffusionLM(TemplateLM):
         from ..api import generate
 
         length = len(continuation)
-        if self.spec.family == "block":
-            length = -(-length // self.spec.block_length) * self.spec.block_length
+        if self.spec.family == "block":  # whole blocks of the model's own size
+            block = self.spec.decoding_block_length(None)
+            length = -(-length // block) * block
         context = self._fit(context, length)
         prompt = torch.tensor([context], device=self._device)
         out = generate(self.model, prompt, torch.ones_like(prompt), mask_token_id=self.spec.mask_token_id,

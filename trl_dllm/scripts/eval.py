@@ -201,7 +201,7 @@ def evaluate(setup: EvalSetup, eval_args: EvalArguments, args, model_args, proce
         "mean_rewards": means,
         "decoding": {
             "max_completion_length": args.max_completion_length,
-            "block_length": spec.block_length if spec.family == "block" else args.block_length,
+            "block_length": spec.decoding_block_length(args.block_length),
             "diffusion_steps": args.diffusion_steps,
             "remasking": args.remasking,
             "temperature": eval_args.eval_temperature,

@@ -712,9 +712,9 @@ def check_block_guidance(cfg_scale: float) -> None:
         raise ValueError("cfg_scale > 0 is not supported for block-causal generation; set cfg_scale=0.")
 
 
-def check_block_layout(args, spec: ModelSpec) -> int:
-    """The config against the model's layout; returns the block length rollouts and estimates use (a block-diffusion
-    model's own block size, else `args.block_length`). The config is never changed."""
+def check_block_layout(args, spec: ModelSpec) -> None:
+    """The config against the model's layout (the block length rollouts and estimates then use is
+    ``spec.decoding_block_length(args.block_length)``). The config is never changed."""
     if args.estimator == "block":
         require_4d_mask(spec, "the block estimator")
     if args.estimator == "block_steps" and spec.family != "block":
@@ -725,7 +725,7 @@ def check_block_layout(args, spec: ModelSpec) -> int:
         )
     check_cache_model(spec, args.generation_cache)
     if spec.family != "block":
-        return args.block_length
+        return
     require_4d_mask(spec, "block-causal generation")
     block = spec.block_length
     if block is None or block < 1:
@@ -752,4 +752,3 @@ def check_block_layout(args, spec: ModelSpec) -> int:
             f"estimator={args.estimator!r} scores with bidirectional attention, which a block-causal model was not "
             "trained for: use estimator='block' (staircase attention) or 'trajectory' (AGRPO)."
         )
-    return block

@@ -58,7 +58,8 @@ def decoding_plan(
         # The family's own decoding finishes a last block that ends past max_completion_length and cuts it; a rollout
         # whose trajectory is recorded is replayed (trajectory, block_steps) from the completion alone, which lacks the
         # cut tokens its steps saw: it stops at max_completion_length.
-        options.update(block_length=spec.block_length, use_cache=args.block_kv_cache, block_layout=spec.block_layout,
+        options.update(block_length=spec.decoding_block_length(args.block_length), use_cache=args.block_kv_cache,
+                       block_layout=spec.block_layout,
                        decode_to_block_end=not return_trajectory)  # fmt: skip
         check_cache_model(spec, args.generation_cache)
         return generate_block_causal, model, options

@@ -85,7 +85,7 @@ class Scoring:
     Args:
         args (`DiffusionGRPOConfig`): the training arguments.
         spec (`ModelSpec`): the policy's family spec (mask id, logit shift, block size).
-        block_length (`int`): the block length rollouts use (`checks.check_block_layout`).
+        block_length (`int`): the block length rollouts use (`ModelSpec.decoding_block_length`).
         entropy_grad (`bool`): TRL's entropy bonus is on.
         shards_parameters (`bool`): ZeRO-3 / FSDP: recomputing views in backward would see partitioned parameters.
         autocast (`Callable`): the accelerator's autocast context.
