@@ -114,14 +114,7 @@ LLADA_MOE = ModelSpec(
 # block-diffusion MoE (mask 156895, EOS 156892, blocks of 32: its generate()'s default, its config.json names none). Its
 # forward is causal under a 2-D mask or none; the library trusts only the native class (LLaDA2Native) with its 4-D block
 # mask (accepts_4d_mask False): the trainer refuses such an object and asks for the name or folder.
-LLADA2_REMOTE = ModelSpec(
-    family="block",
-    mask_token_id=156895,
-    eos_token_ids=(156892,),
-    trust_remote_code=True,
-    accepts_logits_to_keep=False,
-    block_length=32,
-)
+LLADA2_REMOTE = replace(LLADA_MOE, family="block", block_length=32)  # the same tokenizer ids as LLaDA-MoE
 
 MODEL_SPECS: dict[str, ModelSpec] = {
     "llada": LLADA,
