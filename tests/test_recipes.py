@@ -145,7 +145,7 @@ def test_stabledrl_hyperparameters(path):
     assert args.max_completion_length == 256
     if path.parent.name != "sdar":  # SDAR decodes in its native blocks of 4
         assert (args.block_length, args.diffusion_steps) == (32, 128)
-    assert model_args.use_peft == path.stem.endswith("_lora")
+    assert model_args.use_peft == path.stem.removesuffix("_fast").endswith("_lora")
 
 
 @pytest.mark.parametrize("path", [p for p in RECIPES if p.parent.name == "tiny"], ids=rel)
@@ -190,3 +190,26 @@ def test_tiny_recipe_gets_a_gradient(path, tmp_path, monkeypatch):
     logs = [log for log in json.loads((tmp_path / "trainer_state.json").read_text())["log_history"] if "loss" in log]
     assert logs and any(log["grad_norm"] > 0 for log in logs), logs
     assert any(log.get("frac_reward_zero_std", 1) < 1 for log in logs), logs
+
+
+FAST_RECIPES = sorted(p for p in PAPER_RECIPES if p.stem.endswith("_fast"))
+FAST_FIELDS = {"confidence_threshold", "generation_cache", "block_kv_cache", "eos_early_exit", "output_dir"}
+
+
+def test_fast_variants_exist_for_the_main_recipe_of_each_family():
+    assert {rel(p) for p in FAST_RECIPES} >= {"recipes/llada/stabledrl_gsm8k_lora_fast.yaml",
+                                              "recipes/dream/stabledrl_gsm8k_fast.yaml",
+                                              "recipes/sdar/stabledrl_gsm8k_fast.yaml"}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", FAST_RECIPES, ids=rel)
+def test_fast_variant_differs_from_its_paper_recipe_only_in_decoding(path):
+    """A `*_fast.yaml` is its paper recipe with faster rollout decoding: every other field equal (the paper recipe
+    stays faithful, the fast one changes nothing of the objective, likelihood or optimiser)."""
+    paper = path.with_name(path.name.replace("_fast.yaml", ".yaml"))
+    fast, base = yaml.safe_load(path.read_text()), yaml.safe_load(paper.read_text())
+    changed = {k for k in fast.keys() | base.keys() if fast.get(k) != base.get(k)}
+    assert changed <= FAST_FIELDS and changed - {"output_dir"}, changed
+    assert f"Fast variant of {rel(paper)}" in path.read_text()
+    _, args, _ = parse(path)  # and it parses (the generation checks of the config pass)
+    assert args.confidence_threshold is not None or args.generation_cache != "none"
