@@ -295,8 +295,13 @@ def count(fn, recorder: ShapeRecorder, analytic) -> dict:
         with counter() as c:
             fn()
         out["flops_counted"] = float(c.get_total_flops())
-    except (AssertionError, TypeError) as error:  # how torch 2.11's formulas fail (GQA; addmm with out=)
+    except (AssertionError, TypeError, torch.OutOfMemoryError) as error:  # torch 2.11's formulas (GQA; addmm with
+        # out=), or the device's memory: under the counter a checkpointed update keeps far more alive (an H100 ran
+        # out of memory where the same update alone peaked at 23 GB)
         out["counter_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    if "counter_error" in out:  # outside the except block, whose traceback holds the failed run's tensors
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         recorder.clear()
         fn()
     out["flops_analytic"] = float(analytic(recorder))

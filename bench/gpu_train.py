@@ -41,6 +41,7 @@ from bench.gpu_parts import (
     is_oom,
     memory,
     phase,
+    reset_peak,
     sig,
     valid_steps,
 )
@@ -167,10 +168,16 @@ def measure_step(trainer, rows: list[dict], peak_tflops: float, inputs=None, war
         optimizer.zero_grad(set_to_none=True)
 
     dims, lora = gpu_flops.dims(model.config), _lora_shape(model)
+    before_count = memory()  # the rollout's and the scoring's peaks
+    reset_peak(forget=True)
     with gpu_flops.ShapeRecorder(model) as recorder:
         flops = gpu_flops.count(lambda: trainer.accelerator.backward(loss()), recorder,
                                 lambda r: gpu_flops.update_flops(dims, r, lora, seen["checkpointed_layers"] > 0))
     step()
+    if before_count:  # the counted warm-up is not part of the step: its peak is reported apart, not in the step's
+        result["flop_count_peak_gb"] = memory()["max_allocated_gb"]
+        torch.cuda.empty_cache()  # what the counter's run left reserved
+        reset_peak(forget=True)
     with phase(phases, "loss_forward"):
         value = loss()
     with phase(phases, "backward"):
@@ -190,7 +197,9 @@ def measure_step(trainer, rows: list[dict], peak_tflops: float, inputs=None, war
     result["update_tflops"] = sig(flops["flops"] / result["loss_backward"] / 1e12)
     result["update_mfu"] = sig(flops["flops"] / result["loss_backward"] / 1e12 / peak_tflops)
     result["phases"] = phases
-    result.update(flops, **count_parameters(model), **memory())
+    after = memory()
+    peaks = {key: max(before_count.get(key, 0.0), value) for key, value in after.items()}  # rollout .. optimizer
+    result.update(flops, **count_parameters(model), **peaks)
     peaks = [entry["peak_gb"] for name, entry in phases.items() if name != "rollout" and "peak_gb" in entry]
     if peaks:
         result["update_peak_gb"] = max(peaks)  # old/ref scoring, loss forward, backward, optimizer

@@ -144,3 +144,25 @@ def test_cached_forwards_are_recorded_with_their_key_length():
     # the last block is decoded to its boundary (blocks counted from position 0, as SDAR does), then cut
     decoded = -(-canvas // block) * block
     assert recorder.forwards[-1].keys == decoded and all(f.keys > f.query for f in recorder.forwards[1:])
+
+
+def test_an_update_that_runs_out_of_memory_under_the_counter_runs_again_without_it():
+    """On an H100 a checkpointed LoRA update ran out of memory under the counter and fitted without it: the count then
+    runs the update again without the counter, once, and takes the analytic count."""
+    _, model = gp.build_model(gp.QUICK_SHAPES["llada"])
+    dims, ids = gf.dims(model.config), torch.randint(10, 100, (2, 12))
+    analytic = lambda r: sum(gf.forward_flops(dims, f) for f in r.forwards)  # noqa: E731
+    calls = []
+
+    def forward():
+        calls.append(torch.utils._python_dispatch._get_current_dispatch_mode() is not None)
+        if calls[-1]:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 192.00 MiB.")
+        _forward(model, "llada", ids)
+
+    with torch.no_grad(), gf.ShapeRecorder(model) as recorder:
+        working = gf.count(lambda: _forward(model, "llada", ids), recorder, analytic)
+        failed = gf.count(forward, recorder, analytic)
+    assert calls == [True, False]  # under the counter, then alone
+    assert failed["counter_error"].startswith("OutOfMemoryError: CUDA out of memory")
+    assert failed["flops_source"] == "analytic" and failed["flops"] == working["flops_counted"]
