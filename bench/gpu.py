@@ -52,13 +52,14 @@ from bench.gpu_report import _get, ratios, table, targets
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = tuple(gpu_parts.SHAPES)
 RECIPE_STEPS = 128  # recipes/llada/stabledrl_gsm8k_lora.yaml's diffusion_steps
-# Seconds each part took on the first GPU run (one H200, 2026-11-26, rollouts at 32 steps; docs/gpu.md), used by
-# --budget to decide whether a part still fits. A rollout part scales with its number of steps. The MoE families were
-# not run there: theirs are guesses, marked so, to be replaced by the next run's `parts_seconds`.
+# Seconds each part took on the H100 run of 2026-11-26 (docs/gpu.md, `parts_seconds` of docs/gpu/2026-11-26-h100/),
+# used by --budget to decide whether a part still fits; the launches' from the first run (H200). A rollout part scales
+# with its number of steps. The MoE rollouts are guesses: the measured ones (188 s and 51 s) ran under the FLOP
+# counter and with one host synchronisation per expert, neither of which they do now.
 ESTIMATES = {
-    "device peak": 1, "build": 3, "plain forward": 3, "numerics": 12,
-    "rollouts at 32 steps": {"llada": 23, "dream": 13, "sdar": 8, "llada2": 40, "llada_moe": 15},  # MoE: guesses
-    "train step": 60, "memory plan": 12, "trl": 26, "launch": 30,
+    "device peak": 1, "build": 4, "plain forward": 3, "numerics": 14,
+    "rollouts at 32 steps": {"llada": 25, "dream": 15, "sdar": 13, "llada2": 40, "llada_moe": 15},  # MoE: guesses
+    "train step": 91, "memory plan": 26, "trl": 34, "launch": 30,
 }  # fmt: skip
 
 

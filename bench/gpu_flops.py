@@ -285,20 +285,25 @@ def recompute_flops(d: Dims, f: Forward, lora: Lora | None) -> int:
     return forward_flops(d, f, lora, layers_only=True) - last
 
 
-def count(fn, recorder: ShapeRecorder, analytic) -> dict:
+def count(fn, recorder: ShapeRecorder, analytic, use_counter: bool = True) -> dict:
     """Run ``fn()`` under :func:`counter`: ``{"flops_counted", "flops_analytic", "flops", "flops_source"}``, with
     ``analytic(forwards)`` the count from the shapes ``recorder`` saw in the run. Where the counter fails, ``fn()``
-    runs again without it and the analytic count is the one used (the counter's error is reported)."""
+    runs again without it and the analytic count is the one used (the counter's error is reported).
+    ``use_counter=False`` runs ``fn()`` once without the counter (the analytic count): the counter intercepts every
+    operation in Python, which made a rollout of LLaDA2's 256 experts per layer five times slower on an H100."""
     out = {}
     recorder.clear()
-    try:
-        with counter() as c:
-            fn()
-        out["flops_counted"] = float(c.get_total_flops())
-    except (AssertionError, TypeError, torch.OutOfMemoryError) as error:  # torch 2.11's formulas (GQA; addmm with
-        # out=), or the device's memory: under the counter a checkpointed update keeps far more alive (an H100 ran
-        # out of memory where the same update alone peaked at 23 GB)
-        out["counter_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    if not use_counter:
+        out["counter_error"] = "not run (use_counter=False)"
+    else:
+        try:
+            with counter() as c:
+                fn()
+            out["flops_counted"] = float(c.get_total_flops())
+        except (AssertionError, TypeError, torch.OutOfMemoryError) as error:  # torch 2.11's formulas (GQA; addmm
+            # with out=), or the device's memory: under the counter a checkpointed update keeps far more alive (an
+            # H100 ran out of memory where the same update alone peaked at 23 GB)
+            out["counter_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
     if "counter_error" in out:  # outside the except block, whose traceback holds the failed run's tensors
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

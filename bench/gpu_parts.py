@@ -303,10 +303,10 @@ def decoding_block(model, tokenizer, recipe: Recipe) -> int:
     return spec.block_length if spec.family == "block" else recipe.block
 
 
-def rollout_flops_and_time(model, tokenizer, args, ids, mask) -> tuple[dict, float, int]:
-    """``(FLOPs, seconds, forwards)`` of one rollout: a first run under the FLOP counter (also the warm-up), then a
-    timed one; FLOPs as :func:`bench.gpu_flops.count` gives them (counted and analytic). Forwards are counted by the
-    shape recorder."""
+def rollout_flops_and_time(model, tokenizer, args, ids, mask, use_counter: bool = True) -> tuple[dict, float, int]:
+    """``(FLOPs, seconds, forwards)`` of one rollout: a first run under the FLOP counter (also the warm-up; without
+    it when ``use_counter`` is False), then a timed one; FLOPs as :func:`bench.gpu_flops.count` gives them (counted
+    and analytic). Forwards are counted by the shape recorder."""
     from trl_dllm.seeding import device_generators
     from trl_dllm.training.rollouts import generate_rollouts
 
@@ -320,7 +320,8 @@ def rollout_flops_and_time(model, tokenizer, args, ids, mask) -> tuple[dict, flo
                                      return_trajectory=False)  # fmt: skip
 
     with gpu_flops.ShapeRecorder(model) as recorder:
-        flops = gpu_flops.count(run, recorder, lambda r: sum(gpu_flops.forward_flops(dims, f) for f in r.forwards))
+        flops = gpu_flops.count(run, recorder, lambda r: sum(gpu_flops.forward_flops(dims, f) for f in r.forwards),
+                                use_counter)  # fmt: skip
         recorder.clear()
         start = clock()
         run()
@@ -350,7 +351,9 @@ def rollout_settings(shape: Shape, recipe: Recipe, threshold: bool = True) -> di
 
 def rollouts(model, tokenizer, shape: Shape, recipe: Recipe, peak_tflops: float, threshold: bool = True) -> dict:
     """Tokens/s, forwards/s, time per forward and per step, MFU of the forwards and peak memory at each setting, at the
-    recipe's number of steps made valid for the family (:func:`valid_steps`)."""
+    recipe's number of steps made valid for the family (:func:`valid_steps`). The MoE shapes' rollouts are counted
+    analytically (their plain forward checks that count against torch's counter): under the counter, which intercepts
+    each of their thousands of small operations per forward in Python, one LLaDA2 rollout took minutes on an H100."""
     ids, mask = prompt_batch(tokenizer, recipe)
     block = decoding_block(model, tokenizer, recipe)
     steps = valid_steps(recipe.steps, recipe.completion, block)
@@ -362,7 +365,8 @@ def rollouts(model, tokenizer, shape: Shape, recipe: Recipe, peak_tflops: float,
             continue
         args = rollout_config(recipe, diffusion_steps=steps, **overrides)
         reset_peak(forget=True)
-        flops, seconds, forwards = rollout_flops_and_time(model, tokenizer, args, ids, mask)
+        flops, seconds, forwards = rollout_flops_and_time(model, tokenizer, args, ids, mask,
+                                                          use_counter=shape.family in DENSE)  # fmt: skip
         tflops = flops["flops"] / seconds / 1e12
         result[name] = {
             **overrides, "seconds": round(seconds, 3), "forwards": forwards,

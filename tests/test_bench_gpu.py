@@ -73,7 +73,11 @@ def test_every_part_is_reported(result):
         for setting in settings:
             r = rollouts[setting]
             assert r["forwards"] > 0 and r["tokens_per_s"] > 0 and r["seconds_per_forward"] > 0 and r["mfu"] > 0
-            assert r["flops_source"] == "counter" and r["flops_counted"] == r["flops_analytic"]  # CPU: both work
+            if family in gpu_parts.DENSE:  # CPU: both counts work and agree
+                assert r["flops_source"] == "counter" and r["flops_counted"] == r["flops_analytic"]
+            else:  # MoE rollouts: counted from the shapes only (the counter is too slow there on a GPU)
+                assert r["flops_source"] == "analytic" and "flops_counted" not in r and r["flops"] > 0
+        assert entry["plain_forward"]["flops_counted"] == entry["plain_forward"]["flops_analytic"]
         assert ("skipped" in rollouts["generation_cache_dual"]) == (family != "llada")
         numerics = entry["numerics"]
         if family in ("llada2", "llada_moe"):

@@ -1,5 +1,6 @@
 """The memory planner (trl_dllm.planning): parameter counts, the formulas' switches, and its predictions against the
-GPU run of 2026-11-26 (../shared/gpu/2026-11-26/, one H200, docs/gpu.md) and against peaks measured on CPU."""
+GPU runs of 2026-11-26 (one H200: docs/gpu/2026-11-26/; one H100: docs/gpu/2026-11-26-h100/; docs/gpu.md) and against
+peaks measured on CPU."""
 
 from dataclasses import replace
 from functools import lru_cache
@@ -131,6 +132,28 @@ def test_gpu_reference_points():
     assert within(weights, 16.8, 0.02)
     assert within(weights + at16.phases["rollout"], 18.5)
     assert within(weights + at16.phases["scoring"], 20.9)
+
+
+# The H100 run (docs/gpu/2026-11-26-h100/run2.json, `train` and `memory_plan`): the same recipe with the current code —
+# activation checkpointing on, log-probs through the chunked kernel, the views recomputed ("auto") — each row a fresh
+# trainer after one optimizer step (its state held), measured without the FLOP-counted warm-up.
+CURRENT = replace(REFERENCE, activation_checkpointing=True, logits="chunked", mc_checkpointing="auto")
+
+
+@pytest.mark.parametrize(
+    "row, settings, measured_gb",
+    [("lora_checkpointing_on", CURRENT, 23.05),
+     ("lora_checkpointing_off", replace(CURRENT, activation_checkpointing=False), 64.9),
+     ("lora_mc_samples_1", replace(CURRENT, mc_samples=1), 22.48),
+     ("lora_mc_samples_4", replace(CURRENT, mc_samples=4), 23.27),
+     ("memory_plan batch 32", replace(CURRENT, batch=32, generation_rows=32), 27.5),
+     ("full_checkpointing_on", replace(CURRENT, lora_r=0, lora_targets=None), 69.89)],
+)  # fmt: skip
+def test_h100_reference_points(row, settings, measured_gb):
+    """Each micro-step the H100 measured (max allocated GB) planned within ±15%."""
+    planned = plan(released("llada"), settings, gpu_memory_gb=80)
+    assert within(planned.total_gb, measured_gb), (row, planned.total_gb, measured_gb)
+    assert planned.fits
 
 
 def test_trl_sanity_point_parameters():
