@@ -55,11 +55,12 @@ RECIPE_STEPS = 128  # recipes/llada/stabledrl_gsm8k_lora.yaml's diffusion_steps
 # Seconds each part took on the H100 run of 2026-11-26 (docs/gpu.md, `parts_seconds` of docs/gpu/2026-11-26-h100/),
 # used by --budget to decide whether a part still fits; the launches' from the first run (H200). A rollout part scales
 # with its number of steps. The MoE rollouts are guesses: the measured ones (188 s and 51 s) ran under the FLOP
-# counter and with one host synchronisation per expert, neither of which they do now.
+# counter and with one host synchronisation per expert, neither of which they do now. "train step": 91 s measured,
+# + about 17 s for `rollout_overhead` (a warm-up and 5 contexts, one rollout of 8 steps of ≈ 0.3 s each), added since.
 ESTIMATES = {
     "device peak": 1, "build": 4, "plain forward": 3, "numerics": 14,
     "rollouts at 32 steps": {"llada": 25, "dream": 15, "sdar": 13, "llada2": 40, "llada_moe": 15},  # MoE: guesses
-    "train step": 91, "memory plan": 26, "trl": 34, "launch": 30,
+    "train step": 108, "memory plan": 26, "trl": 34, "launch": 30,
 }  # fmt: skip
 
 

@@ -13,6 +13,7 @@ The FLOPs of the update (loss + backward) are counted on a first, untimed update
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import tempfile
 import zlib
@@ -206,6 +207,62 @@ def measure_step(trainer, rows: list[dict], peak_tflops: float, inputs=None, war
     return result, inputs
 
 
+def rollout_overhead(trainer, rows: list[dict], recipe: Recipe, requested_steps: int = 8) -> dict:
+    """Where the trainer's rollout spends time beyond the bare model's (the H100 measured its step at 1.46× the bare
+    model's): seconds per denoising step of one rollout of the recipe's batch at ``requested_steps`` (made valid), each
+    timed after a warm-up, adding what the trainer adds one thing at a time —
+
+    - ``adapters_off``: ``training.rollouts.generate_rollouts`` on the trainer's model, adapters disabled, eval mode,
+      no EOS ids (the bare model's call, through the PEFT wrapper);
+    - ``adapters``: the same with the adapters on; ``train_mode``: in train mode, as the trainer's model is during a
+      step; ``eos_ids``: with the trainer's EOS ids;
+    - ``trainer``: the trainer's own ``_generate_single_turn`` (TRL's unwrapping context, padding, seeds, the cut at
+      EOS), the whole path.
+
+    Without adapters (full fine-tuning) the two adapter rows are left out."""
+    from trl_dllm.seeding import device_generators
+    from trl_dllm.training.rollouts import generate_rollouts
+
+    steps = valid_steps(requested_steps, recipe.completion, recipe.block)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    prompt_ids = [trainer.processing_class(row["prompt"])["input_ids"] for row in rows]
+    input_ids = torch.tensor(prompt_ids, device=device())
+    args = copy.copy(trainer.args)  # not dataclasses.replace: TRL's __post_init__ refuses its own derived fields
+    args.diffusion_steps = steps
+
+    def bare(eos: list[int]):
+        noise = device_generators(torch.arange(input_ids.size(0)), device())
+        with torch.no_grad():
+            generate_rollouts(model, trainer.model_spec, args, input_ids, torch.ones_like(input_ids), noise,
+                              eos_token_ids=eos, return_trajectory=False)  # fmt: skip
+
+    def per_step(fn) -> float:
+        start = clock()
+        fn()
+        return round((clock() - start) / steps, 5)
+
+    bare([])  # one warm-up at these steps (the trainer's model has already decoded the recipe's rollout twice)
+
+    result, was_training = {"diffusion_steps": steps}, model.training
+    try:
+        model.eval()
+        if hasattr(model, "disable_adapter"):
+            with model.disable_adapter():
+                result["adapters_off"] = per_step(lambda: bare([]))
+            result["adapters"] = per_step(lambda: bare([]))
+        model.train()
+        result["train_mode"] = per_step(lambda: bare([]))
+        result["eos_ids"] = per_step(lambda: bare(trainer.eos_token_ids))
+        saved, trainer.args.diffusion_steps = trainer.args.diffusion_steps, steps
+        try:
+            result["trainer"] = per_step(lambda: trainer._generate_single_turn(prompt_ids, None, None, len(rows)))
+        finally:
+            trainer.args.diffusion_steps = saved
+    finally:
+        model.train(was_training)
+    return result
+
+
 def recipe_checkpointing() -> bool:
     """The recipe's own ``activation_checkpointing`` (the memory plan, the ``mc_samples`` rows and TRL's step run
     with it)."""
@@ -250,6 +307,11 @@ def train_steps(shape: Shape, recipe: Recipe, peak_tflops: float, full: bool = T
                 trainer = diffusion_trainer(shape, recipe, out, lora=True, checkpointing=checkpointing, **overrides)
                 step, inputs = measure_step(trainer, rows, peak_tflops, shared.get("inputs"),
                                             warm_rollout="inputs" not in shared)  # fmt: skip
+                if "inputs" not in shared:  # the row that ran the rollout: where its time goes
+                    try:
+                        step["rollout_overhead"] = rollout_overhead(trainer, rows, recipe)
+                    except Exception as error:  # the row's own figures must survive
+                        step["rollout_overhead"] = {"error": f"{type(error).__name__}: {error}"[:300]}
                 shared.setdefault("inputs", inputs)  # the batch of the first run: rollout and scoring timed once
                 step["mc_samples"] = trainer.args.mc_samples
                 del trainer

@@ -125,6 +125,10 @@ def test_train_step_is_split_into_its_phases(result):
         assert row["flops_counted"] > 0 and abs(row["flops_analytic"] - row["flops_counted"]) <= 0.3 * row["flops_counted"]
     assert result["trl"]["rollout"] > 0 and result["trl"]["loss_type"]
     assert result["memory_plan"]["largest_batch_that_fits"] == result["recipe"]["batch"]
+    # where the trainer's rollout time goes, one added context at a time, on the row that ran the rollout only
+    overhead = ours["rollout_overhead"]
+    assert list(overhead) == ["diffusion_steps", "adapters_off", "adapters", "train_mode", "eos_ids", "trainer"]
+    assert all(value > 0 for value in overhead.values()) and "rollout_overhead" not in other
 
 
 def test_checkpointing_is_active_in_the_measured_step(result):
