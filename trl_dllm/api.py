@@ -16,7 +16,7 @@ from .core.likelihood import estimate as _estimate
 from .core.sampling import GenerationOutput, generate_block_causal
 from .core.sampling import generate as _generate
 from .models import model_logits_fn, require_4d_mask, resolve_model_spec
-from .training.checks import check_block_guidance
+from .training.model_checks import check_block_guidance
 
 
 def denoiser(model: Any, mask_token_id: int | None = None, tokenizer: Any = None) -> Any:

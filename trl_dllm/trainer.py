@@ -37,7 +37,7 @@ from .models.loading import is_native_layout
 from .models.native import adapter_to_original_layout
 from .nonfinite import NonFiniteGuard
 from .seeding import device_generators, sample_seeds
-from .training import checks, inputs, model_setup, rollouts, state
+from .training import checks, inputs, model_checks, model_setup, rollouts, state, trainer_inputs
 from .training.collapse import CollapseGuard
 from .training.dynamic_sampling import DynamicSampling, total_rewards
 from .training.scoring import EstimationPass, Scoring
@@ -55,8 +55,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = DiffusionGRPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-DiffusionGRPO")
-        checks.check_trainer_options(args, DiffusionGRPOConfig, kwargs)
-        checks.check_trainer_inputs(args, model, reward_funcs, pargs, kwargs)  # before any weights are loaded
+        trainer_inputs.check_trainer_options(args, DiffusionGRPOConfig, kwargs)
+        trainer_inputs.check_trainer_inputs(args, model, reward_funcs, pargs, kwargs)  # before any weights are loaded
         if kwargs.get("peft_config") is not None:
             kwargs["peft_config"] = copy.deepcopy(kwargs["peft_config"])  # adapted to the model, never the user's
         if not isinstance(model, str):
@@ -73,10 +73,14 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         # TRL lists the tokenizer's EOS first; early exit fills with the first id, so keep that order.
         self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *self.model_spec.eos_token_ids]))
         picked = checks.fit_estimator(args, self.model_spec.family == "block")  # `estimator` not set: the model's own
-        checks.check_block_layout(args, self.model_spec)
+        model_checks.check_block_layout(args, self.model_spec)
         block_length = self.model_spec.decoding_block_length(args.block_length)
         model_setup.probe_remote_code(unwrapped, self.model_spec, self._shards_parameters)
-        checks.check_model(self)  # text-only, prompts + completion within the model's positions
+        model_checks.check_model(unwrapped, args, self.processing_class, self._tokenizer, self.train_dataset,
+                                 self._tokenize_prompts)  # text-only, prompts + completion within its positions
+        inputs.check_reward_functions(self)
+        model_checks.warn_silent_settings(unwrapped, args, self.is_fsdp_enabled, self.accelerator.device.type)
+        checks.check_rollback_backend(args, self.is_deepspeed_enabled or self.is_fsdp_enabled)
         self.reward_funcs = inputs.checked_reward_functions(self.reward_funcs, self.reward_func_names)
         notices = [*startup_lines(args, block_length, picked), *model_setup.dropout_notice(unwrapped, args)]
         for line in unsaid(notices):  # once per `once_per_run()` block
@@ -116,8 +120,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         device = self.accelerator.device
         input_ids = pad(rows, padding_value=self._tokenizer.pad_token_id, padding_side="left").to(device)
         attention_mask = pad([torch.ones_like(r) for r in rows], padding_value=0, padding_side="left").to(device)
-        positions = checks.max_positions(self.accelerator.unwrap_model(self.model).config)
-        checks.check_canvas_fits(input_ids.size(1), self.args.max_completion_length, positions)
+        positions = model_checks.max_positions(self.accelerator.unwrap_model(self.model).config)
+        model_checks.check_canvas_fits(input_ids.size(1), self.args.max_completion_length, positions)
         noise = device_generators(self._sample_seeds("rollout", input_ids.size(0))[:, 0], device)  # one per row
         with (
             unwrap_model_for_generation(

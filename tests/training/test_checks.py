@@ -1,11 +1,11 @@
-"""Every bad input is refused before training, with a message that names the field, the value and the fix
-(trl_dllm/validation.py): in the config, at the trainer's construction, and through the CLI in one line."""
+"""Every bad config is refused before training, with a message that names the field, the value and the fix
+(trl_dllm/training/checks.py): in the config and through the CLI in one line. What the trainer is handed:
+test_trainer_inputs.py; the built model and its layout: test_model_checks.py."""
 
 import dataclasses
 
 import pytest
-from datasets import Dataset, DatasetDict
-from transformers import AutoTokenizer
+from datasets import Dataset
 
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 from trl_dllm.scripts import grpo
@@ -91,91 +91,6 @@ def test_min_p_is_honoured_by_rollouts(tmp_path, tiny_model_path):
     trainer.train()
 
 
-# ---------------------------------------------------------------------------------------------------- trainer inputs
-
-
-def trainer_error(tmp_path, model, dataset=DATA, reward_funcs=reward, **kwargs):
-    args = make(output_dir=str(tmp_path), **kwargs.pop("config", {}))
-    with pytest.raises(ValueError) as err:
-        DiffusionGRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, **kwargs)
-    return str(err.value)
-
-
-def test_empty_dataset(tmp_path, tiny_model_path):
-    message = trainer_error(tmp_path, tiny_model_path, Dataset.from_dict({"prompt": []}))
-    assert "train_dataset is empty (0 rows)" in message
-
-
-def test_dataset_without_prompt_column(tmp_path, tiny_model_path):
-    message = trainer_error(tmp_path, tiny_model_path, Dataset.from_dict({"question": ["add 1 and 2 ."] * 4}))
-    assert "train_dataset has no 'prompt' column (columns: ['question'])" in message
-    assert "rename_column('question', 'prompt')" in message
-
-
-def test_dataset_dict_instead_of_a_split(tmp_path, tiny_model_path):
-    message = trainer_error(tmp_path, tiny_model_path, DatasetDict({"train": DATA}))
-    assert "DatasetDict with splits ['train']" in message and "dataset['train']" in message
-
-
-def test_too_few_prompts_for_one_generation_batch(tmp_path, tiny_model_path):
-    config = dict(per_device_train_batch_size=4, num_generations=2)  # one batch = 2 distinct prompts
-    message = trainer_error(tmp_path, tiny_model_path, DATA.select([0]), config=config)
-    assert "has 1 prompts, but one generation batch takes 2 distinct prompts" in message
-
-
-def test_eval_dataset_is_checked(tmp_path, tiny_model_path):
-    message = trainer_error(tmp_path, tiny_model_path, eval_dataset=Dataset.from_dict({"text": ["a"]}))
-    assert "eval_dataset has no 'prompt' column" in message
-
-
-def test_no_reward_function(tmp_path, tiny_model_path):
-    assert "No reward source provided: reward_funcs is empty" in trainer_error(tmp_path, tiny_model_path, reward_funcs=[])
-
-
-def test_prompt_longer_than_the_model_positions(tmp_path, tiny_model_path):
-    long_prompt = " ".join(["add"] * 600)  # the tiny model has 512 positions
-    dataset = Dataset.from_dict({"prompt": ["add 1 and 2 .", long_prompt, "add 3 and 4 .", "sum"]})
-    message = trainer_error(tmp_path, tiny_model_path, dataset)
-    assert "A prompt of 600 tokens (train_dataset row 1) plus max_completion_length=8 is 608 positions" in message
-    assert "Filter the dataset to prompts of at most 504 tokens" in message
-
-
-def test_completion_longer_than_the_model_positions(tmp_path, tiny_model_path):
-    message = trainer_error(tmp_path, tiny_model_path, config=dict(max_completion_length=512))
-    assert "max_completion_length=512 leaves no room for a prompt: the model has 512 positions" in message
-
-
-def test_mask_token_outside_the_vocabulary(tmp_path, tiny_model_path):
-    message = trainer_error(tmp_path, tiny_model_path, config=dict(mask_token_id=10_000))
-    assert "mask_token_id=10000 is outside the vocabulary" in message and "(vocab_size=72)" in message
-
-
-def test_multimodal_processor(tmp_path, tiny_model_path):
-    from transformers import CLIPImageProcessor, LlavaProcessor
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
-    processor = LlavaProcessor(image_processor=CLIPImageProcessor(), tokenizer=tokenizer, patch_size=14)
-    message = trainer_error(tmp_path, tiny_model_path, processing_class=processor)
-    assert "processing_class is a LlavaProcessor (a multimodal processor)" in message
-
-
-def test_vision_language_model(tmp_path, tiny_model_path):
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
-
-    text = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                       num_attention_heads=2, num_key_value_heads=1)
-    vision = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                              image_size=28, patch_size=14)
-    model = LlavaForConditionalGeneration(LlavaConfig(vision_config=vision, text_config=text))
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
-    message = trainer_error(tmp_path, model, processing_class=tokenizer)
-    assert "is a vision-language model (llava)" in message
-
-
-# ---------------------------------------------------------------------------------------------------- CLI
-
-
 @pytest.fixture
 def in_repo(monkeypatch, tiny_model_path):
     from pathlib import Path
@@ -216,54 +131,6 @@ def test_cli_empty_data_file(in_repo, capsys, tmp_path):
     assert f"data_files: {empty} is empty" in line
 
 
-def test_low_precision_weights_warn(tmp_path, tiny_model_path, caplog):
-    args = make(output_dir=str(tmp_path), model_init_kwargs={"dtype": "bfloat16"}, learning_rate=1e-6)
-    with caplog.at_level("WARNING", logger="trl_dllm.training.checks"):
-        DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=reward, args=args, train_dataset=DATA)
-    assert "Trainable parameters are stored in bfloat16" in caplog.text and "learning_rate=1e-06" in caplog.text
-
-
-@pytest.mark.parametrize("cache", ["none", "dual"])
-def test_trajectory_replay_of_cached_rollouts_warns(tmp_path, tiny_model_path, caplog, cache):
-    args = make(output_dir=str(tmp_path), loss_type="agrpo", estimator="trajectory", confidence_threshold=0.5,
-                generation_cache=cache)  # fmt: skip
-    with caplog.at_level("WARNING", logger="trl_dllm.training.checks"):
-        DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=reward, args=args, train_dataset=DATA)
-    assert ("generation_cache='dual' samples from approximate (cached) logits" in caplog.text) == (cache == "dual")
-
-
-def test_positional_dataset_is_checked(tmp_path, tiny_model_path):
-    args = make(output_dir=str(tmp_path))
-    with pytest.raises(ValueError, match="train_dataset is empty"):
-        DiffusionGRPOTrainer(tiny_model_path, reward, args, Dataset.from_dict({"prompt": []}))
-
-
-@pytest.mark.parametrize(
-    "block_size, fields, pattern",
-    [
-        (None, {}, r"no block size \(config.block_size / config.block_length is None\), so block_length=4 cannot be "
-                   r"checked.*add the size the model was trained with"),
-        (4, {"block_length": 8}, r"block_length=8 does not match the model's block size 4 .*set block_length=4"),
-        (4, {"max_completion_length": 10, "block_length": 10, "diffusion_steps": 10},
-         r"max_completion_length=10 must be a multiple of the model's block size 4.*max_completion_length=8"),
-    ],
-)  # fmt: skip
-def test_block_layout_refuses_a_missing_or_mismatched_block_size(block_size, fields, pattern):
-    """`check_block_layout`: one line naming the config's block_length and the checkpoint's block size, and the fix."""
-    from dataclasses import replace
-    from types import SimpleNamespace
-
-    from trl_dllm.models.specs import BLOCK
-    from trl_dllm.training.checks import check_block_layout
-
-    good = dict(estimator="block", generation_cache="none", block_length=4, max_completion_length=16,
-                diffusion_steps=16, cfg_scale=0.0)  # fmt: skip
-    check_block_layout(SimpleNamespace(**good), replace(BLOCK, mask_token_id=3, block_length=4))  # no error
-    spec = replace(BLOCK, mask_token_id=3, block_length=block_size)
-    with pytest.raises(ValueError, match=pattern):
-        check_block_layout(SimpleNamespace(**{**good, **fields}), spec)
-
-
 @pytest.mark.parametrize(
     "loss_type,block_family,picked,reason",
     [("stabledrl", True, "block", "the block-diffusion family's own"),
@@ -286,7 +153,8 @@ def test_estimator_left_unset_fits_the_model(loss_type, block_family, picked, re
 
 def test_estimator_set_by_the_user_is_kept_and_checked():
     from trl_dllm.models.specs import BLOCK
-    from trl_dllm.training.checks import check_block_layout, fit_estimator
+    from trl_dllm.training.checks import fit_estimator
+    from trl_dllm.training.model_checks import check_block_layout
 
     args = DiffusionGRPOConfig(output_dir="unused", report_to="none", use_cpu=True, per_device_train_batch_size=4,
                                num_generations=4, max_completion_length=8, block_length=4, loss_type="stabledrl",
@@ -294,13 +162,3 @@ def test_estimator_set_by_the_user_is_kept_and_checked():
     assert fit_estimator(args, True) is None and args.estimator == "elbo"
     with pytest.raises(ValueError, match="estimator='elbo' scores with bidirectional attention"):
         check_block_layout(args, dataclasses.replace(BLOCK, block_length=4, mask_token_id=3))
-
-
-def test_decoding_block_length_is_the_family_s_own_for_block_diffusion_only():
-    """The one rule: a block-diffusion family decodes in its checkpoint's block size whatever the config says, any
-    other family in the configured one."""
-    from trl_dllm.models.specs import BLOCK, LLADA
-
-    block = dataclasses.replace(BLOCK, block_length=4, mask_token_id=3)
-    assert [block.decoding_block_length(n) for n in (None, 4, 32)] == [4, 4, 4]
-    assert [LLADA.decoding_block_length(n) for n in (None, 4, 32)] == [None, 4, 32]

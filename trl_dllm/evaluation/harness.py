@@ -156,8 +156,8 @@ class DiffusionLM(TemplateLM):
         ``block`` estimator."""
         from ..models import make_bidirectional, resolve_model_spec
         from ..models.loading import eos_ids, load_model_and_tokenizer
-        from ..training.checks import check_block_layout, max_positions
         from ..training.inputs import check_model_path
+        from ..training.model_checks import check_block_layout, max_positions
 
         init = {"dtype": dtype, "trust_remote_code": trust_remote_code}
         model, self.tokenizer = load_model_and_tokenizer(check_model_path(str(pretrained)), init,

@@ -1,7 +1,9 @@
 """The trainer's TRL-aware collaborators: each override in `trl_dllm/trainer.py` delegates here.
 
-- `checks`: every config / input check (called from the config, the trainer, the API and the CLI), with the checks of
-  user inputs (prompts, reward functions, field types, model folders, offline names) in `inputs`;
+- `checks`: every config check (called from the config and the CLI); `trainer_inputs`: what the trainer is handed,
+  before TRL loads the model; `model_checks`: the built model, its positions, and the block layout and cache against
+  its family (also called by the rollouts, the API and evaluation); `inputs`: the per-value checks they use (prompts,
+  reward functions, field types, model folders, offline names);
 - `rollouts`: how a config decodes, the canvas and its EOS, the generation batch, the entropy replay;
 - `scoring`: the estimators' and objectives' options (mapped once from config fields), old / reference / current
   estimates per inner iteration, their seeds and row chunks, the MoE router loss;

@@ -1,30 +1,22 @@
-"""Every check of a config and of the trainer's inputs, in one place: a run never dies an hour in on something checkable
-at start.
+"""Checks of a config, each at construction: a run never dies an hour in on something checkable at start.
 
 Every error names the field, the value it has, and what to set instead. Called from `DiffusionGRPOConfig.__new__`
-([`check_removed_arguments`]) and `__post_init__` ([`check_completion_length`], [`check_config`]), from
-`DiffusionGRPOTrainer.__init__` ([`check_trainer_options`] and [`check_trainer_inputs`] before TRL loads the model,
-[`check_block_layout`] and [`check_model`] after), from the rollouts ([`check_canvas_fits`], [`check_cache_model`])
-and the CLI, which prints the same messages on one line (`scripts/parsing.py`). Takes the config duck-typed: it never
-imports `config.py` (which imports it).
+([`check_removed_arguments`]) and `__post_init__` ([`check_completion_length`], [`check_config`]) and from the CLI,
+which prints the same messages on one line (`scripts/parsing.py`). Takes the config duck-typed: it never imports
+`config.py` (which imports it). What the trainer is handed is checked in `trainer_inputs.py` (before TRL loads the
+model) and `model_checks.py` (the built model, its positions and its layout), the per-value checks in `inputs.py`.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
-import os
-from collections.abc import Mapping, Sequence
-
-import torch
+from collections.abc import Mapping
 
 from ..core.likelihood import ELBO_COUNTS, ESTIMATORS
 from ..core.likelihood.trajectory import STEP_SAMPLING
 from ..core.objectives import KL_ESTIMATORS, OBJECTIVES
 from ..core.sampling import GENERATION_CACHES, REMASKING
-from ..models import ModelSpec, base_model, is_transformers_native, require_4d_mask
-from ..models.native import native_layout
 from . import inputs
 from .collapse import COLLAPSE_GUARD_MODES
 from .inputs import check_field_types  # noqa: F401  (config.py calls it before TRL's __post_init__)
@@ -121,9 +113,10 @@ def _check_collapse_guard(args) -> None:
         )
 
 
-def check_rollback_backend(trainer) -> None:
-    """`collapse_guard="rollback"` copies back parameters it kept itself: not what DeepSpeed or FSDP would use."""
-    if trainer.args.collapse_guard == "rollback" and (trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled):
+def check_rollback_backend(args, sharded: bool) -> None:
+    """`collapse_guard="rollback"` copies back parameters it kept itself: not what DeepSpeed or FSDP (``sharded``: the
+    trainer runs under either) would use."""
+    if args.collapse_guard == "rollback" and sharded:
         raise ValueError(
             "collapse_guard='rollback' restores parameters kept in CPU memory, which DeepSpeed and FSDP (they keep "
             "their own master weights and optimizer shards) would not see. Use collapse_guard='stop' and resume from "
@@ -438,317 +431,4 @@ def _check_estimation(args):
         raise ValueError(
             f"StableDRL clip bounds must satisfy 0 <= stabledrl_clip_low < stabledrl_clip_high, got "
             f"{args.stabledrl_clip_low} and {args.stabledrl_clip_high}."
-        )
-
-
-# ---------------------------------------------------------------------------------------------------- trainer inputs
-
-
-def check_trainer_options(args, config_class, kwargs: Mapping) -> None:
-    """`DiffusionGRPOTrainer` arguments and TRL options that diffusion rollouts cannot honour: refused, never ignored."""
-    if not isinstance(args, config_class):
-        raise TypeError(
-            f"args must be a DiffusionGRPOConfig, got {type(args).__name__}. Replace GRPOConfig(...) with "
-            "DiffusionGRPOConfig(...): it accepts the same arguments."
-        )
-    for name in ("tools", "rollout_func", "environment_factory"):
-        if kwargs.get(name) is not None:
-            raise ValueError(
-                f"DiffusionGRPOTrainer does not support `{name}` yet: diffusion rollouts are single-turn."
-            )
-    if args.use_vllm:
-        raise ValueError("use_vllm=True: vLLM cannot run diffusion decoding. Set use_vllm=False.")
-    if getattr(args, "use_transformers_paged", False) or getattr(args, "use_transformers_continuous_batching", False):
-        raise ValueError("Continuous-batching generation is autoregressive; disable it for diffusion models.")
-
-
-def check_trainer_inputs(args, model, reward_funcs, pargs: Sequence, kwargs: Mapping) -> None:
-    """What can be checked before TRL loads the model: rewards, datasets, processor. ``pargs`` / ``kwargs`` are the
-    trainer's other arguments, named as in `GRPOTrainer.__init__`."""
-    from trl import GRPOTrainer
-
-    positional = list(inspect.signature(GRPOTrainer.__init__).parameters)[4:]  # after self, model, reward_funcs, args
-    named = {**dict(zip(positional, pargs)), **kwargs}
-    train_dataset, eval_dataset = named.get("train_dataset"), named.get("eval_dataset")
-    _check_names(model, reward_funcs)
-    check_remote_code_object(model)
-    if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs):
-        raise ValueError(
-            "No reward source provided: reward_funcs is empty, so every completion would get reward 0 and nothing "
-            "would be learned. Pass one or more reward functions (e.g. "
-            "reward_funcs=[trl_dllm.rewards.REWARD_FUNCS['gsm8k']])."
-        )
-    prompts_needed = args.generation_batch_size // args.num_generations
-    _check_dataset("train_dataset", train_dataset, prompts_needed, "generation_batch_size", args)
-    if eval_dataset is not None:  # any size evaluates (TRL's test_train_with_num_generations_eval): a last batch is partial
-        datasets = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
-        for name, dataset in datasets:
-            label = name if name == "eval_dataset" else f"eval_dataset[{name!r}]"
-            _check_dataset(label, dataset, 1, "per_device_eval_batch_size", args)
-    _check_text_only(named.get("processing_class"), model)
-
-
-# Families whose own remote code the trainer does not drive, each with why; by name or folder they load natively.
-REMOTE_CODE_REFUSED = {
-    "sdar": "its forward takes keep-masks, not the additive 4-D block mask, and returns no logits in train mode",
-    "llada2": "its forward is causal without a 4-D block mask, which the library gives only the native class",
-    "llada_moe": "its forward ignores attention_mask (padding is attended to) and it has no generation_config",
-}
-
-
-def check_remote_code_object(model) -> None:
-    """A model object built with the remote code of SDAR / TraDo, LLaDA2 (`LLaDA2MoeModelLM`) or LLaDA-MoE
-    (`LLaDAMoEModelLM`), told by ``config.architectures`` / ``model_type`` as loading by name tells them: refused with
-    the fix, the model's name or folder (the trainer then loads the family's native class)."""
-    if isinstance(model, str) or not (hasattr(model, "config") or hasattr(model, "get_base_model")):
-        return
-    base = base_model(model)
-    if getattr(base, "dllm_layout", None) is not None or is_transformers_native(base):
-        return
-    config = base.config
-    layout = native_layout(
-        {"architectures": getattr(config, "architectures", None), "model_type": getattr(config, "model_type", None)}
-    )
-    if layout is None or layout.name not in REMOTE_CODE_REFUSED:
-        return
-    name = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None) or "<name or folder>"
-    raise ValueError(
-        f"model is a {type(base).__name__} object built with its own remote code (trust_remote_code=True), which the "
-        f"trainer does not drive ({REMOTE_CODE_REFUSED[layout.name]}): pass its name or folder instead, "
-        f"model={name!r}, and it is loaded as the native {layout.model_class.__name__}."
-    )
-
-
-def _check_names(model, reward_funcs) -> None:
-    """Offline, `model="tinny"` or `reward_funcs="gsm8k"` would end in a Hub connection error: name what was meant."""
-    from ..models.embedded import EMBEDDED_MODELS
-    from ..rewards import REWARD_FUNCS
-
-    inputs.check_offline_name("model", model, tuple(EMBEDDED_MODELS))
-    hint = " A reward function is passed as a callable, e.g. reward_funcs=trl_dllm.rewards.REWARD_FUNCS['gsm8k']."
-    for reward in reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]:
-        if isinstance(reward, str) and reward in REWARD_FUNCS and not os.path.exists(reward):
-            raise inputs.NameNotFoundError(f"reward_funcs={reward!r} names a reward model on the Hub.{hint}")
-        inputs.check_offline_name("reward_funcs", reward, tuple(REWARD_FUNCS), hint=hint)
-
-
-def _check_dataset(name: str, dataset, prompts_needed: int, batch_field: str, args) -> None:
-    if dataset is None:
-        if name == "train_dataset":
-            raise ValueError("`train_dataset` is required: train_dataset is None; pass a dataset with a 'prompt' column.")
-        return
-    if _is_dataset_dict(dataset):
-        splits = list(dataset.keys())
-        raise ValueError(
-            f"{name} is a DatasetDict with splits {splits}, not a dataset: pick one, e.g. {name}=dataset"
-            f"[{splits[0]!r}]."
-        )
-    columns = getattr(dataset, "column_names", None)
-    if columns is not None and "prompt" not in columns:
-        raise ValueError(
-            f"{name} has no 'prompt' column (columns: {columns}). Rename the column that holds the prompts, e.g. "
-            f"dataset.rename_column({columns[0] if columns else 'question'!r}, 'prompt'), or build the prompts with "
-            "trl_dllm.tasks.load_task."
-        )
-    if not hasattr(dataset, "__len__"):
-        return  # an IterableDataset: its length is unknown before iterating
-    size = len(dataset)
-    if size == 0:
-        raise ValueError(
-            f"{name} is empty (0 rows): training would run 0 steps and save an untrained model. Pass a dataset with "
-            "prompts: check data_files and dataset_split (or the filter that emptied it)."
-        )
-    inputs.check_prompts(name, dataset)
-    if size < prompts_needed:
-        raise ValueError(
-            f"{name} has {size} prompts, but one generation batch takes {prompts_needed} distinct prompts "
-            f"({batch_field} x processes / num_generations): no batch could be formed and 0 steps would run. Add "
-            f"prompts, or lower per_device_train_batch_size / steps_per_generation, or raise num_generations="
-            f"{args.num_generations}."
-        )
-
-
-def _is_dataset_dict(dataset) -> bool:
-    try:
-        from datasets import DatasetDict, IterableDatasetDict
-    except ImportError:  # pragma: no cover - datasets is a TRL dependency
-        return False
-    return isinstance(dataset, (DatasetDict, IterableDatasetDict))
-
-
-def _check_text_only(processing_class, model) -> None:
-    """Diffusion rollouts are text-only: refuse a processor or a vision-language model now, not at the first rollout."""
-    from transformers import ProcessorMixin
-
-    if isinstance(processing_class, ProcessorMixin) or getattr(processing_class, "image_processor", None) is not None:
-        raise ValueError(
-            f"processing_class is a {type(processing_class).__name__} (a multimodal processor): DiffusionGRPOTrainer "
-            "supports text-only models and prompts. Pass the tokenizer (processing_class=processor.tokenizer) of a "
-            "text-only model."
-        )
-    config = getattr(model, "config", None)
-    if config is not None and getattr(config, "vision_config", None) is not None:
-        raise ValueError(
-            f"{type(model).__name__} is a vision-language model ({config.model_type}): DiffusionGRPOTrainer supports "
-            "text-only models and prompts."
-        )
-
-
-# ---------------------------------------------------------------------------------------------------- positions
-
-_POSITION_FIELDS = ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length")
-
-
-def max_positions(config) -> int | None:
-    """The longest sequence `config`'s model is built for (`max_position_embeddings`, LLaDA's `max_sequence_length`,
-    ...), or `None` when the config does not say."""
-    try:
-        text = config.get_text_config(decoder=True)
-    except (AttributeError, ValueError):
-        text = config
-    for source in (config, text):
-        for name in _POSITION_FIELDS:
-            value = getattr(source, name, None)
-            if isinstance(value, int) and value > 0:
-                return value
-    return None
-
-
-def check_canvas_fits(prompt_length: int, completion_length: int, positions: int | None, where: str = "") -> None:
-    """Raise when `prompt + completion` is longer than the model's positions (RoPE models run past them silently)."""
-    if positions is None or prompt_length + completion_length <= positions:
-        return
-    raise ValueError(
-        f"A prompt of {prompt_length} tokens{where} plus max_completion_length={completion_length} is "
-        f"{prompt_length + completion_length} positions, but the model has {positions} (max_position_embeddings): "
-        f"past them its outputs are meaningless. Filter the dataset to prompts of at most "
-        f"{max(0, positions - completion_length)} tokens, or lower max_completion_length."
-    )
-
-
-def check_model(trainer, scan_rows: int = 1024) -> None:
-    """After TRL built the model: it is text-only, and `max_completion_length` plus the train dataset's longest prompt
-    fit its positions (`resolve_model_spec` has checked the mask id against the vocabulary).
-
-    Prompts are tokenized as TRL tokenizes them for generation (`_tokenize_prompts`: chat template, tools), in batches
-    of `scan_rows`; a map-style dataset is scanned whole (an `IterableDataset` is checked at every rollout)."""
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    _check_text_only(trainer.processing_class, model)
-    inputs.check_vocabulary(trainer._tokenizer, model)
-    inputs.check_reward_functions(trainer)
-    _warn_silent_settings(trainer, model)
-    check_rollback_backend(trainer)
-    config, dataset = model.config, trainer.train_dataset
-    positions = max_positions(config)
-    completion = trainer.args.max_completion_length
-    if positions is not None and completion >= positions:
-        raise ValueError(
-            f"max_completion_length={completion} leaves no room for a prompt: the model has {positions} positions. "
-            f"Set max_completion_length < {positions}."
-        )
-    if positions is None or dataset is None or not hasattr(dataset, "__len__") or "prompt" not in dataset.column_names:
-        return
-    longest, row = 0, 0
-    for start in range(0, len(dataset), scan_rows):
-        prompts = dataset[start : start + scan_rows]["prompt"]
-        lengths = [len(ids) for ids in trainer._tokenize_prompts(prompts)[0]]
-        if max(lengths) > longest:
-            longest, row = max(lengths), start + lengths.index(max(lengths))
-    check_canvas_fits(longest, completion, positions, where=f" (train_dataset row {row})")
-
-
-def _warn_silent_settings(trainer, model) -> None:
-    """Settings that train, but not as the user meant: warn at construction."""
-    low = {p.dtype for p in model.parameters() if p.requires_grad} & {torch.bfloat16, torch.float16}
-    if low:
-        logger.warning(
-            "Trainable parameters are stored in %s: an optimizer step smaller than the format's resolution is lost "
-            "(at learning_rate=%g most weights may not move at all; docs/troubleshooting.md). Load the model in "
-            "float32 (model_init_kwargs={'dtype': 'float32'}) and set bf16=True for mixed precision, or train LoRA "
-            "adapters.", "/".join(sorted(str(d).removeprefix("torch.") for d in low)), trainer.args.learning_rate,
-        )  # fmt: skip
-    if trainer.args.estimator == "trajectory" and trainer.args.generation_cache != "none":
-        logger.warning(
-            "estimator='trajectory' replays every rollout step without a cache, but generation_cache=%r samples from "
-            "approximate (cached) logits: the log-probabilities the trainer computes are not those the tokens were "
-            "drawn from, and nothing corrects for it (measured on the demo's trained model: per-sequence weights "
-            "pi/q from 0.008 to 5.8; docs/demo.md). For an exact replay keep confidence_threshold and set "
-            "generation_cache='none'.", trainer.args.generation_cache,
-        )  # fmt: skip
-    requested = (
-        trainer.args.fsdp_plugin_args is not None or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
-    )
-    if requested and not trainer.is_fsdp_enabled:
-        logger.warning(
-            "FSDP was requested (fsdp / fsdp_config, or an accelerate FSDP config) but accelerate did not enable it: "
-            "accelerate enables FSDP only on accelerators (GPU, XPU, NPU, ...), so these %s processes train full "
-            "replicas (DDP), without sharding.", trainer.accelerator.device.type,
-        )  # fmt: skip
-
-
-def check_cache_model(spec: ModelSpec, cache: str) -> None:
-    """Raise a clear error when `generation_cache=cache` cannot run on a model of `spec` (the cache calls the module
-    with `past_key_values`, `position_ids`, a 4-D mask and `logits_to_keep`, and reads unshifted logits)."""
-    if cache == "none":
-        return
-    if spec.family == "block":
-        raise ValueError(
-            f"generation_cache={cache!r} is for bidirectional models; block-diffusion models decode with an exact KV "
-            "cache already (block_kv_cache=True): set generation_cache='none'."
-        )
-    if spec.shift_logits or not spec.accepts_logits_to_keep or not spec.accepts_4d_mask:
-        raise ValueError(
-            f"generation_cache={cache!r} needs a transformers-native model with unshifted logits that takes "
-            f"past_key_values, position_ids and logits_to_keep; the {spec.family} family here does not (shifted "
-            f"logits: {spec.shift_logits}, logits_to_keep: {spec.accepts_logits_to_keep}, 4-D mask: "
-            f"{spec.accepts_4d_mask}). Load it natively "
-            "(native_loading=True) if it is LLaDA, or set generation_cache='none'."
-        )
-
-
-def check_block_guidance(cfg_scale: float) -> None:
-    """Block-causal decoding has no classifier-free guidance (the trainer and `trl_dllm.generate`)."""
-    if cfg_scale:
-        raise ValueError("cfg_scale > 0 is not supported for block-causal generation; set cfg_scale=0.")
-
-
-def check_block_layout(args, spec: ModelSpec) -> None:
-    """The config against the model's layout (the block length rollouts and estimates then use is
-    ``spec.decoding_block_length(args.block_length)``). The config is never changed."""
-    if args.estimator == "block":
-        require_4d_mask(spec, "the block estimator")
-    if args.estimator == "block_steps" and spec.family != "block":
-        raise ValueError(
-            f"estimator='block_steps' (DiPO) scores the steps of a block-diffusion rollout, but this model "
-            f"({spec.family!r} family) is not block-causal: train a block-diffusion model (SDAR, TraDo), or use "
-            "estimator='trajectory' (loss_type='agrpo') or 'left_to_right' (loss_type='justgrpo') here."
-        )
-    check_cache_model(spec, args.generation_cache)
-    if spec.family != "block":
-        return
-    require_4d_mask(spec, "block-causal generation")
-    block = spec.block_length
-    if block is None or block < 1:
-        raise ValueError(
-            f"This block-diffusion checkpoint has no block size (config.block_size / config.block_length is "
-            f"{block!r}), so block_length={args.block_length} cannot be checked against it: add the size the model "
-            "was trained with to its config.json (SDAR / TraDo: block_size 4)."
-        )
-    if args.block_length not in (block, args.max_completion_length):
-        raise ValueError(
-            f"block_length={args.block_length} does not match the model's block size {block} (config.block_size / "
-            f"config.block_length): set block_length={block} (rollouts always decode in the model's own blocks)."
-        )
-    if args.max_completion_length % block or args.diffusion_steps % (args.max_completion_length // block):
-        raise ValueError(
-            f"max_completion_length={args.max_completion_length} must be a multiple of the model's block size "
-            f"{block}, and diffusion_steps={args.diffusion_steps} a multiple of the number of blocks: e.g. "
-            f"max_completion_length={max(block, args.max_completion_length // block * block)} and diffusion_steps a "
-            "multiple of max_completion_length / block size."
-        )
-    check_block_guidance(args.cfg_scale)
-    if not ESTIMATORS[args.estimator].block_causal:
-        raise ValueError(
-            f"estimator={args.estimator!r} scores with bidirectional attention, which a block-causal model was not "
-            "trained for: use estimator='block' (staircase attention) or 'trajectory' (AGRPO)."
         )

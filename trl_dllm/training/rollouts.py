@@ -14,7 +14,7 @@ import torch
 from ..core.likelihood.trajectory import trajectory_entropies
 from ..core.sampling import generate, generate_block_causal, generate_cached
 from ..models import ModelSpec, model_logits_fn
-from .checks import check_cache_model
+from .model_checks import check_cache_model
 
 
 def sampling_distribution(args, temperature: float | None = None) -> dict:

@@ -124,7 +124,7 @@ def test_errors(model):
 def test_config_and_model_checks(tmp_path):
     from trl_dllm import DiffusionGRPOConfig
     from trl_dllm.models.specs import BLOCK, DREAM, LLADA, LLADA_NATIVE
-    from trl_dllm.training.checks import check_cache_model
+    from trl_dllm.training.model_checks import check_cache_model
 
     args = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_completion_length=8)
     with pytest.raises(ValueError, match="generation_cache='full' is not one of"):
@@ -195,7 +195,7 @@ def test_native_families_are_checked():
     refused with the fix in the message, as resolved from their native classes."""
     from trl_dllm.models import resolve_model_spec
     from trl_dllm.testing import build_family_tokenizer
-    from trl_dllm.training.checks import check_cache_model
+    from trl_dllm.training.model_checks import check_cache_model
 
     specs = {f: resolve_model_spec(_native(f), build_family_tokenizer(f)) for f in ("llada", "dream", "sdar")}
     check_cache_model(specs["llada"], "dual")

@@ -1,0 +1,82 @@
+"""The built model and the layout it decodes with (trl_dllm/training/model_checks.py): positions, vocabulary, the block
+layout against the checkpoint, and the settings that train but not as meant (warned)."""
+
+import dataclasses
+
+import pytest
+from datasets import Dataset
+
+from trl_dllm import DiffusionGRPOTrainer
+
+from .test_checks import DATA, make, reward
+from .test_trainer_inputs import trainer_error
+
+
+def test_prompt_longer_than_the_model_positions(tmp_path, tiny_model_path):
+    long_prompt = " ".join(["add"] * 600)  # the tiny model has 512 positions
+    dataset = Dataset.from_dict({"prompt": ["add 1 and 2 .", long_prompt, "add 3 and 4 .", "sum"]})
+    message = trainer_error(tmp_path, tiny_model_path, dataset)
+    assert "A prompt of 600 tokens (train_dataset row 1) plus max_completion_length=8 is 608 positions" in message
+    assert "Filter the dataset to prompts of at most 504 tokens" in message
+
+
+def test_completion_longer_than_the_model_positions(tmp_path, tiny_model_path):
+    message = trainer_error(tmp_path, tiny_model_path, config=dict(max_completion_length=512))
+    assert "max_completion_length=512 leaves no room for a prompt: the model has 512 positions" in message
+
+
+def test_mask_token_outside_the_vocabulary(tmp_path, tiny_model_path):
+    message = trainer_error(tmp_path, tiny_model_path, config=dict(mask_token_id=10_000))
+    assert "mask_token_id=10000 is outside the vocabulary" in message and "(vocab_size=72)" in message
+
+
+def test_low_precision_weights_warn(tmp_path, tiny_model_path, caplog):
+    args = make(output_dir=str(tmp_path), model_init_kwargs={"dtype": "bfloat16"}, learning_rate=1e-6)
+    with caplog.at_level("WARNING", logger="trl_dllm.training.model_checks"):
+        DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=reward, args=args, train_dataset=DATA)
+    assert "Trainable parameters are stored in bfloat16" in caplog.text and "learning_rate=1e-06" in caplog.text
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_trajectory_replay_of_cached_rollouts_warns(tmp_path, tiny_model_path, caplog, cache):
+    args = make(output_dir=str(tmp_path), loss_type="agrpo", estimator="trajectory", confidence_threshold=0.5,
+                generation_cache=cache)  # fmt: skip
+    with caplog.at_level("WARNING", logger="trl_dllm.training.model_checks"):
+        DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=reward, args=args, train_dataset=DATA)
+    assert ("generation_cache='dual' samples from approximate (cached) logits" in caplog.text) == (cache == "dual")
+
+
+@pytest.mark.parametrize(
+    "block_size, fields, pattern",
+    [
+        (None, {}, r"no block size \(config.block_size / config.block_length is None\), so block_length=4 cannot be "
+                   r"checked.*add the size the model was trained with"),
+        (4, {"block_length": 8}, r"block_length=8 does not match the model's block size 4 .*set block_length=4"),
+        (4, {"max_completion_length": 10, "block_length": 10, "diffusion_steps": 10},
+         r"max_completion_length=10 must be a multiple of the model's block size 4.*max_completion_length=8"),
+    ],
+)  # fmt: skip
+def test_block_layout_refuses_a_missing_or_mismatched_block_size(block_size, fields, pattern):
+    """`check_block_layout`: one line naming the config's block_length and the checkpoint's block size, and the fix."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from trl_dllm.models.specs import BLOCK
+    from trl_dllm.training.model_checks import check_block_layout
+
+    good = dict(estimator="block", generation_cache="none", block_length=4, max_completion_length=16,
+                diffusion_steps=16, cfg_scale=0.0)  # fmt: skip
+    check_block_layout(SimpleNamespace(**good), replace(BLOCK, mask_token_id=3, block_length=4))  # no error
+    spec = replace(BLOCK, mask_token_id=3, block_length=block_size)
+    with pytest.raises(ValueError, match=pattern):
+        check_block_layout(SimpleNamespace(**{**good, **fields}), spec)
+
+
+def test_decoding_block_length_is_the_family_s_own_for_block_diffusion_only():
+    """The one rule: a block-diffusion family decodes in its checkpoint's block size whatever the config says, any
+    other family in the configured one."""
+    from trl_dllm.models.specs import BLOCK, LLADA
+
+    block = dataclasses.replace(BLOCK, block_length=4, mask_token_id=3)
+    assert [block.decoding_block_length(n) for n in (None, 4, 32)] == [4, 4, 4]
+    assert [LLADA.decoding_block_length(n) for n in (None, 4, 32)] == [None, 4, 32]

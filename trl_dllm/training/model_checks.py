@@ -1,0 +1,174 @@
+"""Checks of the model the trainer built and of the layout it decodes with: text-only, the tokenizer within its
+vocabulary, prompts plus completions within its positions, the block layout and the generation cache against its
+family (`ModelSpec`), and settings that would train, but not as meant (warned). Each takes what it checks, not the
+trainer: `DiffusionGRPOTrainer.__init__` passes them its model, config and TRL's prompt tokenization; the rollouts and
+`trl_dllm.generate` call the position and layout checks too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from ..core.likelihood import ESTIMATORS
+from ..models import ModelSpec, require_4d_mask
+from . import inputs
+from .trainer_inputs import check_text_only
+
+logger = logging.getLogger(__name__)
+
+_POSITION_FIELDS = ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length")
+
+
+def max_positions(config) -> int | None:
+    """The longest sequence `config`'s model is built for (`max_position_embeddings`, LLaDA's `max_sequence_length`,
+    ...), or `None` when the config does not say."""
+    try:
+        text = config.get_text_config(decoder=True)
+    except (AttributeError, ValueError):
+        text = config
+    for source in (config, text):
+        for name in _POSITION_FIELDS:
+            value = getattr(source, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def check_canvas_fits(prompt_length: int, completion_length: int, positions: int | None, where: str = "") -> None:
+    """Raise when `prompt + completion` is longer than the model's positions (RoPE models run past them silently)."""
+    if positions is None or prompt_length + completion_length <= positions:
+        return
+    raise ValueError(
+        f"A prompt of {prompt_length} tokens{where} plus max_completion_length={completion_length} is "
+        f"{prompt_length + completion_length} positions, but the model has {positions} (max_position_embeddings): "
+        f"past them its outputs are meaningless. Filter the dataset to prompts of at most "
+        f"{max(0, positions - completion_length)} tokens, or lower max_completion_length."
+    )
+
+
+def check_model(model, args, processing_class, tokenizer, train_dataset, tokenize_prompts, scan_rows: int = 1024) -> None:
+    """After TRL built ``model`` (unwrapped): it is text-only, ``tokenizer``'s ids are within its vocabulary, and
+    `max_completion_length` plus the train dataset's longest prompt fit its positions (`resolve_model_spec` has checked
+    the mask id against the vocabulary).
+
+    ``tokenize_prompts`` is the trainer's tokenization for generation (TRL's `_tokenize_prompts`: chat template,
+    tools), applied in batches of `scan_rows`; a map-style dataset is scanned whole (an `IterableDataset` is checked at
+    every rollout)."""
+    check_text_only(processing_class, model)
+    inputs.check_vocabulary(tokenizer, model)
+    positions = max_positions(model.config)
+    completion = args.max_completion_length
+    if positions is not None and completion >= positions:
+        raise ValueError(
+            f"max_completion_length={completion} leaves no room for a prompt: the model has {positions} positions. "
+            f"Set max_completion_length < {positions}."
+        )
+    dataset = train_dataset
+    if positions is None or dataset is None or not hasattr(dataset, "__len__") or "prompt" not in dataset.column_names:
+        return
+    longest, row = 0, 0
+    for start in range(0, len(dataset), scan_rows):
+        prompts = dataset[start : start + scan_rows]["prompt"]
+        lengths = [len(ids) for ids in tokenize_prompts(prompts)[0]]
+        if max(lengths) > longest:
+            longest, row = max(lengths), start + lengths.index(max(lengths))
+    check_canvas_fits(longest, completion, positions, where=f" (train_dataset row {row})")
+
+
+def warn_silent_settings(model, args, fsdp_enabled: bool, device_type: str) -> None:
+    """Settings that train, but not as the user meant: warned at construction (``fsdp_enabled``: accelerate enabled
+    FSDP; ``device_type``: the processes' device)."""
+    low = {p.dtype for p in model.parameters() if p.requires_grad} & {torch.bfloat16, torch.float16}
+    if low:
+        logger.warning(
+            "Trainable parameters are stored in %s: an optimizer step smaller than the format's resolution is lost "
+            "(at learning_rate=%g most weights may not move at all; docs/troubleshooting.md). Load the model in "
+            "float32 (model_init_kwargs={'dtype': 'float32'}) and set bf16=True for mixed precision, or train LoRA "
+            "adapters.", "/".join(sorted(str(d).removeprefix("torch.") for d in low)), args.learning_rate,
+        )  # fmt: skip
+    if args.estimator == "trajectory" and args.generation_cache != "none":
+        logger.warning(
+            "estimator='trajectory' replays every rollout step without a cache, but generation_cache=%r samples from "
+            "approximate (cached) logits: the log-probabilities the trainer computes are not those the tokens were "
+            "drawn from, and nothing corrects for it (measured on the demo's trained model: per-sequence weights "
+            "pi/q from 0.008 to 5.8; docs/demo.md). For an exact replay keep confidence_threshold and set "
+            "generation_cache='none'.", args.generation_cache,
+        )  # fmt: skip
+    requested = args.fsdp_plugin_args is not None or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+    if requested and not fsdp_enabled:
+        logger.warning(
+            "FSDP was requested (fsdp / fsdp_config, or an accelerate FSDP config) but accelerate did not enable it: "
+            "accelerate enables FSDP only on accelerators (GPU, XPU, NPU, ...), so these %s processes train full "
+            "replicas (DDP), without sharding.", device_type,
+        )  # fmt: skip
+
+
+def check_cache_model(spec: ModelSpec, cache: str) -> None:
+    """Raise a clear error when `generation_cache=cache` cannot run on a model of `spec` (the cache calls the module
+    with `past_key_values`, `position_ids`, a 4-D mask and `logits_to_keep`, and reads unshifted logits)."""
+    if cache == "none":
+        return
+    if spec.family == "block":
+        raise ValueError(
+            f"generation_cache={cache!r} is for bidirectional models; block-diffusion models decode with an exact KV "
+            "cache already (block_kv_cache=True): set generation_cache='none'."
+        )
+    if spec.shift_logits or not spec.accepts_logits_to_keep or not spec.accepts_4d_mask:
+        raise ValueError(
+            f"generation_cache={cache!r} needs a transformers-native model with unshifted logits that takes "
+            f"past_key_values, position_ids and logits_to_keep; the {spec.family} family here does not (shifted "
+            f"logits: {spec.shift_logits}, logits_to_keep: {spec.accepts_logits_to_keep}, 4-D mask: "
+            f"{spec.accepts_4d_mask}). Load it natively "
+            "(native_loading=True) if it is LLaDA, or set generation_cache='none'."
+        )
+
+
+def check_block_guidance(cfg_scale: float) -> None:
+    """Block-causal decoding has no classifier-free guidance (the trainer and `trl_dllm.generate`)."""
+    if cfg_scale:
+        raise ValueError("cfg_scale > 0 is not supported for block-causal generation; set cfg_scale=0.")
+
+
+def check_block_layout(args, spec: ModelSpec) -> None:
+    """The config against the model's layout (the block length rollouts and estimates then use is
+    ``spec.decoding_block_length(args.block_length)``). The config is never changed."""
+    if args.estimator == "block":
+        require_4d_mask(spec, "the block estimator")
+    if args.estimator == "block_steps" and spec.family != "block":
+        raise ValueError(
+            f"estimator='block_steps' (DiPO) scores the steps of a block-diffusion rollout, but this model "
+            f"({spec.family!r} family) is not block-causal: train a block-diffusion model (SDAR, TraDo), or use "
+            "estimator='trajectory' (loss_type='agrpo') or 'left_to_right' (loss_type='justgrpo') here."
+        )
+    check_cache_model(spec, args.generation_cache)
+    if spec.family != "block":
+        return
+    require_4d_mask(spec, "block-causal generation")
+    block = spec.block_length
+    if block is None or block < 1:
+        raise ValueError(
+            f"This block-diffusion checkpoint has no block size (config.block_size / config.block_length is "
+            f"{block!r}), so block_length={args.block_length} cannot be checked against it: add the size the model "
+            "was trained with to its config.json (SDAR / TraDo: block_size 4)."
+        )
+    if args.block_length not in (block, args.max_completion_length):
+        raise ValueError(
+            f"block_length={args.block_length} does not match the model's block size {block} (config.block_size / "
+            f"config.block_length): set block_length={block} (rollouts always decode in the model's own blocks)."
+        )
+    if args.max_completion_length % block or args.diffusion_steps % (args.max_completion_length // block):
+        raise ValueError(
+            f"max_completion_length={args.max_completion_length} must be a multiple of the model's block size "
+            f"{block}, and diffusion_steps={args.diffusion_steps} a multiple of the number of blocks: e.g. "
+            f"max_completion_length={max(block, args.max_completion_length // block * block)} and diffusion_steps a "
+            "multiple of max_completion_length / block size."
+        )
+    check_block_guidance(args.cfg_scale)
+    if not ESTIMATORS[args.estimator].block_causal:
+        raise ValueError(
+            f"estimator={args.estimator!r} scores with bidirectional attention, which a block-causal model was not "
+            "trained for: use estimator='block' (staircase attention) or 'trajectory' (AGRPO)."
+        )
