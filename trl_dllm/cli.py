@@ -23,7 +23,7 @@ USAGE = """usage: trl-dllm {grpo,eval,lm-eval,merge,plan,demo,compare} [--help] 
   merge    merge a LoRA adapter into a full model in the family's original layout (docs/evaluation.md)
   plan     planned peak memory per GPU of a recipe's micro-step, by phase: trl-dllm plan --config recipe.yaml [--json]
   demo     the CPU demo (trl_dllm.demo)
-  compare  every method on the same budget, tasks and seeds (trl_dllm.demo.compare; docs/compare.md)
+  compare  every method on the same budget, tasks and seeds (studies.compare, from a clone; docs/compare.md)
 
 Several processes: accelerate launch --config_file recipes/accelerate/zero2.yaml -m trl_dllm grpo --config ...
 See docs/cli.md and docs/recipes.md."""
@@ -81,7 +81,7 @@ def _help(command: str, argv: Sequence[str]) -> bool:
 
 
 def _compare(argv: Sequence[str]) -> int | None:
-    from .demo.compare import main
+    from studies.compare import main  # the repository's studies/, not part of the installed package
 
     main(list(argv))
 
