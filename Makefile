@@ -42,7 +42,7 @@ test-slow:
 	$(PYTHON) -m pytest -m slow -q $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint:
-	$(PYTHON) -m ruff check trl_dllm tests bench
+	$(PYTHON) -m ruff check trl_dllm tests bench studies
 
 # The CPU demo (docs/demo.md): warm start + StableDRL on a synthetic task, <= 10 min on 2 cores → demo_out/
 demo:
@@ -50,12 +50,12 @@ demo:
 
 # grpo vs stabledrl with noisy likelihood ratios, 3 seeds → demo_out/stability.png (docs/demo.md)
 stability:
-	$(PYTHON) -m trl_dllm.demo --stability
+	$(PYTHON) -m studies.stability
 
 # Every method on the same budget (docs/compare.md): make compare [COMPARE_ARGS="--short" | "--quick" | "--methods d1 sft ..."]
 COMPARE_ARGS ?=
 compare:
-	$(PYTHON) -m trl_dllm.demo.compare $(COMPARE_ARGS)
+	$(PYTHON) -m studies.compare $(COMPARE_ARGS)
 
 # Collapse rates over 10 seeds (docs/compare.md#many-seeds-collapse-rates): two processes (one per 5 seeds), then the
 # report. SEEDS_ARGS adds compare flags to both (e.g. "--set beta=0.04" for a remedy arm, with its own SEEDS_OUT);
@@ -65,10 +65,10 @@ SEEDS_METHODS ?= stabledrl espo grpo agrpo d1
 SEEDS_OUT ?= seeds_out
 SEEDS_TASK ?= sort_shuffled
 seeds:
-	$(PYTHON) -m trl_dllm.demo.compare --tasks $(SEEDS_TASK) --methods $(SEEDS_METHODS) --seeds 0 1 2 3 4 --max-minutes 10 --out $(SEEDS_OUT)/a $(SEEDS_ARGS) & \
-	$(PYTHON) -m trl_dllm.demo.compare --tasks $(SEEDS_TASK) --methods $(SEEDS_METHODS) --seeds 5 6 7 8 9 --max-minutes 10 --out $(SEEDS_OUT)/b $(SEEDS_ARGS) & \
+	$(PYTHON) -m studies.compare --tasks $(SEEDS_TASK) --methods $(SEEDS_METHODS) --seeds 0 1 2 3 4 --max-minutes 10 --out $(SEEDS_OUT)/a $(SEEDS_ARGS) & \
+	$(PYTHON) -m studies.compare --tasks $(SEEDS_TASK) --methods $(SEEDS_METHODS) --seeds 5 6 7 8 9 --max-minutes 10 --out $(SEEDS_OUT)/b $(SEEDS_ARGS) & \
 	wait
-	$(PYTHON) -m trl_dllm.demo.seeds_report $(SEEDS_OUT)/a $(SEEDS_OUT)/b --out $(SEEDS_OUT)
+	$(PYTHON) -m studies.seeds_report $(SEEDS_OUT)/a $(SEEDS_OUT)/b --out $(SEEDS_OUT)
 
 # Benchmarks (docs/benchmarks.md): ratios measured in one run; writes bench_out/*.json and prints them.
 bench:

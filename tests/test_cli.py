@@ -248,8 +248,8 @@ def test_demo_help_does_not_import_the_trainer():
 
 @pytest.mark.parametrize("dash", ["_", "-"])
 def test_every_command_takes_both_spellings_of_a_flag(dash):
+    from studies.compare import parse_args as compare_args
     from trl_dllm.demo import parse_args as demo_args
-    from trl_dllm.demo.compare import parse_args as compare_args
 
     max_steps, max_minutes = f"--max{dash}steps", f"--max{dash}minutes"
     _, training_args, _ = grpo.make_parser().parse(["--config", TINY, "--output_dir", "x", max_steps, "3"])

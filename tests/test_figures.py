@@ -9,10 +9,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from bench.bench_rollout_tradeoff import plot as plot_tradeoff  # noqa: E402
-from trl_dllm.demo.compare import METHODS  # noqa: E402
-from trl_dllm.demo.compare_report import plot_compare  # noqa: E402
-from trl_dllm.demo.rollout_study import plot_study  # noqa: E402
-from trl_dllm.demo.run import plot_reward, plot_stability  # noqa: E402
+from studies.compare import METHODS  # noqa: E402
+from studies.compare_report import plot_compare  # noqa: E402
+from studies.rollout_study import plot_study  # noqa: E402
+from studies.stability import plot_stability  # noqa: E402
+from trl_dllm.demo.plots import plot_reward  # noqa: E402
 
 STEPS = list(range(0, 101, 10))
 

@@ -23,7 +23,7 @@ USAGE = """usage: trl-dllm {grpo,eval,lm-eval,merge,plan,demo,compare} [--help] 
   merge    merge a LoRA adapter into a full model in the family's original layout (docs/evaluation.md)
   plan     planned peak memory per GPU of a recipe's micro-step, by phase: trl-dllm plan --config recipe.yaml [--json]
   demo     the CPU demo (trl_dllm.demo)
-  compare  every method on the same budget, tasks and seeds (trl_dllm.demo.compare; docs/compare.md)
+  compare  every method on the same budget, tasks and seeds (studies.compare, in a clone; docs/compare.md)
 
 Several processes: accelerate launch --config_file recipes/accelerate/zero2.yaml -m trl_dllm grpo --config ...
 See docs/cli.md and docs/recipes.md."""
@@ -81,9 +81,31 @@ def _help(command: str, argv: Sequence[str]) -> bool:
 
 
 def _compare(argv: Sequence[str]) -> int | None:
-    from .demo.compare import main
+    study = _study("compare")
+    if study is None:
+        return 2
+    study.main(list(argv))
 
-    main(list(argv))
+
+def _study(name: str):
+    """`studies.<name>`, imported here and only here: the research studies are the repository's top-level `studies/`
+    package, not part of the installed one. A clone's editable install finds them next to `trl_dllm/` whatever the
+    working directory; from a wheel, one `error:` line says what to do, and `None` is returned."""
+    import importlib
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    if Path(root, "studies", "__init__.py").is_file() and root not in sys.path:
+        sys.path.append(root)  # appended: never shadows an installed module
+    try:
+        return importlib.import_module(f"studies.{name}")
+    except ModuleNotFoundError as error:
+        if error.name not in ("studies", f"studies.{name}"):
+            raise
+    print(f"trl-dllm {name}: error: the studies are not part of the installed package: clone the repository, "
+          f"`pip install -e .` there and run `trl-dllm {name}` (or `make {name}`, `python -m studies.{name}`) "
+          "from it", file=sys.stderr)  # fmt: skip
+    return None
 
 
 COMMANDS = {"grpo": _grpo, "eval": _eval, "lm-eval": _lm_eval, "merge": _merge, "plan": _plan, "demo": _demo, "compare": _compare}

@@ -9,7 +9,6 @@ from transformers import AutoModelForCausalLM
 
 from trl_dllm.core.sampling import generate_block_causal
 from trl_dllm.demo import main, parse_args
-from trl_dllm.demo import run as demo_run
 from trl_dllm.demo.run import QUICK, ROLLOUTS, DemoConfig, demo_trainer_args
 from trl_dllm.demo.tasks import TASKS
 from trl_dllm.demo.warmstart import (
@@ -48,20 +47,6 @@ def test_quick_demo_writes_png_and_summary(tmp_path, capsys):
 def test_quick_demo_runs_the_other_tasks(tmp_path, task):
     summary = main(["--quick", "--task", task, "--out", str(tmp_path)])
     assert summary["task"] == task and summary["train_steps"] == 3 and (tmp_path / "reward.png").exists()
-
-
-def test_quick_stability_writes_png(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(demo_run, "HEARTBEAT_S", 0.0)  # a heartbeat line at every step (every 20 s in a real run)
-    result = main(["--quick", "--stability", "--out", str(tmp_path), "--images-dir", str(tmp_path / "images")])
-    out = capsys.readouterr().out
-    assert out.count("denoising forwards") == 1, out  # one rollout-cost line for the whole study, not one per run
-    for run in result["runs"]:  # not a terminal: plain progress lines, also between evaluations
-        assert f"{run['loss_type']} seed {run['seed']}: step 1/2, rollout reward " in out, out
-    assert (tmp_path / "stability.png").stat().st_size > 10_000
-    assert (tmp_path / "images" / "demo_stability.png").exists()
-    assert {r["loss_type"] for r in result["runs"]} == {"grpo", "stabledrl"}
-    for run in result["runs"]:
-        assert len(run["grad_norm"]) == len(run["ratio/max"]) == len(run["reward"]) == 2
 
 
 def test_warm_start_is_seeded_and_lowers_the_loss():
@@ -149,13 +134,13 @@ def test_heldout_eval_is_deterministic(tmp_path):
 
 def test_parse_args_defaults():
     args = parse_args([])
-    assert (args.task, args.out, args.quick, args.stability, args.noise) == (
-        "sort",
-        "demo_out",
-        False,
-        False,
-        "medium",
-    )
+    assert (args.task, args.out, args.quick, args.rollout) == ("sort", "demo_out", False, "fixed")
+
+
+def test_stability_flag_names_where_the_study_went(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--stability"])
+    assert exc.value.code == 2 and "python -m studies.stability" in capsys.readouterr().err
 
 
 def test_parse_rollout_settings():

@@ -23,7 +23,7 @@ ROWS = {
     37: ("trl_dllm/training/signal.py", ["frac_reward_zero_std has been 1 for", "logged steps (",
                                         "completion of a group got the same reward"]),
     38: ("trl_dllm/tasks/common.py", ["is not valid JSON (", "is a JSON", "not an object of column: value pairs"]),
-    39: ("trl_dllm/demo/__init__.py", [": must be > 0", ": must be in (0, 1]"]),
+    39: ("trl_dllm/demo/__init__.py", [": must be in (0, 1]"]),
     40: ("trl_dllm/training/inputs.py", ["; copy or download it again", "is not valid JSON", "no weights (no *.safetensors",
                                         "no config.json", ": no such local folder or embedded model;"]),
     41: ("trl_dllm/models/loading.py", ["model_name_or_path: the LoRA adapter", "does not fit its base model",
@@ -73,6 +73,7 @@ def test_row_quotes_the_code(number):
 
 def test_cli_flag_rows_quote_compare_and_eval():
     documented = row(39)
-    for module, fragment in (("trl_dllm/demo/compare.py", ": no results.json there"),
+    for module, fragment in (("studies/compare.py", ": no results.json there"),
+                             ("trl_dllm/demo/options.py", ": must be > 0"),
                              ("trl_dllm/scripts/eval.py", ": must be >= 1")):  # fmt: skip
         assert fragment in documented and fragment in (ROOT / module).read_text()

@@ -1,4 +1,4 @@
-"""`python -m trl_dllm.demo [--quick] [--stability]`: see `trl_dllm/demo/run.py` and docs/demo.md."""
+"""`python -m trl_dllm.demo [--quick]`: see `trl_dllm/demo/run.py` and docs/demo.md."""
 
 from . import main
 

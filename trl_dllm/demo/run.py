@@ -1,7 +1,6 @@
-"""The CPU demo: a tiny dLLM that visibly learns with `DiffusionGRPOTrainer`, and the StableDRL-vs-GRPO study.
+"""The CPU demo: a tiny dLLM that visibly learns with `DiffusionGRPOTrainer`.
 
     python -m trl_dllm.demo                 # warm start + StableDRL, <= 10 min on 2 cores → demo_out/
-    python -m trl_dllm.demo --stability     # grpo vs stabledrl, noisy ratios, 3 seeds → demo_out/stability.png
     python -m trl_dllm.demo --quick         # a few steps of a tiny model (what the tests run)
 
 Held-out numbers are greedy decodes (temperature 0, `trl_dllm.core.sampling.generate`) of the task's test split scored
@@ -14,7 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,6 +24,7 @@ from transformers.utils import logging as hf_logging
 from ..config import DiffusionGRPOConfig
 from ..console import once_per_run
 from ..trainer import DiffusionGRPOTrainer
+from .plots import finite_points, plot_reward
 from .tasks import Task
 from .warmstart import greedy_eval, prepare
 
@@ -69,7 +69,6 @@ class DemoConfig:
 QUICK = dict(hidden_size=32, num_layers=2, intermediate_size=64, sft_steps=5, num_train_problems=64, max_steps=3,
              prompts_per_step=2, num_generations=4, eval_every=1, num_val=8, num_test=16)
 # fmt: on
-QUICK_STABILITY = dict(seeds=(0,), num_iterations=2, max_steps=2)
 
 # RL rollout decoding of the demo. `fixed`: one token per denoising step (`diffusion_steps = L`, the default schedule);
 # `threshold`: Fast-dLLM parallel decoding, every position with confidence above `rollout_threshold` per step (at
@@ -240,12 +239,6 @@ def _rollout_summary(args: DiffusionGRPOConfig, log: dict[str, list], rows_per_s
     }
 
 
-def finite_points(steps: list, values: list) -> tuple[list, list]:
-    """The (step, value) pairs with a finite value: NaN / inf (a diverged run) and missing values are dropped."""
-    pairs = [(s, v) for s, v in zip(steps, values) if v is not None and abs(v) != float("inf") and v == v]
-    return [s for s, _ in pairs], [v for _, v in pairs]
-
-
 def torch_session(fn):
     """Run `fn(cfg, ...)` with `cfg.threads` torch threads and without transformers' load/save progress bars; restore
     both afterwards (the demo also runs inside the test suite)."""
@@ -347,177 +340,3 @@ def progress_bar(console):
         TextColumn("{task.fields[info]}"),
         console=console,
     )
-
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _smooth(values: list[float], window: int) -> list[float]:
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v - (values[i - window] if i >= window else 0.0)
-        out.append(total / min(i + 1, window))
-    return out
-
-
-def plot_reward(summary: dict, path: Path) -> None:
-    """One panel: rollout reward, held-out reward and accuracy, val reward and the kept step; the legend beside it."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(9, 4), dpi=110)
-    steps, rewards = finite_points(summary["train_log"]["step"], summary["train_log"]["reward"])
-    ax.plot(steps, rewards, color="0.8", lw=0.6, label="rollout reward per step (sampled, T=1)")
-    ax.plot(steps, _smooth(rewards, 25), color="0.45", lw=1.2, label="rollout reward, 25-step mean")
-    curve = summary["curve"]
-    xs = [p["step"] for p in curve]
-    ax.plot(xs, [p["test_reward"] for p in curve], "o-", color="C0", label="held-out reward (test, greedy)")
-    ax.plot(xs, [p["test_accuracy"] for p in curve], "s-", color="C2", label="held-out accuracy (exact match)")
-    ax.plot(xs, [p["val_reward"] for p in curve], ":", color="C1", label="val reward (selects the checkpoint)")
-    ax.axvline(summary["best_step"], color="C1", lw=0.8, ls="--", label=f"kept checkpoint (best val, step "
-               f"{summary['best_step']})")  # fmt: skip
-    ax.set(
-        xlabel="RL step",
-        ylabel="reward / accuracy",
-        ylim=(0, 1),
-        title=f"StableDRL on '{summary['task']}': held-out {summary['heldout_reward_before']:.2f} → "
-        f"{summary['heldout_reward_after']:.2f} in {summary['wall_minutes']:.1f} min",
-    )
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)  # outside the data
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-# --------------------------------------------------------------------------- the instability in miniature
-# Likelihood-noise levels of the study. `low` / `medium` / `high` draw fresh masks for the old and the current passes
-# (`independent_mc_noise=True`), so estimator noise enters the importance ratio, more of it with fewer masked views;
-# `none` is the control: common random numbers, the noise cancels in the ratio.
-NOISE_LEVELS: dict[str, dict] = {
-    "none": dict(independent_mc_noise=False, mc_samples=1, antithetic=True),
-    "low": dict(independent_mc_noise=True, mc_samples=4, antithetic=True),
-    "medium": dict(independent_mc_noise=True, mc_samples=1, antithetic=True),
-    "high": dict(independent_mc_noise=True, mc_samples=1, antithetic=False),
-}
-
-
-@dataclass
-class StabilityConfig:
-    """The study: each loss type × seed trains from the same warm start, in the noisy-ratio regime."""
-
-    loss_types: tuple[str, ...] = ("grpo", "stabledrl")
-    seeds: tuple[int, ...] = (0, 1, 2)
-    noise: str = "medium"
-    num_iterations: int = 4
-    max_steps: int = 200
-    max_minutes_per_run: float = 2.0
-
-
-@torch_session
-def run_stability(cfg: DemoConfig, study: StabilityConfig) -> dict:
-    """Train every (loss type, seed) pair; write `stability.json` and `stability.png` to `cfg.out_dir`."""
-    from rich.console import Console
-
-    console, wall_start = Console(), time.monotonic()
-    prep = prepare(replace(cfg, max_steps=study.max_steps), console)
-    runs = []
-    with progress_bar(console) as progress, once_per_run():
-        for loss_type in study.loss_types:
-            for seed in study.seeds:
-                runs.append(_stability_run(cfg, study, prep, loss_type, seed, progress))
-    result = {
-        "noise": study.noise,
-        "estimator": NOISE_LEVELS[study.noise],
-        "study": asdict(study),
-        "wall_minutes": (time.monotonic() - wall_start) / 60,
-        "runs": runs,
-        "config": asdict(cfg),
-    }
-    name = "stability" if study.noise == "medium" else f"stability_{study.noise}"
-    Path(cfg.out_dir, f"{name}.json").write_text(json.dumps(result, indent=2))
-    plot_stability(result, Path(cfg.out_dir) / f"{name}.png")
-    for run in runs:
-        console.print(_describe(run), soft_wrap=True)
-    written = f"{len(runs)} runs in {result['wall_minutes']:.1f} min. Wrote {cfg.out_dir}/{name}.json and .png"
-    console.print(written, soft_wrap=True)
-    return result
-
-
-def _stability_run(cfg, study, prep, loss_type, seed, progress) -> dict:
-    level = NOISE_LEVELS[study.noise]
-    overrides = dict(loss_type=loss_type, seed=seed, num_iterations=study.num_iterations, max_steps=study.max_steps)
-    run_cfg = replace(cfg, trainer_overrides={**cfg.trainer_overrides, **overrides, **level})
-    args = demo_trainer_args(run_cfg, prep["task"], str(Path(cfg.out_dir) / "trainer"))
-    callback = HeldOutCallback(prep, 0, study.max_minutes_per_run, progress, f"{loss_type} seed {seed}", heldout=False)
-    trainer = make_demo_trainer(prep, args, callback)
-    start = time.monotonic()
-    trainer.train()
-    after = greedy_eval(trainer.model, prep["tokenizer"], prep["task"], prep["test"])["reward"]
-    log = train_log(trainer.state.log_history)
-    run = {"loss_type": loss_type, "seed": seed, "seconds": time.monotonic() - start, "before": prep["before"]["reward"],
-           "after": after, "steps": log["step"], "grad_norm": log["grad_norm"], "ratio/max": log["ratio/max"],
-           "reward": log["reward"]}  # fmt: skip
-    run["stats"] = _run_stats(run)
-    return run
-
-
-def _run_stats(run: dict) -> dict:
-    """What the study reports per run: gradient-norm spikes, the largest ratio, reward at the start and the end."""
-    _, grads = finite_points(run["steps"], run["grad_norm"])
-    _, rewards = finite_points(run["steps"], run["reward"])
-    median = sorted(grads)[len(grads) // 2] if grads else float("nan")
-    return {
-        "grad_norm_max": max(grads, default=float("nan")),
-        "grad_norm_median": median,
-        "non_finite_grad_steps": sum(g is not None and not abs(g) < float("inf") for g in run["grad_norm"]),
-        "ratio_max": max(finite_points(run["steps"], run["ratio/max"])[1], default=float("nan")),
-        "reward_first_10": sum(rewards[:10]) / max(len(rewards[:10]), 1),
-        "reward_last_10": sum(rewards[-10:]) / max(len(rewards[-10:]), 1),
-    }
-
-
-def _describe(run: dict) -> str:
-    st = run["stats"]
-    return (
-        f"{run['loss_type']:>9} seed {run['seed']}: grad norm max {st['grad_norm_max']:.3g} (median "
-        f"{st['grad_norm_median']:.3g}, {st['non_finite_grad_steps']} non-finite), ratio max {st['ratio_max']:.3g}, "
-        f"train reward {st['reward_first_10']:.2f} → {st['reward_last_10']:.2f}, held-out {run['before']:.2f} → "
-        f"{run['after']:.2f}"
-    )
-
-
-def plot_stability(result: dict, path: Path) -> None:
-    plt = pyplot()
-    loss_types = list(dict.fromkeys(r["loss_type"] for r in result["runs"]))
-    metrics = (
-        ("grad_norm", "gradient norm (before clipping)", True),
-        ("ratio/max", "max importance ratio", True),
-        ("reward", "train reward", False),
-    )
-    shape, size = (len(metrics), len(loss_types)), (5 * len(loss_types) + 1.2, 7.5)
-    fig, axes = plt.subplots(*shape, figsize=size, dpi=110, sharex=True, sharey="row", squeeze=False)
-    for col, loss_type in enumerate(loss_types):
-        for run in (r for r in result["runs"] if r["loss_type"] == loss_type):
-            for row, (name, label, log) in enumerate(metrics):
-                ax = axes[row][col]
-                ax.plot(*finite_points(run["steps"], run[name]), lw=1, label=f"seed {run['seed']}")
-                ax.set_yscale("log" if log else "linear")
-                ax.set_ylabel(label if col == 0 else "")
-                ax.grid(alpha=0.3)
-        axes[0][col].set_title(f"{loss_type} ({'TRL loss' if loss_type != 'stabledrl' else 'trl_dllm'})")
-        axes[-1][col].set_xlabel("RL step")
-    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)  # outside the data
-    est = result["estimator"]
-    masks = "fresh masks per pass" if est["independent_mc_noise"] else "shared masks (common random numbers)"
-    fig.suptitle(
-        f"noise '{result['noise']}': {masks}, mc_samples={est['mc_samples']}, antithetic={est['antithetic']}, "
-        f"num_iterations={result['study']['num_iterations']}"
-    )
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)

@@ -1,15 +1,15 @@
 """Many seeds of `trl-dllm compare`: collapse rates with intervals, reward distributions, every seed's curve, and what
 the training logs show around each collapse.
 
-    python -m trl_dllm.demo.seeds_report cmp_a cmp_b --out seeds_out     # output directories of `trl-dllm compare`
+    python -m studies.seeds_report cmp_a cmp_b --out seeds_out     # output directories of `trl-dllm compare`
 
 Reads each directory's `results.json` (or `results.partial.json` while a run is still going), merges them and writes
 `seeds.md` (per task and method: collapse rate with its 95% Wilson interval, the distributions of the held-out reward
 of the best-on-val checkpoint and of the last evaluation; each `--set` arm against its plain method: collapses with
 a one-sided Fisher exact p and the held-out reward seed by seed; and per collapsed run the training metrics before
 and after the fall next to the same steps of the runs that did not collapse) and `seeds.png` (one panel per method
-and task, every seed's held-out curve). A collapse is `compare.collapses`: the held-out test reward more than `collapse_drop`
-(0.2) below its best so far. See docs/compare.md.
+and task, every seed's held-out curve). A collapse is `tracking.collapses`: the held-out test reward more than
+`collapse_drop` (0.2) below its best so far. See docs/compare.md.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ import math
 import statistics
 from pathlib import Path
 
-from .compare import collapses
+from trl_dllm.demo.plots import pyplot
+
 from .compare_methods import SFT
 from .compare_report import merge_results
-from .run import pyplot
+from .tracking import collapses
 
 # What the diagnosis table shows: training-log metrics (means over a window of steps) and the drift from the warm start
-# measured at the held-out evaluations (`compare.TrackedEval`).
+# measured at the held-out evaluations (`tracking.TrackedEval`).
 LOG_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "entropy", "completions/mean_length",
                "completions/mean_terminated_length", "completions/clipped_ratio", "grad_norm", "weights/ess",
                "weights/max", "kl")  # fmt: skip
@@ -76,7 +77,7 @@ def sign_test(wins: int, losses: int) -> float:
 
 
 def collapsed(run: dict, drop: float) -> bool:
-    """Whether the run's held-out curve fell more than `drop` below its best so far (`compare.collapses`)."""
+    """Whether the run's held-out curve fell more than `drop` below its best so far (`tracking.collapses`)."""
     return collapses([p["test_reward"] for p in run["curve"]], drop) > 0
 
 
@@ -309,7 +310,7 @@ def plot_seeds(results: dict, path: Path) -> None:
 
 
 def main(argv=None) -> str:
-    parser = argparse.ArgumentParser(prog="python -m trl_dllm.demo.seeds_report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m studies.seeds_report", description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+", help="output directories of `trl-dllm compare`")
     parser.add_argument("--out", default="seeds_out", help="where seeds.md and seeds.png go (default: seeds_out)")
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """`trl-dllm compare` shortened (`--quick`): every method from one warm start per task, equal budgets, the SFT row,
 and the files it writes, on the bidirectional model and on its block-diffusion twin (`--model block`, with DiPO); plus
-the selection parsing, the collapse count and the table's mean ± std."""
+the selection parsing and the table's mean ± std."""
 
 import json
 import statistics
@@ -10,9 +10,7 @@ import types
 import pytest
 from transformers import AutoConfig
 
-from trl_dllm import DiffusionGRPOConfig, cli
-from trl_dllm.core.objectives import OBJECTIVES
-from trl_dllm.demo.compare import (
+from studies.compare import (
     BLOCK_LENGTH,
     BLOCK_METHODS,
     METHODS,
@@ -21,12 +19,13 @@ from trl_dllm.demo.compare import (
     SHORT_COMPARE,
     TASK_STEPS,
     CompareConfig,
-    collapses,
     main,
     merge_compare,
     parse_args,
 )
-from trl_dllm.demo.compare_report import mean_std, merge_results, table_markdown
+from studies.compare_report import mean_std, merge_results, table_markdown
+from trl_dllm import DiffusionGRPOConfig, cli
+from trl_dllm.core.objectives import OBJECTIVES
 from trl_dllm.demo.run import DemoConfig
 from trl_dllm.demo.tasks import get_task
 
@@ -220,13 +219,6 @@ def test_parse_args_refuses(capsys, argv, message):
     assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_collapses_counts_falls_not_low_points():
-    assert collapses([0.5, 0.8, 0.5, 0.55, 0.9, 0.6], 0.2) == 2  # 0.8 → 0.5 (stays down), 0.9 → 0.6
-    assert collapses([0.5, 0.6, 0.45, 0.7], 0.2) == 0  # dips of ≤ 0.2
-    assert collapses([0.9, 0.1, 0.9, 0.1], 0.2) == 2  # fall, recover, fall again
-    assert collapses([], 0.2) == 0
-
-
 def test_table_is_mean_and_sample_std_over_seeds():
     assert mean_std([0.5]) == (0.5, None)
     assert mean_std([0.2, 0.4, 0.9]) == (pytest.approx(0.5), pytest.approx(statistics.stdev([0.2, 0.4, 0.9])))
@@ -245,7 +237,7 @@ def test_table_is_mean_and_sample_std_over_seeds():
 def test_cli_forwards_compare_arguments(monkeypatch):
     seen = []
     fake = types.SimpleNamespace(main=lambda argv=None: seen.append(argv))
-    monkeypatch.setitem(sys.modules, "trl_dllm.demo.compare", fake)
+    monkeypatch.setitem(sys.modules, "studies.compare", fake)
     assert cli.main(["compare", "--quick", "--seeds", "1"]) == 0
     assert seen == [["--quick", "--seeds", "1"]]
 

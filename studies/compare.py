@@ -1,10 +1,10 @@
 """Every method on the same budget: the papers' comparison in miniature, on the demo's tasks and model.
 
-    python -m trl_dllm.demo.compare                      # (or `make compare`, `trl-dllm compare`) → compare_out/
-    python -m trl_dllm.demo.compare --methods d1 stabledrl sft --tasks subset --seeds 0 1
-    python -m trl_dllm.demo.compare --short              # the 30-minute selection of docs/compare.md
-    python -m trl_dllm.demo.compare --quick              # a few steps of a tiny model (what the tests run)
-    python -m trl_dllm.demo.compare --model block --tasks sort   # DiPO and others on the block-diffusion twin
+    python -m studies.compare                      # (or `make compare`, `trl-dllm compare`) → compare_out/
+    python -m studies.compare --methods d1 stabledrl sft --tasks subset --seeds 0 1
+    python -m studies.compare --short              # the 30-minute selection of docs/compare.md
+    python -m studies.compare --quick              # a few steps of a tiny model (what the tests run)
+    python -m studies.compare --model block --tasks sort   # DiPO and others on the block-diffusion twin
 
 Per task, one warm start (the demo's masked-diffusion SFT, `--warmstart-seed`); from it, every selected method × seed
 trains with the same rollout budget (prompts × completions × steps), the same wall-clock cap and the same held-out
@@ -24,28 +24,28 @@ import os
 import platform
 import statistics
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
 
-from ..console import once_per_run
-from .compare_methods import BLOCK_LENGTH, BLOCK_METHODS, METHODS, MODELS, SFT
-from .options import Parser
-from .run import (
+from trl_dllm.console import once_per_run
+from trl_dllm.demo.options import Parser, refuse_non_positive
+from trl_dllm.demo.run import (
     QUICK,
     DemoConfig,
     Heartbeat,
-    HeldOutCallback,
     demo_trainer_args,
     make_demo_trainer,
     progress_bar,
     torch_session,
     train_log,
 )
-from .tasks import TASKS
-from .warmstart import drift, prepare, warm_start
+from trl_dllm.demo.tasks import TASKS
+from trl_dllm.demo.warmstart import drift, prepare, warm_start
+
+from .compare_methods import BLOCK_LENGTH, BLOCK_METHODS, METHODS, MODELS, SFT
+from .tracking import ForwardCounter, TrackedEval, collapses, training_log
 
 # RL steps per run where a task's default differs from 300: `subset`'s canvas is 4 tokens (4 denoising forwards per
 # rollout, half of `sort`'s 8), so 600 of its steps cost about what 300 `sort` steps do (docs/compare.md).
@@ -100,88 +100,6 @@ QUICK_COMPARE = dict(max_steps=2, max_minutes=1.0, seeds=(0,))
 # task, 3 seeds, 300 steps, each run capped at 2 minutes of training (12 runs, ≤ 24 min of training plus evaluations).
 SHORT_COMPARE = dict(methods=("d1", "grpo", "stabledrl", SFT), tasks=("subset",), seeds=(0, 1, 2), max_steps=300,
                      max_minutes=2.0)  # fmt: skip
-
-
-class ForwardCounter:
-    """Counts model forward calls and the rows they process (pre-hooks on each module); `paused()` stops counting."""
-
-    def __init__(self, *modules):
-        self.calls, self.rows, self.active = 0, 0, True
-        self._handles = [m.register_forward_pre_hook(self._hook, with_kwargs=True) for m in modules if m is not None]
-
-    def _hook(self, module, args, kwargs):
-        if self.active:
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            ids = kwargs.get("inputs_embeds") if ids is None else ids
-            self.calls, self.rows = self.calls + 1, self.rows + (ids.shape[0] if torch.is_tensor(ids) else 0)
-
-    @contextmanager
-    def paused(self):
-        self.active = False
-        try:
-            yield
-        finally:
-            self.active = True
-
-    def remove(self):
-        for handle in self._handles:
-            handle.remove()
-
-
-class TrackedEval(HeldOutCallback):
-    """The demo's held-out callback, with evaluations left out of both the forward count and the time budget (the
-    clock is moved forward by each evaluation's duration), and the training seconds and the machine's 1-minute load
-    average recorded with every point."""
-
-    counter: ForwardCounter | None = None
-    reference = None  # the warm start: each point then also records `drift` on the val prompts
-
-    def evaluate(self, model, step: int) -> dict:
-        began = time.monotonic()
-        with self.counter.paused() if self.counter else _nothing():
-            point = super().evaluate(model, step)
-            if self.reference is not None:
-                point.update(drift(model, self.reference, self.prep["tokenizer"], self.prep["task"], self.prep["val"]))
-        point["seconds"] = began - self.start
-        point["load1"] = os.getloadavg()[0]  # a shared machine's load moves the wall-clock cap's worth in steps
-        self.start += time.monotonic() - began
-        return point
-
-
-@contextmanager
-def _nothing():
-    yield
-
-
-def collapses(rewards: list[float], drop: float) -> int:
-    """Episodes in which the reward sits more than `drop` below its best so far (one per fall, until it recovers).
-
-    >>> collapses([0.5, 0.8, 0.5, 0.55, 0.9, 0.6], 0.2)  # 0.8 → 0.5 (stays down at 0.55), 0.9 → 0.6
-    2
-    """
-    count, best, down = 0, float("-inf"), False
-    for r in rewards:
-        fallen = r < best - drop
-        count += fallen and not down
-        down, best = fallen, max(best, r)
-    return count
-
-
-# The training metrics kept per step in `results.json` (`log`): what a collapse shows before and while it happens.
-DIAGNOSTICS = ("reward", "reward_std", "frac_reward_zero_std", "entropy", "completions/mean_length",
-               "completions/mean_terminated_length", "completions/clipped_ratio", "grad_norm", "kl", "loss",
-               "learning_rate", "weights/ess", "weights/max", "ratio/max", "ratio/min", "clip_ratio/region_mean",
-               "collapse_guard/alarm")  # fmt: skip
-
-
-def training_log(history: list[dict]) -> dict[str, list]:
-    """`DIAGNOSTICS` per optimizer step (4 significant digits; metrics a method never logs are left out)."""
-    rows = [h for h in history if "loss" in h and "step" in h]
-    log = {"step": [h["step"] for h in rows]}
-    for name in DIAGNOSTICS:
-        if any(name in h for h in rows):
-            log[name] = [None if h.get(name) is None else float(f"{float(h[name]):.4g}") for h in rows]
-    return log
 
 
 def _summarise(method, task, seed, prep, callback, steps, seconds, counter, budget, drop) -> dict:
@@ -413,10 +331,7 @@ def parse_args(argv=None) -> CompareConfig:
         "parallel) into --out's results.json, table.md and compare.png",
     )
     args = parser.parse_args(argv)
-    for name in ("max_steps", "max_minutes", "eval_every", "threads"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            parser.error(f"--{name.replace('_', '-')} {value}: must be > 0")
+    refuse_non_positive(parser, args, ("max_steps", "max_minutes", "eval_every", "threads"))
     for directory in args.merge:
         if not (Path(directory) / "results.json").is_file():
             parser.error(f"--merge {directory}: no results.json there; pass output directories of `trl-dllm compare`")
@@ -452,7 +367,7 @@ def _overrides(parser, pairs: list[str]) -> dict:
 
 
 def main(argv=None) -> dict:
-    """Entry point of `python -m trl_dllm.demo.compare`, `trl-dllm compare` and `make compare`."""
+    """Entry point of `python -m studies.compare`, `trl-dllm compare` and `make compare`."""
     cfg = parse_args(argv)
     return merge_compare(cfg.merge, cfg.out_dir) if cfg.merge else run_compare(cfg)
 

@@ -1,7 +1,7 @@
 """RL with fast rollouts: the demo's StableDRL run under each rollout decoding, several seeds, one table and figure.
 
-    python -m trl_dllm.demo.rollout_study --out rollout_study_out     # fixed / threshold / threshold_cache × seeds 0 1 2
-    python -m trl_dllm.demo.rollout_study --quick --out /tmp/rs        # a tiny model, a few steps (what the tests run)
+    python -m studies.rollout_study --out rollout_study_out     # fixed / threshold / threshold_cache × seeds 0 1 2
+    python -m studies.rollout_study --quick --out /tmp/rs        # a tiny model, a few steps (what the tests run)
 
 Each (setting, seed) is the demo (`run_demo`) with `--rollout setting --seed seed`: its own warm start (seeded), the
 same RL budget, the same greedy held-out evaluation. A run whose `<out>/<setting>_s<seed>/summary.json` exists is
@@ -19,11 +19,13 @@ from pathlib import Path
 
 import torch
 
-from .compare import collapses
+from trl_dllm.demo.options import Parser
+from trl_dllm.demo.plots import finite_points, pyplot
+from trl_dllm.demo.run import QUICK, ROLLOUTS, DemoConfig, run_demo
+from trl_dllm.demo.tasks import TASKS, get_task
+
 from .compare_report import draw_band, mean_std_text, scaled_to
-from .options import Parser
-from .run import QUICK, ROLLOUTS, DemoConfig, finite_points, pyplot, run_demo
-from .tasks import TASKS, get_task
+from .tracking import collapses
 
 TARGETS = (0.7, 0.8)  # held-out rewards whose first crossing is timed (the warm start is at 0.46 on `sort`)
 
@@ -177,11 +179,11 @@ def rollout_probe(model_dir: str, setting: str, threshold: float = 0.7, task: st
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..api import estimate
-    from ..api import generate as generate_any
-    from ..core.sampling import generate_cached
-    from ..models import make_bidirectional, resolve_model_spec
-    from .warmstart import decode_completions
+    from trl_dllm.api import estimate
+    from trl_dllm.api import generate as generate_any
+    from trl_dllm.core.sampling import generate_cached
+    from trl_dllm.demo.warmstart import decode_completions
+    from trl_dllm.models import make_bidirectional, resolve_model_spec
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     make_bidirectional(model)
@@ -227,7 +229,7 @@ def rollout_probe(model_dir: str, setting: str, threshold: float = 0.7, task: st
 
 
 def main(argv=None) -> dict:
-    parser = Parser(prog="python -m trl_dllm.demo.rollout_study", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m studies.rollout_study", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="rollout_study_out", help="output directory (one folder per run)")
     parser.add_argument("--settings", nargs="+", choices=ROLLOUTS, default=list(ROLLOUTS), help="rollout settings")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds (default 0 1 2)")

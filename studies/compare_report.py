@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from .run import pyplot
+from trl_dllm.demo.plots import pyplot
 
 
 def mean_std(values: list[float]) -> tuple[float, float | None]:

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from trl_dllm.demo.rollout_study import cumulative_forwards, first_reach, main, run_dir, run_row
+from studies.rollout_study import cumulative_forwards, first_reach, main, run_dir, run_row
 
 
 @pytest.fixture(scope="module")

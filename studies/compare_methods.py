@@ -1,4 +1,4 @@
-"""The method rows of `trl-dllm compare` (`trl_dllm.demo.compare`): per model of the warm start, the
+"""The method rows of `trl-dllm compare` (`studies.compare`): per model of the warm start, the
 `DiffusionGRPOConfig` fields that define each method, and `sft`, the SFT-equal-compute row (`None`).
 See docs/compare.md."""
 

@@ -1,11 +1,11 @@
-"""The many-seed report (`trl_dllm.demo.seeds_report`) on hand-made compare results: rates, intervals,
+"""The many-seed report (`studies.seeds_report`) on hand-made compare results: rates, intervals,
 distributions and the diagnosis windows computed by hand."""
 
 import json
 
 import pytest
 
-from trl_dllm.demo.seeds_report import (
+from studies.seeds_report import (
     diagnosis,
     distribution,
     fall,
