@@ -32,9 +32,9 @@ from .config import DiffusionGRPOConfig
 from .console import quiet_ddp_buffers, quiet_trl_internals, startup_lines, unsaid
 from .core.objectives import ratio_metrics
 from .models import resolve_model_spec
+from .models.adapters import adapter_to_original_layout
 from .models.embedded import resolve_model_name
 from .models.loading import is_native_layout
-from .models.native import adapter_to_original_layout
 from .nonfinite import NonFiniteGuard
 from .seeding import device_generators, sample_seeds
 from .training import checks, inputs, model_checks, model_setup, rollouts, state, trainer_inputs

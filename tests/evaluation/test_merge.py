@@ -9,8 +9,8 @@ import torch
 from safetensors import safe_open
 
 from trl_dllm.evaluation.merge import check_inputs, merge
+from trl_dllm.models.adapters import adapter_to_original_layout
 from trl_dllm.models.loading import load_pretrained
-from trl_dllm.models.native import adapter_to_original_layout
 
 
 def weight_names(folder) -> dict:

@@ -12,11 +12,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from trl_dllm.models import resolve_model_spec
+from trl_dllm.models.adapters import adapter_to_original_layout
 from trl_dllm.models.loading import auto_class, load_adapter, load_pretrained
 from trl_dllm.models.native import (
     LLADA_NAMES,
     NATIVE_LAYOUTS,
-    adapter_to_original_layout,
     key_mapping,
     native_config,
     rename_keys,

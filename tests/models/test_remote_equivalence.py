@@ -105,7 +105,7 @@ def test_llada_adapter_loads_in_llada_code(checkpoints, tmp_path_factory, tmp_pa
     """A LoRA adapter of a native LLaDA, rewritten in LLaDA's names, wraps LLaDA's own model with PEFT unchanged."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    from trl_dllm.models.native import adapter_to_original_layout
+    from trl_dllm.models.adapters import adapter_to_original_layout
 
     path = checkpoint("llada", checkpoints, tmp_path_factory)
     native = get_peft_model(load_pretrained(path, dtype=torch.float32), LoraConfig(

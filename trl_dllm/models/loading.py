@@ -20,12 +20,11 @@ import torch
 
 from ..console import quiet_trl_internals
 from ..errors import UsageError
+from .adapters import adapter_in_original_layout, adapter_to_native
 from .embedded import resolve_model_name
 from .native import (
     LLADA_MODULE_NAMES,
     NATIVE_LAYOUTS,
-    adapter_in_original_layout,
-    adapter_to_native,
     native_config,
     native_layout,
     read_config_dict,
