@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trl_dllm.core.likelihood import LikelihoodOutput
-from trl_dllm.core.likelihood.spg import SPGOutput, block_random_views, spg
+from trl_dllm.core.likelihood.spg import SPGOutput, block_random_views, spg_bounds
 from trl_dllm.core.masks import make_generator
 
 V, MASK = 8, 7
@@ -94,8 +94,8 @@ def test_elbo_and_eubo_match_explicit_loops(num_samples, beta):
     prompt_length, length = 3, 8
     model = TableModel(prompt_length + length)
     batch = _batch(prompt_length, length, [8, 5, 1, 6])
-    out = spg(model, *batch, mask_token_id=MASK, seeds=torch.arange(4), block_length=2, mc_samples=num_samples,
-              spg_beta=beta, p_mask_prompt=0.3)  # fmt: skip
+    out = spg_bounds(model, *batch, mask_token_id=MASK, seeds=torch.arange(4), block_length=2,
+                     mc_samples=num_samples, spg_beta=beta, p_mask_prompt=0.3)  # fmt: skip
     assert isinstance(out, SPGOutput) and len(model.canvases) == num_samples
     n = batch[3].sum(-1)
     elbo, eubo = _reference(model, prompt_length, batch[2], batch[3], model.canvases, num_samples, beta)
@@ -110,7 +110,7 @@ def test_one_view_eubo_is_elbo_minus_log_t_over_beta():
     # with t = |M| / n ≤ 1: the upper bound sits above the lower one by −log(t)/β ≥ 0.
     model = TableModel(2 + 10)
     batch = _batch(2, 10, [10, 7, 4])
-    out = spg(model, *batch, mask_token_id=MASK, seeds=torch.arange(3), block_length=4, spg_beta=1.5)
+    out = spg_bounds(model, *batch, mask_token_id=MASK, seeds=torch.arange(3), block_length=4, spg_beta=1.5)
     n = batch[3].sum(-1)
     t = (model.canvases[0][:, 2:] == MASK).logical_and(batch[3].bool()).sum(-1) / n
     gap = (out.eubo_logps - out.logps).detach().sum(-1) / n
@@ -120,7 +120,7 @@ def test_one_view_eubo_is_elbo_minus_log_t_over_beta():
 def test_empty_completion_and_gradients():
     model = TableModel(2 + 6)
     batch = _batch(2, 6, [6, 0, 3])
-    out = spg(model, *batch, mask_token_id=MASK, seeds=torch.arange(3), block_length=2, mc_samples=2)
+    out = spg_bounds(model, *batch, mask_token_id=MASK, seeds=torch.arange(3), block_length=2, mc_samples=2)
     assert (out.logps[1] == 0).all() and (out.eubo_logps[1] == 0).all()
     (out.logps.sum() + out.eubo_logps.sum() + out.entropies.sum()).backward()
     assert torch.isfinite(model.table.grad).all() and model.table.grad.abs().sum() > 0
@@ -131,14 +131,14 @@ def test_more_samples_than_blocks_and_bad_inputs():
     assert masked.shape == (5, 8) and torch.isfinite(weights).all()
     model = TableModel(2 + 4)
     prompt_ids, prompt_mask, completion_ids, _ = _batch(2, 4, [4])
+    rows = (model, prompt_ids, prompt_mask, completion_ids)
     with pytest.raises(ValueError, match="prefix"):
-        spg(model, prompt_ids, prompt_mask, completion_ids, torch.tensor([[1.0, 0.0, 1.0, 0.0]]), mask_token_id=MASK,
-            seeds=torch.arange(1), block_length=2)  # fmt: skip
+        spg_bounds(*rows, torch.tensor([[1.0, 0.0, 1.0, 0.0]]), mask_token_id=MASK, seeds=torch.arange(1),
+                   block_length=2)  # fmt: skip
     with pytest.raises(ValueError, match="block_length"):
-        spg(model, prompt_ids, prompt_mask, completion_ids, torch.ones(1, 4), mask_token_id=MASK, seeds=torch.arange(1))
+        spg_bounds(*rows, torch.ones(1, 4), mask_token_id=MASK, seeds=torch.arange(1))
     with pytest.raises(ValueError, match="spg_beta"):
-        spg(model, prompt_ids, prompt_mask, completion_ids, torch.ones(1, 4), mask_token_id=MASK,
-            seeds=torch.arange(1), block_length=2, spg_beta=0.0)  # fmt: skip
+        spg_bounds(*rows, torch.ones(1, 4), mask_token_id=MASK, seeds=torch.arange(1), block_length=2, spg_beta=0.0)
 
 
 def test_without_eubo_the_elbo_is_unchanged():
@@ -147,8 +147,8 @@ def test_without_eubo_the_elbo_is_unchanged():
     model = TableModel(3 + 8)
     batch = _batch(3, 8, [8, 5, 1, 6])
     kwargs = dict(mask_token_id=MASK, seeds=torch.arange(4), block_length=2, mc_samples=3, p_mask_prompt=0.3)
-    full = spg(model, *batch, **kwargs)
-    elbo_only = spg(model, *batch, return_eubo=False, **kwargs)
+    full = spg_bounds(model, *batch, **kwargs)
+    elbo_only = spg_bounds(model, *batch, return_eubo=False, **kwargs)
     assert type(elbo_only) is LikelihoodOutput and not hasattr(elbo_only, "eubo_logps")
     for field in ("logps", "entropies", "sample_estimates"):
         assert torch.equal(getattr(elbo_only, field), getattr(full, field))

@@ -20,7 +20,7 @@ from .coupled import coupled
 from .elbo import ELBO_COUNTS, elbo
 from .left_to_right import left_to_right
 from .mean_field import mean_field
-from .spg import SPGOutput, spg
+from .spg import SPGOutput, spg_bounds
 from .trajectory import TrajectoryOutput, trajectory, trajectory_entropies
 
 __all__ = [
@@ -38,7 +38,7 @@ __all__ = [
     "estimate",
     "left_to_right",
     "mean_field",
-    "spg",
+    "spg_bounds",
     "trajectory",
     "trajectory_entropies",
 ]
@@ -112,7 +112,7 @@ ESTIMATORS: dict[str, Estimator] = {
         left_to_right, options=("temperature", "top_k", "top_p", "min_p", "mc_batch_size", *_MEMORY)
     ),
     "spg": Estimator(
-        spg,
+        spg_bounds,
         options=("block_length", "mc_samples", "p_mask_prompt", "spg_beta", "mc_batch_size", *_MEMORY, "return_eubo"),
         output_fields=("eubo_logps",),
     ),

@@ -40,13 +40,13 @@ import torch
 from ..masks import random_subsets
 from ._views import LikelihoodOutput, check_inputs, draw_views, view_scorer, view_token_scores
 
-__all__ = ["SPGOutput", "block_random_views", "spg"]
+__all__ = ["SPGOutput", "block_random_views", "spg_bounds"]
 
 
 @dataclass
 class SPGOutput(LikelihoodOutput):
-    """Output of :func:`spg`: a [`~trl_dllm.core.likelihood.LikelihoodOutput`] (``logps`` = SPG's ELBO contributions)
-    plus the EUBO contributions.
+    """Output of :func:`spg_bounds`: a [`~trl_dllm.core.likelihood.LikelihoodOutput`] (``logps`` = SPG's ELBO
+    contributions) plus the EUBO contributions.
 
     Args:
         eubo_logps (`torch.Tensor` of shape `(B, L)`): ``e_i`` (see the module docstring); ``Σ_i e_i / n`` is SPG's
@@ -116,7 +116,7 @@ def _eubo(token_logp, kept, weights, scored_length, spg_beta):
     return torch.where(in_e, log_a, torch.zeros_like(log_a)) * scale[:, None] / spg_beta
 
 
-def spg(
+def spg_bounds(
     logits_fn,
     prompt_ids,
     prompt_mask,
