@@ -24,7 +24,7 @@ __all__ = [
     "ConfidenceFn",
     "Noise",
     "filter_logits",
-    "left_to_right",
+    "left_to_right_confidence",
     "low_confidence",
     "margin_confidence",
     "negative_entropy",
@@ -212,7 +212,9 @@ def margin_confidence(
     return top2[..., 0] - top2[..., 1]
 
 
-def left_to_right(log_probs: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def left_to_right_confidence(
+    log_probs: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator | None
+) -> torch.Tensor:
     """``0`` everywhere: every masked position ties, and ties go to the leftmost one (:func:`select_top`,
     :func:`select_above`), so a step commits the leftmost masked positions. With ``diffusion_steps =
     gen_length`` (one token per step) this is autoregressive order, the rollout of JustGRPO (arXiv 2601.15165),
@@ -222,7 +224,7 @@ def left_to_right(log_probs: torch.Tensor, tokens: torch.Tensor, generator: torc
 
 REMASKING: dict[str, ConfidenceFn] = {
     "low_confidence": low_confidence,
-    "left_to_right": left_to_right,
+    "left_to_right": left_to_right_confidence,
     "random": random_confidence,
     "entropy": negative_entropy,
     "margin": margin_confidence,
