@@ -20,7 +20,7 @@ Reports, measured in one run (see docs/benchmarks.md):
 from __future__ import annotations
 
 import copy
-import inspect
+import dataclasses
 from contextlib import contextmanager
 
 import torch
@@ -43,7 +43,15 @@ from bench.common import (
     timed,
 )
 from trl_dllm.core.logits import module_logits_fn
-from trl_dllm.core.sampling import REMASKING, generate, sample_tokens, sampling_log_probs, select_above, select_top
+from trl_dllm.core.sampling import (
+    REMASKING,
+    DecodingOptions,
+    generate,
+    sample_tokens,
+    sampling_log_probs,
+    select_above,
+    select_top,
+)
 from trl_dllm.core.sampling import loop as sampling_loop
 from trl_dllm.core.sampling.noise import KeyedNoise
 
@@ -53,7 +61,8 @@ def _generate(model, timer, prompt, keep_positions: bool, **options):
     timer.reset()
     logits_fn = module_logits_fn(model, logits_to_keep=keep_positions)
     generator = torch.Generator().manual_seed(1)
-    wall, cpu, out = timed(generate, logits_fn, prompt, torch.ones_like(prompt), generator=generator, **options)
+    wall, cpu, out = timed(generate, logits_fn, prompt, torch.ones_like(prompt), options=DecodingOptions(**options),
+                           generator=generator)  # fmt: skip
     return (wall, cpu), (timer.seconds, timer.cpu_seconds), out
 
 
@@ -181,7 +190,7 @@ def run(size: Size, repeats: int = 3, steps_per_block: int = 2, temperature: flo
             "speedup_per_forward_standalone": round(median(f[0] / b[0] for f, b in zip(floor_full, floor)), 3),
         },
     }
-    if "confidence_threshold" in inspect.signature(generate).parameters:
+    if "confidence_threshold" in {field.name for field in dataclasses.fields(DecodingOptions)}:
         with torch.no_grad():
             result["threshold"] = _threshold(model, size, prompt, threshold, sharpen, temperature)
     else:

@@ -31,7 +31,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.common import Size, build, emit, environment, median, parser, random_ids, setup, target, timed
-from trl_dllm.core.sampling import generate, generate_block_causal, generate_cached
+from trl_dllm.core.sampling import (
+    BlockCausalOptions,
+    CachedOptions,
+    DecodingOptions,
+    generate,
+    generate_block_causal,
+    generate_cached,
+)
 
 SAMPLERS = ("fixed", "threshold", "prefix_cache", "dual_cache", "block_causal")
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_consecutive"}
@@ -103,7 +110,7 @@ class HostCounter(TorchDispatchMode):
 
 
 def _options(size: Size, model, tokenizer, sampler: str) -> tuple:
-    """``(sampler function, keyword arguments)`` of one rollout of ``size`` with ``sampler``."""
+    """``(sampler function, options)`` of one rollout of ``size`` with ``sampler``."""
     options = dict(
         mask_token_id=model.config.mask_token_id, gen_length=size.completion, temperature=1.0,
         eos_token_ids=[tokenizer.eos_token_id], return_trajectory=True,
@@ -112,17 +119,17 @@ def _options(size: Size, model, tokenizer, sampler: str) -> tuple:
     options.update(block_length=block, diffusion_steps=size.completion // 2 if sampler != "block_causal" else
                    size.completion)  # fmt: skip
     if sampler == "threshold":
-        return generate, {**options, "confidence_threshold": 0.9}
+        return generate, DecodingOptions(**options, confidence_threshold=0.9)
     if sampler in ("prefix_cache", "dual_cache"):
-        return generate_cached, {**options, "generation_cache": sampler.split("_")[0]}
+        return generate_cached, CachedOptions(**options, generation_cache=sampler.split("_")[0])
     if sampler == "block_causal":
-        return generate_block_causal, options
-    return generate, options
+        return generate_block_causal, BlockCausalOptions(**options)
+    return generate, DecodingOptions(**options)
 
 
 def _rollout(fn, model, prompt, options):
     generators = [torch.Generator().manual_seed(100 + b) for b in range(len(prompt))]
-    return fn(model, prompt, torch.ones_like(prompt), generator=generators, **options)
+    return fn(model, prompt, torch.ones_like(prompt), options=options, generator=generators)
 
 
 def measure(size: Size, sampler: str, model, tokenizer, prompt, repeats: int) -> dict:
@@ -137,7 +144,7 @@ def measure(size: Size, sampler: str, model, tokenizer, prompt, repeats: int) ->
     seconds = median(times)
     return {
         "steps": steps,
-        "block_length": options["block_length"],
+        "block_length": options.block_length,
         "syncs_per_step": round(counter.syncs / steps, 3),
         "syncs_per_step_outside_model": round(counter.syncs_outside / steps, 3),
         "ops_per_step": round(counter.ops / steps, 1),

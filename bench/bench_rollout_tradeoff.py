@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from bench.common import QUICK, Size, emit, environment, median, parser, ratio, setup, target, timed
-from trl_dllm.core.sampling import generate, generate_cached
+from trl_dllm.core.sampling import CachedOptions, DecodingOptions, generate, generate_cached
 from trl_dllm.demo.tasks import get_task
 from trl_dllm.demo.warmstart import decode_completions
 from trl_dllm.models import make_bidirectional, model_logits_fn, resolve_model_spec
@@ -123,8 +123,9 @@ def _decode(model, logits_fn, spec, enc, length: int, options: dict):
     """One greedy decode of the batch ``enc``: through the cache (the module itself) or the logits function."""
     common = dict(mask_token_id=spec.mask_token_id, eos_token_ids=list(spec.eos_token_ids), gen_length=length)
     if "generation_cache" in options:
-        return generate_cached(model, enc["input_ids"], enc["attention_mask"], **common, **options)
-    return generate(logits_fn, enc["input_ids"], enc["attention_mask"], **common, **options)
+        options = CachedOptions(**common, **options)
+        return generate_cached(model, enc["input_ids"], enc["attention_mask"], options=options)
+    return generate(logits_fn, enc["input_ids"], enc["attention_mask"], options=DecodingOptions(**common, **options))
 
 
 def run_task(task_name: str, path: str, repeats: int, block: int, num_test: int) -> tuple[list[dict], dict]:

@@ -181,7 +181,7 @@ def rollout_probe(model_dir: str, setting: str, threshold: float = 0.7, task: st
 
     from trl_dllm.api import estimate
     from trl_dllm.api import generate as generate_any
-    from trl_dllm.core.sampling import generate_cached
+    from trl_dllm.core.sampling import CachedOptions, generate_cached
     from trl_dllm.demo.warmstart import decode_completions
     from trl_dllm.models import make_bidirectional, resolve_model_spec
 
@@ -199,7 +199,9 @@ def rollout_probe(model_dir: str, setting: str, threshold: float = 0.7, task: st
     if setting != "fixed":
         options["confidence_threshold"] = threshold
     if setting == "threshold_cache":
-        out = generate_cached(model, enc["input_ids"], enc["attention_mask"], generation_cache="dual", **options)
+        generator = options.pop("generator")
+        out = generate_cached(model, enc["input_ids"], enc["attention_mask"],
+                              options=CachedOptions(**options, generation_cache="dual"), generator=generator)
     else:
         out = generate_any(model, enc["input_ids"], enc["attention_mask"], **options)
     revealed = out.unmask_step >= 0

@@ -155,6 +155,7 @@ def test_padding_does_not_change_completions(original_checkpoints, family):
 
 def test_generate_undoes_dream_shift(original_checkpoints):
     """trl_dllm.generate reads Dream's spec: the prediction for position p comes from p - 1."""
+    from trl_dllm.core.sampling import DecodingOptions
     from trl_dllm.core.sampling import generate as core_generate
     from trl_dllm.models import model_logits_fn, resolve_model_spec
 
@@ -163,7 +164,8 @@ def test_generate_undoes_dream_shift(original_checkpoints):
     ids = torch.tensor([[11, 12, 13]])
     with torch.no_grad():
         ours = trl_dllm.generate(model, ids, None, **options).completion_ids
-        shifted = core_generate(model_logits_fn(model, resolve_model_spec(model)), ids, None, **options).completion_ids
+        logits_fn = model_logits_fn(model, resolve_model_spec(model))
+        shifted = core_generate(logits_fn, ids, None, options=DecodingOptions(**options)).completion_ids
     assert torch.equal(ours, shifted)
 
 

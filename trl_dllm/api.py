@@ -13,7 +13,7 @@ from torch import nn
 
 from .core.likelihood import LikelihoodOutput
 from .core.likelihood import estimate as _estimate
-from .core.sampling import GenerationOutput, generate_block_causal
+from .core.sampling import BlockCausalOptions, DecodingOptions, GenerationOutput, generate_block_causal
 from .core.sampling import generate as _generate
 from .models import model_logits_fn, require_4d_mask, resolve_model_spec
 from .training.model_checks import check_block_guidance
@@ -27,9 +27,12 @@ def denoiser(model: Any, mask_token_id: int | None = None, tokenizer: Any = None
 
 
 def generate(model: Any, input_ids, attention_mask=None, **kwargs: Any) -> GenerationOutput:
-    """:func:`trl_dllm.core.sampling.generate` for any denoiser. A block-diffusion model (`block` family: SDAR / TraDo)
-    is decoded by :func:`trl_dllm.core.sampling.generate_block_causal` with its own block size instead
-    (``cfg_scale`` is not supported there). Keyword arguments are the core function's."""
+    """:func:`trl_dllm.core.sampling.generate` for any denoiser, with the fields of its
+    :class:`~trl_dllm.core.sampling.DecodingOptions` and ``generator`` as keyword arguments. A block-diffusion model
+    (`block` family: SDAR / TraDo) is decoded by :func:`trl_dllm.core.sampling.generate_block_causal` with its own
+    block size instead (the fields of :class:`~trl_dllm.core.sampling.BlockCausalOptions`; ``cfg_scale`` is not
+    supported there)."""
+    generator = kwargs.pop("generator", None)
     if isinstance(model, nn.Module):
         spec = resolve_model_spec(model, mask_token_id=kwargs.get("mask_token_id"))
         if spec.family == "block":
@@ -37,9 +40,10 @@ def generate(model: Any, input_ids, attention_mask=None, **kwargs: Any) -> Gener
             check_block_guidance(kwargs.pop("cfg_scale", 0.0))
             kwargs["block_length"] = spec.decoding_block_length(kwargs.get("block_length"))
             kwargs.setdefault("block_layout", spec.block_layout)
-            return generate_block_causal(model, input_ids, attention_mask, **kwargs)
+            options = BlockCausalOptions(**kwargs)
+            return generate_block_causal(model, input_ids, attention_mask, options=options, generator=generator)
         model = model_logits_fn(model, spec)
-    return _generate(model, input_ids, attention_mask, **kwargs)
+    return _generate(model, input_ids, attention_mask, options=DecodingOptions(**kwargs), generator=generator)
 
 
 def estimate(name: str, model: Any, *args: Any, **kwargs: Any) -> LikelihoodOutput:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from trl_dllm.core.sampling import generate_block_causal
+from trl_dllm.core.sampling import BlockCausalOptions, generate_block_causal
 from trl_dllm.demo import main, parse_args
 from trl_dllm.demo.run import QUICK, ROLLOUTS, DemoConfig, demo_trainer_args
 from trl_dllm.demo.tasks import TASKS
@@ -91,9 +91,9 @@ def test_block_model_eval_decodes_block_by_block(tmp_path):
     assert (spec.family, spec.block_length) == ("block", 4)
     enc = tokenizer([p["prompt"] for p in test], add_special_tokens=False, padding=True, padding_side="left",
                     return_tensors="pt")  # fmt: skip
-    out = generate_block_causal(model_logits_fn(model, spec), enc["input_ids"], enc["attention_mask"],
-                                mask_token_id=spec.mask_token_id, gen_length=8, diffusion_steps=8, block_length=4,
-                                use_cache=False)  # fmt: skip
+    options = BlockCausalOptions(mask_token_id=spec.mask_token_id, gen_length=8, diffusion_steps=8, block_length=4,
+                                 use_cache=False)  # fmt: skip
+    out = generate_block_causal(model_logits_fn(model, spec), enc["input_ids"], enc["attention_mask"], options=options)
     rewards = task.score(decode_completions(tokenizer, out.completion_ids), test)
     reward = greedy_eval(model, tokenizer, task, test)["reward"]
     assert reward == sum(rewards) / len(rewards) == prep["before"]["reward"]

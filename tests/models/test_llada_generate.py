@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trl_dllm.core.sampling import generate
+from trl_dllm.core.sampling import DecodingOptions, generate
 from trl_dllm.models import model_logits_fn, resolve_model_spec
 from trl_dllm.models.loading import load_pretrained
 
@@ -42,8 +42,9 @@ def test_equal_to_llada_generate(original_checkpoints, llada_generate, family, g
         prompt = torch.randint(0, 100, (2, prompt_length), generator=generator)
         theirs = llada_generate(model, prompt, steps=steps, gen_length=gen_length, block_length=block_length,
                                 mask_id=spec.mask_token_id)  # fmt: skip
-        ours = generate(model_logits_fn(model, spec), prompt, torch.ones_like(prompt), mask_token_id=spec.mask_token_id,
-                        gen_length=gen_length, diffusion_steps=steps, block_length=block_length)  # fmt: skip
+        options = DecodingOptions(mask_token_id=spec.mask_token_id, gen_length=gen_length, diffusion_steps=steps,
+                                  block_length=block_length)  # fmt: skip
+        ours = generate(model_logits_fn(model, spec), prompt, torch.ones_like(prompt), options=options)
         assert torch.equal(ours.completion_ids, theirs[:, prompt_length:]), (family, prompt_length)
 
 
@@ -58,6 +59,6 @@ def test_left_padded_batch_equal_to_llada_generate(original_checkpoints, llada_g
     mask = torch.tensor([[0] * (5 - len(r)) + [1] * len(r) for r in rows])
     theirs = llada_generate(model, prompt, attention_mask=mask, steps=8, gen_length=8, block_length=4,
                             mask_id=spec.mask_token_id)  # fmt: skip
-    ours = generate(model_logits_fn(model, spec), prompt, mask, mask_token_id=spec.mask_token_id, gen_length=8,
-                    diffusion_steps=8, block_length=4)  # fmt: skip
+    options = DecodingOptions(mask_token_id=spec.mask_token_id, gen_length=8, diffusion_steps=8, block_length=4)
+    ours = generate(model_logits_fn(model, spec), prompt, mask, options=options)
     assert torch.equal(ours.completion_ids, theirs[:, 5:])

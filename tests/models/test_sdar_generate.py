@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache
 
-from trl_dllm.core.sampling import generate_block_causal
+from trl_dllm.core.sampling import BlockCausalOptions, generate_block_causal
 from trl_dllm.models.loading import load_pretrained
 
 from .remote_code import build_tiny_checkpoint, load_remote_model, remote_code_dir
@@ -79,10 +79,9 @@ def test_equals_sdar_generate_for_every_prompt_length(sdar, strategy):
     ids = torch.stack([F.pad(p, (width - len(p), 0)) for p in prompts])
     mask = torch.stack([F.pad(torch.ones_like(p), (width - len(p), 0)) for p in prompts])
     threshold = 0.9 if strategy == "low_confidence_dynamic" else None
-    ours = generate_block_causal(
-        native, ids, mask, mask_token_id=mask_id, gen_length=GEN, block_length=BLOCK, diffusion_steps=GEN,
-        temperature=0.0, confidence_threshold=threshold,
-    ).completion_ids  # fmt: skip
+    options = BlockCausalOptions(mask_token_id=mask_id, gen_length=GEN, block_length=BLOCK, diffusion_steps=GEN,
+                                 temperature=0.0, confidence_threshold=threshold)  # fmt: skip
+    ours = generate_block_causal(native, ids, mask, options=options).completion_ids
     agree = []
     for prompt, completion in zip(prompts, ours):
         theirs = module.block_diffusion_generate(
@@ -104,10 +103,9 @@ def test_the_prompt_as_one_block_layout_does_not_match(sdar):
     agreement = {}
     for p in range(1, 3 * BLOCK + 1):
         prompt = torch.randint(0, 5000, (p,), generator=generator)
-        ours = generate_block_causal(
-            native, prompt[None], None, mask_token_id=mask_id, gen_length=GEN, block_length=BLOCK,
-            diffusion_steps=GEN, temperature=0.0, block_layout="prompt",
-        ).completion_ids[0]  # fmt: skip
+        options = BlockCausalOptions(mask_token_id=mask_id, gen_length=GEN, block_length=BLOCK, diffusion_steps=GEN,
+                                     temperature=0.0, block_layout="prompt")  # fmt: skip
+        ours = generate_block_causal(native, prompt[None], None, options=options).completion_ids[0]
         theirs = module.block_diffusion_generate(
             remote, {"input_ids": prompt[None]}, mask_id, gen_length=GEN, block_length=BLOCK, denoising_steps=BLOCK,
             temperature=0.0, remasking_strategy="low_confidence_static",

@@ -31,7 +31,7 @@ from datasets import Dataset
 
 from ..core.likelihood import block
 from ..core.masks import block_attention, layout_ids
-from ..core.sampling import generate, generate_block_causal
+from ..core.sampling import BlockCausalOptions, DecodingOptions, generate, generate_block_causal
 from ..models import ModelSpec, make_bidirectional, model_logits_fn, resolve_model_spec
 from ..models.tiny import build_tiny_block_model, build_tiny_model, build_tokenizer
 from .tasks import EXTRA_WORDS, Task, get_task
@@ -169,11 +169,12 @@ def greedy_eval(model, tokenizer, task: Task, problems: list[dict]) -> dict:
     length = task.completion_length
     greedy = dict(mask_token_id=spec.mask_token_id, gen_length=length, diffusion_steps=length)  # one token per step
     if spec.family == "block":  # block by block in the model's own blocks, prompt and committed blocks in a KV cache
-        out = generate_block_causal(model, enc["input_ids"], enc["attention_mask"], block_length=spec.block_length,
-                                    block_layout=spec.block_layout, use_cache=True, **greedy)  # fmt: skip
+        options = BlockCausalOptions(block_length=spec.block_length, block_layout=spec.block_layout, use_cache=True,
+                                     **greedy)  # fmt: skip
+        out = generate_block_causal(model, enc["input_ids"], enc["attention_mask"], options=options)
     else:
-        out = generate(model_logits_fn(model, spec), enc["input_ids"], enc["attention_mask"], block_length=length,
-                       **greedy)  # fmt: skip
+        out = generate(model_logits_fn(model, spec), enc["input_ids"], enc["attention_mask"],
+                       options=DecodingOptions(block_length=length, **greedy))  # fmt: skip
     rewards = task.score(decode_completions(tokenizer, out.completion_ids), problems)
     model.train(was_training)
     return {"reward": sum(rewards) / len(rewards), "accuracy": sum(r == 1.0 for r in rewards) / len(rewards)}

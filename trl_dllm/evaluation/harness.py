@@ -27,6 +27,7 @@ import logging
 import math
 import zlib
 from collections.abc import Sequence
+from dataclasses import replace
 
 import lm_eval.models  # noqa: F401  lm-eval's own models, registered lazily (an empty registry would skip them)
 import torch
@@ -335,7 +336,7 @@ class DiffusionLM(TemplateLM):
         attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self._device)
         generators = [torch.Generator(device=self._device).manual_seed(request_seed(self.seed, r)) for r in rows]
         sampler, denoiser, options = decoding_plan(self.model, self.spec, self.config, eos_token_ids=self.eos)
-        out = sampler(denoiser, input_ids, attention_mask, generator=generators, **{**options, **overrides})
+        out = sampler(denoiser, input_ids, attention_mask, options=replace(options, **overrides), generator=generators)
         texts = []
         for row in out.completion_ids.tolist():
             ends = [i for i, token in enumerate(row) if token in self.eos]

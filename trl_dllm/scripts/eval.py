@@ -106,7 +106,7 @@ def decode_batch(model, tokenizer, spec, args, eval_args, texts: list[str], gene
     attention_mask = torch.stack([torch.cat([torch.zeros(width - len(r)), torch.ones(len(r))]) for r in rows]).long()
     device = next(model.parameters()).device
     sampler, denoiser, options = sampler_for(model, spec, args, eval_args, eos)
-    out = sampler(denoiser, input_ids.to(device), attention_mask.to(device), generator=generator, **options)
+    out = sampler(denoiser, input_ids.to(device), attention_mask.to(device), options=options, generator=generator)
     is_eos = torch.isin(out.completion_ids, torch.tensor(eos, device=out.completion_ids.device))
     texts = []
     for row, hits in zip(out.completion_ids, is_eos):

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 import torch
 
 from ..core.likelihood.trajectory import trajectory_entropies
-from ..core.sampling import generate, generate_block_causal, generate_cached
+from ..core.sampling import (
+    BlockCausalOptions,
+    CachedOptions,
+    DecodingOptions,
+    generate,
+    generate_block_causal,
+    generate_cached,
+)
 from ..models import ModelSpec, model_logits_fn
 from .model_checks import check_cache_model
 
@@ -36,12 +43,12 @@ def decoding_plan(
     eos_token_ids: Sequence[int],
     temperature: float | None = None,
     return_trajectory: bool = False,
-) -> tuple[Callable, object, dict]:
-    """`(sampler, denoiser, options)` such that `sampler(denoiser, input_ids, attention_mask, generator=g, **options)`
-    decodes as `args` says. Block-diffusion models decode with their native blocks and an exact KV cache and get the
-    module itself (the cache needs `past_key_values`), as do bidirectional models with `generation_cache` (Fast-dLLM's
-    approximate cache); the others get a logits function."""
-    options = {
+) -> tuple[Callable, object, DecodingOptions]:
+    """`(sampler, denoiser, options)` such that `sampler(denoiser, input_ids, attention_mask, options=options,
+    generator=g)` decodes as `args` says. Block-diffusion models decode with their native blocks and an exact KV cache
+    and get the module itself (the cache needs `past_key_values`), as do bidirectional models with `generation_cache`
+    (Fast-dLLM's approximate cache); the others get a logits function."""
+    fields = {
         "mask_token_id": spec.mask_token_id,
         "gen_length": args.max_completion_length,
         "diffusion_steps": args.diffusion_steps,
@@ -54,21 +61,21 @@ def decoding_plan(
         **sampling_distribution(args, temperature),
     }
     if spec.family == "block":
-        options.pop("cfg_scale")
+        fields.pop("cfg_scale")
         # The family's own decoding finishes a last block that ends past max_completion_length and cuts it; a rollout
         # whose trajectory is recorded is replayed (trajectory, block_steps) from the completion alone, which lacks the
         # cut tokens its steps saw: it stops at max_completion_length.
-        options.update(block_length=spec.decoding_block_length(args.block_length), use_cache=args.block_kv_cache,
-                       block_layout=spec.block_layout,
-                       decode_to_block_end=not return_trajectory)  # fmt: skip
+        fields.update(block_length=spec.decoding_block_length(args.block_length), use_cache=args.block_kv_cache,
+                      block_layout=spec.block_layout,
+                      decode_to_block_end=not return_trajectory)  # fmt: skip
         check_cache_model(spec, args.generation_cache)
-        return generate_block_causal, model, options
+        return generate_block_causal, model, BlockCausalOptions(**fields)
     cache = args.generation_cache
     if cache != "none":
         check_cache_model(spec, cache)
-        options.pop("cfg_scale")
-        return generate_cached, model, {**options, "generation_cache": cache}
-    return generate, model_logits_fn(model, spec), options
+        fields.pop("cfg_scale")
+        return generate_cached, model, CachedOptions(**fields, generation_cache=cache)
+    return generate, model_logits_fn(model, spec), DecodingOptions(**fields)
 
 
 @dataclass
@@ -99,8 +106,8 @@ def generate_rollouts(
         model, spec, args, eos_token_ids=eos_token_ids, return_trajectory=return_trajectory
     )
     outputs = [
-        sampler(denoiser, input_ids[start : start + chunk], attention_mask[start : start + chunk],
-                generator=generators[start : start + chunk], **options)
+        sampler(denoiser, input_ids[start : start + chunk], attention_mask[start : start + chunk], options=options,
+                generator=generators[start : start + chunk])
         for start in range(0, input_ids.size(0), chunk)
     ]  # fmt: skip
     return Rollout(

@@ -7,7 +7,7 @@ import torch
 from trl_dllm.core.likelihood import block_steps, estimate, trajectory
 from trl_dllm.core.likelihood.block_steps import local_steps
 from trl_dllm.core.masks import layout_ids
-from trl_dllm.core.sampling import generate_block_causal
+from trl_dllm.core.sampling import BlockCausalOptions, generate_block_causal
 from trl_dllm.testing import build_tiny_block_model, build_tokenizer
 
 
@@ -33,9 +33,10 @@ def _rollout(model, tokenizer, **kwargs):
     prompt_ids = torch.randint(5, 60, (3, 5), generator=torch.Generator().manual_seed(0))
     prompt_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
     prompt_ids = prompt_ids.masked_fill(prompt_mask == 0, 0)
-    out = generate_block_causal(model, prompt_ids, prompt_mask, mask_token_id=tokenizer.mask_token_id, gen_length=12,
-                                block_length=4, temperature=1.0, top_k=20, generator=torch.Generator().manual_seed(0),
-                                return_trajectory=True, decode_to_block_end=False, **kwargs)  # fmt: skip
+    options = BlockCausalOptions(mask_token_id=tokenizer.mask_token_id, gen_length=12, block_length=4, temperature=1.0,
+                                 top_k=20, return_trajectory=True, decode_to_block_end=False, **kwargs)  # fmt: skip
+    out = generate_block_causal(model, prompt_ids, prompt_mask, options=options,
+                                generator=torch.Generator().manual_seed(0))  # fmt: skip
     # decode_to_block_end=False: a replayed rollout stops at gen_length (rows 0 and 1 end mid-block), as the trainer
     # decodes when it records the trajectory; the replay rebuilds its canvases from the completion alone.
     return prompt_ids, prompt_mask, out

@@ -7,7 +7,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from trl_dllm.core.likelihood import estimate, left_to_right, trajectory
 from trl_dllm.core.likelihood.left_to_right import left_to_right_canvases
-from trl_dllm.core.sampling import generate
+from trl_dllm.core.sampling import DecodingOptions, generate
 
 from .toys import MASK, TableModel, _batch
 
@@ -24,9 +24,9 @@ def _rollout(model, gen_length=8, **kwargs):
     g = torch.Generator().manual_seed(0)
     prompt_ids = torch.randint(0, 30, (3, 5), generator=g)
     prompt_mask = torch.tensor([[1] * 5, [0, 0, 1, 1, 1], [0, 1, 1, 1, 1]])
-    out = generate(model, prompt_ids, prompt_mask, mask_token_id=31, gen_length=gen_length,
-                   diffusion_steps=gen_length, temperature=1.0, generator=g, return_trajectory=True,
-                   **kwargs)  # fmt: skip
+    options = DecodingOptions(mask_token_id=31, gen_length=gen_length, diffusion_steps=gen_length, temperature=1.0,
+                              return_trajectory=True, **kwargs)  # fmt: skip
+    out = generate(model, prompt_ids, prompt_mask, options=options, generator=g)
     return prompt_ids, prompt_mask, out
 
 

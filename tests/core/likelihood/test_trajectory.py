@@ -1,6 +1,6 @@
 """Tests for the `trajectory` estimator (AGRPO): step sampling, canvas replay, and agreement with the rollout.
 
-The rollouts come from `generate(..., return_trajectory=True)` with a contextual toy denoiser that records every
+The rollouts come from `generate` with `return_trajectory=True`, on a contextual toy denoiser that records every
 canvas it is given, so the replayed canvases and log-probs can be compared with what the sampler actually saw.
 """
 
@@ -19,7 +19,7 @@ from trl_dllm.core.likelihood.trajectory import (
 )
 from trl_dllm.core.masks import make_generator
 from trl_dllm.core.objectives import agrpo
-from trl_dllm.core.sampling import generate, sampling_log_probs
+from trl_dllm.core.sampling import DecodingOptions, generate, sampling_log_probs
 
 V = 16
 MASK = V - 1
@@ -53,10 +53,9 @@ def _rollout(model, batch=3, prompt_length=4, gen_length=8, block_length=4, diff
     prompt_ids = torch.randint(0, MASK, (batch, prompt_length), generator=g)
     prompt_mask = torch.ones_like(prompt_ids)
     prompt_mask[1, :2] = 0  # left padding in row 1
-    out = generate(
-        model, prompt_ids, prompt_mask, mask_token_id=MASK, gen_length=gen_length, block_length=block_length,
-        diffusion_steps=diffusion_steps, return_trajectory=True, generator=g, **kwargs,
-    )  # fmt: skip
+    options = DecodingOptions(mask_token_id=MASK, gen_length=gen_length, block_length=block_length,
+                              diffusion_steps=diffusion_steps, return_trajectory=True, **kwargs)  # fmt: skip
+    out = generate(model, prompt_ids, prompt_mask, options=options, generator=g)
     return prompt_ids, prompt_mask, out
 
 
@@ -182,8 +181,9 @@ def test_scored_logprobs_equal_the_rollout_for_a_llama_module():
     g = torch.Generator().manual_seed(0)
     prompt_ids = torch.randint(0, 30, (2, 5), generator=g)
     prompt_mask = torch.tensor([[1] * 5, [0, 0, 1, 1, 1]])
-    out = generate(model, prompt_ids, prompt_mask, mask_token_id=31, gen_length=8, block_length=4, diffusion_steps=4,
-                   temperature=1.0, top_k=8, generator=g, return_trajectory=True)  # fmt: skip
+    options = DecodingOptions(mask_token_id=31, gen_length=8, block_length=4, diffusion_steps=4, temperature=1.0,
+                              top_k=8, return_trajectory=True)  # fmt: skip
+    out = generate(model, prompt_ids, prompt_mask, options=options, generator=g)
     res = trajectory(model, prompt_ids, prompt_mask, out.completion_ids, torch.ones(2, 8), mask_token_id=31,
                      seeds=torch.arange(2), unmask_step=out.unmask_step, step_samples=4, top_k=8, mc_batch_size=2)  # fmt: skip
     torch.testing.assert_close(res.logps, out.logprobs, atol=1e-5, rtol=1e-5)
@@ -232,7 +232,7 @@ def test_replay_of_threshold_and_eos_early_exit_rollouts(rollout):
 @pytest.mark.parametrize("layout", ["absolute", "prompt"])
 @pytest.mark.parametrize("use_cache", [False, True])
 def test_replay_of_block_causal_rollouts(use_cache, layout):
-    from trl_dllm.core.sampling import generate_block_causal
+    from trl_dllm.core.sampling import BlockCausalOptions, generate_block_causal
     from trl_dllm.testing import build_tiny_block_model, build_tokenizer
 
     tokenizer = build_tokenizer()
@@ -241,10 +241,11 @@ def test_replay_of_block_causal_rollouts(use_cache, layout):
     prompt_ids = torch.randint(5, 60, (3, 5), generator=torch.Generator().manual_seed(0))
     prompt_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
     prompt_ids = prompt_ids.masked_fill(prompt_mask == 0, 0)
-    out = generate_block_causal(model, prompt_ids, prompt_mask, mask_token_id=mask_id, gen_length=12, block_length=4,
-                                diffusion_steps=6, temperature=1.0, top_k=20, use_cache=use_cache, block_layout=layout,
-                                generator=torch.Generator().manual_seed(0), return_trajectory=True,
-                                decode_to_block_end=False)  # fmt: skip
+    options = BlockCausalOptions(mask_token_id=mask_id, gen_length=12, block_length=4, diffusion_steps=6,
+                                 temperature=1.0, top_k=20, use_cache=use_cache, block_layout=layout,
+                                 return_trajectory=True, decode_to_block_end=False)  # fmt: skip
+    out = generate_block_causal(model, prompt_ids, prompt_mask, options=options,
+                                generator=torch.Generator().manual_seed(0))  # fmt: skip
     # A replayed rollout stops at gen_length (decode_to_block_end=False, as the trainer decodes when it records the
     # trajectory): the replay rebuilds its canvases from the completion alone.
     # Absolute layout: rows whose prompt does not end on a block boundary decode 4 blocks of 2 steps (the first shared
@@ -422,8 +423,9 @@ def test_checkpointed_steps_give_identical_estimates_and_gradients():
     model = LlamaForCausalLM(config).eval()
     g = torch.Generator().manual_seed(0)
     prompt_ids, prompt_mask = torch.randint(0, 30, (2, 5), generator=g), torch.ones(2, 5, dtype=torch.long)
-    out = generate(model, prompt_ids, prompt_mask, mask_token_id=31, gen_length=8, block_length=4, diffusion_steps=4,
-                   temperature=1.0, generator=g, return_trajectory=True)  # fmt: skip
+    options = DecodingOptions(mask_token_id=31, gen_length=8, block_length=4, diffusion_steps=4, temperature=1.0,
+                              return_trajectory=True)  # fmt: skip
+    out = generate(model, prompt_ids, prompt_mask, options=options, generator=g)
     results = []
     for checkpoint_views in (False, True, "auto"):
         model.zero_grad()

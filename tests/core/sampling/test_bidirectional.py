@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from trl_dllm.core.sampling import REMASKING, GenerationOutput, generate
+from trl_dllm.core.sampling import REMASKING, DecodingOptions, GenerationOutput, generate
 
 VOCAB = 16
 MASK = VOCAB - 1
@@ -41,10 +41,11 @@ def prompts(batch=3, length=4, seed=0):
     return torch.randint(0, MASK, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def run(fn, input_ids=None, attention_mask=None, **kwargs) -> GenerationOutput:
+def run(fn, input_ids=None, attention_mask=None, generator=None, **kwargs) -> GenerationOutput:
     defaults = dict(mask_token_id=MASK, gen_length=8, block_length=4, diffusion_steps=6, return_trajectory=True)
     input_ids = prompts() if input_ids is None else input_ids
-    return generate(fn, input_ids, attention_mask, **{**defaults, **kwargs})
+    options = DecodingOptions(**{**defaults, **kwargs})
+    return generate(fn, input_ids, attention_mask, options=options, generator=generator)
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +135,8 @@ def test_module_gets_logits_to_keep(llama):
             return self.model(**kwargs)
 
     spy = Spy(llama)
-    out = generate(spy, prompts(), mask_token_id=31, gen_length=8, block_length=4, diffusion_steps=4)
+    out = generate(spy, prompts(), options=DecodingOptions(mask_token_id=31, gen_length=8, block_length=4,
+                                                           diffusion_steps=4))  # fmt: skip
     assert out.num_forwards == len(spy.kept) == 4
     assert all(torch.is_tensor(k) and k.shape == (4,) for k in spy.kept)
 
@@ -166,7 +168,7 @@ def test_seeded_sampling_is_reproducible_and_leaves_global_rng_alone():
 
 
 def test_left_padding_does_not_change_completion(llama):
-    gen = dict(mask_token_id=31, gen_length=8, block_length=4, diffusion_steps=8)
+    gen = dict(options=DecodingOptions(mask_token_id=31, gen_length=8, block_length=4, diffusion_steps=8))
     short = torch.tensor([[3, 7, 11]])
     alone = generate(llama, short, torch.ones_like(short), **gen)
     batch = torch.tensor([[0, 0, 0, 3, 7, 11], [5, 9, 2, 14, 6, 1]])

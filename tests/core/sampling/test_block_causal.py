@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from trl_dllm.core.masks import additive_mask, block_causal_mask, block_ids
-from trl_dllm.core.sampling import generate, generate_block_causal
+from trl_dllm.core.sampling import BlockCausalOptions, DecodingOptions, generate, generate_block_causal
 from trl_dllm.core.sampling.block_causal import block_ends
 from trl_dllm.testing import build_tiny_block_model, build_tokenizer
 
@@ -52,6 +52,17 @@ def batch():
 def options(tokenizer, **kwargs):
     defaults = dict(mask_token_id=tokenizer.mask_token_id, gen_length=12, block_length=BLOCK, diffusion_steps=6)
     return {**defaults, "return_trajectory": True, **kwargs}
+
+
+def block_causal(model, input_ids, attention_mask, generator=None, **kwargs):
+    """`generate_block_causal` with the fields of its `BlockCausalOptions` as keywords."""
+    options = BlockCausalOptions(**kwargs)
+    return generate_block_causal(model, input_ids, attention_mask, options=options, generator=generator)
+
+
+def bidirectional(model, input_ids, attention_mask, generator=None, **kwargs):
+    """`generate` with the fields of its `DecodingOptions` as keywords."""
+    return generate(model, input_ids, attention_mask, options=DecodingOptions(**kwargs), generator=generator)
 
 
 # ---------------------------------------------------------------------------------------------------- masks
@@ -111,8 +122,8 @@ def test_sdpa_and_eager_agree(model):
     eager.set_attn_implementation("eager")
     ids, attention_mask = batch()
     kwargs = options(build_tokenizer(), use_cache=False)
-    sdpa_out = generate_block_causal(model, ids, attention_mask, **kwargs)
-    eager_out = generate_block_causal(eager, ids, attention_mask, **kwargs)
+    sdpa_out = block_causal(model, ids, attention_mask, **kwargs)
+    eager_out = block_causal(eager, ids, attention_mask, **kwargs)
     assert torch.equal(sdpa_out.sequences, eager_out.sequences)
 
 
@@ -131,8 +142,8 @@ def test_uncached_equals_full_canvas_reference(model, tokenizer, temperature):
         return model(input_ids=input_ids, attention_mask=mask).logits[:, positions]
 
     kwargs = options(tokenizer, temperature=temperature)
-    reference = generate(full_canvas, ids, attention_mask, generator=torch.Generator().manual_seed(0), **kwargs)
-    out = generate_block_causal(
+    reference = bidirectional(full_canvas, ids, attention_mask, generator=torch.Generator().manual_seed(0), **kwargs)
+    out = block_causal(
         model, ids, attention_mask, use_cache=False, generator=torch.Generator().manual_seed(0), block_layout="prompt",
         **kwargs,
     )
@@ -156,10 +167,10 @@ def test_cache_is_exact(model, tokenizer, kwargs, layout):
     ids, attention_mask = batch()
     cached_spy, uncached_spy = Spy(model), Spy(model)
     kwargs = options(tokenizer, block_layout=layout, **kwargs)
-    cached = generate_block_causal(
+    cached = block_causal(
         cached_spy, ids, attention_mask, use_cache=True, generator=torch.Generator().manual_seed(0), **kwargs
     )
-    uncached = generate_block_causal(
+    uncached = block_causal(
         uncached_spy, ids, attention_mask, use_cache=False, generator=torch.Generator().manual_seed(0), **kwargs
     )
     assert torch.equal(cached.sequences, uncached.sequences)
@@ -182,11 +193,11 @@ def test_cache_is_exact(model, tokenizer, kwargs, layout):
 
 def test_cache_and_early_exit_drop_finished_rows(model, tokenizer):
     ids, attention_mask = batch()
-    full = generate_block_causal(model, ids, attention_mask, **options(tokenizer, diffusion_steps=12))
+    full = block_causal(model, ids, attention_mask, **options(tokenizer, diffusion_steps=12))
     eos = int(full.completion_ids[0, 5])  # a token the model emits: rows that commit it finish early
     kwargs = options(tokenizer, diffusion_steps=12, eos_token_ids=[eos], eos_early_exit=True)
-    cached = generate_block_causal(model, ids, attention_mask, use_cache=True, **kwargs)
-    uncached = generate_block_causal(model, ids, attention_mask, use_cache=False, **kwargs)
+    cached = block_causal(model, ids, attention_mask, use_cache=True, **kwargs)
+    uncached = block_causal(model, ids, attention_mask, use_cache=False, **kwargs)
     assert torch.equal(cached.sequences, uncached.sequences)
     assert torch.equal(cached.unmask_step, uncached.unmask_step)
     assert (cached.unmask_step == -1).any() and (cached.completion_ids[cached.unmask_step == -1] == eos).all()
@@ -216,7 +227,7 @@ def test_last_block_is_decoded_to_its_boundary_then_cut(model, tokenizer, kwargs
         generators = [torch.Generator().manual_seed(seed) for seed in range(3)]
         steps = 2 * gen_length // BLOCK  # two steps per block in both runs
         kw = options(tokenizer, gen_length=gen_length, diffusion_steps=steps, **kwargs, **extra)
-        return generate_block_causal(model, ids, attention_mask, generator=generators, **kw)
+        return block_causal(model, ids, attention_mask, generator=generators, **kw)
 
     out, longer = run(12), run(12 + BLOCK)
     assert out.completion_ids.shape == (3, 12) and out.sequences.shape == (3, 5 + 12)
@@ -235,8 +246,8 @@ def test_last_block_is_decoded_to_its_boundary_then_cut(model, tokenizer, kwargs
 def test_left_padding_does_not_change_completion(model, tokenizer, layout):
     ids, attention_mask = batch()
     kwargs = options(tokenizer, block_layout=layout)
-    padded = generate_block_causal(model, ids, attention_mask, **kwargs)
-    alone = generate_block_causal(model, ids[:1, 2:], attention_mask[:1, 2:], **kwargs)
+    padded = block_causal(model, ids, attention_mask, **kwargs)
+    alone = block_causal(model, ids[:1, 2:], attention_mask[:1, 2:], **kwargs)
     assert torch.equal(padded.completion_ids[0], alone.completion_ids[0])
 
 
@@ -249,8 +260,8 @@ def test_logits_function_without_cache(model, tokenizer):
         return model(input_ids=input_ids, attention_mask=mask, logits_to_keep=positions).logits
 
     kwargs = options(tokenizer, block_layout="prompt")  # the shapes below are those of the prompt-as-one-block layout
-    out = generate_block_causal(logits_fn, ids, attention_mask, use_cache=False, **kwargs)
-    reference = generate_block_causal(model, ids, attention_mask, **kwargs)
+    out = block_causal(logits_fn, ids, attention_mask, use_cache=False, **kwargs)
+    reference = block_causal(model, ids, attention_mask, **kwargs)
     assert torch.equal(out.sequences, reference.sequences)
     # the canvas is cut after the current block, and the mask is the (B, 1, N, N) block-causal mask of that prefix
     assert [shape for shape, _ in calls] == [(3, 5 + BLOCK)] * 2 + [(3, 5 + 2 * BLOCK)] * 2 + [(3, 5 + 3 * BLOCK)] * 2
@@ -268,10 +279,10 @@ def test_logits_function_without_cache(model, tokenizer):
 def test_bad_arguments_raise(model, tokenizer, kwargs, error, match):
     ids, attention_mask = batch()
     with pytest.raises(error, match=match):
-        generate_block_causal(model, ids, attention_mask, **options(tokenizer, **kwargs))
+        block_causal(model, ids, attention_mask, **options(tokenizer, **kwargs))
 
 
 def test_cache_needs_the_module(model, tokenizer):
     ids, attention_mask = batch()
     with pytest.raises(TypeError, match="use_cache=False"):
-        generate_block_causal(lambda *a: None, ids, attention_mask, use_cache=True, **options(tokenizer))
+        block_causal(lambda *a: None, ids, attention_mask, use_cache=True, **options(tokenizer))

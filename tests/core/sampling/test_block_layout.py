@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from trl_dllm.core.masks import additive_mask, block_attention, layout_ids
-from trl_dllm.core.sampling import generate_block_causal
+from trl_dllm.core.sampling import BlockCausalOptions, generate_block_causal
 from trl_dllm.core.sampling.loop import decoding_windows
 from trl_dllm.testing import build_tiny_block_model, build_tokenizer
 
@@ -78,10 +78,9 @@ def _reference_decode(model, prompt, mask_id, threshold=None, to_block_end=True)
 
 
 def decode(model, tokenizer, input_ids, attention_mask=None, **kwargs):
-    return generate_block_causal(
-        model, input_ids, attention_mask, mask_token_id=tokenizer.mask_token_id, gen_length=GEN, block_length=BLOCK,
-        diffusion_steps=GEN, temperature=0.0, **kwargs,
-    ).completion_ids  # fmt: skip
+    options = BlockCausalOptions(mask_token_id=tokenizer.mask_token_id, gen_length=GEN, block_length=BLOCK,
+                                 diffusion_steps=GEN, temperature=0.0, **kwargs)  # fmt: skip
+    return generate_block_causal(model, input_ids, attention_mask, options=options).completion_ids
 
 
 def left_pad(rows):

@@ -5,7 +5,7 @@ and the distribution it samples from at T > 0."""
 import pytest
 import torch
 
-from trl_dllm.core.sampling import generate, generate_block_causal
+from trl_dllm.core.sampling import BlockCausalOptions, DecodingOptions, generate, generate_block_causal
 
 from .test_bidirectional import MASK, VOCAB, ToyDenoiser, prompts
 
@@ -59,7 +59,7 @@ def test_greedy_tokens_equal_the_loop_before(threshold, eos):
     attention_mask[1, :2] = 0  # left padding
     options = dict(mask_token_id=MASK, gen_length=12, block_length=4, diffusion_steps=6, confidence_threshold=threshold,
                    eos_token_ids=[EOS], eos_early_exit=eos)  # fmt: skip
-    out = generate(fn, input_ids, attention_mask, **options)
+    out = generate(fn, input_ids, attention_mask, options=DecodingOptions(**options))
     expected = reference_greedy(fn, input_ids, attention_mask, 12, 4, 6, threshold, eos)
     assert torch.equal(out.completion_ids, expected)
 
@@ -73,8 +73,9 @@ def test_sampled_tokens_follow_the_softmax():
         return logits.expand(input_ids.shape[0], len(positions), VOCAB)
 
     rows, temperature = 4000, 0.8
-    out = generate(fn, torch.zeros(rows, 2, dtype=torch.long), mask_token_id=MASK, gen_length=1, block_length=1,
-                   diffusion_steps=1, temperature=temperature,
+    options = DecodingOptions(mask_token_id=MASK, gen_length=1, block_length=1, diffusion_steps=1,
+                              temperature=temperature)  # fmt: skip
+    out = generate(fn, torch.zeros(rows, 2, dtype=torch.long), options=options,
                    generator=[torch.Generator().manual_seed(s) for s in range(rows)])  # fmt: skip
     z = (logits / temperature).clone()
     z[MASK] = float("-inf")
@@ -93,8 +94,10 @@ def test_block_causal_static_cache_equals_the_uncached_path_with_padding_and_eos
     options = dict(mask_token_id=MASK_LLAMA, gen_length=8, block_length=4, diffusion_steps=8, temperature=1.0,
                    eos_token_ids=[5], eos_early_exit=True, return_trajectory=True)  # fmt: skip
     gens = lambda: [torch.Generator().manual_seed(s) for s in range(3)]  # noqa: E731
-    cached = generate_block_causal(block_llama, input_ids, attention_mask, generator=gens(), **options)
-    plain = generate_block_causal(block_llama, input_ids, attention_mask, generator=gens(), use_cache=False, **options)
+    cached = generate_block_causal(block_llama, input_ids, attention_mask, options=BlockCausalOptions(**options),
+                                   generator=gens())  # fmt: skip
+    plain = generate_block_causal(block_llama, input_ids, attention_mask, generator=gens(),
+                                  options=BlockCausalOptions(**options, use_cache=False))  # fmt: skip
     assert torch.equal(cached.completion_ids, plain.completion_ids)
     torch.testing.assert_close(cached.logprobs, plain.logprobs, atol=1e-5, rtol=1e-5)
 

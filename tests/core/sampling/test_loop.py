@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from trl_dllm.core.sampling.loop import StepOptions, _choose
+from trl_dllm.core.sampling.loop import _choose
 from trl_dllm.core.sampling.noise import RowStreams, keyed_uniform
+from trl_dllm.core.sampling.options import DecodingOptions
 from trl_dllm.core.sampling.remasking import REMASKING, sampling_log_probs, select_top
 
 VOCAB = 16
@@ -28,7 +29,7 @@ def test_greedy_step_equals_sampling_every_block_position(remasking):
     """At T = 0 the gathered step picks the tokens, confidences and commits of a step over the whole block."""
     logits, masked = _step_inputs()
     num_transfer = torch.tensor([2, 1, 3])
-    opts = StepOptions(MASK, 0.0, None, None, remasking)
+    opts = DecodingOptions(MASK, gen_length=6, diffusion_steps=6, block_length=6, remasking=remasking)
     streams = RowStreams([torch.Generator().manual_seed(i) for i in range(3)], 3, 6, 8, torch.device("cpu"))
     flat = masked.reshape(-1).nonzero().squeeze(1)
     noise = streams.keys(slice(None), 0, 6, flat)
@@ -50,7 +51,7 @@ def test_gumbel_noise_is_drawn_for_the_masked_positions_only(keyed):
     """The random-stream contract at T > 0: keyed noise gives masked entry i of row b the uniforms
     `keyed_uniform(keys[i], v)`; a shared generator draws `(n, V)` for all of them, row-major."""
     logits, masked = _step_inputs(1)
-    opts = StepOptions(MASK, 0.7, 5, 0.9, "low_confidence")
+    opts = DecodingOptions(MASK, gen_length=6, diffusion_steps=6, block_length=6, temperature=0.7, top_k=5, top_p=0.9)
     flat = masked.reshape(-1).nonzero().squeeze(1)
     if keyed:
         streams = RowStreams([torch.Generator().manual_seed(10 + b) for b in range(3)], 3, 6, 8, torch.device("cpu"))

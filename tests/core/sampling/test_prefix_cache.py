@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trl_dllm.core.likelihood import trajectory
-from trl_dllm.core.sampling import BidirectionalKVCache, generate, generate_cached
+from trl_dllm.core.sampling import BidirectionalKVCache, CachedOptions, DecodingOptions, generate, generate_cached
 from trl_dllm.testing import build_tiny_model, build_tokenizer
 
 TOKENIZER = build_tokenizer()
@@ -32,6 +32,16 @@ def _noise():
     return [torch.Generator().manual_seed(b) for b in range(3)]
 
 
+def decode(model, input_ids, attention_mask, generator=None, **kwargs):
+    """`generate` with the fields of its `DecodingOptions` as keywords."""
+    return generate(model, input_ids, attention_mask, options=DecodingOptions(**kwargs), generator=generator)
+
+
+def cached_decode(model, input_ids, attention_mask, generator=None, **kwargs):
+    """`generate_cached` with the fields of its `CachedOptions` as keywords."""
+    return generate_cached(model, input_ids, attention_mask, options=CachedOptions(**kwargs), generator=generator)
+
+
 BASE = dict(mask_token_id=MASK, gen_length=12, block_length=4, diffusion_steps=6, return_trajectory=True)
 DECODINGS = [
     dict(),  # the schedule, greedy
@@ -45,9 +55,9 @@ DECODINGS = [
 @pytest.mark.parametrize("decoding", DECODINGS)
 def test_refreshing_every_step_is_exact(model, mode, decoding):
     prompt_ids, prompt_mask = _prompts()
-    ref = generate(model, prompt_ids, prompt_mask, generator=_noise(), **BASE, **decoding)
-    out = generate_cached(model, prompt_ids, prompt_mask, generation_cache=mode, refresh_every=1,
-                          generator=_noise(), **BASE, **decoding)  # fmt: skip
+    ref = decode(model, prompt_ids, prompt_mask, generator=_noise(), **BASE, **decoding)
+    out = cached_decode(model, prompt_ids, prompt_mask, generation_cache=mode, refresh_every=1,
+                        generator=_noise(), **BASE, **decoding)  # fmt: skip
     assert torch.equal(out.completion_ids, ref.completion_ids)
     assert torch.equal(out.unmask_step, ref.unmask_step)
     torch.testing.assert_close(out.logprobs, ref.logprobs, atol=1e-5, rtol=1e-5)
@@ -72,7 +82,7 @@ def test_cached_step_on_an_unchanged_canvas_equals_the_refresh(model, mode):
 @pytest.mark.parametrize("mode", ["prefix", "dual"])
 def test_refreshes_once_per_block_and_keeps_the_forward_count(model, mode):
     prompt_ids, prompt_mask = _prompts()
-    ref = generate(model, prompt_ids, prompt_mask, **BASE)
+    ref = decode(model, prompt_ids, prompt_mask, **BASE)
     source_calls = []
     original = BidirectionalKVCache._refresh
 
@@ -82,7 +92,7 @@ def test_refreshes_once_per_block_and_keeps_the_forward_count(model, mode):
 
     BidirectionalKVCache._refresh = counting
     try:
-        out = generate_cached(model, prompt_ids, prompt_mask, generation_cache=mode, **BASE)
+        out = cached_decode(model, prompt_ids, prompt_mask, generation_cache=mode, **BASE)
     finally:
         BidirectionalKVCache._refresh = original
     assert source_calls == [(0, 4), (4, 8), (8, 12)]  # one refresh per block, at its first step
@@ -98,8 +108,8 @@ def test_trajectory_replay_of_cached_rollouts(model):
     options = dict(confidence_threshold=0.05, temperature=1.0)
     score = dict(mask_token_id=MASK, seeds=torch.arange(3), step_samples=100, temperature=1.0)
     for refresh_every in (1, None):
-        out = generate_cached(model, prompt_ids, prompt_mask, generation_cache="dual", refresh_every=refresh_every,
-                              generator=_noise(), **BASE, **options)  # fmt: skip
+        out = cached_decode(model, prompt_ids, prompt_mask, generation_cache="dual", refresh_every=refresh_every,
+                            generator=_noise(), **BASE, **options)  # fmt: skip
         res = trajectory(model, prompt_ids, prompt_mask, out.completion_ids, torch.ones(3, 12),
                          unmask_step=out.unmask_step, **score)  # fmt: skip
         steps = out.unmask_step
@@ -118,7 +128,7 @@ def test_errors(model):
     with pytest.raises(ValueError, match="refresh_every=0 must be >= 1"):
         BidirectionalKVCache(model, 5, "dual", refresh_every=0)
     with pytest.raises(TypeError, match="needs the transformers module itself"):
-        generate_cached(lambda *a: None, prompt_ids, prompt_mask, **BASE)
+        cached_decode(lambda *a: None, prompt_ids, prompt_mask, **BASE)
 
 
 def test_config_and_model_checks(tmp_path):
@@ -161,9 +171,9 @@ def test_native_llada_is_exact_when_refreshed_every_step(llada, mode):
 
     prompt_ids, prompt_mask = _prompts()
     options = dict(BASE, mask_token_id=llada.config.mask_token_id, confidence_threshold=0.05, temperature=1.0)
-    ref = generate(llada, prompt_ids, prompt_mask, generator=_noise(), **options)
-    out = generate_cached(llada, prompt_ids, prompt_mask, generation_cache=mode, refresh_every=1, generator=_noise(),
-                          **options)  # fmt: skip
+    ref = decode(llada, prompt_ids, prompt_mask, generator=_noise(), **options)
+    out = cached_decode(llada, prompt_ids, prompt_mask, generation_cache=mode, refresh_every=1, generator=_noise(),
+                        **options)  # fmt: skip
     assert torch.equal(out.completion_ids, ref.completion_ids) and torch.equal(out.unmask_step, ref.unmask_step)
     torch.testing.assert_close(out.logprobs, ref.logprobs, atol=1e-5, rtol=1e-5)
     canvas = torch.cat([prompt_ids, out.completion_ids], dim=1)
@@ -187,7 +197,7 @@ def test_a_model_without_a_cache_object_is_refused(model):
 
     prompt_ids, prompt_mask = _prompts()
     with pytest.raises(TypeError, match=r"returned past_key_values of type tuple .* generation_cache='none'"):
-        generate_cached(TupleCache(model), prompt_ids, prompt_mask, **BASE)
+        cached_decode(TupleCache(model), prompt_ids, prompt_mask, **BASE)
 
 
 def test_native_families_are_checked():

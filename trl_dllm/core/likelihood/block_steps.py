@@ -119,7 +119,7 @@ def block_steps(
     if unmask_step is None or unmask_step.shape != completion_ids.shape:
         raise ValueError(
             "The `block_steps` estimator (DiPO) needs the rollout's step map `unmask_step` (B, L), the step that "
-            "committed each completion token: generate with `generate_block_causal(..., return_trajectory=True)` (the "
+            "committed each completion token: generate with `BlockCausalOptions(..., return_trajectory=True)` (the "
             f"trainer records it for estimator='block_steps') and pass `unmask_step=`; got "
             f"{None if unmask_step is None else tuple(unmask_step.shape)}."
         )

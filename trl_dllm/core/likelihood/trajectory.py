@@ -300,8 +300,8 @@ def _check_trajectory(completion_ids, unmask_step, step_samples, step_sampling, 
     if unmask_step is None:
         raise ValueError(
             "The `trajectory` estimator needs `unmask_step`, the step that revealed each completion token: record the "
-            "trajectory during the rollout (`generate(..., return_trajectory=True)`; the trainer records it for "
-            "`loss_type='agrpo'`) and pass `unmask_step=`."
+            "trajectory during the rollout (`DecodingOptions(..., return_trajectory=True)`; the trainer records it "
+            "for `loss_type='agrpo'`) and pass `unmask_step=`."
         )
     if unmask_step.shape != completion_ids.shape:
         raise ValueError(

@@ -6,6 +6,9 @@ commits the most confident ones. The leaves:
 
 - :mod:`~trl_dllm.core.sampling.remasking`: the sampling distribution, Gumbel-max sampling, the confidence strategies
   (:data:`REMASKING`) and which positions a step commits;
+- :mod:`~trl_dllm.core.sampling.options`: the options every sampler takes, built and checked once
+  (:class:`DecodingOptions`, :class:`BlockCausalOptions`, :class:`CachedOptions`); every sampler is called as
+  ``sampler(model, input_ids, attention_mask, options=..., generator=...)``;
 - :mod:`~trl_dllm.core.sampling.loop`: :class:`GenerationOutput` and the step loop shared by every generator, which
   takes the block logits from a *source*;
 - :mod:`~trl_dllm.core.sampling.bidirectional`: :func:`generate`, bidirectional models, whole canvas at every step;
@@ -21,6 +24,7 @@ from .bidirectional import generate
 from .block_causal import generate_block_causal
 from .kv_cache import BlockCausalKVCache, module_dtype
 from .loop import GenerationOutput
+from .options import BlockCausalOptions, CachedOptions, DecodingOptions
 from .prefix_cache import GENERATION_CACHES, BidirectionalKVCache, generate_cached
 from .remasking import (
     REMASKING,
@@ -46,7 +50,10 @@ __all__ = [
     "REMASKING",
     "BidirectionalKVCache",
     "BlockCausalKVCache",
+    "BlockCausalOptions",
+    "CachedOptions",
     "ConfidenceFn",
+    "DecodingOptions",
     "GenerationOutput",
     "Noise",
     "RaggedNoise",

@@ -9,12 +9,11 @@ See ``docs/generation.md`` for the options, formulas and trajectory fields.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from ..logits import LogitsFn, as_logits_fn
-from .loop import GenerationOutput, Rollout, StepOptions, decode_blocks, validate_eos, validate_generation
+from .loop import DecodingState, GenerationOutput, decode_blocks
+from .options import DecodingOptions
 from .remasking import Noise
 
 __all__ = ["generate"]
@@ -26,7 +25,7 @@ def _block_logits(
     attention_mask: torch.Tensor | None,
     prompt_length: int,
     positions: torch.Tensor,
-    opts: StepOptions,
+    opts: DecodingOptions,
 ) -> torch.Tensor:
     """Logits `(B, K, V)` at ``positions``; with ``cfg_scale = s > 0`` returns ``u + (s + 1)(c − u)``.
 
@@ -49,23 +48,10 @@ def generate(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     *,
-    mask_token_id: int,
-    gen_length: int,
-    diffusion_steps: int,
-    block_length: int,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    remasking: str = "low_confidence",
-    cfg_scale: float = 0.0,
-    confidence_threshold: float | None = None,
-    eos_token_ids: Sequence[int] | None = None,
-    eos_early_exit: bool = False,
+    options: DecodingOptions,
     generator: Noise = None,
-    return_trajectory: bool = False,
-    min_p: float | None = None,
 ) -> GenerationOutput:
-    """Generate ``gen_length`` tokens after each prompt by block-wise iterative unmasking.
+    """Generate ``options.gen_length`` tokens after each prompt by block-wise iterative unmasking.
 
     Blocks of ``block_length`` tokens are decoded left to right, each in ``steps_per_block = diffusion_steps /
     num_blocks`` steps. At step ``s`` of a block with ``m`` masked tokens (per row), ``n_s = m // S + (s < m % S)``
@@ -91,38 +77,19 @@ def generate(
             :func:`trl_dllm.core.logits.as_logits_fn`.
         input_ids (`torch.LongTensor` of shape `(B, P)`): left-padded prompts.
         attention_mask (`torch.Tensor` of shape `(B, P)`, *optional*): 1 for prompt tokens, 0 for padding.
-        mask_token_id (`int`): id of ``[MASK]``.
-        gen_length (`int`): completion length ``L``.
-        diffusion_steps (`int`): total denoising steps over all blocks.
-        block_length (`int`): block size; must divide ``gen_length``.
-        temperature (`float`): ``0`` for greedy decoding.
-        top_k (`int`, *optional*): top-k filter of the sampling distribution.
-        top_p (`float`, *optional*): top-p (nucleus) filter of the sampling distribution.
-        remasking (`str`): a key of :data:`REMASKING` — ``"low_confidence"``, ``"random"``, ``"entropy"``,
-            ``"margin"``.
-        cfg_scale (`float`): classifier-free guidance scale; ``0`` disables it (one forward per step).
-        confidence_threshold (`float`, *optional*): threshold ``τ ∈ (0, 1]`` of parallel decoding; ``None`` keeps
-            the schedule. ``τ = 1`` commits one token per step. Not with ``remasking="entropy"``.
-        eos_token_ids (`Sequence[int]`, *optional*): ids that end a completion; the first one fills finished rows.
-        eos_early_exit (`bool`): stop decoding rows that are finished (see above); needs ``eos_token_ids``.
+        options ([`DecodingOptions`]): the schedule, sampling distribution, remasking, guidance, threshold, EOS early
+            exit and whether to return the trajectory (checked when built).
         generator (`torch.Generator` or a sequence of ``B`` of them, *optional*): source of all randomness. With one
             generator per row, row ``b`` draws only from ``generator[b]``, so its completion does not depend on the
             other rows of the batch (chunking or splitting the batch across processes changes nothing); ``None`` uses
             the global RNG.
-        return_trajectory (`bool`): also return ``unmask_step`` and ``logprobs``.
-        min_p (`float`, *optional*): min-p filter of the sampling distribution (:func:`filter_logits`).
 
     Returns:
         [`GenerationOutput`].
     """
-    _, steps_per_block = validate_generation(
-        gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking, confidence_threshold, min_p,
-        generator, len(input_ids),
-    )
-    validate_eos(eos_token_ids, eos_early_exit)
-    opts = StepOptions(mask_token_id, temperature, top_k, top_p, remasking, cfg_scale, confidence_threshold, min_p)
     logits_fn = as_logits_fn(model)
-    rollout = Rollout(input_ids, gen_length, mask_token_id, eos_token_ids, eos_early_exit)
+    gen_length = options.gen_length
+    state = DecodingState(input_ids, gen_length, options)
     prompt_length = input_ids.shape[1]
     if attention_mask is not None:
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(input_ids), gen_length))], dim=1)
@@ -133,7 +100,7 @@ def generate(
         if (start, end) not in positions:
             positions[(start, end)] = torch.arange(prompt_length + start, prompt_length + end, device=canvas.device)
         mask = None if attention_mask is None else attention_mask[rows]
-        return _block_logits(logits_fn, canvas[rows], mask, prompt_length, positions[(start, end)], opts)
+        return _block_logits(logits_fn, canvas[rows], mask, prompt_length, positions[(start, end)], options)
 
-    decode_blocks(rollout, source, opts, block_length, steps_per_block, generator)
-    return rollout.output(return_trajectory)
+    decode_blocks(state, source, options, generator)
+    return state.output()

@@ -16,15 +16,14 @@ and the completion is cut at ``gen_length`` (``decode_to_block_end``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import nn
 
 from ..logits import LogitsFn, as_logits_fn
-from ..masks import BLOCK_LAYOUTS, block_attention, block_causal_mask, layout_ids
+from ..masks import block_attention, block_causal_mask, layout_ids
 from .kv_cache import BlockCausalKVCache, module_dtype
-from .loop import BlockLogits, GenerationOutput, Rollout, StepOptions, decode_blocks, validate_eos, validate_generation
+from .loop import BlockLogits, DecodingState, GenerationOutput, decode_blocks
+from .options import BlockCausalOptions
 from .remasking import Noise
 
 __all__ = ["block_ends", "generate_block_causal"]
@@ -59,98 +58,59 @@ def generate_block_causal(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     *,
-    mask_token_id: int,
-    gen_length: int,
-    diffusion_steps: int,
-    block_length: int,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    remasking: str = "low_confidence",
-    confidence_threshold: float | None = None,
-    eos_token_ids: Sequence[int] | None = None,
-    eos_early_exit: bool = False,
-    use_cache: bool = True,
+    options: BlockCausalOptions,
     generator: Noise = None,
-    return_trajectory: bool = False,
-    min_p: float | None = None,
-    block_layout: str = "absolute",
-    decode_to_block_end: bool = True,
 ) -> GenerationOutput:
-    """Generate ``gen_length`` tokens after each prompt with a block-causal model, one block at a time.
+    """Generate ``options.gen_length`` tokens after each prompt with a block-causal model, one block at a time.
 
-    Each step is the step of :func:`trl_dllm.core.sampling.generate` (same arguments, same trajectory fields), with the
+    Each step is the step of :func:`trl_dllm.core.sampling.generate` (same options, same trajectory fields), with the
     logits of block ``b`` computed from ``[prompt ; committed blocks < b ; block b]`` under
     :func:`~trl_dllm.core.masks.block_causal_mask`. ``block_length`` is both the decoding block and the attention
     block, so it must be the model's native block size (``ModelSpec.block_length``). No classifier-free guidance.
 
     Args:
-        model (`nn.Module` or logits function): with ``use_cache=True``, a transformers causal-LM module (see
-            :class:`~.kv_cache.BlockCausalKVCache`); with ``use_cache=False``, a module or a logits function
-            that honours a 4-D additive float attention mask (0 = visible, -inf = blocked).
+        model (`nn.Module` or logits function): with ``options.use_cache``, a transformers causal-LM module (see
+            :class:`~.kv_cache.BlockCausalKVCache`); without, a module or a logits function that honours a 4-D
+            additive float attention mask (0 = visible, -inf = blocked).
         input_ids (`torch.LongTensor` of shape `(B, P)`): left-padded prompts.
         attention_mask (`torch.Tensor` of shape `(B, P)`, *optional*): 1 for prompt tokens, 0 for padding.
-        mask_token_id, gen_length, diffusion_steps, block_length, temperature, top_k, top_p, remasking,
-        confidence_threshold, eos_token_ids, eos_early_exit, generator, return_trajectory, min_p:
-            as in :func:`~trl_dllm.core.sampling.generate`.
-        use_cache (`bool`): keep the prompt and committed blocks in an exact KV cache (each step forwards the current
-            block only); ``False`` re-forwards ``[prompt ; blocks <= b]`` at every step.
-        block_layout (`str`, *optional*, defaults to `"absolute"`): how blocks are counted
-            (:data:`~trl_dllm.core.masks.BLOCK_LAYOUTS`): ``"absolute"``, the family's own (SDAR / TraDo): block =
-            true position // ``block_length`` per row, prompt included, position ids from each row's first real token,
-            so left padding shifts nothing and the prompt's tail is decoded with the first completion block;
-            ``"prompt"``: the prompt is one block and completion blocks start at its end.
-        decode_to_block_end (`bool`, *optional*, defaults to `True`): with the absolute layout, where a row's
-            ``p_b + gen_length`` ends inside a block, decode that last block whole — up to its boundary, at most
-            ``block_length - 1`` positions past ``gen_length`` — and cut the completion at ``gen_length``, as SDAR's
-            ``generate.py`` and LLaDA2's ``generate()`` do: the kept tokens of that block are then committed in the
-            family's order (a block's confidences, schedule and threshold depend on every position of the block).
-            ``False`` stops at ``gen_length`` (the last block is partial); a rollout whose likelihood replays its own
-            steps (the ``trajectory`` and ``block_steps`` estimators) needs it, since the cut tokens, which its steps
-            saw, are not in the completion. The ``"prompt"`` layout has whole blocks only.
+        options ([`BlockCausalOptions`]): the options of :func:`~trl_dllm.core.sampling.generate` (without guidance),
+            the KV cache, the block layout and ``decode_to_block_end``.
+        generator: as in :func:`~trl_dllm.core.sampling.generate`.
 
     Returns:
         [`GenerationOutput`].
     """
-    _, steps_per_block = validate_generation(
-        gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking, confidence_threshold, min_p,
-        generator, len(input_ids),
-    )
-    validate_eos(eos_token_ids, eos_early_exit)
+    use_cache, gen_length, block_length = options.use_cache, options.gen_length, options.block_length
     if use_cache and not isinstance(model, nn.Module):
         raise TypeError(
             f"use_cache=True needs the transformers module itself (it passes past_key_values and position_ids), got "
             f"{type(model).__name__}; pass use_cache=False to generate through a logits function."
         )
-    opts = StepOptions(
-        mask_token_id, temperature, top_k, top_p, remasking, confidence_threshold=confidence_threshold, min_p=min_p
-    )
     prompt_length = input_ids.shape[1]
-    if block_layout not in BLOCK_LAYOUTS:
-        raise ValueError(f"Unknown block_layout={block_layout!r}; expected one of {BLOCK_LAYOUTS}.")
     layout, ends, decoded = None, None, gen_length
-    if block_layout == "absolute":
+    if options.block_layout == "absolute":
         prompt_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        if decode_to_block_end:
+        if options.decode_to_block_end:
             ends = block_ends(prompt_mask, gen_length, block_length)
             decoded = int(ends.max())
         layout = layout_ids(prompt_mask, decoded, block_length, "absolute")
-    rollout = Rollout(input_ids, decoded, mask_token_id, eos_token_ids, eos_early_exit)
+    state = DecodingState(input_ids, decoded, options)
     if decoded > gen_length:
         # A row decodes up to its own block boundary; the columns past it (rows whose boundary comes earlier) lie in a
         # later block of the row, which no decoded position sees. They hold a non-mask id, so nothing decodes them.
         past = torch.arange(decoded, device=input_ids.device) >= ends[:, None]
-        rollout.completion.masked_fill_(past, 1 if mask_token_id == 0 else 0)
+        state.completion.masked_fill_(past, 1 if options.mask_token_id == 0 else 0)
     if attention_mask is not None:
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(input_ids), decoded))], dim=1)
     if use_cache:
-        source = BlockCausalKVCache(model, prompt_length, block_length, mask_token_id, attention_mask, layout)
+        source = BlockCausalKVCache(model, prompt_length, block_length, options.mask_token_id, attention_mask, layout)
     else:
         dtype = module_dtype(model) if isinstance(model, nn.Module) else torch.float32
         source = _uncached_source(as_logits_fn(model), attention_mask, prompt_length, block_length, dtype, layout)
     blocks = None if layout is None else layout[0]
-    decode_blocks(rollout, source, opts, block_length, steps_per_block, generator, blocks)
-    return rollout.output(return_trajectory, gen_length)
+    decode_blocks(state, source, options, generator, blocks)
+    return state.output(gen_length)
 
 
 def block_ends(prompt_mask: torch.Tensor, gen_length: int, block_length: int) -> torch.Tensor:

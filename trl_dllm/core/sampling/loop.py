@@ -1,4 +1,4 @@
-"""The decoding loop shared by every generator: one denoising step, the rollout it writes, and the block loop.
+"""The decoding loop shared by every generator: one denoising step, the decoding state it writes, and the block loop.
 
 The canvas starts as ``[left-padded prompt ; [MASK] * gen_length]``. The completion is split into ``num_blocks`` blocks
 of ``block_length`` tokens decoded left to right (semi-autoregressive decoding, LLaDA §2.4 / App. B.3); inside a block,
@@ -23,19 +23,18 @@ from dataclasses import dataclass
 import torch
 
 from .noise import KeyedNoise, RowStreams
+from .options import DecodingOptions
 from .remasking import REMASKING, Noise, sample_tokens, sampling_log_probs, select_above, select_top
 
 __all__ = [
     "BlockLogits",
     "GenerationOutput",
-    "Rollout",
+    "DecodingState",
     "Rows",
-    "StepOptions",
     "StepRows",
+    "check_generators",
     "decode_blocks",
     "decoding_windows",
-    "validate_eos",
-    "validate_generation",
 ]
 
 
@@ -85,20 +84,6 @@ class GenerationOutput:
 # --- One denoising step: logits of the block -> sampled tokens -> positions to commit ---
 
 
-@dataclass(frozen=True)
-class StepOptions:
-    """The options of one denoising step (the sampling distribution, remasking, CFG, threshold decoding)."""
-
-    mask_token_id: int
-    temperature: float
-    top_k: int | None
-    top_p: float | None
-    remasking: str
-    cfg_scale: float = 0.0
-    confidence_threshold: float | None = None
-    min_p: float | None = None
-
-
 @dataclass
 class _StepResult:
     tokens: torch.Tensor  # (b, K) sampled token at every masked block position (0 elsewhere)
@@ -110,7 +95,7 @@ def _choose(
     logits: torch.Tensor,
     masked: torch.Tensor,
     num_transfer: torch.Tensor | None,
-    opts: StepOptions,
+    opts: DecodingOptions,
     noise: Noise | KeyedNoise,
     *,
     index: torch.Tensor | None = None,
@@ -169,17 +154,21 @@ class StepRows:
     unfinished: tuple[int, ...]
 
 
-class Rollout:
-    """Canvas, trajectory and forward counts of one generation call; the step loop mutates it in place."""
+class DecodingState:
+    """The state of one generation call: its canvas, trajectory and forward counts; the step loop mutates it in
+    place."""
 
-    def __init__(self, input_ids, gen_length, mask_token_id, eos_token_ids=None, eos_early_exit=False):
+    def __init__(self, input_ids: torch.Tensor, length: int, opts: DecodingOptions):
+        """``[input_ids ; [MASK] * length]``: ``length`` is ``opts.gen_length``, or more where a block-causal rollout
+        decodes its last block to the end."""
         batch, self.prompt_length = input_ids.shape
-        self.mask_token_id = mask_token_id
-        self.canvas = torch.cat([input_ids, input_ids.new_full((batch, gen_length), mask_token_id)], dim=1)
-        self.unmask_step = torch.full((batch, gen_length), -1, dtype=torch.long, device=input_ids.device)
-        self.logprobs = torch.zeros((batch, gen_length), dtype=torch.float32, device=input_ids.device)
-        self.eos = torch.tensor(list(eos_token_ids), device=input_ids.device) if eos_early_exit else None
-        self.eos_fill = int(eos_token_ids[0]) if eos_early_exit else None  # a host int: filling never syncs
+        self.mask_token_id, self.return_trajectory = opts.mask_token_id, opts.return_trajectory
+        self.canvas = torch.cat([input_ids, input_ids.new_full((batch, length), opts.mask_token_id)], dim=1)
+        self.unmask_step = torch.full((batch, length), -1, dtype=torch.long, device=input_ids.device)
+        self.logprobs = torch.zeros((batch, length), dtype=torch.float32, device=input_ids.device)
+        early_exit, eos_ids = opts.eos_early_exit, opts.eos_token_ids
+        self.eos = torch.tensor(list(eos_ids), device=input_ids.device) if early_exit else None
+        self.eos_fill = int(eos_ids[0]) if early_exit else None  # a host int: filling never syncs
         self.num_forwards = self.num_row_forwards = 0
 
     @property
@@ -209,16 +198,16 @@ class Rollout:
         finished = is_eos.any(dim=1) & ~masked_before_eos
         completion.masked_fill_(finished[:, None] & masked, self.eos_fill)
 
-    def output(self, return_trajectory: bool, length: int | None = None) -> GenerationOutput:
-        """The rollout's result; with ``length``, its first ``length`` completion positions only (the positions a
+    def output(self, length: int | None = None) -> GenerationOutput:
+        """The call's result; with ``length``, its first ``length`` completion positions only (the positions a
         block-causal rollout decoded past ``gen_length`` to finish its last block are cut)."""
         end = self.canvas.shape[1] if length is None else self.prompt_length + length
         sequences = self.canvas[:, :end]
         return GenerationOutput(
             sequences=sequences,
             completion_ids=sequences[:, self.prompt_length :],
-            unmask_step=self.unmask_step[:, : end - self.prompt_length] if return_trajectory else None,
-            logprobs=self.logprobs[:, : end - self.prompt_length] if return_trajectory else None,
+            unmask_step=self.unmask_step[:, : end - self.prompt_length] if self.return_trajectory else None,
+            logprobs=self.logprobs[:, : end - self.prompt_length] if self.return_trajectory else None,
             num_forwards=self.num_forwards,
             num_row_forwards=self.num_row_forwards,
         )
@@ -231,10 +220,10 @@ negative when the window starts with prompt columns (the prompt tail of the abso
 (:class:`StepRows`): the host's view of the rows; ``None`` (a direct call) lets the source read the canvas instead."""
 
 
-def _window_masked(rollout: Rollout, start: int, end: int, member: torch.Tensor | None) -> torch.Tensor:
+def _window_masked(state: DecodingState, start: int, end: int, member: torch.Tensor | None) -> torch.Tensor:
     """(B, end - start) bool: the still-masked positions each row decodes in window ``[start, end)``."""
-    lo = rollout.prompt_length
-    masked = rollout.canvas[:, lo + start : lo + end] == rollout.mask_token_id
+    lo = state.prompt_length
+    masked = state.canvas[:, lo + start : lo + end] == state.mask_token_id
     return masked if member is None else masked & member
 
 
@@ -269,8 +258,8 @@ class _HostCounts:
     anywhere). They are read from the device once per block, and once per step only where the device decides them
     (threshold decoding; EOS early exit); scheduled steps update them by the schedule."""
 
-    def __init__(self, rollout: Rollout, masked: torch.Tensor, next_masked: torch.Tensor | None = None):
-        left = (rollout.completion == rollout.mask_token_id).sum(dim=1)
+    def __init__(self, state: DecodingState, masked: torch.Tensor, next_masked: torch.Tensor | None = None):
+        left = (state.completion == state.mask_token_id).sum(dim=1)
         counts = [masked.sum(dim=1), left] + ([] if next_masked is None else [next_masked.sum(dim=1)])
         counts = torch.stack(counts).tolist()  # the one synchronisation
         self.window, self.completion = counts[0], counts[1]
@@ -297,20 +286,18 @@ def _schedule(counts: list[int], steps: int) -> list[list[int]]:
 
 
 def decode_blocks(
-    rollout: Rollout,
+    state: DecodingState,
     source: BlockLogits,
-    opts: StepOptions,
-    block_length: int,
-    steps_per_block: int,
+    opts: DecodingOptions,
     generator: Noise,
     blocks: torch.Tensor | None = None,
 ) -> None:
     """Decode the completion block by block, left to right, until every position is committed.
 
     Only rows with something to commit in the current block are forwarded. Scheduled decoding runs
-    ``steps_per_block`` steps per block and numbers them ``block * steps_per_block + step``; threshold decoding runs
-    until the block is full (each step commits at least one position per row, so at most ``block_length`` steps) and
-    numbers the steps by a running counter. ``blocks`` `(B, P + L)`: per-row block ids of the canvas (the absolute
+    ``opts.steps_per_block`` steps per block and numbers them ``block * steps_per_block + step``; threshold decoding
+    runs until the block is full (each step commits at least one position per row, so at most ``block_length`` steps)
+    and numbers the steps by a running counter. ``blocks`` `(B, P + L)`: per-row block ids of the canvas (the absolute
     layout of block-diffusion models, :func:`decoding_windows`); ``None``: blocks of ``block_length`` from the
     prompt's end.
 
@@ -319,19 +306,22 @@ def decode_blocks(
     also reads the next window's counts for its first step. Noise is
     counter-based (:class:`~.noise.RowStreams`), keyed by each row's own generator.
     """
+    check_generators(generator, state.canvas.shape[0])
+    block_length, steps_per_block = opts.block_length, opts.steps_per_block
     threshold = opts.confidence_threshold is not None
-    read_every_step = threshold or rollout.eos is not None
-    batch, length = rollout.completion.shape
-    noise = RowStreams(generator, batch, length, max(steps_per_block * (length // block_length + 1), length) + 1,
-                       rollout.canvas.device) if opts.temperature > 0 or opts.remasking == "random" else None  # fmt: skip
+    read_every_step = threshold or state.eos is not None
+    batch, length = state.completion.shape
+    max_steps = max(steps_per_block * (length // block_length + 1), length) + 1
+    sampled = opts.temperature > 0 or opts.remasking == "random"
+    noise = RowStreams(generator, batch, length, max_steps, state.canvas.device) if sampled else None
     row_index: dict[tuple[int, ...], Rows] = {}
-    windows = decoding_windows(blocks, rollout.prompt_length, length, block_length)
+    windows = decoding_windows(blocks, state.prompt_length, length, block_length)
     following = None  # counts of the next window, read with the last step's (no extra synchronisation)
     for index, (start, end, member) in enumerate(windows):
-        masked = _window_masked(rollout, start, end, member)
+        masked = _window_masked(state, start, end, member)
         if index == 0 and member is None:  # nothing committed yet: every position of every row is masked
             following = _HostCounts.known([end - start] * batch, [length] * batch)
-        counts = following if following is not None else _HostCounts(rollout, masked)
+        counts = following if following is not None else _HostCounts(state, masked)
         following = None
         upcoming = windows[index + 1] if index + 1 < len(windows) else None
         schedule = None if threshold else _schedule(counts.window, steps_per_block)
@@ -345,9 +335,9 @@ def decode_blocks(
                     row_index[active] = slice(None) if full else torch.tensor(active, device=masked.device)
                 rows = row_index[active]
                 unfinished = tuple(b for b in range(batch) if counts.completion[b] > 0)
-                logits = source(rollout.canvas, rows, start, end, StepRows(active, unfinished))
-                rollout.num_forwards += 1
-                rollout.num_row_forwards += len(active)
+                logits = source(state.canvas, rows, start, end, StepRows(active, unfinished))
+                state.num_forwards += 1
+                state.num_row_forwards += len(active)
                 row_masked = masked[rows]
                 n = sum(counts.window[b] for b in active)
                 flat = torch.nonzero_static(row_masked.reshape(-1), size=n).squeeze(1)
@@ -355,68 +345,20 @@ def decode_blocks(
                 chosen = None if threshold else torch.tensor([transfer[b] for b in active], device=masked.device)
                 result = _choose(logits, row_masked, chosen, opts, keys, index=flat,
                                  max_transfer=None if threshold else max(transfer[b] for b in active))  # fmt: skip
-                step_id = rollout.num_forwards - 1 if threshold else index * steps_per_block + step
-                rollout.commit(rows, start, end, result, step_id)
-                rollout.exit_finished_rows()
-                masked = _window_masked(rollout, start, end, member)
+                step_id = state.num_forwards - 1 if threshold else index * steps_per_block + step
+                state.commit(rows, start, end, result, step_id)
+                state.exit_finished_rows()
+                masked = _window_masked(state, start, end, member)
                 if read_every_step:
-                    next_masked = None if upcoming is None else _window_masked(rollout, *upcoming)
-                    counts = _HostCounts(rollout, masked, next_masked)
+                    next_masked = None if upcoming is None else _window_masked(state, *upcoming)
+                    counts = _HostCounts(state, masked, next_masked)
                     following = counts.for_next_window()
                 else:
                     counts.committed(active, [transfer[b] for b in active])
             step += 1
 
 
-# --- Argument checks, shared by the generators ---
-
-
-def validate_generation(
-    gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking, confidence_threshold=None,
-    min_p=None, generator=None, batch_size=None,
-) -> tuple[int, int]:
-    """Check the arguments of :func:`~trl_dllm.core.sampling.bidirectional.generate` (and of the other generators);
-    return ``(num_blocks, steps_per_block)``."""
-    for name, value in dict(gen_length=gen_length, block_length=block_length, diffusion_steps=diffusion_steps).items():
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {name}={value}.")
-    if gen_length % block_length != 0:
-        divisors = [d for d in range(1, gen_length + 1) if gen_length % d == 0]
-        raise ValueError(
-            f"gen_length={gen_length} must be divisible by block_length={block_length}: set block_length to a "
-            f"divisor of gen_length (one of {divisors}) or gen_length to a multiple of block_length."
-        )
-    num_blocks = gen_length // block_length
-    if diffusion_steps % num_blocks != 0:
-        raise ValueError(
-            f"diffusion_steps={diffusion_steps} must be divisible by the number of blocks gen_length // block_length "
-            f"= {gen_length} // {block_length} = {num_blocks}: use a multiple of {num_blocks} for diffusion_steps "
-            f"(e.g. {num_blocks * max(1, round(diffusion_steps / num_blocks))}) or change block_length."
-        )
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got temperature={temperature}.")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1 or None, got top_k={top_k}.")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1] or None, got top_p={top_p}.")
-    if min_p is not None and not 0 <= min_p <= 1:
-        raise ValueError(f"min_p must be in [0, 1] or None, got min_p={min_p}.")
+def check_generators(generator: Noise, batch_size: int) -> None:
+    """Per-row generators: exactly one per row."""
     if isinstance(generator, (list, tuple)) and len(generator) != batch_size:
         raise ValueError(f"Per-row generators: got {len(generator)} for a batch of {batch_size} prompts.")
-    if remasking not in REMASKING:
-        raise ValueError(f"Unknown remasking={remasking!r}; expected one of {sorted(REMASKING)}.")
-    if confidence_threshold is not None:
-        if not 0 < confidence_threshold <= 1:
-            raise ValueError(f"confidence_threshold must be in (0, 1] or None, got {confidence_threshold}.")
-        if remasking == "entropy":
-            raise ValueError(
-                "confidence_threshold needs a confidence in [0, 1], but remasking='entropy' scores -H <= 0: use "
-                "remasking='low_confidence' (Fast-dLLM) or 'margin' with threshold decoding."
-            )
-    return num_blocks, diffusion_steps // num_blocks
-
-
-def validate_eos(eos_token_ids, eos_early_exit) -> None:
-    """Check that EOS early exit has EOS ids to stop on."""
-    if eos_early_exit and not eos_token_ids:
-        raise ValueError("eos_early_exit=True needs eos_token_ids (the ids that end a completion; the first fills).")

@@ -23,13 +23,12 @@ this module imports only torch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import nn
 
 from .kv_cache import SlotCache, module_dtype
-from .loop import GenerationOutput, Rollout, StepOptions, decode_blocks, validate_eos, validate_generation
+from .loop import DecodingState, GenerationOutput, decode_blocks
+from .options import CachedOptions, check_cache
 from .remasking import Noise
 
 __all__ = ["GENERATION_CACHES", "BidirectionalKVCache", "generate_cached"]
@@ -72,10 +71,7 @@ class BidirectionalKVCache:
     """
 
     def __init__(self, model, prompt_length, mode="dual", attention_mask=None, refresh_every=None):
-        if mode not in ("prefix", "dual"):
-            raise ValueError(f"mode={mode!r} is not a cache mode; expected 'prefix' or 'dual'.")
-        if refresh_every is not None and refresh_every < 1:
-            raise ValueError(f"refresh_every={refresh_every} must be >= 1 or None (refresh at block starts only).")
+        check_cache(mode, refresh_every)
         self.model, self.prompt_length, self.mode = model, prompt_length, mode
         self.attention_mask, self.refresh_every = attention_mask, refresh_every
         self.dtype = module_dtype(model)
@@ -183,54 +179,34 @@ def generate_cached(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     *,
-    mask_token_id: int,
-    gen_length: int,
-    diffusion_steps: int,
-    block_length: int,
-    generation_cache: str = "dual",
-    refresh_every: int | None = None,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    remasking: str = "low_confidence",
-    confidence_threshold: float | None = None,
-    eos_token_ids: Sequence[int] | None = None,
-    eos_early_exit: bool = False,
+    options: CachedOptions,
     generator: Noise = None,
-    return_trajectory: bool = False,
-    min_p: float | None = None,
 ) -> GenerationOutput:
     """:func:`trl_dllm.core.sampling.generate` with block logits from a :class:`BidirectionalKVCache` (approximate).
 
-    Same step, arguments and output as ``generate`` (no classifier-free guidance), with ``num_forwards`` unchanged
+    Same step, options and output as ``generate`` (no classifier-free guidance), with ``num_forwards`` unchanged
     (a refresh is one of the steps' forwards); each cached step forwards ``block_length`` (dual) or ``L − start``
     (prefix) positions instead of ``P + L``. ``GenerationOutput.logprobs`` are those of the distribution actually
     sampled from, i.e. under the cached (approximate) logits.
 
     Args:
         model (`nn.Module`): see :class:`BidirectionalKVCache`.
-        generation_cache (`str`): ``"prefix"`` or ``"dual"``.
-        refresh_every (`int`, *optional*): also refresh every this many steps of a block; ``1`` is exact.
-        input_ids, attention_mask, mask_token_id, gen_length, diffusion_steps, block_length, temperature, top_k,
-        top_p, remasking, confidence_threshold, eos_token_ids, eos_early_exit, generator, return_trajectory, min_p:
-            as in :func:`~trl_dllm.core.sampling.generate`.
+        input_ids, attention_mask, generator: as in :func:`~trl_dllm.core.sampling.generate`.
+        options ([`CachedOptions`]): the options of :func:`~trl_dllm.core.sampling.generate` (without guidance), the
+            cache mode ``generation_cache`` (``"prefix"`` or ``"dual"``) and ``refresh_every``.
     """
-    _, steps_per_block = validate_generation(
-        gen_length, block_length, diffusion_steps, temperature, top_k, top_p, remasking, confidence_threshold, min_p,
-        generator, len(input_ids),
-    )
-    validate_eos(eos_token_ids, eos_early_exit)
     if not isinstance(model, nn.Module):
         raise TypeError(
-            f"generation_cache={generation_cache!r} needs the transformers module itself (it passes past_key_values "
-            f"and position_ids), got {type(model).__name__}; use generation_cache='none' with a logits function."
+            f"generation_cache={options.generation_cache!r} needs the transformers module itself (it passes "
+            f"past_key_values and position_ids), got {type(model).__name__}; use generation_cache='none' with a "
+            "logits function."
         )
-    opts = StepOptions(
-        mask_token_id, temperature, top_k, top_p, remasking, confidence_threshold=confidence_threshold, min_p=min_p
-    )
-    rollout = Rollout(input_ids, gen_length, mask_token_id, eos_token_ids, eos_early_exit)
+    gen_length = options.gen_length
+    state = DecodingState(input_ids, gen_length, options)
     if attention_mask is not None:
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(input_ids), gen_length))], dim=1)
-    source = BidirectionalKVCache(model, input_ids.shape[1], generation_cache, attention_mask, refresh_every)
-    decode_blocks(rollout, source, opts, block_length, steps_per_block, generator)
-    return rollout.output(return_trajectory)
+    source = BidirectionalKVCache(
+        model, input_ids.shape[1], options.generation_cache, attention_mask, options.refresh_every
+    )
+    decode_blocks(state, source, options, generator)
+    return state.output()

@@ -1,0 +1,197 @@
+"""The decoding options of the samplers: one frozen dataclass per sampler, checked once when built.
+
+Every sampler takes the same call, ``sampler(model, input_ids, attention_mask, options=..., generator=...)``:
+
+- :class:`DecodingOptions` for :func:`~trl_dllm.core.sampling.bidirectional.generate` (and the fields every sampler
+  shares: the schedule, the sampling distribution, remasking, threshold decoding, EOS early exit, the trajectory);
+- :class:`BlockCausalOptions` for :func:`~trl_dllm.core.sampling.block_causal.generate_block_causal` (the exact KV
+  cache and the block layout of block-diffusion models);
+- :class:`CachedOptions` for :func:`~trl_dllm.core.sampling.prefix_cache.generate_cached` (Fast-dLLM's approximate
+  prefix / dual cache).
+
+The randomness (``generator``) is not an option: it is a stateful object of one call (see
+:data:`~trl_dllm.core.sampling.remasking.Noise`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..masks import BLOCK_LAYOUTS
+from .remasking import REMASKING
+
+__all__ = ["BlockCausalOptions", "CachedOptions", "DecodingOptions", "check_cache"]
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """How a sampler decodes: ``gen_length`` tokens in blocks of ``block_length``, ``diffusion_steps`` steps in all.
+
+    Checked when built (errors name the fields and values); the schedule is ``num_blocks = gen_length / block_length``
+    blocks of ``steps_per_block = diffusion_steps / num_blocks`` steps.
+
+    Args:
+        mask_token_id (`int`): id of ``[MASK]``.
+        gen_length (`int`): completion length ``L``.
+        diffusion_steps (`int`): total denoising steps over all blocks; a multiple of ``num_blocks``.
+        block_length (`int`): block size; must divide ``gen_length``.
+        temperature (`float`, *optional*, defaults to `0.0`): ``0`` for greedy decoding.
+        top_k (`int`, *optional*): top-k filter of the sampling distribution.
+        top_p (`float`, *optional*): top-p (nucleus) filter of the sampling distribution, in ``(0, 1]``.
+        min_p (`float`, *optional*): min-p filter of the sampling distribution, in ``[0, 1]``
+            (:func:`~trl_dllm.core.sampling.remasking.filter_logits`).
+        remasking (`str`, *optional*, defaults to `"low_confidence"`): a key of
+            :data:`~trl_dllm.core.sampling.remasking.REMASKING` — ``"low_confidence"``, ``"random"``, ``"entropy"``,
+            ``"margin"``, ``"left_to_right"``.
+        cfg_scale (`float`, *optional*, defaults to `0.0`): classifier-free guidance scale; ``0`` disables it (one
+            forward per step). Bidirectional :func:`~trl_dllm.core.sampling.generate` only.
+        confidence_threshold (`float`, *optional*): threshold ``τ ∈ (0, 1]`` of parallel decoding; ``None`` keeps the
+            schedule. ``τ = 1`` commits one token per step. Not with ``remasking="entropy"``.
+        eos_token_ids (`Sequence[int]`, *optional*): ids that end a completion; the first one fills finished rows.
+        eos_early_exit (`bool`, *optional*, defaults to `False`): stop decoding rows that are finished (their first
+            EOS committed, nothing masked before it); needs ``eos_token_ids``.
+        return_trajectory (`bool`, *optional*, defaults to `False`): also return ``unmask_step`` and ``logprobs``.
+    """
+
+    mask_token_id: int
+    gen_length: int
+    diffusion_steps: int
+    block_length: int
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    remasking: str = "low_confidence"
+    cfg_scale: float = 0.0
+    confidence_threshold: float | None = None
+    eos_token_ids: Sequence[int] | None = None
+    eos_early_exit: bool = False
+    return_trajectory: bool = False
+
+    def __post_init__(self):
+        gen_length, block_length, diffusion_steps = self.gen_length, self.block_length, self.diffusion_steps
+        lengths = dict(gen_length=gen_length, block_length=block_length, diffusion_steps=diffusion_steps)
+        for name, value in lengths.items():
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {name}={value}.")
+        if gen_length % block_length != 0:
+            divisors = [d for d in range(1, gen_length + 1) if gen_length % d == 0]
+            raise ValueError(
+                f"gen_length={gen_length} must be divisible by block_length={block_length}: set block_length to a "
+                f"divisor of gen_length (one of {divisors}) or gen_length to a multiple of block_length."
+            )
+        num_blocks = self.num_blocks
+        if diffusion_steps % num_blocks != 0:
+            raise ValueError(
+                f"diffusion_steps={diffusion_steps} must be divisible by the number of blocks gen_length // "
+                f"block_length = {gen_length} // {block_length} = {num_blocks}: use a multiple of {num_blocks} for "
+                f"diffusion_steps (e.g. {num_blocks * max(1, round(diffusion_steps / num_blocks))}) or change "
+                "block_length."
+            )
+        self._check_distribution()
+        if self.eos_early_exit and not self.eos_token_ids:
+            raise ValueError(
+                "eos_early_exit=True needs eos_token_ids (the ids that end a completion; the first fills)."
+            )
+
+    def _check_distribution(self) -> None:
+        """The sampling distribution, remasking and threshold decoding."""
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got temperature={self.temperature}.")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or None, got top_k={self.top_k}.")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] or None, got top_p={self.top_p}.")
+        if self.min_p is not None and not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] or None, got min_p={self.min_p}.")
+        if self.remasking not in REMASKING:
+            raise ValueError(f"Unknown remasking={self.remasking!r}; expected one of {sorted(REMASKING)}.")
+        threshold = self.confidence_threshold
+        if threshold is not None:
+            if not 0 < threshold <= 1:
+                raise ValueError(f"confidence_threshold must be in (0, 1] or None, got {threshold}.")
+            if self.remasking == "entropy":
+                raise ValueError(
+                    "confidence_threshold needs a confidence in [0, 1], but remasking='entropy' scores -H <= 0: use "
+                    "remasking='low_confidence' (Fast-dLLM) or 'margin' with threshold decoding."
+                )
+
+    def _check_no_guidance(self, sampler: str) -> None:
+        if self.cfg_scale != 0:
+            raise ValueError(
+                f"cfg_scale={self.cfg_scale}: {sampler} has no classifier-free guidance; use cfg_scale=0 (or the "
+                "uncached bidirectional generate)."
+            )
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def steps_per_block(self) -> int:
+        return self.diffusion_steps // self.num_blocks
+
+
+@dataclass(frozen=True)
+class BlockCausalOptions(DecodingOptions):
+    """:class:`DecodingOptions` of :func:`~trl_dllm.core.sampling.block_causal.generate_block_causal` (no
+    classifier-free guidance: ``cfg_scale`` must be 0); ``block_length`` is both the decoding and the attention block,
+    so it must be the model's native block size.
+
+    Args:
+        use_cache (`bool`, *optional*, defaults to `True`): keep the prompt and committed blocks in an exact KV cache
+            (each step forwards the current block only); ``False`` re-forwards ``[prompt ; blocks <= b]`` at every
+            step.
+        block_layout (`str`, *optional*, defaults to `"absolute"`): how blocks are counted
+            (:data:`~trl_dllm.core.masks.BLOCK_LAYOUTS`): ``"absolute"``, the family's own (SDAR / TraDo): block =
+            true position // ``block_length`` per row, prompt included, position ids from each row's first real token,
+            so left padding shifts nothing and the prompt's tail is decoded with the first completion block;
+            ``"prompt"``: the prompt is one block and completion blocks start at its end.
+        decode_to_block_end (`bool`, *optional*, defaults to `True`): with the absolute layout, where a row's
+            ``p_b + gen_length`` ends inside a block, decode that last block whole — up to its boundary, at most
+            ``block_length - 1`` positions past ``gen_length`` — and cut the completion at ``gen_length``, as SDAR's
+            ``generate.py`` and LLaDA2's ``generate()`` do: the kept tokens of that block are then committed in the
+            family's order (a block's confidences, schedule and threshold depend on every position of the block).
+            ``False`` stops at ``gen_length`` (the last block is partial); a rollout whose likelihood replays its own
+            steps (the ``trajectory`` and ``block_steps`` estimators) needs it, since the cut tokens, which its steps
+            saw, are not in the completion. The ``"prompt"`` layout has whole blocks only.
+    """
+
+    use_cache: bool = True
+    block_layout: str = "absolute"
+    decode_to_block_end: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._check_no_guidance("block-causal generation")
+        if self.block_layout not in BLOCK_LAYOUTS:
+            raise ValueError(f"Unknown block_layout={self.block_layout!r}; expected one of {BLOCK_LAYOUTS}.")
+
+
+@dataclass(frozen=True)
+class CachedOptions(DecodingOptions):
+    """:class:`DecodingOptions` of :func:`~trl_dllm.core.sampling.prefix_cache.generate_cached` (no classifier-free
+    guidance: ``cfg_scale`` must be 0), with the arguments of its
+    :class:`~trl_dllm.core.sampling.prefix_cache.BidirectionalKVCache` (checked by :func:`check_cache`).
+
+    Args:
+        generation_cache (`str`, *optional*, defaults to `"dual"`): ``"prefix"`` or ``"dual"``.
+        refresh_every (`int`, *optional*): also refresh the cache every this many steps of a block; ``1`` is exact.
+    """
+
+    generation_cache: str = "dual"
+    refresh_every: int | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._check_no_guidance(f"generation_cache={self.generation_cache!r}")
+        check_cache(self.generation_cache, self.refresh_every)
+
+
+def check_cache(mode: str, refresh_every: int | None) -> None:
+    """The arguments of Fast-dLLM's approximate cache: a mode, and a refresh period ``>= 1`` or ``None``."""
+    if mode not in ("prefix", "dual"):
+        raise ValueError(f"mode={mode!r} is not a cache mode; expected 'prefix' or 'dual'.")
+    if refresh_every is not None and refresh_every < 1:
+        raise ValueError(f"refresh_every={refresh_every} must be >= 1 or None (refresh at block starts only).")
