@@ -209,8 +209,8 @@ def measure_step(trainer, rows: list[dict], peak_tflops: float, inputs=None, war
 
 def rollout_overhead(trainer, rows: list[dict], recipe: Recipe, requested_steps: int = 8) -> dict:
     """Where the trainer's rollout spends time beyond the bare model's (the H100 measured its step at 1.46× the bare
-    model's): seconds per denoising step of one rollout of the recipe's batch at ``requested_steps`` (made valid), each
-    timed after a warm-up, adding what the trainer adds one thing at a time —
+    model's): seconds per denoising step of one rollout of the recipe's batch at ``requested_steps`` (made valid), after
+    one warm-up, adding what the trainer adds one thing at a time —
 
     - ``adapters_off``: ``training.rollouts.generate_rollouts`` on the trainer's model, adapters disabled, eval mode,
       no EOS ids (the bare model's call, through the PEFT wrapper);
