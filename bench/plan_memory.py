@@ -141,7 +141,7 @@ def measure_child(case: Case) -> tuple[float, str]:
               "mc_batch_size": case.mc_batch_size, "checkpoint_views": case.checkpoint_views, "entropy_grad": False,
               "block_length": case.block_length, "block_layout": spec.block_layout, "return_eubo": True,
               "block_causal": spec.family == "block"}  # fmt: skip
-    options = {k: v for k, v in values.items() if k in ESTIMATORS[case.estimator].options}
+    options = {k: v for k, v in values.items() if k in ESTIMATORS[case.estimator].option_names}
     generator = torch.Generator().manual_seed(0)
 
     def inputs(rows: int, prompt: int, completion: int) -> dict:

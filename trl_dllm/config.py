@@ -2,25 +2,84 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import textwrap
+from dataclasses import dataclass, field, make_dataclass
 
 from trl import GRPOConfig
 
 from .console import announce_deepspeed_cpu_build
 from .core.likelihood import ESTIMATORS
+from .core.methods import declared_fields, methods_taking
 from .core.objectives import OBJECTIVES
+from .core.options import Option
 from .training import checks
 
 
-def _estimators_taking(option: str) -> str:
-    """The estimators whose registry entry declares `option` (`trl_dllm.core.likelihood.ESTIMATORS`), for a help."""
-    return ", ".join(name for name, entry in ESTIMATORS.items() if option in entry.options)
+def _filled(option: Option, text: str, *, doc: bool) -> str:
+    """An option's help or doc with ``{estimators}`` / ``{objectives}`` replaced by the methods that declare it."""
+    estimators, objectives = methods_taking(option.keyword)
+    if not doc:
+        return text.replace("{estimators}", ", ".join(estimators)).replace("{objectives}", ", ".join(objectives))
+    quoted = [f'`"{name}"`' for name in estimators]
+    losses = [f'`loss_type="{objectives[0]}"`', *(f'`"{name}"`' for name in objectives[1:])] if objectives else []
+
+    def join(names):
+        return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
+
+    return text.replace("{estimators}", join(quoted)).replace("{objectives}", join(losses))
+
+
+def _method_option_fields():
+    """A dataclass holding the config fields that the method registries declare (`trl_dllm.core.methods`): each one's
+    type, default and ``--help`` come from its [`~trl_dllm.core.options.Option`]."""
+    specs = [
+        (option.field, option.type, field(default=option.default,
+                                          metadata={"help": _filled(option, option.help, doc=False)}))
+        for option in declared_fields()
+    ]  # fmt: skip
+    fields_class = make_dataclass("MethodOptionFields", specs)
+    fields_class.__module__ = __name__  # its string annotations resolve in this module (HfArgumentParser)
+    fields_class.__doc__ = "The configuration fields the estimators and objectives declare (`DiffusionGRPOConfig`)."
+    return fields_class
+
+
+MethodOptionFields = _method_option_fields()
+
+
+def _parameter_doc(name: str, annotation: str, default, text: str) -> str:
+    """One ``Parameters:`` entry of the docstring, in the format of TRL's configuration classes."""
+    kind = " or ".join(f"`{part.strip()}`" for part in annotation.split("|"))
+    shown = f'"{default}"' if isinstance(default, str) else default
+    body = textwrap.fill(text, width=120, initial_indent=" " * 12, subsequent_indent=" " * 12)
+    return f"        {name} ({kind}, *optional*, defaults to `{shown}`):\n{body}"
+
+
+def _estimator_doc() -> str:
+    listed = ", ".join(f'`"{name}"` ({entry.summary})' for name, entry in ESTIMATORS.items())
+    own = "; ".join(f'`{name}`: `"{entry.estimators[0]}"`' for name, entry in OBJECTIVES.items())
+    text = (
+        f"Sequence log-likelihood estimator: {listed}. See `docs/estimators.md`. `None` picks the loss type's own: "
+        f"the first estimator its registry entry lists ({own}), `\"elbo\"` for TRL's loss types; and on a "
+        "block-diffusion model (SDAR, TraDo, LLaDA2) the family's own, `\"block\"`, unless that estimator is "
+        "block-causal already or the loss type cannot use `\"block\"`. The trainer's start-up line says which it "
+        "picked. A value you set is kept and checked."
+    )
+    return _parameter_doc("estimator", "str | None", None, text).lstrip()
+
+
+def _options_doc(section: str) -> str:
+    return "\n".join(
+        _parameter_doc(option.field, option.type, option.default, _filled(option, option.doc, doc=True))
+        for option in declared_fields() if option.section == section
+    )  # fmt: skip
 
 
 @dataclass
-class DiffusionGRPOConfig(GRPOConfig):
+class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
     r"""
     Configuration class for [`DiffusionGRPOTrainer`]: every field of TRL's [`~trl.GRPOConfig`] plus the fields below.
+    The fields that only an estimator or objective reads (`mc_samples`, `stabledrl_clip_high`, …) are declared by that
+    method's registry entry (`trl_dllm.core.methods`), and so is their entry below.
 
     `max_completion_length` is the generation canvas length (`gen_length` in LLaDA's code). With none of the fields
     below set, generation uses blocks of at most 32 tokens and commits two tokens per step
@@ -79,38 +138,8 @@ class DiffusionGRPOConfig(GRPOConfig):
 
         > Parameters that control likelihood estimation
 
-        estimator (`str` or `None`, *optional*, defaults to `None`):
-            Sequence log-likelihood estimator: `"mean_field"` (d1's one-step estimate), `"elbo"` (Monte Carlo ELBO,
-            LLaDA/ESPO), `"coupled"` (DiffuCoder's full-mask + weighted complementary views), `"spg"` (SPG's block-wise
-            forward process with its ELBO and EUBO, StableDRL's released likelihood), `"block"` (staircase attention
-            for block-diffusion models, StableDRL), `"trajectory"` (AGRPO: replays sampled steps of the recorded
-            rollout; `loss_type="agrpo"` only) or `"left_to_right"` (JustGRPO: the exact likelihood of a rollout
-            decoded left to right, one forward per completion position). See `docs/estimators.md`. `None` picks the
-            loss type's own: the first estimator its registry entry lists (`espo`, `stabledrl`: `"elbo"`; `wd1`:
-            `"mean_field"`; `agrpo`: `"trajectory"`; `dipo`: `"block_steps"`; `justgrpo`: `"left_to_right"`; `spg`:
-            `"spg"`), `"elbo"` for TRL's loss types; and on a block-diffusion model (SDAR, TraDo, LLaDA2) the
-            family's own, `"block"`, unless that estimator is block-causal already or the loss type cannot use
-            `"block"`. The trainer's start-up line says which it picked. A value you set is kept and checked.
-        mc_samples (`int`, *optional*, defaults to `1`):
-            Monte Carlo samples per sequence for `"elbo"`, `"coupled"`, `"spg"` and `"block"` (an antithetic pair or a
-            coupled triple counts as one).
-        antithetic (`bool`, *optional*, defaults to `True`):
-            For `"elbo"`: also score the complement of each mask, so every token is scored once per pair (ESPO).
-        elbo_counts (`str`, *optional*, defaults to `"llada"`):
-            How `"elbo"` draws its mask sizes: `"llada"` (`n ~ U{1..L}`, weight `L/n`; pairs over `{1..L-1}`) or
-            `"espo"` (ESPO's construction: `x ~ U{0..L}`, weights `(L+1)/x` and `(L+1)/(L-x)`, each half exactly
-            LLaDA's ELBO).
-        spg_beta (`float`, *optional*, defaults to `1.5`):
-            For `"spg"`: the `β` of SPG's upper bound (EUBO). SPG and StableDRL use 1.5.
-        p_mask_prompt (`float`, *optional*, defaults to `0.0`):
-            Probability of masking each prompt token in the likelihood passes (d1 uses `0.15`).
-        step_samples (`int`, *optional*, defaults to `8`):
-            For the `"trajectory"` estimator (AGRPO): denoising steps sampled per sequence from its rollout.
-        step_sampling (`str`, *optional*, defaults to `"stratified"`):
-            How the `"trajectory"` estimator samples steps: `"stratified"` over the real steps, or `"entropy"`
-            (proportional to the entropy of the tokens revealed at each step, with importance weights).
-        mc_batch_size (`int`, *optional*, defaults to `1`):
-            Masked views stacked into one forward pass. Larger is faster on GPUs and uses more memory.
+        {estimator}
+{estimation_options}
         mc_checkpointing (`bool` or `str`, *optional*, defaults to `"auto"`):
             Recompute each chunk of masked views in the backward pass of the current policy, so activation memory is
             that of one chunk (`mc_batch_size` views) whatever `mc_samples` is, for one extra forward per chunk.
@@ -144,13 +173,7 @@ class DiffusionGRPOConfig(GRPOConfig):
 
         > Parameters that control the objective
 
-        stabledrl_clip_low (`float`, *optional*, defaults to `0.0`):
-            Lower bound of StableDRL's unconditional ratio clip. `0` clips only above, as the authors' code does.
-        stabledrl_clip_high (`float`, *optional*, defaults to `5.0`):
-            Upper bound of StableDRL's unconditional ratio clip (the authors' code uses 5).
-        spg_omega (`float`, *optional*, defaults to `0.5`):
-            With `estimator="spg"`: the mix weight `ω` of SPG's sandwich for `A <= 0` (`ω EUBO + (1 - ω) ELBO`), used by
-            `loss_type="spg"` and `"stabledrl"` (as StableDRL's released code). `0` keeps the ELBO for every row.
+{objective_options}
         leave_one_out (`bool`, *optional*, defaults to `False`):
             Leave-one-out advantages (ESPO, RLOO): `r_i` minus the mean of the other `G - 1` rewards of its group, i.e.
             TRL's advantages times `G / (G - 1)`.
@@ -171,11 +194,6 @@ class DiffusionGRPOConfig(GRPOConfig):
             `per_device_train_batch_size` to be a multiple of `num_generations`. `None`: on for the objectives whose
             loss is defined over whole groups (`stabledrl`, `wd1`, `spg`, `dipo`, `justgrpo`: their registry entry's
             `whole_groups`), so 1 and N processes compute the same losses; off otherwise. `False` is refused for those.
-        kl_estimator (`str` or `None`, *optional*, defaults to `None`):
-            KL estimator of the diffusion objectives: `"k1"`, `"k2"` (`½(S - S_ref)²`) or `"k3"`. `None` takes each
-            objective's own: `k2` at sequence level for `"espo"` and `"stabledrl"` (ESPO's choice), per-token `k3` for
-            `"agrpo"` (AGRPO's code). TRL's own loss types keep TRL's per-token `k3`.
-
         > Parameters that control non-finite safety and collapses
 
         max_consecutive_nonfinite_steps (`int`, *optional*, defaults to `5`):
@@ -262,24 +280,6 @@ class DiffusionGRPOConfig(GRPOConfig):
             "block on a block-diffusion model (docs/estimators.md)."
         },
     )
-    mc_samples: int = field(
-        default=1, metadata={"help": f"Monte Carlo samples per sequence ({_estimators_taking('mc_samples')})."}
-    )
-    antithetic: bool = field(
-        default=True, metadata={"help": "elbo: also score the complement of each mask (ESPO's antithetic pass)."}
-    )
-    elbo_counts: str = field(
-        default="llada", metadata={"help": "elbo mask sizes: llada (n ~ U{1..L}) or espo (x ~ U{0..L}, ESPO's pair)."}
-    )
-    spg_beta: float = field(default=1.5, metadata={"help": "spg estimator: beta of SPG's upper bound (EUBO)."})
-    p_mask_prompt: float = field(
-        default=0.0, metadata={"help": "Probability of masking each prompt token in likelihood passes (d1: 0.15)."}
-    )
-    step_samples: int = field(default=8, metadata={"help": "trajectory estimator: steps sampled per sequence."})
-    step_sampling: str = field(
-        default="stratified", metadata={"help": "trajectory estimator: stratified or entropy step sampling."}
-    )
-    mc_batch_size: int = field(default=1, metadata={"help": "Masked views stacked into one forward pass."})
     mc_checkpointing: str = field(
         default="auto",
         metadata={"help": "Recompute each chunk of masked views in backward (memory independent of mc_samples): "
@@ -301,15 +301,6 @@ class DiffusionGRPOConfig(GRPOConfig):
     score_padding_eos: bool = field(
         default=False, metadata={"help": "Score the EOS tokens that fill the canvas after the first EOS."}
     )
-    stabledrl_clip_low: float = field(
-        default=0.0, metadata={"help": "StableDRL: lower bound of the unconditional ratio clip (0: clip above only)."}
-    )
-    stabledrl_clip_high: float = field(
-        default=5.0, metadata={"help": "StableDRL: upper bound of the unconditional ratio clip."}
-    )
-    spg_omega: float = field(
-        default=0.5, metadata={"help": "estimator=spg: SPG's mix weight of the EUBO for A <= 0 (0: ELBO only)."}
-    )
     leave_one_out: bool = field(
         default=False, metadata={"help": "Leave-one-out advantages (ESPO): TRL's advantages times G / (G - 1)."}
     )
@@ -325,10 +316,6 @@ class DiffusionGRPOConfig(GRPOConfig):
     whole_group_batches: bool | None = field(
         default=None,
         metadata={"help": "Every micro-batch holds whole groups. None: on for objectives defined over groups, else off."},
-    )
-    kl_estimator: str | None = field(
-        default=None,
-        metadata={"help": "KL estimator of espo/stabledrl/agrpo: k1, k2 or k3. None: the objective's own (k2; agrpo k3)."},
     )
 
     max_consecutive_nonfinite_steps: int = field(
@@ -401,6 +388,11 @@ class DiffusionGRPOConfig(GRPOConfig):
     @property
     def num_blocks(self) -> int:
         return self.max_completion_length // self.block_length
+
+
+for _name, _text in (("estimator", _estimator_doc()), ("estimation_options", _options_doc("estimation")),
+                     ("objective_options", _options_doc("objective"))):
+    DiffusionGRPOConfig.__doc__ = DiffusionGRPOConfig.__doc__.replace("{" + _name + "}", _text)
 
 
 def choose_for_device(args) -> tuple[str, ...]:

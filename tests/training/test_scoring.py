@@ -9,24 +9,24 @@ import torch
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 from trl_dllm.core.likelihood import ESTIMATORS
 from trl_dllm.core.objectives import OBJECTIVES
-from trl_dllm.training.scoring import FUNCTION_DEFAULTS, OPTION_FIELDS, RUN_OPTIONS, Scoring, config_values
+from trl_dllm.training.scoring import OPTION_FIELDS, RUN_OPTIONS, Scoring, config_values
 
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(DiffusionGRPOConfig)}
 DECLARED = sorted(
     {(kind, name, option) for kind, registry in (("estimator", ESTIMATORS), ("objective", OBJECTIVES))
-     for name, entry in registry.items() for option in entry.options}
+     for name, entry in registry.items() for option in entry.option_names}
 )  # fmt: skip
 
 
 def test_option_fields_are_config_fields():
     assert set(OPTION_FIELDS.values()) <= CONFIG_FIELDS
-    assert not set(OPTION_FIELDS) & set(RUN_OPTIONS) and not set(OPTION_FIELDS) & set(FUNCTION_DEFAULTS)
+    assert not set(OPTION_FIELDS) & set(RUN_OPTIONS)
 
 
 @pytest.mark.parametrize("kind,name,option", DECLARED)
 def test_every_declared_option_has_one_source(kind, name, option):
-    """An option a method declares is read from a config field, set by the run, or left at its documented default."""
-    sources = (OPTION_FIELDS, RUN_OPTIONS, FUNCTION_DEFAULTS)
+    """An option a method declares is read from a config field, or set by the run / left at its documented default."""
+    sources = (OPTION_FIELDS, RUN_OPTIONS)
     assert sum(option in source for source in sources) == 1, f"{kind} {name!r} declares {option!r}: no single source"
 
 
@@ -51,7 +51,7 @@ def _scoring(estimator, loss_type, **fields):
 def test_each_estimator_gets_exactly_its_options():
     scoring = _scoring("elbo", "espo", mc_samples=3)
     for name, entry in ESTIMATORS.items():
-        assert set(scoring.estimator_options(name)) <= set(entry.options)
+        assert set(scoring.estimator_options(name)) <= set(entry.option_names)
     assert scoring.estimator_options("elbo")["mc_samples"] == 3
     assert "mc_samples" not in scoring.estimator_options("mean_field")
 

@@ -13,9 +13,9 @@ import json
 import logging
 from collections.abc import Mapping
 
-from ..core.likelihood import ELBO_COUNTS, ESTIMATORS
-from ..core.likelihood.trajectory import STEP_SAMPLING
-from ..core.objectives import KL_ESTIMATORS, OBJECTIVES
+from ..core.likelihood import BLOCK_FAMILY_ESTIMATOR, ESTIMATORS
+from ..core.methods import METHOD_OPTIONS, accepted_estimators
+from ..core.objectives import OBJECTIVES
 from ..core.sampling import GENERATION_CACHES, REMASKING
 from . import inputs
 from .collapse import COLLAPSE_GUARD_MODES
@@ -298,13 +298,7 @@ def _check_generation(args):
         raise ValueError(f"generation_chunk_size={args.generation_chunk_size} must be >= 1 or None.")
 
 
-def _check_spg_and_groups(args):
-    if args.elbo_counts not in ELBO_COUNTS:
-        raise ValueError(f"elbo_counts={args.elbo_counts!r} is not one of {list(ELBO_COUNTS)}.")
-    if args.spg_beta <= 0:
-        raise ValueError(f"spg_beta={args.spg_beta} must be > 0 (the EUBO's beta; SPG and StableDRL use 1.5).")
-    if not 0.0 <= args.spg_omega <= 1.0:
-        raise ValueError(f"spg_omega={args.spg_omega} must be in [0, 1] (SPG's mix weight; 0.5 in SPG/StableDRL).")
+def _check_whole_groups(args):
     if args.whole_group_batches and args.per_device_train_batch_size % args.num_generations:
         needs = OBJECTIVES.get(args.loss_type)
         why = (f"loss_type={args.loss_type!r} (its loss is defined over whole groups)"
@@ -337,30 +331,6 @@ def whole_group_batches(args) -> bool:
     return bool(args.whole_group_batches)
 
 
-def _check_left_to_right(args):
-    """The exact left-to-right likelihood is the rollout's only if the rollout committed one token per forward, left
-    to right, from the canvas it rebuilds (no guidance, no cache approximation, no unsampled EOS filler)."""
-    if args.estimator != "left_to_right":
-        return
-    order = args.block_length == 1 or args.remasking == "left_to_right"
-    if args.diffusion_steps != args.max_completion_length or not order:
-        raise ValueError(
-            f"estimator='left_to_right' is the exact likelihood of a rollout decoded left to right, one token per "
-            f"forward, but diffusion_steps={args.diffusion_steps}, block_length={args.block_length}, "
-            f"remasking={args.remasking!r} with max_completion_length={args.max_completion_length} decode otherwise. "
-            f"Set diffusion_steps={args.max_completion_length} and remasking='left_to_right' (or block_length=1), as "
-            "JustGRPO does."
-        )
-    others = {"cfg_scale": (args.cfg_scale, 0.0), "generation_cache": (args.generation_cache, "none"),
-              "eos_early_exit": (args.eos_early_exit, False)}  # fmt: skip
-    for name, (value, exact) in others.items():
-        if value != exact:
-            raise ValueError(
-                f"estimator='left_to_right' rebuilds each canvas [prompt ; x_<t ; MASK...] without guidance, cache or "
-                f"EOS filler, so its likelihood is not the rollout's with {name}={value!r}. Set {name}={exact!r}."
-            )
-
-
 def default_estimator(loss_type: str) -> str:
     """The estimator of `loss_type` when `estimator` is not set: the first its registry entry lists (the paper's own,
     `trl_dllm.core.objectives.OBJECTIVES`), `"elbo"` for TRL's loss types."""
@@ -377,9 +347,9 @@ def fit_estimator(args, block_family: bool) -> str | None:
     if not getattr(args, "_estimator_defaulted", False):
         return None
     objective = OBJECTIVES.get(args.loss_type)
-    accepted = objective.estimators if objective is not None else tuple(ESTIMATORS)
-    if block_family and not ESTIMATORS[args.estimator].block_causal and "block" in accepted:
-        args.estimator = "block"
+    accepted = accepted_estimators(args.loss_type) if objective is not None else tuple(ESTIMATORS)
+    if block_family and not ESTIMATORS[args.estimator].block_causal and BLOCK_FAMILY_ESTIMATOR in accepted:
+        args.estimator = BLOCK_FAMILY_ESTIMATOR
         reason = "the block-diffusion family's own: staircase attention over its blocks"
     elif objective is not None:
         reason = f"the default for loss_type={args.loss_type!r}: the first estimator its registry entry lists"
@@ -391,28 +361,33 @@ def fit_estimator(args, block_family: bool) -> str | None:
     )
 
 
+def _check_method_options(args) -> None:
+    """Every field a method option is read from, against its declaration (`trl_dllm.core.options.Option.check`),
+    whichever method the run uses: a wrong value is refused even where this run does not read it."""
+    for option in METHOD_OPTIONS.values():
+        problem = option.problem(getattr(args, option.field)) if option.field is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+    for entry in OBJECTIVES.values():  # checks across one objective's own options
+        problem = entry.check(args) if entry.check is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+
+
 def _check_estimation(args):
     if args.estimator not in ESTIMATORS:
         raise ValueError(f"estimator={args.estimator!r} is not one of {sorted(ESTIMATORS)}.")
-    if args.mc_samples < 1:
-        raise ValueError(f"mc_samples={args.mc_samples} must be >= 1 (Monte Carlo samples per sequence).")
-    if args.mc_batch_size < 1:
-        raise ValueError(f"mc_batch_size={args.mc_batch_size} must be >= 1.")
-    if not 0.0 <= args.p_mask_prompt < 1.0:
-        raise ValueError(f"p_mask_prompt={args.p_mask_prompt} must be in [0, 1).")
-    if args.kl_estimator is not None and args.kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl_estimator={args.kl_estimator!r} is not one of {list(KL_ESTIMATORS)}.")
-    if args.step_samples < 1:
-        raise ValueError(f"step_samples={args.step_samples} must be >= 1.")
-    if args.step_sampling not in STEP_SAMPLING:
-        raise ValueError(f"step_sampling={args.step_sampling!r} is not one of {list(STEP_SAMPLING)}.")
-    if args.estimator == "trajectory" and not getattr(OBJECTIVES.get(args.loss_type), "needs_trajectory", False):
+    _check_method_options(args)
+    estimator, objective = ESTIMATORS[args.estimator], OBJECTIVES.get(args.loss_type)
+    if estimator.step_logprobs and (objective is None or args.estimator not in accepted_estimators(args.loss_type)):
+        users = [name for name in OBJECTIVES if args.estimator in accepted_estimators(name)]
         raise ValueError(
-            f"estimator='trajectory' replays the rollout's denoising steps and only works with loss_type='agrpo' "
-            f"(got loss_type={args.loss_type!r}). Use loss_type='agrpo', or another estimator."
+            f"estimator={args.estimator!r} replays the rollout's denoising steps and only works with "
+            f"loss_type={' or '.join(map(repr, users))} (got loss_type={args.loss_type!r}). Use "
+            f"loss_type={users[0]!r}, or another estimator."
         )
-    if args.loss_type in OBJECTIVES:
-        allowed = OBJECTIVES[args.loss_type].estimators
+    if objective is not None:
+        allowed = accepted_estimators(args.loss_type)
         if args.estimator not in allowed:
             raise ValueError(
                 f"loss_type={args.loss_type!r} cannot use estimator={args.estimator!r}: it needs one of "
@@ -423,12 +398,9 @@ def _check_estimation(args):
             f"loss_type={args.loss_type!r} is unknown. Diffusion objectives: {sorted(OBJECTIVES)}; "
             f"TRL loss types (run on estimated log-probs): {list(TRL_LOSS_TYPES)}."
         )
-    _check_spg_and_groups(args)
-    _check_left_to_right(args)
+    problem = estimator.check(args) if estimator.check is not None else None  # its requirement on the run
+    if problem is not None:
+        raise ValueError(problem)
+    _check_whole_groups(args)
     if args.dynamic_sampling_patience < 1:
         raise ValueError(f"dynamic_sampling_patience={args.dynamic_sampling_patience} must be >= 1 (rollouts).")
-    if not 0.0 <= args.stabledrl_clip_low < args.stabledrl_clip_high:
-        raise ValueError(
-            f"StableDRL clip bounds must satisfy 0 <= stabledrl_clip_low < stabledrl_clip_high, got "
-            f"{args.stabledrl_clip_low} and {args.stabledrl_clip_high}."
-        )

@@ -13,6 +13,7 @@ import os
 import torch
 
 from ..core.likelihood import ESTIMATORS
+from ..core.methods import own_objective
 from ..models import ModelSpec, require_4d_mask
 from . import inputs
 from .trainer_inputs import check_text_only
@@ -89,13 +90,13 @@ def warn_silent_settings(model, args, fsdp_enabled: bool, device_type: str) -> N
             "float32 (model_init_kwargs={'dtype': 'float32'}) and set bf16=True for mixed precision, or train LoRA "
             "adapters.", "/".join(sorted(str(d).removeprefix("torch.") for d in low)), args.learning_rate,
         )  # fmt: skip
-    if args.estimator == "trajectory" and args.generation_cache != "none":
+    if ESTIMATORS[args.estimator].replays_rollout and args.generation_cache != "none":
         logger.warning(
-            "estimator='trajectory' replays every rollout step without a cache, but generation_cache=%r samples from "
+            "estimator=%r replays every rollout step without a cache, but generation_cache=%r samples from "
             "approximate (cached) logits: the log-probabilities the trainer computes are not those the tokens were "
             "drawn from, and nothing corrects for it (measured on the demo's trained model: per-sequence weights "
             "pi/q from 0.008 to 5.8; docs/demo.md). For an exact replay keep confidence_threshold and set "
-            "generation_cache='none'.", args.generation_cache,
+            "generation_cache='none'.", args.estimator, args.generation_cache,
         )  # fmt: skip
     requested = args.fsdp_plugin_args is not None or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
     if requested and not fsdp_enabled:
@@ -135,13 +136,18 @@ def check_block_guidance(cfg_scale: float) -> None:
 def check_block_layout(args, spec: ModelSpec) -> None:
     """The config against the model's layout (the block length rollouts and estimates then use is
     ``spec.decoding_block_length(args.block_length)``). The config is never changed."""
-    if args.estimator == "block":
-        require_4d_mask(spec, "the block estimator")
-    if args.estimator == "block_steps" and spec.family != "block":
+    estimator = ESTIMATORS[args.estimator]
+    if estimator.staircase:
+        require_4d_mask(spec, f"the {args.estimator} estimator")
+    if estimator.block_model_only and spec.family != "block":
+        others = " or ".join(
+            f"estimator={name!r} (loss_type={own_objective(name)!r})" for name, entry in ESTIMATORS.items()
+            if entry.replays_rollout and not entry.block_model_only and own_objective(name)
+        )  # fmt: skip
         raise ValueError(
-            f"estimator='block_steps' (DiPO) scores the steps of a block-diffusion rollout, but this model "
-            f"({spec.family!r} family) is not block-causal: train a block-diffusion model (SDAR, TraDo), or use "
-            "estimator='trajectory' (loss_type='agrpo') or 'left_to_right' (loss_type='justgrpo') here."
+            f"estimator={args.estimator!r} ({estimator.summary}) scores the steps of a block-diffusion rollout, but "
+            f"this model ({spec.family!r} family) is not block-causal: train a block-diffusion model (SDAR, TraDo), "
+            f"or use {others} here."
         )
     check_cache_model(spec, args.generation_cache)
     if spec.family != "block":
@@ -167,7 +173,7 @@ def check_block_layout(args, spec: ModelSpec) -> None:
             "multiple of max_completion_length / block size."
         )
     check_block_guidance(args.cfg_scale)
-    if not ESTIMATORS[args.estimator].block_causal:
+    if not estimator.block_causal:
         raise ValueError(
             f"estimator={args.estimator!r} scores with bidirectional attention, which a block-causal model was not "
             "trained for: use estimator='block' (staircase attention) or 'trajectory' (AGRPO)."

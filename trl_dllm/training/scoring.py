@@ -1,9 +1,9 @@
 """Scoring: the likelihood estimates of old, reference and current policies, and the objective's inputs.
 
 Each estimator and objective declares the options it takes (`trl_dllm.core.likelihood.ESTIMATORS`,
-`trl_dllm.core.objectives.OBJECTIVES`); [`OPTION_FIELDS`] maps each option name to the config field it is read from,
-once, and [`Scoring`] passes every method exactly its declared options. Options that come from the model or the run
-rather than a field are [`RUN_OPTIONS`].
+`trl_dllm.core.objectives.OBJECTIVES`), each with the config field it is read from; [`OPTION_FIELDS`] is derived from
+those declarations, and [`Scoring`] passes every method exactly its declared options. Options that come from the model
+or the run rather than a field are [`RUN_OPTIONS`].
 
 Common random numbers: the old, reference and current passes of a sample use the sample's seed for its inner
 iteration (`mc_seeds`, drawn at generation time), so the estimation noise cancels in the ratio;
@@ -19,50 +19,21 @@ import torch
 
 from ..core.likelihood import ESTIMATORS, LikelihoodOutput, estimate
 from ..core.objectives import OBJECTIVES
+from ..core.options import option_sources
 from ..models import ModelSpec, model_logits_fn
 from ..seeding import sample_seed
 from .rollouts import sampling_distribution
 
-# Option name (the core function's keyword) -> the `DiffusionGRPOConfig` field it is read from.
-OPTION_FIELDS = {
-    "mc_samples": "mc_samples",
-    "antithetic": "antithetic",
-    "elbo_counts": "elbo_counts",
-    "spg_beta": "spg_beta",
-    "p_mask_prompt": "p_mask_prompt",
-    "mc_batch_size": "mc_batch_size",
-    "checkpoint_views": "mc_checkpointing",
-    "step_samples": "step_samples",
-    "step_sampling": "step_sampling",
-    "temperature": "temperature",
-    "top_k": "top_k",
-    "top_p": "top_p",
-    "min_p": "min_p",
-    "cfg_scale": "cfg_scale",
-    "epsilon_low": "epsilon",
-    "epsilon_high": "epsilon_high",
-    "beta": "beta",
-    "kl_estimator": "kl_estimator",
-    "clip_low": "stabledrl_clip_low",
-    "clip_high": "stabledrl_clip_high",
-    "spg_omega": "spg_omega",
-}
+# Every option a method declares, by keyword (`trl_dllm.core.options.Option`: its config field, or where the run sets it).
+OPTIONS = option_sources([*ESTIMATORS.values(), *OBJECTIVES.values()])
 
-# Options set by the model and the run, not by a config field.
-RUN_OPTIONS = {
-    "block_causal": "the model is a block-diffusion model (its family spec)",
-    "block_length": "the model's own block size on a block-diffusion model, else the block_length field",
-    "block_layout": "how the block-diffusion family counts its blocks (its spec's block_layout)",
-    "entropy_grad": "TRL's entropy bonus is on (entropy_coef != 0 or use_adaptive_entropy): entropies back-propagate",
-    "return_eubo": "the objective reads the estimator's upper bound, and this is the current policy's pass",
-}
+# Option name (the core function's keyword) -> the `DiffusionGRPOConfig` field it is read from; derived from the
+# registries' declarations.
+OPTION_FIELDS = {keyword: option.field for keyword, option in OPTIONS.items() if option.field is not None}
 
-# Options a method takes that no config field sets: the trainer leaves them at the function's default.
-FUNCTION_DEFAULTS = {
-    "t_min": "coupled: DiffuCoder's lower masking rate, 0.2",
-    "t_max": "coupled: DiffuCoder's upper masking rate, 0.8",
-    "step_normalization": "agrpo: 'mean' (AGRPO's 1 / T_i per step)",
-}
+# Options no config field sets: the trainer sets them from the model and the run, or leaves the function's default
+# (each declaration's `source` says which).
+RUN_OPTIONS = {keyword: option.source for keyword, option in OPTIONS.items() if option.field is None}
 
 # The `purpose` of a pass -> the salt of its independent seeds (`Scoring.pass_seeds`).
 SALTS = {"current": 0, "old": 1, "ref": 2}
@@ -115,10 +86,10 @@ class Scoring:
         """Exactly the options estimator `name` (default: the config's) declares, with their values."""
         entry = ESTIMATORS[name or self.args.estimator]
         values = {**self.values, "return_eubo": current and "eubo_logps" in self.estimate_fields}
-        return {key: values[key] for key in entry.options if values.get(key) is not None}
+        return {key: values[key] for key in entry.option_names if values.get(key) is not None}
 
     def objective_options(self) -> dict:
-        return {key: self.values[key] for key in self.objective.options if self.values.get(key) is not None}
+        return {key: self.values[key] for key in self.objective.option_names if self.values.get(key) is not None}
 
     @property
     def estimate_fields(self) -> tuple[str, ...]:

@@ -95,4 +95,4 @@ def _only(name, **options):
     """The ``options`` the estimator ``name`` declares (its registry entry): the shared call sites of these tests pass
     one option dict to several estimators."""
     entry = ESTIMATORS[name]
-    return {key: value for key, value in options.items() if key in entry.options + entry.inputs}
+    return {key: value for key, value in options.items() if key in entry.option_names + entry.inputs}

@@ -13,17 +13,31 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..options import Option
+from ._options import (
+    ANTITHETIC,
+    BLOCK_CAUSAL,
+    BLOCK_LAYOUT,
+    BLOCK_LENGTH,
+    CFG_SCALE,
+    MC_BATCH_SIZE,
+    MC_SAMPLES,
+    MEMORY,
+    P_MASK_PROMPT,
+    SAMPLING,
+)
 from ._views import LikelihoodOutput
 from .block import block
 from .block_steps import block_steps
-from .coupled import coupled
-from .elbo import ELBO_COUNTS, elbo
-from .left_to_right import left_to_right
+from .coupled import T_MAX, T_MIN, coupled
+from .elbo import ELBO_COUNTS, ELBO_COUNTS_OPTION, elbo
+from .left_to_right import check_left_to_right_rollout, left_to_right
 from .mean_field import mean_field
-from .spg import SPGOutput, spg_bounds
-from .trajectory import TrajectoryOutput, trajectory, trajectory_entropies
+from .spg import RETURN_EUBO, SPG_BETA, SPGOutput, spg_bounds
+from .trajectory import STEP_SAMPLES, STEP_SAMPLING_OPTION, TrajectoryOutput, trajectory, trajectory_entropies
 
 __all__ = [
+    "BLOCK_FAMILY_ESTIMATOR",
     "ELBO_COUNTS",
     "ESTIMATORS",
     "SHARED_SEED_ESTIMATORS",
@@ -46,15 +60,16 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Estimator:
-    """A registered likelihood estimator: its function and what it takes and returns.
+    """A registered likelihood estimator: its function, what it takes and returns, and what it requires of the run.
 
     Args:
         fn (`Callable[..., LikelihoodOutput]`): the estimator, called as ``fn(logits_fn, prompt_ids, prompt_mask,
             completion_ids, score_mask, *, mask_token_id, seeds, **options)``.
-        options (`tuple[str, ...]`, *optional*, defaults to `()`): the keyword options of ``fn`` a caller may pass (by
-            ``fn``'s own keyword names, e.g. ``"mc_samples"``, ``"checkpoint_views"``); scalars, the same for every
-            row. Every keyword argument of ``fn`` besides ``mask_token_id`` and ``seeds`` is declared here or in
-            ``inputs``.
+        summary (`str`): what it is, in a few words (the config's ``estimator`` documentation, error messages).
+        options (`tuple[Option, ...]`, *optional*, defaults to `()`): the keyword options of ``fn`` a caller may pass
+            (scalars, the same for every row), each an [`~trl_dllm.core.options.Option`] saying which config field
+            sets it, or that the run does. Every keyword argument of ``fn`` besides ``mask_token_id`` and ``seeds`` is
+            declared here or in ``inputs``.
         inputs (`tuple[str, ...]`, *optional*, defaults to `()`): per-row batch tensors of shape `(B, L)` that ``fn``
             takes besides the ids, masks and seeds (e.g. the rollout's ``"unmask_step"``): a caller that cuts the
             batch into row chunks cuts these too.
@@ -63,60 +78,100 @@ class Estimator:
         shared_seed (`bool`, *optional*, defaults to `False`): the seed chooses *which terms* the estimate sums, not
             mask noise: the old, reference and current passes of a sample must share it.
         block_causal (`bool`, *optional*, defaults to `False`): valid on a block-diffusion (block-causal) model.
+        staircase (`bool`, *optional*, defaults to `False`): scores with its own 4-D attention layout (staircase
+            attention): the model must honour a 4-D attention mask.
+        block_model_only (`bool`, *optional*, defaults to `False`): scores the steps of a block-diffusion rollout, so
+            only a block-diffusion model can use it.
+        step_logprobs (`bool`, *optional*, defaults to `False`): its per-token values are raw log-probs of replayed
+            denoising steps, not contributions whose row sum estimates the sequence: only an objective that lists it
+            (and declares ``needs_trajectory``) may use it.
+        replays_rollout (`bool`, *optional*, defaults to `False`): recomputes the probabilities the rollout sampled
+            from; exact only for rollouts decoded without an approximate cache (the trainer warns otherwise).
+        check (`Callable[[object], str | None]`, *optional*): a requirement on the run, called at construction with the
+            config: what is wrong and what to set, or ``None``.
+        objectives (`tuple[str, ...]`, *optional*, defaults to `()`): diffusion objectives (``loss_type``) it offers
+            itself to, beyond those whose entry lists it (``Objective.estimators``): a new estimator joins ESPO or
+            StableDRL by its own registry line (``trl_dllm.core.methods.accepted_estimators``). TRL's loss types take
+            any estimator but the ``step_logprobs`` ones.
     """
 
     fn: Callable[..., LikelihoodOutput]
-    options: tuple[str, ...] = ()
+    summary: str
+    options: tuple[Option, ...] = ()
     inputs: tuple[str, ...] = ()
     output_fields: tuple[str, ...] = ()
     shared_seed: bool = False
     block_causal: bool = False
+    staircase: bool = False
+    block_model_only: bool = False
+    step_logprobs: bool = False
+    replays_rollout: bool = False
+    check: Callable[[object], str | None] | None = None
+    objectives: tuple[str, ...] = ()
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        """The keywords of ``options``."""
+        return tuple(option.keyword for option in self.options)
 
 
-_MEMORY = ("checkpoint_views", "entropy_grad")  # the memory switches of every estimator (see `_views`)
+_BLOCK = (BLOCK_LENGTH, BLOCK_LAYOUT)
 
 ESTIMATORS: dict[str, Estimator] = {
-    "mean_field": Estimator(mean_field, options=("p_mask_prompt", *_MEMORY)),
+    "mean_field": Estimator(mean_field, "d1's one-step estimate", options=(P_MASK_PROMPT, *MEMORY)),
     "elbo": Estimator(
-        elbo, options=("mc_samples", "antithetic", "elbo_counts", "p_mask_prompt", "mc_batch_size", *_MEMORY)
+        elbo, "Monte Carlo ELBO, LLaDA/ESPO",
+        options=(MC_SAMPLES, ANTITHETIC, ELBO_COUNTS_OPTION, P_MASK_PROMPT, MC_BATCH_SIZE, *MEMORY),
     ),
     "coupled": Estimator(
-        coupled, options=("mc_samples", "t_min", "t_max", "p_mask_prompt", "mc_batch_size", *_MEMORY)
+        coupled, "DiffuCoder's full-mask + weighted complementary views",
+        options=(MC_SAMPLES, T_MIN, T_MAX, P_MASK_PROMPT, MC_BATCH_SIZE, *MEMORY),
     ),
     "trajectory": Estimator(
-        trajectory,
-        options=(
-            "step_samples", "step_sampling", "temperature", "top_k", "top_p", "min_p", "cfg_scale", "block_causal",
-            "block_length", "block_layout", "mc_batch_size", *_MEMORY,
-        ),  # fmt: skip
+        trajectory, "AGRPO: replays sampled steps of the recorded rollout; `loss_type=\"agrpo\"` only",
+        options=(STEP_SAMPLES, STEP_SAMPLING_OPTION, *SAMPLING, CFG_SCALE, BLOCK_CAUSAL, *_BLOCK, MC_BATCH_SIZE,
+                 *MEMORY),
         inputs=("unmask_step", "token_entropies"),
         output_fields=("step_weights", "steps_sampled", "num_steps"),
         # AGRPO's sampled steps: with different seeds old and current passes would score different tokens, and a token
         # scored in one pass but not the other compares a log-prob with the 0 stored for "not scored".
         shared_seed=True,
         block_causal=True,
+        step_logprobs=True,
+        replays_rollout=True,
     ),
     "block": Estimator(
-        block,
-        options=("block_length", "block_layout", "mc_samples", "antithetic", "p_mask_prompt", "mc_batch_size",
-                 *_MEMORY),
+        block, "staircase attention for block-diffusion models, StableDRL",
+        options=(*_BLOCK, MC_SAMPLES, ANTITHETIC, P_MASK_PROMPT, MC_BATCH_SIZE, *MEMORY),
         block_causal=True,
+        staircase=True,
     ),
     "block_steps": Estimator(
-        block_steps,
-        options=("block_length", "block_layout", "temperature", "top_k", "top_p", "min_p", *_MEMORY),
+        block_steps, "DiPO: the step-level likelihood of a block-diffusion rollout's own steps",
+        options=(*_BLOCK, *SAMPLING, *MEMORY),
         inputs=("unmask_step",),
         block_causal=True,
+        block_model_only=True,
+        replays_rollout=True,
     ),
     "left_to_right": Estimator(
-        left_to_right, options=("temperature", "top_k", "top_p", "min_p", "mc_batch_size", *_MEMORY)
+        left_to_right,
+        "JustGRPO: the exact likelihood of a rollout decoded left to right, one forward per completion position",
+        options=(*SAMPLING, MC_BATCH_SIZE, *MEMORY),
+        replays_rollout=True,
+        check=check_left_to_right_rollout,
     ),
     "spg": Estimator(
         spg_bounds,
-        options=("block_length", "mc_samples", "p_mask_prompt", "spg_beta", "mc_batch_size", *_MEMORY, "return_eubo"),
+        "SPG's block-wise forward process with its ELBO and EUBO, StableDRL's released likelihood",
+        options=(BLOCK_LENGTH, MC_SAMPLES, P_MASK_PROMPT, SPG_BETA, MC_BATCH_SIZE, *MEMORY, RETURN_EUBO),
         output_fields=("eubo_logps",),
     ),
-}
+}  # fmt: skip
+
+# The estimator a block-diffusion family's model scores with when `estimator` is not set and the objective accepts it:
+# staircase attention over its own blocks (the trainer's `fit_estimator`, the lm-eval model).
+BLOCK_FAMILY_ESTIMATOR = "block"
 
 # Estimators whose seed chooses *which terms* the estimate sums (AGRPO's sampled steps), not mask noise. The old,
 # reference and current passes of a sample must always share it, so `independent_mc_noise` never applies to them.
@@ -135,7 +190,7 @@ def estimate(name: str, logits_fn, prompt_ids, prompt_mask, completion_ids, scor
     if name not in ESTIMATORS:
         raise ValueError(f"Unknown estimator {name!r}. Known estimators: {', '.join(sorted(ESTIMATORS))}.")
     entry = ESTIMATORS[name]
-    accepted = entry.options + entry.inputs
+    accepted = entry.option_names + entry.inputs
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise TypeError(

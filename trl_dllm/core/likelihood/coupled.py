@@ -19,9 +19,14 @@ from __future__ import annotations
 import torch
 
 from ..masks import bernoulli_masks
+from ..options import Option
 from ._views import LikelihoodOutput, check_inputs, draw_views, score_views
 
-__all__ = ["coupled"]
+__all__ = ["T_MAX", "T_MIN", "coupled"]
+
+# No config field sets them: the trainer keeps the function's defaults.
+T_MIN = Option("t_min", source="the function's default: DiffuCoder's lower masking rate, 0.2")
+T_MAX = Option("t_max", source="the function's default: DiffuCoder's upper masking rate, 0.8")
 
 
 def coupled(

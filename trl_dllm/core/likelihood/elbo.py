@@ -34,11 +34,20 @@ from __future__ import annotations
 import torch
 
 from ..masks import random_subsets, stratified_counts
+from ..options import Option, one_of
 from ._views import LikelihoodOutput, check_inputs, draw_views, score_views
 
-__all__ = ["ELBO_COUNTS", "elbo"]
+__all__ = ["ELBO_COUNTS", "ELBO_COUNTS_OPTION", "elbo"]
 
 ELBO_COUNTS = ("llada", "espo")
+ELBO_COUNTS_OPTION = Option(
+    "elbo_counts", "elbo_counts", "llada", "str",
+    help="elbo mask sizes: llada (n ~ U{1..L}) or espo (x ~ U{0..L}, ESPO's pair).",
+    doc="How `\"elbo\"` draws its mask sizes: `\"llada\"` (`n ~ U{1..L}`, weight `L/n`; pairs over `{1..L-1}`) or "
+    "`\"espo\"` (ESPO's construction: `x ~ U{0..L}`, weights `(L+1)/x` and `(L+1)/(L-x)`, each half exactly LLaDA's "
+    "ELBO).",
+    check=one_of(ELBO_COUNTS),
+)  # fmt: skip
 
 
 def _elbo_views(mc_samples, length, antithetic, counts, generator):

@@ -26,7 +26,31 @@ from ..logits import as_logits_fn, kept_logits
 from ..sampling import sampling_log_probs
 from ._views import LikelihoodOutput, check_inputs, recompute_chunks
 
-__all__ = ["left_to_right", "left_to_right_canvases"]
+__all__ = ["check_left_to_right_rollout", "left_to_right", "left_to_right_canvases"]
+
+
+def check_left_to_right_rollout(run) -> str | None:
+    """The estimate is the rollout's likelihood only if the rollout committed one token per forward, left to right,
+    from the canvas this estimator rebuilds: no guidance, no cache approximation, no unsampled EOS filler. ``run`` is
+    any object with the trainer config's fields; returns what is wrong and what to set, or ``None``."""
+    order = run.block_length == 1 or run.remasking == "left_to_right"
+    if run.diffusion_steps != run.max_completion_length or not order:
+        return (
+            f"estimator='left_to_right' is the exact likelihood of a rollout decoded left to right, one token per "
+            f"forward, but diffusion_steps={run.diffusion_steps}, block_length={run.block_length}, "
+            f"remasking={run.remasking!r} with max_completion_length={run.max_completion_length} decode otherwise. "
+            f"Set diffusion_steps={run.max_completion_length} and remasking='left_to_right' (or block_length=1), as "
+            "JustGRPO does."
+        )
+    exact = {"cfg_scale": 0.0, "generation_cache": "none", "eos_early_exit": False}
+    for name, value in exact.items():
+        if getattr(run, name) != value:
+            return (
+                f"estimator='left_to_right' rebuilds each canvas [prompt ; x_<t ; MASK...] without guidance, cache or "
+                f"EOS filler, so its likelihood is not the rollout's with {name}={getattr(run, name)!r}. Set "
+                f"{name}={value!r}."
+            )
+    return None
 
 
 def left_to_right_canvases(prompt_ids, completion_ids, positions, mask_token_id: int) -> torch.Tensor:

@@ -38,9 +38,20 @@ from dataclasses import dataclass
 import torch
 
 from ..masks import random_subsets
+from ..options import Option, greater_than
 from ._views import LikelihoodOutput, check_inputs, draw_views, view_scorer, view_token_scores
 
-__all__ = ["SPGOutput", "block_random_views", "spg_bounds"]
+__all__ = ["RETURN_EUBO", "SPGOutput", "SPG_BETA", "block_random_views", "spg_bounds"]
+
+SPG_BETA = Option(
+    "spg_beta", "spg_beta", 1.5, "float",
+    help="spg estimator: beta of SPG's upper bound (EUBO).",
+    doc="For `\"spg\"`: the `β` of SPG's upper bound (EUBO). SPG and StableDRL use 1.5.",
+    check=greater_than(0), hint="the EUBO's beta; SPG and StableDRL use 1.5",
+)  # fmt: skip
+RETURN_EUBO = Option(
+    "return_eubo", source="the objective reads the estimator's upper bound, and this is the current policy's pass"
+)
 
 
 @dataclass

@@ -28,11 +28,14 @@ from torch.utils.checkpoint import checkpoint
 
 from ..logits import as_logits_fn
 from ..masks import block_attention, block_causal_mask, layout_ids, make_generator
+from ..options import Option, at_least, one_of
 from ..sampling import sampling_log_probs
 from ._views import LikelihoodOutput, check_inputs, recompute_chunks
 
 __all__ = [
+    "STEP_SAMPLES",
     "STEP_SAMPLING",
+    "STEP_SAMPLING_OPTION",
     "TrajectoryOutput",
     "entropy_steps",
     "rebuild_canvas",
@@ -42,6 +45,19 @@ __all__ = [
 ]
 
 STEP_SAMPLING = ("stratified", "entropy")
+STEP_SAMPLES = Option(
+    "step_samples", "step_samples", 8, "int",
+    help="trajectory estimator: steps sampled per sequence.",
+    doc="For the `\"trajectory\"` estimator (AGRPO): denoising steps sampled per sequence from its rollout.",
+    check=at_least(1),
+)  # fmt: skip
+STEP_SAMPLING_OPTION = Option(
+    "step_sampling", "step_sampling", "stratified", "str",
+    help="trajectory estimator: stratified or entropy step sampling.",
+    doc="How the `\"trajectory\"` estimator samples steps: `\"stratified\"` over the real steps, or `\"entropy\"` "
+    "(proportional to the entropy of the tokens revealed at each step, with importance weights).",
+    check=one_of(STEP_SAMPLING),
+)  # fmt: skip
 # Defensive importance sampling (Hesterberg 1995): mix the entropy proposal with this much of the uniform one, so
 # a near-deterministic step (entropy ≈ 0) keeps probability >= 0.1 / T and its weight stays <= 10 T / M.
 ENTROPY_UNIFORM_MIX = 0.1

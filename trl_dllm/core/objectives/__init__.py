@@ -23,9 +23,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..options import Option
 from ._common import (
+    KL,
     KL_ESTIMATORS,
     LOG_RATIO_CLAMP,
+    PPO_CLIP,
+    SPG_OMEGA,
     ObjectiveOutput,
     group_normalised_weights,
     group_softmax,
@@ -34,12 +38,12 @@ from ._common import (
     sandwich,
     sequence_logps,
 )
-from .agrpo import STEP_NORMALIZATIONS, agrpo
+from .agrpo import STEP_NORMALIZATION, STEP_NORMALIZATIONS, agrpo
 from .dipo import DIPO_LOG_RATIO_CLAMP, dipo
 from .espo import espo
 from .justgrpo import justgrpo
 from .spg import spg
-from .stabledrl import stabledrl
+from .stabledrl import CLIP_HIGH, CLIP_LOW, check_clip_bounds, stabledrl
 from .wd1 import wd1
 
 __all__ = [
@@ -78,8 +82,10 @@ class Objective:
         estimators (`tuple[str, ...]`): names of the estimators in `trl_dllm.core.likelihood` it can use; the first
             is its own (its paper's, or the library's default where the released code differs: StableDRL's `spg` is
             set by its recipes), taken when `estimator` is not set (`DiffusionGRPOConfig.estimator`).
-        options (`tuple[str, ...]`, *optional*, defaults to `()`): keyword options of `fn` the trainer passes from
-            its configuration, by `fn`'s keyword names (`"epsilon_low"`, `"beta"`, `"kl_estimator"`, `"clip_high"`, …).
+        options (`tuple[Option, ...]`, *optional*, defaults to `()`): keyword options of `fn` the trainer passes from
+            its configuration (`"epsilon_low"`, `"beta"`, `"kl_estimator"`, `"clip_high"`, …), each an
+            [`~trl_dllm.core.options.Option`] naming the config field that sets it (and declaring it, for the
+            objective's own: `stabledrl_clip_high`).
         inputs (`tuple[str, ...]`, *optional*, defaults to `()`): batch tensors `fn` takes by keyword (`"group_ids"`:
             one id per prompt).
         estimate_fields (`tuple[str, ...]`, *optional*, defaults to `()`): fields of the likelihood estimator's
@@ -97,53 +103,61 @@ class Objective:
             papers' code does over one whole group per micro-step. TRL's row shuffle would split groups over
             micro-batches and processes and make the update depend on both, so the trainer keeps whole groups in every
             micro-batch (`whole_group_batches`, on by default for these objectives).
+        check (`Callable[[object], str | None]`, *optional*): a check across the values of its own options, called
+            with the config at construction whatever the loss type (like each option's own check: a wrong value is
+            refused even where the run does not read it): what is wrong and what to set, or `None` (StableDRL: a
+            non-empty clip range).
     """
 
     fn: Callable[..., ObjectiveOutput]
     estimators: tuple[str, ...]
-    options: tuple[str, ...] = ()
+    options: tuple[Option, ...] = ()
     inputs: tuple[str, ...] = ()
     estimate_fields: tuple[str, ...] = ()
     uses_old: bool = True
     needs_trajectory: bool = False
     whole_groups: bool = False
+    check: Callable[[object], str | None] | None = None
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        """The keywords of `options`."""
+        return tuple(option.keyword for option in self.options)
 
     @property
     def keywords(self) -> tuple[str, ...]:
-        """Every keyword `fn` takes: `options + inputs + estimate_fields`."""
-        return self.options + self.inputs + self.estimate_fields
+        """Every keyword `fn` takes: the options' names, `inputs` and `estimate_fields`."""
+        return self.option_names + self.inputs + self.estimate_fields
 
-
-_KL = ("beta", "kl_estimator")
-_PPO_CLIP = ("epsilon_low", "epsilon_high")
 
 OBJECTIVES: dict[str, Objective] = {
-    "espo": Objective(espo, ("elbo", "coupled", "block", "spg"), options=(*_PPO_CLIP, *_KL)),
+    "espo": Objective(espo, ("elbo", "coupled", "block", "spg"), options=(*PPO_CLIP, *KL)),
     "stabledrl": Objective(
         stabledrl,
         ("elbo", "coupled", "mean_field", "block", "spg"),
-        options=("clip_low", "clip_high", "spg_omega", *_KL),
+        options=(CLIP_LOW, CLIP_HIGH, SPG_OMEGA, *KL),
         inputs=("group_ids",),
         estimate_fields=("eubo_logps",),
         whole_groups=True,
+        check=check_clip_bounds,
     ),
     "agrpo": Objective(
         agrpo,
         ("trajectory",),
-        options=("step_normalization", *_PPO_CLIP, *_KL),
+        options=(STEP_NORMALIZATION, *PPO_CLIP, *KL),
         estimate_fields=("step_weights", "num_steps"),
         needs_trajectory=True,
     ),
     "dipo": Objective(
-        dipo, ("block_steps",), options=(*_PPO_CLIP, *_KL), inputs=("unmask_step",), whole_groups=True
+        dipo, ("block_steps",), options=(*PPO_CLIP, *KL), inputs=("unmask_step",), whole_groups=True
     ),
-    "justgrpo": Objective(justgrpo, ("left_to_right",), options=(*_PPO_CLIP, *_KL), whole_groups=True),
+    "justgrpo": Objective(justgrpo, ("left_to_right",), options=(*PPO_CLIP, *KL), whole_groups=True),
     "spg": Objective(
-        spg, ("spg",), options=("spg_omega", *_KL), estimate_fields=("eubo_logps",), uses_old=False,
+        spg, ("spg",), options=(SPG_OMEGA, *KL), estimate_fields=("eubo_logps",), uses_old=False,
         whole_groups=True,
     ),
     "wd1": Objective(
-        wd1, ("mean_field", "elbo", "coupled", "block", "spg"), options=_KL, inputs=("group_ids",), uses_old=False,
+        wd1, ("mean_field", "elbo", "coupled", "block", "spg"), options=KL, inputs=("group_ids",), uses_old=False,
         whole_groups=True,
     ),
 }

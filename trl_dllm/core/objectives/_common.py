@@ -20,8 +20,32 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..options import Option, between, one_of
+
 LOG_RATIO_CLAMP = 20.0
 KL_ESTIMATORS = ("k1", "k2", "k3")
+
+# The options several objectives take ([`~trl_dllm.core.options.Option`]); one objective's own are in its module.
+EPSILON_LOW = Option("epsilon_low", "epsilon")  # TRL's clip range [1 - epsilon, 1 + epsilon_high]
+EPSILON_HIGH = Option("epsilon_high", "epsilon_high")  # TRL's; None is epsilon
+BETA = Option("beta", "beta")  # TRL's KL weight
+KL_ESTIMATOR = Option(
+    "kl_estimator", "kl_estimator", None, "str | None",
+    help="KL estimator of {objectives}: k1, k2 or k3. None: the objective's own (k2; agrpo k3).",
+    doc="KL estimator of the diffusion objectives: `\"k1\"`, `\"k2\"` (`½(S - S_ref)²`) or `\"k3\"`. `None` takes "
+    "each objective's own: `k2` at sequence level for `\"espo\"` and `\"stabledrl\"` (ESPO's choice), per-token `k3` "
+    "for `\"agrpo\"` (AGRPO's code). TRL's own loss types keep TRL's per-token `k3`.",
+    check=one_of(KL_ESTIMATORS), section="objective",
+)  # fmt: skip
+SPG_OMEGA = Option(
+    "spg_omega", "spg_omega", 0.5, "float",
+    help="estimator=spg: SPG's mix weight of the EUBO for A <= 0 (0: ELBO only).",
+    doc="With `estimator=\"spg\"`: the mix weight `ω` of SPG's sandwich for `A <= 0` (`ω EUBO + (1 - ω) ELBO`), used "
+    "by {objectives} (as StableDRL's released code). `0` keeps the ELBO for every row.",
+    check=between(0.0, 1.0), hint="SPG's mix weight; 0.5 in SPG/StableDRL", section="objective",
+)  # fmt: skip
+KL = (BETA, KL_ESTIMATOR)
+PPO_CLIP = (EPSILON_LOW, EPSILON_HIGH)
 
 
 @dataclass

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import torch
 
+from ..options import Option
 from ._common import KL_ESTIMATORS, LOG_RATIO_CLAMP, ObjectiveOutput, kl_divergence, ratio_metrics
 
-__all__ = ["STEP_NORMALIZATIONS", "agrpo"]
+__all__ = ["STEP_NORMALIZATION", "STEP_NORMALIZATIONS", "agrpo"]
 
 STEP_NORMALIZATIONS = ("mean", "sum")
+STEP_NORMALIZATION = Option("step_normalization", source="the function's default: 'mean' (AGRPO's 1 / T_i per step)")
 
 
 def _agrpo_weights(step_weights, num_steps, step_normalization, mask, dtype):

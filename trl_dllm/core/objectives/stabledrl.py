@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ..options import Option, at_least
 from ._common import (
     ObjectiveOutput,
     group_index,
@@ -29,7 +30,31 @@ from ._common import (
     sequence_logps,
 )
 
-__all__ = ["stabledrl"]
+__all__ = ["CLIP_HIGH", "CLIP_LOW", "check_clip_bounds", "stabledrl"]
+
+CLIP_LOW = Option(
+    "clip_low", "stabledrl_clip_low", 0.0, "float",
+    help="StableDRL: lower bound of the unconditional ratio clip (0: clip above only).",
+    doc="Lower bound of StableDRL's unconditional ratio clip. `0` clips only above, as the authors' code does.",
+    check=at_least(0.0), section="objective",
+)  # fmt: skip
+CLIP_HIGH = Option(
+    "clip_high", "stabledrl_clip_high", 5.0, "float",
+    help="StableDRL: upper bound of the unconditional ratio clip.",
+    doc="Upper bound of StableDRL's unconditional ratio clip (the authors' code uses 5).",
+    section="objective",
+)  # fmt: skip
+
+
+def check_clip_bounds(run) -> str | None:
+    """The clip range is not empty: ``clip_low < clip_high`` (``run``: any object with the config's fields)."""
+    low, high = getattr(run, CLIP_LOW.field), getattr(run, CLIP_HIGH.field)
+    if low < high:
+        return None
+    return (
+        f"StableDRL clip bounds must satisfy 0 <= {CLIP_LOW.field} < {CLIP_HIGH.field}, got {low} and {high}: set "
+        f"{CLIP_HIGH.field} above {CLIP_LOW.field} (the authors' code clips at 0 and 5)."
+    )
 
 
 def stabledrl(
