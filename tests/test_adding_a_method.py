@@ -17,6 +17,7 @@ SCRIPT = textwrap.dedent(
     from datasets import Dataset
 
     from trl_dllm.core.likelihood import ESTIMATORS, Estimator, mean_field
+    from trl_dllm.core.likelihood.mean_field import mean_field_views
     from trl_dllm.core.likelihood._options import MEMORY, P_MASK_PROMPT
     from trl_dllm.core.options import Option, greater_than
 
@@ -35,7 +36,8 @@ SCRIPT = textwrap.dedent(
         out.logps = alpha * out.logps
         return out
 
-    ESTIMATORS["tempered"] = Estimator(tempered, "a tempered one-step estimate", options=(ALPHA, P_MASK_PROMPT, *MEMORY),
+    ESTIMATORS["tempered"] = Estimator(tempered, "a tempered one-step estimate", mean_field_views,
+                                       options=(ALPHA, P_MASK_PROMPT, *MEMORY),
                                        objectives=("stabledrl",))
 
     from trl import TrlParser

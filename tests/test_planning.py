@@ -19,7 +19,8 @@ from trl_dllm.planning import (
     static_bytes,
     views_of,
 )
-from trl_dllm.planning.phases import _spg_kept, layer_saved_bytes, layer_transient_bytes
+from trl_dllm.core.likelihood.spg import expected_masked as _spg_kept
+from trl_dllm.planning.phases import layer_saved_bytes, layer_transient_bytes
 
 GB = 1e9
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..core.likelihood import ESTIMATORS
 from .architecture import Architecture
 
 __all__ = ["Settings", "Views", "layer_saved_bytes", "layer_transient_bytes", "phase_bytes", "views_of"]
@@ -111,37 +112,16 @@ class Views:
         return math.ceil(self.count / self.per_forward)
 
 
-def _spg_kept(length: int, block: int, p: float) -> float:
-    """Expected masked positions of one SPG ``block_random`` view (all ``L`` positions scored): every position after
-    the chosen block, ``U{1..L_b}`` inside it, each earlier one with probability ``p``; the block uniform."""
-    blocks = max(length // block, 1)
-    return sum((blocks - 1 - b) * block + (block + 1) / 2 + p * b * block for b in range(blocks)) / blocks
-
-
 def views_of(s: Settings) -> Views:
-    """Views per row of ``s.estimator`` (module docstrings of :mod:`trl_dllm.core.likelihood`): ``mean_field`` one
-    fully masked view; ``elbo`` ``K`` (``2K`` antithetic) views of ``L/2`` expected masked positions; ``coupled``
-    ``3K`` views (full, ``A``, complement: ``2L/3`` on average); ``spg`` ``K`` block-wise views; ``block`` ``K``
-    (``2K``) staircase forwards of ``P + 2L`` tokens; ``block_steps`` one staircase forward per step of a block;
-    ``trajectory`` ``step_samples`` canvases of ``L/T`` scored tokens; ``left_to_right`` ``L`` canvases of one."""
-    P, L, K, m = s.prompt_length, s.completion_length, s.mc_samples, max(s.mc_batch_size, 1)
-    pair = 2 if s.antithetic else 1
-    table = {
-        "mean_field": (1, P + L, L),
-        "elbo": (K * pair, P + L, L / 2),
-        "coupled": (3 * K, P + L, 2 * L / 3),
-        "spg": (K, P + L, _spg_kept(L, s.block_length, s.p_mask_prompt)),
-        "block": (K * pair, P + 2 * L, L / 2),
-        "block_steps": (max(s.diffusion_steps // max(L // s.block_length, 1), 1), P + 2 * L, 0.0),
-        "trajectory": (s.step_samples, P + L, L / max(s.diffusion_steps, 1)),
-        "left_to_right": (L, P + L, 1),
-    }
-    if s.estimator not in table:
-        raise ValueError(f"estimator={s.estimator!r}: the planner models {', '.join(sorted(table))}.")
-    count, canvas, kept = table[s.estimator]
-    if s.estimator == "block_steps":
-        kept = L / count  # every token of a block is scored once over its steps
-    per_forward = 1 if s.estimator in ("block_steps",) else min(m, count)
+    """Views per row of ``s.estimator``, from its registry entry (``Estimator.views``, next to its formula in its
+    module of :mod:`trl_dllm.core.likelihood`): a view is a forward of ``P + L`` tokens (``P + 2L`` with staircase
+    attention), stacked ``mc_batch_size`` per forward when the estimator takes that option."""
+    if s.estimator not in ESTIMATORS:
+        raise ValueError(f"estimator={s.estimator!r}: the planner models {', '.join(sorted(ESTIMATORS))}.")
+    entry = ESTIMATORS[s.estimator]
+    count, kept = entry.views(s)
+    canvas = s.prompt_length + (2 if entry.staircase else 1) * s.completion_length
+    per_forward = min(max(s.mc_batch_size, 1), count) if "mc_batch_size" in entry.option_names else 1
     return Views(count, canvas, kept, per_forward)
 
 
@@ -228,7 +208,7 @@ def phase_bytes(arch: Architecture, s: Settings) -> dict[str, float]:
     rows = s.batch * views.per_forward
     tokens = rows * views.canvas
     kept = rows * views.kept
-    block_mask = rows * views.canvas**2 * a if arch.block_causal or s.estimator in ("block", "block_steps") else 0.0
+    block_mask = rows * views.canvas**2 * a if arch.block_causal or ESTIMATORS[s.estimator].staircase else 0.0
 
     # Rollout: cache, forwarded tokens per call, sampled block positions.
     canvas = s.prompt_length + s.completion_length

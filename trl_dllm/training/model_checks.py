@@ -137,8 +137,6 @@ def check_block_layout(args, spec: ModelSpec) -> None:
     """The config against the model's layout (the block length rollouts and estimates then use is
     ``spec.decoding_block_length(args.block_length)``). The config is never changed."""
     estimator = ESTIMATORS[args.estimator]
-    if estimator.staircase:
-        require_4d_mask(spec, f"the {args.estimator} estimator")
     if estimator.block_model_only and spec.family != "block":
         others = " or ".join(
             f"estimator={name!r} (loss_type={own_objective(name)!r})" for name, entry in ESTIMATORS.items()
@@ -149,6 +147,8 @@ def check_block_layout(args, spec: ModelSpec) -> None:
             f"this model ({spec.family!r} family) is not block-causal: train a block-diffusion model (SDAR, TraDo), "
             f"or use {others} here."
         )
+    if estimator.staircase:
+        require_4d_mask(spec, f"the {args.estimator} estimator")
     check_cache_model(spec, args.generation_cache)
     if spec.family != "block":
         return

@@ -27,14 +27,21 @@ from ._options import (
     SAMPLING,
 )
 from ._views import LikelihoodOutput
-from .block import block
-from .block_steps import block_steps
-from .coupled import T_MAX, T_MIN, coupled
-from .elbo import ELBO_COUNTS, ELBO_COUNTS_OPTION, elbo
-from .left_to_right import check_left_to_right_rollout, left_to_right
-from .mean_field import mean_field
-from .spg import RETURN_EUBO, SPG_BETA, SPGOutput, spg_bounds
-from .trajectory import STEP_SAMPLES, STEP_SAMPLING_OPTION, TrajectoryOutput, trajectory, trajectory_entropies
+from .block import block, block_views
+from .block_steps import block_steps, block_steps_views
+from .coupled import T_MAX, T_MIN, coupled, coupled_views
+from .elbo import ELBO_COUNTS, ELBO_COUNTS_OPTION, elbo, elbo_views
+from .left_to_right import check_left_to_right_rollout, left_to_right, left_to_right_views
+from .mean_field import mean_field, mean_field_views
+from .spg import RETURN_EUBO, SPG_BETA, SPGOutput, spg_bounds, spg_views
+from .trajectory import (
+    STEP_SAMPLES,
+    STEP_SAMPLING_OPTION,
+    TrajectoryOutput,
+    trajectory,
+    trajectory_entropies,
+    trajectory_views,
+)
 
 __all__ = [
     "BLOCK_FAMILY_ESTIMATOR",
@@ -66,6 +73,12 @@ class Estimator:
         fn (`Callable[..., LikelihoodOutput]`): the estimator, called as ``fn(logits_fn, prompt_ids, prompt_mask,
             completion_ids, score_mask, *, mask_token_id, seeds, **options)``.
         summary (`str`): what it is, in a few words (the config's ``estimator`` documentation, error messages).
+        views (`Callable[[object], tuple[int, float]]`): its cost, for the memory and time planner
+            (``trl_dllm.planning``): from the run's settings (any object with ``prompt_length``,
+            ``completion_length``, ``mc_samples``, ``antithetic``, ``block_length``, ``p_mask_prompt``,
+            ``step_samples``, ``diffusion_steps``), the views it scores per row and the expected scored positions per
+            view. Each view is a forward of the prompt and the completion (twice the completion with ``staircase``);
+            views are stacked ``mc_batch_size`` per forward when it takes that option.
         options (`tuple[Option, ...]`, *optional*, defaults to `()`): the keyword options of ``fn`` a caller may pass
             (scalars, the same for every row), each an [`~trl_dllm.core.options.Option`] saying which config field
             sets it, or that the run does. Every keyword argument of ``fn`` besides ``mask_token_id`` and ``seeds`` is
@@ -97,6 +110,7 @@ class Estimator:
 
     fn: Callable[..., LikelihoodOutput]
     summary: str
+    views: Callable[[object], tuple[int, float]]
     options: tuple[Option, ...] = ()
     inputs: tuple[str, ...] = ()
     output_fields: tuple[str, ...] = ()
@@ -118,17 +132,18 @@ class Estimator:
 _BLOCK = (BLOCK_LENGTH, BLOCK_LAYOUT)
 
 ESTIMATORS: dict[str, Estimator] = {
-    "mean_field": Estimator(mean_field, "d1's one-step estimate", options=(P_MASK_PROMPT, *MEMORY)),
+    "mean_field": Estimator(mean_field, "d1's one-step estimate", mean_field_views, options=(P_MASK_PROMPT, *MEMORY)),
     "elbo": Estimator(
-        elbo, "Monte Carlo ELBO, LLaDA/ESPO",
+        elbo, "Monte Carlo ELBO, LLaDA/ESPO", elbo_views,
         options=(MC_SAMPLES, ANTITHETIC, ELBO_COUNTS_OPTION, P_MASK_PROMPT, MC_BATCH_SIZE, *MEMORY),
     ),
     "coupled": Estimator(
-        coupled, "DiffuCoder's full-mask + weighted complementary views",
+        coupled, "DiffuCoder's full-mask + weighted complementary views", coupled_views,
         options=(MC_SAMPLES, T_MIN, T_MAX, P_MASK_PROMPT, MC_BATCH_SIZE, *MEMORY),
     ),
     "trajectory": Estimator(
         trajectory, "AGRPO: replays sampled steps of the recorded rollout; `loss_type=\"agrpo\"` only",
+        trajectory_views,
         options=(STEP_SAMPLES, STEP_SAMPLING_OPTION, *SAMPLING, CFG_SCALE, BLOCK_CAUSAL, *_BLOCK, MC_BATCH_SIZE,
                  *MEMORY),
         inputs=("unmask_step", "token_entropies"),
@@ -141,22 +156,24 @@ ESTIMATORS: dict[str, Estimator] = {
         replays_rollout=True,
     ),
     "block": Estimator(
-        block, "staircase attention for block-diffusion models, StableDRL",
+        block, "staircase attention for block-diffusion models, StableDRL", block_views,
         options=(*_BLOCK, MC_SAMPLES, ANTITHETIC, P_MASK_PROMPT, MC_BATCH_SIZE, *MEMORY),
         block_causal=True,
         staircase=True,
     ),
     "block_steps": Estimator(
-        block_steps, "DiPO: the step-level likelihood of a block-diffusion rollout's own steps",
+        block_steps, "DiPO: the step-level likelihood of a block-diffusion rollout's own steps", block_steps_views,
         options=(*_BLOCK, *SAMPLING, *MEMORY),
         inputs=("unmask_step",),
         block_causal=True,
+        staircase=True,
         block_model_only=True,
         replays_rollout=True,
     ),
     "left_to_right": Estimator(
         left_to_right,
         "JustGRPO: the exact likelihood of a rollout decoded left to right, one forward per completion position",
+        left_to_right_views,
         options=(*SAMPLING, MC_BATCH_SIZE, *MEMORY),
         replays_rollout=True,
         check=check_left_to_right_rollout,
@@ -164,6 +181,7 @@ ESTIMATORS: dict[str, Estimator] = {
     "spg": Estimator(
         spg_bounds,
         "SPG's block-wise forward process with its ELBO and EUBO, StableDRL's released likelihood",
+        spg_views,
         options=(BLOCK_LENGTH, MC_SAMPLES, P_MASK_PROMPT, SPG_BETA, MC_BATCH_SIZE, *MEMORY, RETURN_EUBO),
         output_fields=("eubo_logps",),
     ),

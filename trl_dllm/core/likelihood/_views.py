@@ -210,8 +210,10 @@ def score_views(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, 
                              checkpoint_views=checkpoint_views, entropy_grad=entropy_grad)  # fmt: skip
 
 
-def check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_mask_prompt, mc_batch_size=1):
-    """Raise `ValueError` on inputs of mismatched shapes or out-of-range ``p_mask_prompt`` / ``mc_batch_size``."""
+def check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_mask_prompt, mc_batch_size=1, *,
+                 mc_samples=1):
+    """Raise `ValueError` on inputs of mismatched shapes or out-of-range ``p_mask_prompt`` / ``mc_batch_size`` /
+    ``mc_samples``."""
     batch_size = prompt_ids.shape[0]
     if prompt_mask.shape != prompt_ids.shape:
         raise ValueError(
@@ -231,3 +233,5 @@ def check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_m
         raise ValueError(f"`p_mask_prompt` must be in [0, 1], got {p_mask_prompt}.")
     if mc_batch_size < 1:
         raise ValueError(f"`mc_batch_size` must be >= 1, got {mc_batch_size}.")
+    if mc_samples < 1:
+        raise ValueError(f"`mc_samples` must be >= 1, got {mc_samples}.")

@@ -36,7 +36,13 @@ from ..logits import as_logits_fn, kept_logits, kept_token_scores
 from ..masks import apply_mask, layout_ids, noisy_clean_attention, stratified_counts
 from ._views import LikelihoodOutput, check_inputs, draw_views, score_view_chunks
 
-__all__ = ["block", "block_subsets", "staircase_inputs", "staircase_logits"]
+__all__ = ["block", "block_subsets", "block_views", "staircase_inputs", "staircase_logits"]
+
+
+def block_views(s) -> tuple[int, float]:
+    """For the planner (``trl_dllm.planning``): ``K`` (``2K`` antithetic) staircase forwards of ``L / 2`` expected
+    masked positions."""
+    return s.mc_samples * (2 if s.antithetic else 1), s.completion_length / 2
 
 
 def staircase_inputs(prompt_ids, prompt_mask, noisy_ids, completion_ids, block_length, *, dtype=torch.float32,
@@ -191,7 +197,7 @@ def _score_staircase(
     return score_view_chunks(chunk_scores, completion_ids, score_mask, views, mc_batch_size, **memory)
 
 
-def _check_block(length, block_length, mc_samples):
+def _check_block(length, block_length):
     if block_length is None or block_length < 1:
         raise ValueError(
             f"The block estimator needs the model's block size: pass block_length >= 1 (got {block_length!r}); for a "
@@ -202,8 +208,6 @@ def _check_block(length, block_length, mc_samples):
             f"The block estimator needs block_length={block_length} to divide the completion length {length} (the "
             "canvas is generated in whole blocks): set max_completion_length to a multiple of the block length."
         )
-    if mc_samples < 1:
-        raise ValueError(f"`mc_samples` must be >= 1, got {mc_samples}.")
 
 
 def block(
@@ -267,9 +271,10 @@ def block(
     Raises:
         `ValueError`: if ``block_length`` is missing or does not divide ``L``, or on malformed inputs.
     """
-    check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_mask_prompt, mc_batch_size)
+    check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_mask_prompt, mc_batch_size,
+                 mc_samples=mc_samples)
     length = completion_ids.shape[1]
-    _check_block(length, block_length, mc_samples)
+    _check_block(length, block_length)
 
     if block_layout == "absolute":  # each row's first completion block is what its prompt's tail leaves of a block
         firsts = iter((block_length - prompt_mask.sum(dim=1).long() % block_length).tolist())

@@ -33,7 +33,14 @@ from ..sampling import sampling_log_probs
 from ._views import LikelihoodOutput, check_inputs, recompute_chunks
 from .block import staircase_logits
 
-__all__ = ["block_steps", "local_steps"]
+__all__ = ["block_steps", "local_steps", "block_steps_views"]
+
+
+def block_steps_views(s) -> tuple[int, float]:
+    """For the planner (``trl_dllm.planning``): one staircase forward per step of a block, every token of a block
+    scored once over its steps."""
+    count = max(s.diffusion_steps // max(s.completion_length // s.block_length, 1), 1)
+    return count, s.completion_length / count
 
 
 def local_steps(unmask_step: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:

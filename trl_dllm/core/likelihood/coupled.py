@@ -22,11 +22,16 @@ from ..masks import bernoulli_masks
 from ..options import Option
 from ._views import LikelihoodOutput, check_inputs, draw_views, score_views
 
-__all__ = ["T_MAX", "T_MIN", "coupled"]
+__all__ = ["T_MAX", "T_MIN", "coupled", "coupled_views"]
 
 # No config field sets them: the trainer keeps the function's defaults.
 T_MIN = Option("t_min", source="the function's default: DiffuCoder's lower masking rate, 0.2")
 T_MAX = Option("t_max", source="the function's default: DiffuCoder's upper masking rate, 0.8")
+
+
+def coupled_views(s) -> tuple[int, float]:
+    """For the planner (``trl_dllm.planning``): ``3K`` views (full mask, ``A``, its complement: ``2L/3`` on average)."""
+    return 3 * s.mc_samples, 2 * s.completion_length / 3
 
 
 def coupled(
@@ -60,9 +65,8 @@ def coupled(
     Returns:
         [`LikelihoodOutput`] with ``sample_estimates`` of shape `(B, K)` (one estimate per sample).
     """
-    check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_mask_prompt, mc_batch_size)
-    if mc_samples < 1:
-        raise ValueError(f"`mc_samples` must be >= 1, got {mc_samples}.")
+    check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_mask_prompt, mc_batch_size,
+                 mc_samples=mc_samples)
     if not 0.0 < t_min <= t_max < 1.0:
         raise ValueError(f"Need 0 < t_min <= t_max < 1 (weights 1/t, 1/(1-t)), got t_min={t_min}, t_max={t_max}.")
     length = completion_ids.shape[1]

@@ -37,9 +37,14 @@ from ..masks import random_subsets, stratified_counts
 from ..options import Option, one_of
 from ._views import LikelihoodOutput, check_inputs, draw_views, score_views
 
-__all__ = ["ELBO_COUNTS", "ELBO_COUNTS_OPTION", "elbo"]
+__all__ = ["ELBO_COUNTS", "ELBO_COUNTS_OPTION", "elbo", "elbo_views"]
 
 ELBO_COUNTS = ("llada", "espo")
+
+
+def elbo_views(s) -> tuple[int, float]:
+    """For the planner (``trl_dllm.planning``): ``K`` views (``2K`` antithetic) of ``L / 2`` expected masked positions."""
+    return s.mc_samples * (2 if s.antithetic else 1), s.completion_length / 2
 ELBO_COUNTS_OPTION = Option(
     "elbo_counts", "elbo_counts", "llada", "str",
     help="elbo mask sizes: llada (n ~ U{1..L}) or espo (x ~ U{0..L}, ESPO's pair).",
@@ -101,9 +106,8 @@ def elbo(
     Returns:
         [`LikelihoodOutput`] with ``sample_estimates`` of shape `(B, K)` (a pair's estimate is the mean of its halves).
     """
-    check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_mask_prompt, mc_batch_size)
-    if mc_samples < 1:
-        raise ValueError(f"`mc_samples` must be >= 1, got {mc_samples}.")
+    check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_mask_prompt, mc_batch_size,
+                 mc_samples=mc_samples)
     if elbo_counts not in ELBO_COUNTS:
         raise ValueError(f"Unknown elbo_counts={elbo_counts!r}; expected one of {', '.join(ELBO_COUNTS)}.")
     length = completion_ids.shape[1]

@@ -26,7 +26,12 @@ from ..logits import as_logits_fn, kept_logits
 from ..sampling import sampling_log_probs
 from ._views import LikelihoodOutput, check_inputs, recompute_chunks
 
-__all__ = ["check_left_to_right_rollout", "left_to_right", "left_to_right_canvases"]
+__all__ = ["check_left_to_right_rollout", "left_to_right", "left_to_right_canvases", "left_to_right_views"]
+
+
+def left_to_right_views(s) -> tuple[int, float]:
+    """For the planner (``trl_dllm.planning``): ``L`` canvases, one scored position each."""
+    return s.completion_length, 1
 
 
 def check_left_to_right_rollout(run) -> str | None:

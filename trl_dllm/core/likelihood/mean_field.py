@@ -13,7 +13,12 @@ import torch
 
 from ._views import LikelihoodOutput, check_inputs, draw_views, score_views
 
-__all__ = ["mean_field"]
+__all__ = ["mean_field", "mean_field_views"]
+
+
+def mean_field_views(s) -> tuple[int, float]:
+    """For the planner (``trl_dllm.planning``): one fully masked view of the ``L`` completion positions."""
+    return 1, s.completion_length
 
 
 def mean_field(

@@ -41,7 +41,7 @@ from ..masks import random_subsets
 from ..options import Option, greater_than
 from ._views import LikelihoodOutput, check_inputs, draw_views, view_scorer, view_token_scores
 
-__all__ = ["RETURN_EUBO", "SPGOutput", "SPG_BETA", "block_random_views", "spg_bounds"]
+__all__ = ["RETURN_EUBO", "SPGOutput", "SPG_BETA", "block_random_views", "expected_masked", "spg_views", "spg_bounds"]
 
 SPG_BETA = Option(
     "spg_beta", "spg_beta", 1.5, "float",
@@ -52,6 +52,18 @@ SPG_BETA = Option(
 RETURN_EUBO = Option(
     "return_eubo", source="the objective reads the estimator's upper bound, and this is the current policy's pass"
 )
+
+
+def expected_masked(length: int, block: int, p: float) -> float:
+    """Expected masked positions of one ``block_random`` view (all ``L`` positions scored): every position after
+    the chosen block, ``U{1..L_b}`` inside it, each earlier one with probability ``p``; the block uniform."""
+    blocks = max(length // block, 1)
+    return sum((blocks - 1 - b) * block + (block + 1) / 2 + p * b * block for b in range(blocks)) / blocks
+
+
+def spg_views(s) -> tuple[int, float]:
+    """For the planner (``trl_dllm.planning``): ``K`` block-wise views (no antithetic pair)."""
+    return s.mc_samples, expected_masked(s.completion_length, s.block_length, s.p_mask_prompt)
 
 
 @dataclass
@@ -100,13 +112,11 @@ def block_random_views(num_samples, length, scored_length, block_length, p_mask_
     return masked, scored_length / masked[:, :scored_length].sum(-1).float(), samples
 
 
-def _check_spg(score_mask, block_length, spg_beta, mc_samples):
+def _check_spg(score_mask, block_length, spg_beta):
     if block_length is None or block_length < 1:
         raise ValueError(f"The spg estimator needs block_length >= 1 (SPG's block size, 32), got {block_length!r}.")
     if spg_beta <= 0:
         raise ValueError(f"`spg_beta` must be > 0 (the EUBO's β; SPG and StableDRL use 1.5), got {spg_beta}.")
-    if mc_samples < 1:
-        raise ValueError(f"`mc_samples` must be >= 1, got {mc_samples}.")
     scored = score_mask.bool()
     if (scored[:, 1:] & ~scored[:, :-1]).any():
         raise ValueError(
@@ -168,8 +178,9 @@ def spg_bounds(
         [`SPGOutput`] (or [`LikelihoodOutput`] with ``return_eubo=False``) with ``sample_estimates`` of shape `(B, K)`
         (``n`` × the ELBO of view ``j``).
     """
-    check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_mask_prompt, mc_batch_size)
-    _check_spg(score_mask, block_length, spg_beta, mc_samples)
+    check_inputs(prompt_ids, prompt_mask, completion_ids, score_mask, seeds, p_mask_prompt, mc_batch_size,
+                 mc_samples=mc_samples)
+    _check_spg(score_mask, block_length, spg_beta)
     length = completion_ids.shape[1]
     scored_lengths = score_mask.bool().sum(-1).tolist()
     rows = iter(scored_lengths)

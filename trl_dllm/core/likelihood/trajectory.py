@@ -38,6 +38,7 @@ __all__ = [
     "STEP_SAMPLING_OPTION",
     "TrajectoryOutput",
     "entropy_steps",
+    "trajectory_views",
     "rebuild_canvas",
     "stratified_steps",
     "trajectory",
@@ -61,6 +62,11 @@ STEP_SAMPLING_OPTION = Option(
 # Defensive importance sampling (Hesterberg 1995): mix the entropy proposal with this much of the uniform one, so
 # a near-deterministic step (entropy ≈ 0) keeps probability >= 0.1 / T and its weight stays <= 10 T / M.
 ENTROPY_UNIFORM_MIX = 0.1
+
+
+def trajectory_views(s) -> tuple[int, float]:
+    """For the planner (``trl_dllm.planning``): ``step_samples`` canvases of the ``L / T`` tokens a step revealed."""
+    return s.step_samples, s.completion_length / max(s.diffusion_steps, 1)
 
 
 @dataclass
