@@ -7,6 +7,7 @@ from functools import lru_cache
 
 import pytest
 
+from trl_dllm.core.likelihood.spg import expected_masked as _spg_kept
 from trl_dllm.models.native import native_config, native_layout
 from trl_dllm.models.tiny_families import released_original_config
 from trl_dllm.planning import (
@@ -19,7 +20,6 @@ from trl_dllm.planning import (
     static_bytes,
     views_of,
 )
-from trl_dllm.core.likelihood.spg import expected_masked as _spg_kept
 from trl_dllm.planning.phases import layer_saved_bytes, layer_transient_bytes
 
 GB = 1e9

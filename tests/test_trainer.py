@@ -192,8 +192,8 @@ def test_agrpo_with_threshold_and_dual_cache_rollouts(tmp_path, tiny_model_path)
     from trl_dllm.core.sampling import generate_cached
     from trl_dllm.training.rollouts import decoding_plan
 
-    sampler, denoiser, options = decoding_plan(trainer.model, trainer.model_spec, args, eos_token_ids=[0])
-    assert sampler is generate_cached and denoiser is trainer.model and options.generation_cache == "dual"
+    plan = decoding_plan(trainer.model, trainer.model_spec, args, eos_token_ids=[0])
+    assert plan.sampler is generate_cached and plan.denoiser is trainer.model and plan.options.generation_cache == "dual"
     train_and_check(trainer)
 
 

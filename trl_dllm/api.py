@@ -13,10 +13,10 @@ from torch import nn
 
 from .core.likelihood import LikelihoodOutput
 from .core.likelihood import estimate as _estimate
-from .core.sampling import BlockCausalOptions, DecodingOptions, GenerationOutput, generate_block_causal
+from .core.sampling import DecodingOptions, GenerationOutput
 from .core.sampling import generate as _generate
-from .models import model_logits_fn, require_4d_mask, resolve_model_spec
-from .training.model_checks import check_block_guidance
+from .models import model_logits_fn, resolve_model_spec
+from .training.rollouts import plan_decoding
 
 
 def denoiser(model: Any, mask_token_id: int | None = None, tokenizer: Any = None) -> Any:
@@ -28,21 +28,15 @@ def denoiser(model: Any, mask_token_id: int | None = None, tokenizer: Any = None
 
 def generate(model: Any, input_ids, attention_mask=None, **kwargs: Any) -> GenerationOutput:
     """:func:`trl_dllm.core.sampling.generate` for any denoiser, with the fields of its
-    :class:`~trl_dllm.core.sampling.DecodingOptions` and ``generator`` as keyword arguments. A block-diffusion model
-    (`block` family: SDAR / TraDo) is decoded by :func:`trl_dllm.core.sampling.generate_block_causal` with its own
-    block size instead (the fields of :class:`~trl_dllm.core.sampling.BlockCausalOptions`; ``cfg_scale`` is not
-    supported there)."""
+    :class:`~trl_dllm.core.sampling.DecodingOptions` and ``generator`` as keyword arguments. A Hugging Face module
+    decodes as its family does in the trainer (:func:`trl_dllm.training.rollouts.plan_decoding`): a block-diffusion
+    model (`block` family: SDAR / TraDo, LLaDA2) block by block in its own block size, with the fields of
+    :class:`~trl_dllm.core.sampling.BlockCausalOptions` (no ``cfg_scale``); ``generation_cache="prefix"`` or
+    ``"dual"`` takes Fast-dLLM's approximate cache on a bidirectional model."""
     generator = kwargs.pop("generator", None)
     if isinstance(model, nn.Module):
         spec = resolve_model_spec(model, mask_token_id=kwargs.get("mask_token_id"))
-        if spec.family == "block":
-            require_4d_mask(spec, "block-causal generation")
-            check_block_guidance(kwargs.pop("cfg_scale", 0.0))
-            kwargs["block_length"] = spec.decoding_block_length(kwargs.get("block_length"))
-            kwargs.setdefault("block_layout", spec.block_layout)
-            options = BlockCausalOptions(**kwargs)
-            return generate_block_causal(model, input_ids, attention_mask, options=options, generator=generator)
-        model = model_logits_fn(model, spec)
+        return plan_decoding(model, spec, kwargs)(input_ids, attention_mask, generator)
     return _generate(model, input_ids, attention_mask, options=DecodingOptions(**kwargs), generator=generator)
 
 

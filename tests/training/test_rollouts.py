@@ -52,18 +52,21 @@ def test_sampling_distribution_turns_trl_off_values_into_none():
 
 def test_decoding_plan_picks_the_sampler_of_the_family_and_cache():
     model = torch.nn.Linear(1, 1)
-    sampler, denoiser, options = decoding_plan(model, LLADA_NATIVE, _Args(), eos_token_ids=[2])
+    plan = decoding_plan(model, LLADA_NATIVE, _Args(), eos_token_ids=[2])
+    sampler, denoiser, options = plan.sampler, plan.denoiser, plan.options
     assert sampler is generate and callable(denoiser) and type(options) is DecodingOptions
     assert options.block_length == 4 and options.temperature == 0.9 and options.eos_token_ids == [2]
     block = dataclasses.replace(BLOCK, block_length=2)
-    sampler, denoiser, options = decoding_plan(model, block, _Args(), eos_token_ids=[2])
+    plan = decoding_plan(model, block, _Args(), eos_token_ids=[2])
+    sampler, denoiser, options = plan.sampler, plan.denoiser, plan.options
     assert sampler is generate_block_causal and denoiser is model and isinstance(options, BlockCausalOptions)
     assert options.block_length == 2 and options.use_cache is True
     # The family's decoding (last block to its boundary, then cut), except for a rollout that is replayed.
     assert options.decode_to_block_end is True
-    _, _, options = decoding_plan(model, block, _Args(), eos_token_ids=[2], return_trajectory=True)
+    options = decoding_plan(model, block, _Args(), eos_token_ids=[2], return_trajectory=True).options
     assert options.decode_to_block_end is False and options.return_trajectory is True
     args = _Args()
     args.generation_cache = "dual"
-    sampler, denoiser, options = decoding_plan(model, LLADA_NATIVE, args, eos_token_ids=[2])
+    plan = decoding_plan(model, LLADA_NATIVE, args, eos_token_ids=[2])
+    sampler, options = plan.sampler, plan.options
     assert sampler is generate_cached and isinstance(options, CachedOptions) and options.generation_cache == "dual"

@@ -335,8 +335,8 @@ class DiffusionLM(TemplateLM):
         input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self._device)
         attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self._device)
         generators = [torch.Generator(device=self._device).manual_seed(request_seed(self.seed, r)) for r in rows]
-        sampler, denoiser, options = decoding_plan(self.model, self.spec, self.config, eos_token_ids=self.eos)
-        out = sampler(denoiser, input_ids, attention_mask, options=replace(options, **overrides), generator=generators)
+        plan = decoding_plan(self.model, self.spec, self.config, eos_token_ids=self.eos)
+        out = replace(plan, options=replace(plan.options, **overrides))(input_ids, attention_mask, generators)
         texts = []
         for row in out.completion_ids.tolist():
             ends = [i for i, token in enumerate(row) if token in self.eos]

@@ -89,8 +89,7 @@ def prompt_texts(prompts, tokenizer) -> list[str]:
 
 
 def sampler_for(model, spec, args, eval_args, eos_token_ids: list[int]):
-    """`(sampler, model or logits_fn, options)` for decoding, exactly as the trainer decodes (`decoding_plan`), with
-    the eval temperature."""
+    """The `DecodingPlan`, exactly as the trainer decodes (`decoding_plan`), with the eval temperature."""
     from ..training.rollouts import decoding_plan
 
     return decoding_plan(model, spec, args, eos_token_ids=eos_token_ids, temperature=eval_args.eval_temperature)
@@ -105,8 +104,7 @@ def decode_batch(model, tokenizer, spec, args, eval_args, texts: list[str], gene
     input_ids = torch.stack([torch.cat([r.new_full((width - len(r),), pad), r]) for r in rows])  # left padding
     attention_mask = torch.stack([torch.cat([torch.zeros(width - len(r)), torch.ones(len(r))]) for r in rows]).long()
     device = next(model.parameters()).device
-    sampler, denoiser, options = sampler_for(model, spec, args, eval_args, eos)
-    out = sampler(denoiser, input_ids.to(device), attention_mask.to(device), options=options, generator=generator)
+    out = sampler_for(model, spec, args, eval_args, eos)(input_ids.to(device), attention_mask.to(device), generator)
     is_eos = torch.isin(out.completion_ids, torch.tensor(eos, device=out.completion_ids.device))
     texts = []
     for row, hits in zip(out.completion_ids, is_eos):

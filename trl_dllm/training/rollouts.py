@@ -20,8 +20,8 @@ from ..core.sampling import (
     generate_block_causal,
     generate_cached,
 )
-from ..models import ModelSpec, model_logits_fn
-from .model_checks import check_cache_model
+from ..models import ModelSpec, model_logits_fn, require_4d_mask
+from .model_checks import check_block_guidance, check_cache_model
 
 
 def sampling_distribution(args, temperature: float | None = None) -> dict:
@@ -35,6 +35,52 @@ def sampling_distribution(args, temperature: float | None = None) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class DecodingPlan:
+    """How a model decodes: the sampler, what it calls (the module, or a logits function through the family spec)
+    and its options, checked once when built. Calling the plan decodes:
+    `plan(input_ids, attention_mask, generator)` is `sampler(denoiser, input_ids, attention_mask, options=...,
+    generator=...)`."""
+
+    sampler: Callable
+    denoiser: object
+    options: DecodingOptions
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, generator=None):
+        return self.sampler(self.denoiser, input_ids, attention_mask, options=self.options, generator=generator)
+
+
+def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
+    """The one place a model family chooses its decoding, for the trainer (:func:`decoding_plan`), `trl-dllm eval`,
+    the lm-eval model and `trl_dllm.generate`. `fields` are the options' fields (those of
+    [`~trl_dllm.core.sampling.DecodingOptions`], plus `generation_cache`, and the block-causal ones for a
+    block-diffusion model).
+
+    - A block-diffusion family decodes block by block in its own blocks (`ModelSpec.decoding_block_length`) and its
+      layout, with the exact KV cache, called on the module (the cache needs `past_key_values`); no guidance, no
+      approximate cache.
+    - A bidirectional model with `generation_cache` (Fast-dLLM's approximate cache) is called on the module; no
+      guidance.
+    - Any other decodes on the full canvas through its logits function (Dream's shift undone, `logits_to_keep` where
+      the model takes it).
+    """
+    fields = dict(fields)
+    cache = fields.pop("generation_cache", "none")
+    if spec.family == "block":
+        require_4d_mask(spec, "block-causal generation")
+        check_block_guidance(fields.pop("cfg_scale", 0.0))
+        check_cache_model(spec, cache)
+        fields["block_length"] = spec.decoding_block_length(fields.get("block_length"))
+        fields.setdefault("block_layout", spec.block_layout)
+        return DecodingPlan(generate_block_causal, model, BlockCausalOptions(**fields))
+    if cache != "none":
+        check_cache_model(spec, cache)
+        if fields.pop("cfg_scale", 0.0):
+            raise ValueError(f"generation_cache={cache!r} does not support classifier-free guidance: set cfg_scale=0.")
+        return DecodingPlan(generate_cached, model, CachedOptions(**fields, generation_cache=cache))
+    return DecodingPlan(generate, model_logits_fn(model, spec), DecodingOptions(**fields))
+
+
 def decoding_plan(
     model,
     spec: ModelSpec,
@@ -43,11 +89,11 @@ def decoding_plan(
     eos_token_ids: Sequence[int],
     temperature: float | None = None,
     return_trajectory: bool = False,
-) -> tuple[Callable, object, DecodingOptions]:
-    """`(sampler, denoiser, options)` such that `sampler(denoiser, input_ids, attention_mask, options=options,
-    generator=g)` decodes as `args` says. Block-diffusion models decode with their native blocks and an exact KV cache
-    and get the module itself (the cache needs `past_key_values`), as do bidirectional models with `generation_cache`
-    (Fast-dLLM's approximate cache); the others get a logits function."""
+) -> DecodingPlan:
+    """The [`DecodingPlan`] of a `DiffusionGRPOConfig` (or any object with its decoding fields): :func:`plan_decoding`
+    with the config's fields. The family's own decoding finishes a last block that ends past `max_completion_length`
+    and cuts it; a rollout whose trajectory is recorded is replayed (`trajectory`, `block_steps`) from the completion
+    alone, which lacks the cut tokens its steps saw: it stops at `max_completion_length`."""
     fields = {
         "mask_token_id": spec.mask_token_id,
         "gen_length": args.max_completion_length,
@@ -58,24 +104,12 @@ def decoding_plan(
         "eos_token_ids": list(eos_token_ids),
         "eos_early_exit": args.eos_early_exit,
         "return_trajectory": return_trajectory,
+        "generation_cache": args.generation_cache,
         **sampling_distribution(args, temperature),
     }
     if spec.family == "block":
-        fields.pop("cfg_scale")
-        # The family's own decoding finishes a last block that ends past max_completion_length and cuts it; a rollout
-        # whose trajectory is recorded is replayed (trajectory, block_steps) from the completion alone, which lacks the
-        # cut tokens its steps saw: it stops at max_completion_length.
-        fields.update(block_length=spec.decoding_block_length(args.block_length), use_cache=args.block_kv_cache,
-                      block_layout=spec.block_layout,
-                      decode_to_block_end=not return_trajectory)  # fmt: skip
-        check_cache_model(spec, args.generation_cache)
-        return generate_block_causal, model, BlockCausalOptions(**fields)
-    cache = args.generation_cache
-    if cache != "none":
-        check_cache_model(spec, cache)
-        fields.pop("cfg_scale")
-        return generate_cached, model, CachedOptions(**fields, generation_cache=cache)
-    return generate, model_logits_fn(model, spec), DecodingOptions(**fields)
+        fields.update(use_cache=args.block_kv_cache, decode_to_block_end=not return_trajectory)
+    return plan_decoding(model, spec, fields)
 
 
 @dataclass
@@ -102,14 +136,11 @@ def generate_rollouts(
     """Decode left-padded prompts `(B, P)` as `args` says, `args.generation_chunk_size` rows per sampler call, row `b`
     drawing its noise from `generators[b]` (so a row's completion does not depend on its chunk)."""
     chunk = args.generation_chunk_size or input_ids.size(0)
-    sampler, denoiser, options = decoding_plan(
-        model, spec, args, eos_token_ids=eos_token_ids, return_trajectory=return_trajectory
-    )
+    plan = decoding_plan(model, spec, args, eos_token_ids=eos_token_ids, return_trajectory=return_trajectory)
     outputs = [
-        sampler(denoiser, input_ids[start : start + chunk], attention_mask[start : start + chunk], options=options,
-                generator=generators[start : start + chunk])
+        plan(input_ids[start : start + chunk], attention_mask[start : start + chunk], generators[start : start + chunk])
         for start in range(0, input_ids.size(0), chunk)
-    ]  # fmt: skip
+    ]
     return Rollout(
         completion_ids=torch.cat([out.completion_ids for out in outputs]),
         unmask_step=torch.cat([out.unmask_step for out in outputs]) if return_trajectory else None,

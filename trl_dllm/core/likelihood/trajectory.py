@@ -1,7 +1,7 @@
 """Trajectory likelihood (AGRPO, [arXiv 2510.04019](https://huggingface.co/papers/2510.04019)): replay the rollout.
 
 (Longer than the other estimators: step sampling, exact canvas replay under both attention layouts and CFG, and the
-rollout-entropy proposal are one estimator's parts and are tested together.)
+rollout-entropy proposal are one estimator's parts and are tested together; its options and planner cost sit with them.)
 
 Iterative unmasking is a multi-step MDP: at step ``s`` the sampler sees a canvas ``x^s`` and commits the tokens
 ``R_s = {j : unmask_step_j = s}``, each drawn from the sampling distribution ``q_θ(· | x^s)`` (temperature, top-k,
