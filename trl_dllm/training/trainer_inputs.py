@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from ..models import base_model, is_transformers_native
-from ..models.native import native_layout
+from ..models.families import native_layout
 from . import inputs
 
 
