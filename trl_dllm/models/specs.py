@@ -115,6 +115,8 @@ class Family:
             loaded or marked checkpoints (``MARKED_SPECS``).
         layout (`NativeLayout`, *optional*): how its original checkpoints load natively (``NATIVE_LAYOUTS``).
         tiny (`TinyCheckpoint`, *optional*): what its tiny original-layout checkpoint is made of.
+        remote_code_refused (`str`, *optional*): why the trainer does not drive a model object built with the
+            family's own remote code (by name or folder the family loads natively); `None`: it does.
     """
 
     name: str
@@ -123,3 +125,4 @@ class Family:
     markers: Mapping[str, ModelSpec] = field(default_factory=dict)
     layout: Any = None  # trl_dllm.models.native.NativeLayout (that module imports transformers; this one does not)
     tiny: TinyCheckpoint | None = None
+    remote_code_refused: str | None = None

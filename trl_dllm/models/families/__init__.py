@@ -33,6 +33,8 @@ NATIVE_LAYOUTS: dict[str, NativeLayout] = {f.layout.name: f.layout for f in FAMI
 """How each family's original checkpoint loads into its native class, by layout name."""
 TINY_CHECKPOINTS: dict[str, TinyCheckpoint] = {f.name: f.tiny for f in FAMILIES if f.tiny is not None}
 """What each family's tiny original-layout checkpoint is made of (:mod:`trl_dllm.models.tiny_families`)."""
+REMOTE_CODE_REFUSED: dict[str, str] = {f.layout.name: f.remote_code_refused for f in FAMILIES if f.remote_code_refused}
+"""Why the trainer refuses a model object built with a family's own remote code, by layout name."""
 
 
 def native_layout(config_dict: dict) -> NativeLayout | None:

@@ -47,17 +47,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from ..native import NativeLayout, OriginalLayoutMixin
 from ..specs import Family, ModelSpec, TinyCheckpoint
 from . import _moe
-from ._moe import (
-    EOS_TOKEN_ID,
-    MASK_TOKEN_ID,
-    MoEAttention,
-    MoEForDiffusionLM,
-    MoEModel,
-    MoEPreTrainedModel,
-    RoutedExperts,
-    additive_4d_mask,
-    dispatch_experts,
-)
+from ._moe import EOS_TOKEN_ID, MASK_TOKEN_ID, additive_4d_mask, dispatch_experts
 
 __all__ = ["FAMILY", "LLADA2_REMOTE", "LLaDA2ForDiffusionLM", "LLaDA2Native", "dispatch_experts", "llada2_config"]
 
@@ -121,7 +111,7 @@ class LLaDA2Gate(DeepseekV3TopkRouter):
         return self.expert_bias
 
 
-class LLaDA2SparseMoe(RoutedExperts):
+class LLaDA2SparseMoe(_moe.RoutedExperts):
     """Routed experts plus the shared expert(s). ``forward(hidden (B, N, H)) -> (out (B, N, H), router_logits)``."""
 
     def __init__(self, config: LLaDA2NativeConfig):
@@ -136,7 +126,7 @@ class LLaDA2SparseMoe(RoutedExperts):
         return out, router_logits
 
 
-class LLaDA2Attention(MoEAttention):
+class LLaDA2Attention(_moe.MoEAttention):
     """Fused-QKV attention with per-head q/k RMSNorm and partial RoPE (:class:`~._moe.MoEAttention`)."""
 
     def __init__(self, config: LLaDA2NativeConfig, layer_idx: int):
@@ -173,14 +163,14 @@ class LLaDA2DecoderLayer(GradientCheckpointingLayer):
         return hidden + (out[0] if isinstance(out, tuple) else out)
 
 
-class LLaDA2PreTrainedModel(MoEPreTrainedModel):
+class LLaDA2PreTrainedModel(_moe.MoEPreTrainedModel):
     config_class = LLaDA2NativeConfig
     _no_split_modules = ["LLaDA2DecoderLayer"]
     _input_embed_layer = "word_embeddings"
     router_class = LLaDA2Gate
 
 
-class LLaDA2Model(MoEModel, LLaDA2PreTrainedModel):
+class LLaDA2Model(_moe.MoEModel, LLaDA2PreTrainedModel):
     decoder_layer = LLaDA2DecoderLayer
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
@@ -201,7 +191,7 @@ class LLaDA2Model(MoEModel, LLaDA2PreTrainedModel):
         return self.norm(hidden), (past_key_values if use_cache else None)
 
 
-class LLaDA2ForDiffusionLM(MoEForDiffusionLM, LLaDA2PreTrainedModel):
+class LLaDA2ForDiffusionLM(_moe.MoEForDiffusionLM, LLaDA2PreTrainedModel):
     """LLaDA2 with its LM head; logits are not shifted (position ``i`` predicts token ``i``)."""
 
     model_class = LLaDA2Model
@@ -281,6 +271,7 @@ FAMILY = Family(
     name="llada2",
     model_types={"llada2_moe": LLADA2_REMOTE},
     architectures={"LLaDA2MoeModelLM": LLADA2_REMOTE},
+    remote_code_refused="its forward is causal without a 4-D block mask, which the library gives only the native class",
     layout=NativeLayout("llada2", ("llada2_moe",), LLaDA2Native, llada2_config, "block", mask_token_id=MASK_TOKEN_ID),
     # Only EOS / pad and mask are real ids; the chat-template tokens of its tokenizer are added at the tiny tokenizer's
     # own ids.

@@ -57,16 +57,7 @@ from transformers.models.olmoe.modeling_olmoe import OlmoeTopKRouter
 from ..native import NativeLayout, OriginalLayoutMixin
 from ..specs import Family, ModelSpec, TinyCheckpoint
 from . import _moe
-from ._moe import (
-    EOS_TOKEN_ID,
-    MASK_TOKEN_ID,
-    MoEAttention,
-    MoEForDiffusionLM,
-    MoEModel,
-    MoEPreTrainedModel,
-    RoutedExperts,
-    additive_4d_mask,
-)
+from ._moe import EOS_TOKEN_ID, MASK_TOKEN_ID, additive_4d_mask
 
 __all__ = ["FAMILY", "LLADA_MOE", "LLADA_MOE_NATIVE", "LLaDAMoEForDiffusionLM", "LLaDAMoENative", "llada_moe_config"]
 
@@ -127,7 +118,7 @@ class LLaDAMoERouter(OlmoeTopKRouter):
         return logits, weights.to(logits.dtype), indices
 
 
-class LLaDAMoESparseMoe(RoutedExperts):
+class LLaDAMoESparseMoe(_moe.RoutedExperts):
     """Routed experts. ``forward(hidden (B, N, H)) -> (out (B, N, H), router_logits (B·N, E))``."""
 
     def __init__(self, config: LLaDAMoENativeConfig):
@@ -138,7 +129,7 @@ class LLaDAMoESparseMoe(RoutedExperts):
         return self.route(hidden, self.expert_bias)
 
 
-class LLaDAMoEAttention(MoEAttention):
+class LLaDAMoEAttention(_moe.MoEAttention):
     """q/k/v/o projections with per-head q/k RMSNorm before RoPE (:class:`~._moe.MoEAttention`)."""
 
     def __init__(self, config: LLaDAMoENativeConfig, layer_idx: int):
@@ -185,14 +176,14 @@ class LLaDAMoEDecoderLayer(GradientCheckpointingLayer):
         return hidden + out, router_logits
 
 
-class LLaDAMoEPreTrainedModel(MoEPreTrainedModel):
+class LLaDAMoEPreTrainedModel(_moe.MoEPreTrainedModel):
     config_class = LLaDAMoENativeConfig
     _no_split_modules = ["LLaDAMoEDecoderLayer"]
     _input_embed_layer = "embed_tokens"
     router_class = LLaDAMoERouter
 
 
-class LLaDAMoEModel(MoEModel, LLaDAMoEPreTrainedModel):
+class LLaDAMoEModel(_moe.MoEModel, LLaDAMoEPreTrainedModel):
     decoder_layer = LLaDAMoEDecoderLayer
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, **kwargs):
@@ -215,7 +206,7 @@ class LLaDAMoEModel(MoEModel, LLaDAMoEPreTrainedModel):
         return self.norm(hidden), tuple(router_logits)
 
 
-class LLaDAMoEForDiffusionLM(MoEForDiffusionLM, LLaDAMoEPreTrainedModel):
+class LLaDAMoEForDiffusionLM(_moe.MoEForDiffusionLM, LLaDAMoEPreTrainedModel):
     """LLaDA-MoE with its LM head; logits are not shifted (position ``i`` predicts token ``i``)."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
@@ -292,6 +283,7 @@ FAMILY = Family(
     model_types={"lladamoe": LLADA_MOE},  # model_type renamed, as ZHZisZZ/dllm asks its users to do
     architectures=dict.fromkeys(ARCHITECTURES, LLADA_MOE),  # as released: dense LLaDA's model_type "llada"
     markers={"llada_moe": LLADA_MOE_NATIVE},
+    remote_code_refused="its forward ignores attention_mask (padding is attended to) and it has no generation_config",
     # model_type "llada" as released (told apart by its architectures); "lladamoe" / "llada_moe" as ZHZisZZ/dllm and
     # others rename it
     layout=NativeLayout("llada_moe", ("lladamoe", "llada_moe"), LLaDAMoENative, llada_moe_config, "llada_moe",

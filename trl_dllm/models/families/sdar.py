@@ -83,6 +83,8 @@ FAMILY = Family(
     name="sdar",
     model_types={"sdar": SDAR_REMOTE},
     markers={"block": BLOCK},
+    remote_code_refused="its forward takes keep-masks, not the additive 4-D block mask, and returns no logits in "
+    "train mode",
     layout=NativeLayout("sdar", ("sdar",), SDARNative, sdar_config, "block", mask_token_id=MASK_TOKEN_ID),
     tiny=TinyCheckpoint(
         special_tokens={**_qwen.SPECIAL_TOKENS, "<|MASK|>": MASK_TOKEN_ID},
