@@ -44,8 +44,8 @@ def test_a_family_module_declares_its_pieces(name):
     assert isinstance(family, Family) and family.name == name
     specs = {**family.model_types, **family.architectures, **family.markers}
     assert all(isinstance(spec, ModelSpec) for spec in specs.values())
-    if family.layout is None:  # the generic family: its spec comes from the model's class
-        assert family.tiny is None and not specs
+    if family.layout is None:  # no original checkpoint to load natively (generic; a transformers-native family)
+        assert family.tiny is None and family.remote_code_refused is None
         return
     layout = family.layout
     # The family's native class, its config translation and its tiny-checkpoint facts are its module's own.
