@@ -28,6 +28,7 @@ boolean, True = visible) and raises on anything else, so no call is silently cau
 released training code, inclusionAI/dFactory, adds no router loss and does not update the bias). The bias is a
 buffer, never trained here either; a forward asked for router logits (``output_router_logits=True``, what TRL's
 ``router_aux_loss_coef`` path sets) raises instead of returning a loss that does not exist.
+
 The scaffolding LLaDA2 shares with LLaDA-MoE (expert dispatch, attention core, decoder stack, LM head) is in
 :mod:`._moe`, with the tokenizer ids both families use.
 """

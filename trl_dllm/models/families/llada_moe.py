@@ -34,6 +34,7 @@ cannot return that loss; this one can: with ``output_router_logits=True`` (what 
 sets) it returns transformers' Mixtral ``load_balancing_loss_func`` over every MoE layer's router logits as
 ``aux_loss`` (padding excluded given a 2-D mask). The Z-loss of the LLaDA-MoE paper is not in its public code, nor
 here.
+
 The scaffolding LLaDA-MoE shares with LLaDA2 (expert dispatch, attention core, decoder stack, LM head) is in
 :mod:`._moe`, with the tokenizer ids both families use.
 """
