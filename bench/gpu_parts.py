@@ -15,7 +15,7 @@ import torch
 
 from bench import gpu_flops
 from trl_dllm.models import resolve_model_spec
-from trl_dllm.models.native import native_config, native_layout
+from trl_dllm.models.families import native_config, native_layout
 from trl_dllm.models.tiny_families import build_family_tokenizer, tiny_original_config
 
 

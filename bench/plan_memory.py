@@ -95,7 +95,7 @@ def logits_path(logits_fn, device: str = "cpu") -> str:
 
 def planned_bytes(case: Case, logits: str = "chunked") -> float:
     """``update_activations + logits`` of the planner for ``case``."""
-    from trl_dllm.models.native import native_config, native_layout
+    from trl_dllm.models.families import native_config, native_layout
     from trl_dllm.planning import Settings, architecture_from_config, phase_bytes
 
     original = original_config(case)
@@ -121,7 +121,7 @@ def measure_child(case: Case) -> tuple[float, str]:
     from trl_dllm.core.likelihood import ESTIMATORS, estimate
     from trl_dllm.core.logits import module_logits_fn
     from trl_dllm.models import resolve_model_spec
-    from trl_dllm.models.native import native_config, native_layout
+    from trl_dllm.models.families import native_config, native_layout
 
     torch.manual_seed(0)
     original = original_config(case)

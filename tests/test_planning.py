@@ -8,7 +8,7 @@ from functools import lru_cache
 import pytest
 
 from trl_dllm.core.likelihood.spg import expected_masked as _spg_kept
-from trl_dllm.models.native import native_config, native_layout
+from trl_dllm.models.families import native_config, native_layout
 from trl_dllm.models.tiny_families import released_original_config
 from trl_dllm.planning import (
     Settings,

@@ -1,4 +1,4 @@
-"""LLaDA2.0 / 2.1 loaded natively (trl_dllm.models.llada2): the released config and key names, the router against a
+"""LLaDA2.0 / 2.1 loaded natively (trl_dllm.models.families.llada2): the released config and key names, the router against a
 hand-written reference of LLaDA2's gate, the refusal of 2-D masks and of a router loss, gradient checkpointing, and a
 tiny checkpoint in the original layout that loads and saves back unchanged."""
 
@@ -11,9 +11,9 @@ from safetensors.torch import load_file
 
 from trl_dllm.core.masks import block_causal_mask
 from trl_dllm.models import resolve_model_spec
-from trl_dllm.models.llada2 import LLaDA2Gate, LLaDA2NativeConfig, dispatch_experts
+from trl_dllm.models.families import NATIVE_LAYOUTS, native_config
+from trl_dllm.models.families.llada2 import LLaDA2Gate, LLaDA2NativeConfig, dispatch_experts
 from trl_dllm.models.loading import load_pretrained
-from trl_dllm.models.native import NATIVE_LAYOUTS, native_config
 from trl_dllm.models.specs import UnsupportedCheckpointError
 from trl_dllm.testing import tiny_original_config
 

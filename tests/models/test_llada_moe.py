@@ -1,4 +1,4 @@
-"""LLaDA-MoE-7B-A1B loaded natively (trl_dllm.models.llada_moe): the released config and key names, telling it apart
+"""LLaDA-MoE-7B-A1B loaded natively (trl_dllm.models.families.llada_moe): the released config and key names, telling it apart
 from dense LLaDA (same model_type), the router against a hand-written reference of LLaDA-MoE's block, padding and
 bidirectionality, the load-balancing loss, gradient checkpointing, and tiny checkpoints in the original layout (as
 released, and with the optional dense layer / shared expert / expert bias) that load and save back unchanged."""
@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from trl_dllm.models import resolve_model_spec
-from trl_dllm.models.llada_moe import LLaDAMoENativeConfig, LLaDAMoERouter
+from trl_dllm.models.families import NATIVE_LAYOUTS, native_config, native_layout
+from trl_dllm.models.families.llada_moe import LLaDAMoENativeConfig, LLaDAMoERouter
 from trl_dllm.models.loading import load_pretrained
-from trl_dllm.models.native import NATIVE_LAYOUTS, native_config, native_layout
 from trl_dllm.models.specs import UnsupportedCheckpointError
 from trl_dllm.testing import save_tiny_original_checkpoint, tiny_original_config
 

@@ -9,7 +9,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, PretrainedConfig, Qwen3Config, Qwen3ForCausalLM
 
 from trl_dllm.models import MODEL_SPECS, ModelSpec, make_bidirectional, model_logits_fn, resolve_model_spec
-from trl_dllm.models.specs import ARCHITECTURE_SPECS
+from trl_dllm.models.families import ARCHITECTURE_SPECS
 from trl_dllm.testing import build_tiny_model, build_tokenizer
 
 ARCHITECTURES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}

@@ -13,15 +13,10 @@ from torch import nn
 
 from trl_dllm.models import resolve_model_spec
 from trl_dllm.models.adapters import adapter_to_original_layout
+from trl_dllm.models.families import NATIVE_LAYOUTS, native_config
+from trl_dllm.models.families.llada import LLADA_NAMES
 from trl_dllm.models.loading import auto_class, load_adapter, load_pretrained
-from trl_dllm.models.native import (
-    LLADA_NAMES,
-    NATIVE_LAYOUTS,
-    key_mapping,
-    native_config,
-    rename_keys,
-    write_original_config,
-)
+from trl_dllm.models.native import key_mapping, rename_keys, write_original_config
 from trl_dllm.testing import tiny_original_config
 
 FAMILIES = ("llada", "dream", "sdar")

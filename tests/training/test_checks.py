@@ -152,7 +152,7 @@ def test_estimator_left_unset_fits_the_model(loss_type, block_family, picked, re
 
 
 def test_estimator_set_by_the_user_is_kept_and_checked():
-    from trl_dllm.models.specs import BLOCK
+    from trl_dllm.models.families.sdar import BLOCK
     from trl_dllm.training.checks import fit_estimator
     from trl_dllm.training.model_checks import check_block_layout
 

@@ -61,7 +61,7 @@ def test_block_layout_refuses_a_missing_or_mismatched_block_size(block_size, fie
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from trl_dllm.models.specs import BLOCK
+    from trl_dllm.models.families.sdar import BLOCK
     from trl_dllm.training.model_checks import check_block_layout
 
     good = dict(estimator="block", generation_cache="none", block_length=4, max_completion_length=16,
@@ -75,7 +75,8 @@ def test_block_layout_refuses_a_missing_or_mismatched_block_size(block_size, fie
 def test_decoding_block_length_is_the_family_s_own_for_block_diffusion_only():
     """The one rule: a block-diffusion family decodes in its checkpoint's block size whatever the config says, any
     other family in the configured one."""
-    from trl_dllm.models.specs import BLOCK, LLADA
+    from trl_dllm.models.families.llada import LLADA
+    from trl_dllm.models.families.sdar import BLOCK
 
     block = dataclasses.replace(BLOCK, block_length=4, mask_token_id=3)
     assert [block.decoding_block_length(n) for n in (None, 4, 32)] == [4, 4, 4]

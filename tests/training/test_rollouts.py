@@ -12,7 +12,8 @@ from trl_dllm.core.sampling import (
     generate_block_causal,
     generate_cached,
 )
-from trl_dllm.models.specs import BLOCK, LLADA_NATIVE
+from trl_dllm.models.families.llada import LLADA_NATIVE
+from trl_dllm.models.families.sdar import BLOCK
 from trl_dllm.training.rollouts import completion_mask, decoding_plan, sampling_distribution, shuffle_groups
 
 

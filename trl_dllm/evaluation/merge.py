@@ -2,7 +2,7 @@
 
     trl-dllm merge --model_name_or_path outputs/run --output_dir merged [--dtype bfloat16] [--push_to_hub]
 
-LLaDA, Dream and SDAR / TraDo are written by their native classes (:mod:`trl_dllm.models.native`): the original
+LLaDA, Dream and SDAR / TraDo are written by their native classes (:mod:`trl_dllm.models.families`): the original
 ``config.json`` and weight names, so the family's own code, SGLang or LMDeploy load the folder as they load the released
 checkpoint; any other model is written by its transformers class. After writing, the folder is loaded again as the
 trainer loads a model (:func:`trl_dllm.models.loading.load_pretrained`) and its logits are compared with those of the

@@ -1,15 +1,14 @@
 """Model adapters: which mask id, EOS ids, logit shift and attention switch a model family needs.
 
-Known families live in one explicit dict, :data:`~trl_dllm.models.specs.MODEL_SPECS`, keyed by ``config.model_type``;
-block-diffusion checkpoints on native architectures are marked by ``config.dllm_family``
-(:data:`~trl_dllm.models.specs.MARKED_SPECS`).
+Known families are one module each in :mod:`trl_dllm.models.families`, whose registry derives the dicts read here:
+:data:`MODEL_SPECS` keyed by ``config.model_type``, ``ARCHITECTURE_SPECS`` by ``config.architectures``, and
+:data:`MARKED_SPECS` by the ``config.dllm_family`` marker of natively loaded and block-diffusion checkpoints.
 Any other Hugging Face model is the `"generic"` family: it becomes a denoiser once its attention is bidirectional
 (:func:`make_bidirectional`) and it has a mask token. See ``docs/models.md``.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 from dataclasses import replace
 from typing import Any
@@ -19,7 +18,9 @@ from torch import nn
 
 from ..core.logits import LogitsFn, module_logits_fn
 from ..core.masks import BLOCK_LAYOUTS
-from .specs import ARCHITECTURE_SPECS, FAMILY_MARKER, MARKED_SPECS, MODEL_SPECS, ModelSpec
+from .families import ARCHITECTURE_SPECS, MARKED_SPECS, MODEL_SPECS
+from .families.generic import generic_spec, is_transformers_native
+from .specs import FAMILY_MARKER, ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -92,30 +93,6 @@ def _vocab_size(model: Any) -> int | None:
     return int(size)
 
 
-def is_transformers_native(model: Any) -> bool:
-    """A transformers architecture (or a subclass of one, like the native LLaDA / Dream / SDAR classes), not remote
-    code (which subclasses only transformers' `PreTrainedModel`)."""
-    return any(cls.__module__.startswith("transformers.models.") for cls in type(model).__mro__)
-
-
-def _generic_spec(model: Any) -> ModelSpec:
-    """Spec of a model outside :data:`MODEL_SPECS`, from what its class can do.
-
-    transformers-native models take ``logits_to_keep`` (when their ``forward`` names it) and pass a 4-D attention
-    mask through ``masking_utils`` unchanged; remote code gets the safe answer (slice logits, no 4-D mask).
-    """
-    try:
-        keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        keeps = False
-    return ModelSpec(
-        family="generic",
-        mask_token_id=None,
-        accepts_logits_to_keep=keeps,
-        accepts_4d_mask=is_transformers_native(model),
-    )
-
-
 def _family_spec(model: Any) -> ModelSpec | None:
     """The family spec of ``model``: by ``config.architectures`` (:data:`ARCHITECTURE_SPECS`, for families sharing a
     ``model_type``) or ``config.model_type`` (:data:`MODEL_SPECS`), else by the ``config.dllm_family`` marker
@@ -132,7 +109,7 @@ def _family_spec(model: Any) -> ModelSpec | None:
     if family is not None or marked is None:
         return family
     if marked.family != "block":
-        return replace(marked, accepts_logits_to_keep=_generic_spec(model).accepts_logits_to_keep)
+        return replace(marked, accepts_logits_to_keep=generic_spec(model).accepts_logits_to_keep)
     block_length = _config_value(config, "block_length")
     if block_length is None or int(block_length) < 1:
         raise ValueError(
@@ -147,7 +124,7 @@ def _family_spec(model: Any) -> ModelSpec | None:
             f"expected one of {BLOCK_LAYOUTS} (or no block_layout: 'absolute', the families' own)."
         )
     return replace(
-        marked, accepts_logits_to_keep=_generic_spec(model).accepts_logits_to_keep, block_length=int(block_length),
+        marked, accepts_logits_to_keep=generic_spec(model).accepts_logits_to_keep, block_length=int(block_length),
         block_layout=layout,
     )  # fmt: skip
 
@@ -230,7 +207,7 @@ def resolve_model_spec(model: Any, tokenizer: Any = None, mask_token_id: int | N
             f"mask_token_id={mask} is also an EOS id ({sorted(eos)}); the mask token must be its own token."
         )
 
-    spec = family if family is not None else _generic_spec(base)
+    spec = family if family is not None else generic_spec(base)
     return replace(spec, mask_token_id=mask, eos_token_ids=tuple(sorted(eos)))
 
 

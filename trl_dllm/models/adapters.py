@@ -10,7 +10,8 @@ import os
 import re
 from typing import Any
 
-from .native import NATIVE_LAYOUTS, NativeLayout, key_mapping, rename_keys
+from .families import NATIVE_LAYOUTS
+from .native import NativeLayout, key_mapping, rename_keys
 
 _PEFT_PREFIX = "base_model.model."
 

@@ -2,7 +2,7 @@
 
 :func:`load_pretrained` is what `DiffusionGRPOTrainer` (policy and reference model), `trl-dllm grpo` and
 `trl-dllm eval` use for a model given by name. It reads the checkpoint's ``config.json`` without running remote
-code; a family of :data:`~trl_dllm.models.native.NATIVE_LAYOUTS` is loaded into its transformers class (unless
+code; a family of :data:`~trl_dllm.models.families.NATIVE_LAYOUTS` is loaded into its transformers class (unless
 ``native=False``), anything else goes to TRL's ``create_model_from_path`` with the auto class the checkpoint's
 ``auto_map`` declares.
 """
@@ -22,13 +22,9 @@ from ..console import quiet_trl_internals
 from ..errors import UsageError
 from .adapters import adapter_in_original_layout, adapter_to_native
 from .embedded import resolve_model_name
-from .native import (
-    LLADA_MODULE_NAMES,
-    NATIVE_LAYOUTS,
-    native_config,
-    native_layout,
-    read_config_dict,
-)
+from .families import NATIVE_LAYOUTS, native_config, native_layout
+from .families.llada import LLADA_MODULE_NAMES
+from .native import read_config_dict
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +61,7 @@ def load_pretrained(
     Args:
         name_or_path (`str`): a Hub id or a local folder with ``config.json`` (the original checkpoint layout).
         native (`bool`, *optional*, defaults to `True`): load LLaDA / Dream / SDAR into transformers' own classes
-            (:mod:`trl_dllm.models.native`); `False` keeps the family's remote code (needs ``trust_remote_code=True``).
+            (:mod:`trl_dllm.models.families`); `False` keeps the family's remote code (needs ``trust_remote_code=True``).
         create (`Callable`, *optional*): the loader to delegate to, with TRL's signature
             ``create(model_id, architecture=None, **kwargs)``; defaults to TRL's ``create_model_from_path`` (dtype
             strings, ``device_map``).

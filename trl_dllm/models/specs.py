@@ -1,13 +1,16 @@
-"""One frozen spec per masked-diffusion model family, in explicit dicts: :data:`MODEL_SPECS` keyed by
-``config.model_type``, :data:`MARKED_SPECS` keyed by ``config.dllm_family``.
+"""The records a family module fills in: :class:`ModelSpec` (what the trainer and the cores need to know about a
+model), :class:`Family` (everything the library knows about one family) and :class:`TinyCheckpoint` (what a tiny random
+checkpoint in the family's original layout is made of).
 
-Adding a family is one :class:`ModelSpec` plus one line in one of the dicts; nothing registers itself at import time.
-Every id below is documented, with its source, in ``docs/models.md``.
+The families themselves are modules of :mod:`trl_dllm.models.families`, one each, listed in that package's registry;
+nothing registers itself at import time. Every id is documented, with its source, in ``docs/models.md``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 
 class UnsupportedCheckpointError(ValueError):
@@ -64,94 +67,62 @@ class ModelSpec:
         return self.block_length if self.family == "block" else configured
 
 
-# GSAI-ML/LLaDA-8B-{Base,Instruct} and LLaDA-1.5: config.json has model_type "llada", mask_token_id 126336 and
-# eos_token_id 126081 (<|endoftext|>); 126348 is <|eot_id|>, which ends an assistant turn in the Instruct chat template.
-LLADA = ModelSpec(
-    family="llada",
-    mask_token_id=126336,
-    eos_token_ids=(126081, 126348),
-    trust_remote_code=True,
-    accepts_logits_to_keep=False,
-)
-
-# Dream-org/Dream-v0-{Base,Instruct}-7B: config.json has model_type "Dream", mask_token_id 151666 (<|mask|>) and
-# eos_token_id 151643 (<|endoftext|>); 151645 is Qwen2.5's <|im_end|>, which ends a turn in the Instruct chat template.
-# Dream was initialised from Qwen2.5 and keeps its autoregressive logit shift.
-DREAM = ModelSpec(
-    family="dream",
-    mask_token_id=151666,
-    eos_token_ids=(151643, 151645),
-    shift_logits=True,
-    trust_remote_code=True,
-    accepts_logits_to_keep=False,
-)
-
-# JetLM/SDAR-*-Chat and Gen-Verse/TraDo-* with their own remote code (native_loading=False): model_type "sdar",
-# block_size 4 and mask_token_id 151669 in config.json; EOS <|endoftext|> 151643, end of turn <|im_end|> 151645. Its
-# forward takes boolean keep-masks (True = visible, the inverse of an additive mask) and, in train mode, runs its own
-# fine-tuning branch that returns no logits: the block layouts refuse it (accepts_4d_mask False) — load it natively.
-SDAR_REMOTE = ModelSpec(
-    family="block",
-    mask_token_id=151669,
-    eos_token_ids=(151643, 151645),
-    trust_remote_code=True,
-    accepts_logits_to_keep=False,
-)
-
-# inclusionAI/LLaDA-MoE-7B-A1B-{Base,Instruct} with their own remote code (native_loading=False): config.json declares
-# dense LLaDA's model_type "llada" and architectures ["LLaDAMoEModelLM"], and no mask_token_id; mask 156895 (its model
-# card's generate()), EOS / pad <|endoftext|> 156892. Its forward discards attention_mask (padding is attended to):
-# load it natively for padded batches.
-LLADA_MOE = ModelSpec(
-    family="llada",
-    mask_token_id=156895,
-    eos_token_ids=(156892,),
-    trust_remote_code=True,
-    accepts_logits_to_keep=False,
-)
-
-# inclusionAI/LLaDA2.0-mini / LLaDA2.1-mini with their own remote code (`LLaDA2MoeModelLM`, model_type "llada2_moe"): a
-# block-diffusion MoE (mask 156895, EOS 156892, blocks of 32: its generate()'s default, its config.json names none). Its
-# forward is causal under a 2-D mask or none; the library trusts only the native class (LLaDA2Native) with its 4-D block
-# mask (accepts_4d_mask False): the trainer refuses such an object and asks for the name or folder.
-LLADA2_REMOTE = replace(LLADA_MOE, family="block", block_length=32)  # the same tokenizer ids as LLaDA-MoE
-
-MODEL_SPECS: dict[str, ModelSpec] = {
-    "llada": LLADA,
-    "Dream": DREAM,  # the spelling in Dream's config.json
-    "dream": DREAM,
-    "sdar": SDAR_REMOTE,
-    "lladamoe": LLADA_MOE,  # LLaDA-MoE with model_type renamed, as ZHZisZZ/dllm asks its users to do
-    "llada2_moe": LLADA2_REMOTE,
-}
-
-# Families whose config.json shares another family's model_type: told apart by `config.architectures`, which is
-# looked up first.
-ARCHITECTURE_SPECS: dict[str, ModelSpec] = {
-    "LLaDAMoEModelLM": LLADA_MOE,
-    "LLaDAMoEModel": LLADA_MOE,
-    "LLaDA2MoeModelLM": LLADA2_REMOTE,
-}
-
-# Block-diffusion models (SDAR / TraDo / Fast-dLLM v2 style: causal across blocks, bidirectional inside a block)
-# built on a transformers-native architecture keep that architecture's model_type, so they load without remote code,
-# and mark themselves in config.json with `dllm_family` and `block_length` (`trl_dllm.models.tiny.build_tiny_block_model`).
-# transformers-native classes pass a 4-D additive float mask through `masking_utils` unchanged (sdpa and eager).
 FAMILY_MARKER = "dllm_family"
-BLOCK = ModelSpec(family="block", mask_token_id=None, accepts_4d_mask=True)
+"""The ``config.json`` field that marks a checkpoint on a transformers architecture as a diffusion family (a key of
+``MARKED_SPECS``): natively loaded LLaDA / Dream / LLaDA-MoE, and block-diffusion models (``"block"``)."""
 
-# LLaDA and Dream loaded natively (trl_dllm.models.native: transformers' Llama / Qwen2 classes, no remote code) are
-# marked `dllm_family` "llada" / "dream": same ids and shift as above, with transformers' `logits_to_keep` and 4-D masks.
-LLADA_NATIVE = replace(LLADA, trust_remote_code=False, accepts_logits_to_keep=True, accepts_4d_mask=True)
-DREAM_NATIVE = replace(DREAM, trust_remote_code=False, accepts_logits_to_keep=True, accepts_4d_mask=True)
-LLADA_MOE_NATIVE = replace(LLADA_MOE, trust_remote_code=False, accepts_logits_to_keep=True, accepts_4d_mask=True)
 
-MARKED_SPECS: dict[str, ModelSpec] = {
-    "block": BLOCK,  # config.dllm_family == "block"; block_length from config.block_length (SDAR / TraDo loaded natively)
-    "llada": LLADA_NATIVE,
-    "dream": DREAM_NATIVE,
-    "llada_moe": LLADA_MOE_NATIVE,  # LLaDA-MoE loaded natively (trl_dllm.models.llada_moe)
-}
+@dataclass(frozen=True)
+class TinyCheckpoint:
+    """What a tiny random checkpoint in a family's original layout is made of
+    (:func:`trl_dllm.models.tiny_families.save_tiny_original_checkpoint` builds it).
 
-# SDAR / TraDo loaded natively (transformers' Qwen3) are a `block` family model, marked "block" with block_length.
-SDAR_MASK_TOKEN_ID = SDAR_REMOTE.mask_token_id
+    Args:
+        special_tokens (`Mapping[str, int]`): the family tokenizer's special tokens at their real ids.
+        roles (`tuple`): the bos, eos, pad and mask tokens as the family's tokenizer declares them (`None`: none).
+        chat_template (`str`): a chat template of the family's shape (role headers, end-of-turn tokens).
+        released_config (`Mapping[str, Any]`): the released checkpoint's ``config.json``, less its sizes.
+        released_sizes (`Mapping[str, Any]`): the released checkpoint's sizes, keyword arguments of ``sized``.
+        sized (`Callable[..., dict]`): ``sized(config, *, hidden_size, num_layers, num_heads, num_kv_heads,
+            intermediate_size, block_size)`` writes those sizes into a copy of ``released_config`` in the family's
+            field names, and returns it.
+        extra_tokens (`tuple[str, ...]`, *optional*): chat-template tokens added at the tiny tokenizer's own ids.
+        released_extra (`Mapping[str, Any]`, *optional*): released values a tiny config sets otherwise (experts).
+    """
+
+    special_tokens: Mapping[str, int]
+    roles: tuple[str | None, str | None, str | None, str | None]
+    chat_template: str
+    released_config: Mapping[str, Any]
+    released_sizes: Mapping[str, Any]
+    sized: Callable[..., dict]
+    extra_tokens: tuple[str, ...] = ()
+    released_extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Family:
+    """Everything the library knows about one model family: what one module of :mod:`trl_dllm.models.families`
+    declares as ``FAMILY``, and what the registry there derives its dicts from.
+
+    Args:
+        name (`str`): the module's name; also the key of its native layout and tiny checkpoint.
+        model_types (`Mapping[str, ModelSpec]`, *optional*): the spec of each ``config.model_type`` the family's own
+            (remote-code) checkpoints declare (``MODEL_SPECS``).
+        architectures (`Mapping[str, ModelSpec]`, *optional*): specs by ``config.architectures`` name, for a family
+            that shares another's ``model_type`` (``ARCHITECTURE_SPECS``, looked up first).
+        markers (`Mapping[str, ModelSpec]`, *optional*): specs by the ``config.dllm_family`` marker of natively
+            loaded or marked checkpoints (``MARKED_SPECS``).
+        layout (`NativeLayout`, *optional*): how its original checkpoints load natively (``NATIVE_LAYOUTS``).
+        tiny (`TinyCheckpoint`, *optional*): what its tiny original-layout checkpoint is made of.
+        remote_code_refused (`str`, *optional*): why the trainer does not drive a model object built with the
+            family's own remote code (by name or folder the family loads natively); `None`: it does.
+    """
+
+    name: str
+    model_types: Mapping[str, ModelSpec] = field(default_factory=dict)
+    architectures: Mapping[str, ModelSpec] = field(default_factory=dict)
+    markers: Mapping[str, ModelSpec] = field(default_factory=dict)
+    layout: Any = None  # trl_dllm.models.native.NativeLayout (that module imports transformers; this one does not)
+    tiny: TinyCheckpoint | None = None
+    remote_code_refused: str | None = None

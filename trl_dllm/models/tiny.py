@@ -181,7 +181,7 @@ def build_tiny_block_model(
         raise ValueError(f"block_length must be >= 1, got {block_length}.")
     model = build_tiny_model(tokenizer, **model_kwargs)
     model.config.is_causal = True  # read at every forward by transformers' mask creation
-    model.config.dllm_family = "block"  # the marker of trl_dllm.models.specs.MARKED_SPECS
+    model.config.dllm_family = "block"  # the marker of trl_dllm.models.MARKED_SPECS
     model.config.block_length = block_length
     return model
 

@@ -1,7 +1,7 @@
 """A model's shape for the memory planner, read from its configuration alone (weights on the meta device).
 
 :func:`read_architecture` takes a local folder or a Hub id, reads its ``config.json`` (only that file is fetched,
-never weights), translates a known dLLM family's original config with :func:`trl_dllm.models.native.native_config`
+never weights), translates a known dLLM family's original config with :func:`trl_dllm.models.families.native_config`
 (LLaDA, Dream, SDAR, LLaDA2, LLaDA-MoE) or any other transformers config with ``AutoConfig``, builds the model on
 ``torch.device("meta")`` (no memory, no weights) and counts its parameters and linear layers from the module tree:
 the numbers are the real model's, experts included (an MoE holds every expert; a token runs ``top_k`` of them).
@@ -159,7 +159,8 @@ def read_architecture(name_or_path: str, **hub_kwargs) -> Architecture:
         `OSError`: a Hub id whose configuration cannot be fetched (no network, unknown repository); the message names
             the fix (a local folder holding only its ``config.json``).
     """
-    from ..models.native import native_config, native_layout, read_config_dict
+    from ..models.families import native_config, native_layout
+    from ..models.native import read_config_dict
 
     path = os.path.expanduser(name_or_path)
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):

@@ -14,6 +14,7 @@ import os
 
 from ..console import quiet_trl_internals
 from ..models import base_model, is_transformers_native, make_bidirectional
+from ..models.families import native_config, native_layout
 from ..models.loading import (
     attends_bidirectionally,
     honours_padding,
@@ -22,7 +23,7 @@ from ..models.loading import (
     native_lora_targets,
     supports_gradient_checkpointing,
 )
-from ..models.native import native_config, native_layout, read_config_dict
+from ..models.native import read_config_dict
 
 logger = logging.getLogger(__name__)
 

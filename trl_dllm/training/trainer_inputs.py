@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from ..models import base_model, is_transformers_native
-from ..models.native import native_layout
+from ..models.families import REMOTE_CODE_REFUSED, native_layout
 from . import inputs
 
 
@@ -57,14 +57,6 @@ def check_trainer_inputs(args, model, reward_funcs, pargs: Sequence, kwargs: Map
             label = name if name == "eval_dataset" else f"eval_dataset[{name!r}]"
             _check_dataset(label, dataset, 1, "per_device_eval_batch_size", args)
     check_text_only(named.get("processing_class"), model)
-
-
-# Families whose own remote code the trainer does not drive, each with why; by name or folder they load natively.
-REMOTE_CODE_REFUSED = {
-    "sdar": "its forward takes keep-masks, not the additive 4-D block mask, and returns no logits in train mode",
-    "llada2": "its forward is causal without a 4-D block mask, which the library gives only the native class",
-    "llada_moe": "its forward ignores attention_mask (padding is attended to) and it has no generation_config",
-}
 
 
 def check_remote_code_object(model) -> None:

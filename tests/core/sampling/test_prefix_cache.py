@@ -133,7 +133,9 @@ def test_errors(model):
 
 def test_config_and_model_checks(tmp_path):
     from trl_dllm import DiffusionGRPOConfig
-    from trl_dllm.models.specs import BLOCK, DREAM, LLADA, LLADA_NATIVE
+    from trl_dllm.models.families.dream import DREAM
+    from trl_dllm.models.families.llada import LLADA, LLADA_NATIVE
+    from trl_dllm.models.families.sdar import BLOCK
     from trl_dllm.training.model_checks import check_cache_model
 
     args = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_completion_length=8)
@@ -149,7 +151,7 @@ def test_config_and_model_checks(tmp_path):
 
 
 def _native(family):
-    from trl_dllm.models.native import native_config, native_layout
+    from trl_dllm.models.families import native_config, native_layout
     from trl_dllm.testing import tiny_original_config
 
     original = tiny_original_config(family)

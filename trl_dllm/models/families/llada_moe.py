@@ -1,5 +1,6 @@
 """LLaDA-MoE (``inclusionAI/LLaDA-MoE-7B-A1B-Base`` / ``-Instruct``, ``LLaDAMoEModelLM``) as a small native class on
-transformers' own components, with no remote code.
+transformers' own components, with no remote code: the family's spec, ids, native class and layout, and tiny-checkpoint
+facts.
 
 LLaDA-MoE is a fully bidirectional masked-diffusion MoE: 16 layers, hidden 2048, 16 heads (no GQA, head_dim 128),
 per-head q/k RMSNorm, full RoPE (θ 50000), 64 experts of width 1024 with softmax top-8 routing and **no**
@@ -33,27 +34,47 @@ cannot return that loss; this one can: with ``output_router_logits=True`` (what 
 sets) it returns transformers' Mixtral ``load_balancing_loss_func`` over every MoE layer's router logits as
 ``aux_loss`` (padding excluded given a 2-D mask). The Z-loss of the LLaDA-MoE paper is not in its public code, nor
 here.
+
+The scaffolding LLaDA-MoE shares with LLaDA2 (expert dispatch, attention core, decoder stack, LM head) is in
+:mod:`._moe`, with the tokenizer ids both families use.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
-from transformers import PretrainedConfig, PreTrainedModel
-from transformers import initialization as init
-from transformers.generation import GenerationMixin
+from transformers import PretrainedConfig
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, slice_logits_to_keep
+from transformers.modeling_utils import slice_logits_to_keep
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MLP
-from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb, eager_attention_forward
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 from transformers.models.olmoe.modeling_olmoe import OlmoeTopKRouter
-from transformers.models.phi.modeling_phi import PhiRotaryEmbedding
 
-from .llada2 import additive_4d_mask, dispatch_experts
-from .specs import UnsupportedCheckpointError
+from ..native import NativeLayout, OriginalLayoutMixin
+from ..specs import Family, ModelSpec, TinyCheckpoint
+from . import _moe
+from ._moe import EOS_TOKEN_ID, MASK_TOKEN_ID, additive_4d_mask
+
+__all__ = ["FAMILY", "LLADA_MOE", "LLADA_MOE_NATIVE", "LLaDAMoEForDiffusionLM", "LLaDAMoENative", "llada_moe_config"]
+
+# inclusionAI/LLaDA-MoE-7B-A1B-{Base,Instruct} with their own remote code (native_loading=False): config.json declares
+# dense LLaDA's model_type "llada" and architectures ["LLaDAMoEModelLM"], and no mask_token_id. Its forward discards
+# attention_mask (padding is attended to): load it natively for padded batches.
+LLADA_MOE = ModelSpec(
+    family="llada",
+    mask_token_id=MASK_TOKEN_ID,
+    eos_token_ids=(EOS_TOKEN_ID,),
+    trust_remote_code=True,
+    accepts_logits_to_keep=False,
+)
+# Loaded natively (LLaDAMoENative), marked `dllm_family` "llada_moe": transformers' logits_to_keep and 4-D masks.
+LLADA_MOE_NATIVE = replace(LLADA_MOE, trust_remote_code=False, accepts_logits_to_keep=True, accepts_4d_mask=True)
+ARCHITECTURES = ("LLaDAMoEModelLM", "LLaDAMoEModel")
 
 # The LLaDA-MoE config.json fields this class reads, with the released values as defaults (facts: the LLaDA-MoE paper's
 # Table 2, arXiv 2509.24389; the public modelling code; llama.cpp's converter and graph; see docs/models.md).
@@ -75,13 +96,10 @@ class LLaDAMoENativeConfig(PretrainedConfig):
     model_type = "trl_dllm_llada_moe"
 
     def __init__(self, tie_word_embeddings: bool = False, **kwargs):
-        for name, default in _DEFAULTS.items():
-            setattr(self, name, kwargs.pop(name, default))
+        _moe.read_fields(self, _DEFAULTS, kwargs)
         self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
         self.moe_layer_freq = list(self.moe_layer_freq or [1] * self.num_hidden_layers)
         self.head_dim = self.hidden_size // self.num_attention_heads
-        self.rope_parameters = {"rope_type": "default", "rope_theta": float(self.rope_theta),
-                                "partial_rotary_factor": float(self.partial_rotary_factor)}  # fmt: skip
         self.intermediate_size = self.dense_intermediate_size
         self.norm_topk_prob = False
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
@@ -101,35 +119,22 @@ class LLaDAMoERouter(OlmoeTopKRouter):
         return logits, weights.to(logits.dtype), indices
 
 
-class LLaDAMoESparseMoe(nn.Module):
+class LLaDAMoESparseMoe(_moe.RoutedExperts):
     """Routed experts. ``forward(hidden (B, N, H)) -> (out (B, N, H), router_logits (B·N, E))``."""
 
     def __init__(self, config: LLaDAMoENativeConfig):
-        super().__init__()
-        self.gate = LLaDAMoERouter(config)
-        self.experts = nn.ModuleList(
-            DeepseekV3MLP(config, intermediate_size=config.expert_intermediate_size) for _ in range(config.num_experts)
-        )
+        super().__init__(config, LLaDAMoERouter(config), config.expert_intermediate_size)
         self.expert_bias = nn.Buffer(torch.zeros(config.num_experts)) if config.moe_router_enable_expert_bias else None
 
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = hidden.shape
-        router_logits, weights, indices = self.gate(hidden, self.expert_bias)
-        out = dispatch_experts(self.experts, hidden.reshape(-1, shape[-1]), indices, weights)
-        return out.view(shape), router_logits
+        return self.route(hidden, self.expert_bias)
 
 
-class LLaDAMoEAttention(nn.Module):
-    """q/k/v/o projections with per-head q/k RMSNorm before RoPE, through transformers' attention interface;
-    bidirectional (``is_causal = False``) inside whatever the mask allows."""
+class LLaDAMoEAttention(_moe.MoEAttention):
+    """q/k/v/o projections with per-head q/k RMSNorm before RoPE (:class:`~._moe.MoEAttention`)."""
 
     def __init__(self, config: LLaDAMoENativeConfig, layer_idx: int):
-        super().__init__()
-        self.config, self.layer_idx, self.is_causal = config, layer_idx, False
-        self.num_heads, self.num_kv = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = config.head_dim
-        self.num_key_value_groups = self.num_heads // self.num_kv
-        self.scaling, self.attention_dropout = self.head_dim**-0.5, config.attention_dropout
+        super().__init__(config, layer_idx)
         hidden, bias = config.hidden_size, config.attention_bias
         self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, self.num_kv * self.head_dim, bias=bias)
@@ -147,14 +152,7 @@ class LLaDAMoEAttention(nn.Module):
         if self.config.qk_layernorm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        cos, sin = position_embeddings
-        rot = cos.shape[-1]  # partial RoPE: the first `rot` dims rotate, the rest pass through
-        q_rot, k_rot = apply_rotary_pos_emb(q[..., :rot], k[..., :rot], cos, sin)
-        q, k = torch.cat([q_rot, q[..., rot:]], -1), torch.cat([k_rot, k[..., rot:]], -1)
-        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-        out, _ = attention(self, q, k, v, attention_mask, scaling=self.scaling,
-                           dropout=self.attention_dropout if self.training else 0.0)  # fmt: skip
-        return self.o_proj(out.reshape(batch, n, -1))
+        return self.o_proj(self.attend(q, k, v, attention_mask, position_embeddings))
 
 
 class LLaDAMoEDecoderLayer(GradientCheckpointingLayer):
@@ -179,38 +177,15 @@ class LLaDAMoEDecoderLayer(GradientCheckpointingLayer):
         return hidden + out, router_logits
 
 
-class LLaDAMoEPreTrainedModel(PreTrainedModel):
+class LLaDAMoEPreTrainedModel(_moe.MoEPreTrainedModel):
     config_class = LLaDAMoENativeConfig
-    base_model_prefix = "model"
-    supports_gradient_checkpointing = True
     _no_split_modules = ["LLaDAMoEDecoderLayer"]
-    _supports_sdpa = True
-    _supports_attention_backend = True
-
-    @torch.no_grad()
-    def _init_weights(self, module):
-        super()._init_weights(module)
-        if isinstance(module, LLaDAMoERouter):
-            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
-        elif isinstance(module, LLaDAMoESparseMoe) and module.expert_bias is not None:
-            init.zeros_(module.expert_bias)
+    _input_embed_layer = "embed_tokens"
+    router_class = LLaDAMoERouter
 
 
-class LLaDAMoEModel(LLaDAMoEPreTrainedModel):
-    def __init__(self, config: LLaDAMoENativeConfig):
-        super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
-        self.layers = nn.ModuleList(LLaDAMoEDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rotary_emb = PhiRotaryEmbedding(config)
-        self.gradient_checkpointing = False
-        self.post_init()
-
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.embed_tokens = value
+class LLaDAMoEModel(_moe.MoEModel, LLaDAMoEPreTrainedModel):
+    decoder_layer = LLaDAMoEDecoderLayer
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, **kwargs):
         """``input_ids`` `(B, N)`, ``attention_mask`` `(B, N)` (1 = token, 0 = padding) or `(B, 1, N, N)`,
@@ -232,22 +207,11 @@ class LLaDAMoEModel(LLaDAMoEPreTrainedModel):
         return self.norm(hidden), tuple(router_logits)
 
 
-class LLaDAMoEForDiffusionLM(LLaDAMoEPreTrainedModel, GenerationMixin):
+class LLaDAMoEForDiffusionLM(_moe.MoEForDiffusionLM, LLaDAMoEPreTrainedModel):
     """LLaDA-MoE with its LM head; logits are not shifted (position ``i`` predicts token ``i``)."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
-
-    def __init__(self, config: LLaDAMoENativeConfig):
-        super().__init__(config)
-        self.model = LLaDAMoEModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head = new_embeddings
+    model_class = LLaDAMoEModel
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, logits_to_keep=0,
                 output_router_logits=None, **kwargs) -> MoeCausalLMOutputWithPast:  # fmt: skip
@@ -267,12 +231,10 @@ class LLaDAMoEForDiffusionLM(LLaDAMoEPreTrainedModel, GenerationMixin):
                                          router_logits=router_logits if output_router_logits else None)  # fmt: skip
 
 
-# LLaDA-MoE's special ids (facts: the mask_id of its model card's generate() and of llama.cpp's converter, 156895; EOS
-# and pad <|endoftext|> 156892 in its config.json and in inclusionAI/dInfer's LLaDA-MoE tests). Its config.json has no
-# mask_token_id.
-LLADA_MOE_MASK_TOKEN_ID = 156895
-LLADA_MOE_EOS_TOKEN_ID = 156892
-LLADA_MOE_ARCHITECTURES = ("LLaDAMoEModelLM", "LLaDAMoEModel")
+class LLaDAMoENative(OriginalLayoutMixin, LLaDAMoEForDiffusionLM):
+    """LLaDA-MoE-7B-A1B as loaded natively, bidirectional with the padding mask honoured."""
+
+    dllm_layout = "llada_moe"
 
 
 def llada_moe_config(original: dict) -> LLaDAMoENativeConfig:
@@ -284,14 +246,55 @@ def llada_moe_config(original: dict) -> LLaDAMoENativeConfig:
         "clip_qkv": (original.get("clip_qkv"), None),
         "moe_router_score_function": (original.get("moe_router_score_function") or "softmax", "softmax"),
     }
-    bad = {k: v for k, (v, ok) in unsupported.items() if v != ok}
-    if bad:
-        raise UnsupportedCheckpointError(
-            f"This LLaDA-MoE checkpoint uses {bad}, which native loading does not implement (it supports "
-            "LLaDA-MoE-7B-A1B as released). Load it with its own code instead: native_loading=False and "
-            "trust_remote_code=True."
-        )
-    known = set(_DEFAULTS) | {"pad_token_id", "tie_word_embeddings"}
-    config = LLaDAMoENativeConfig(**{k: v for k, v in original.items() if k in known})
-    config.eos_token_id = original.get("eos_token_id", LLADA_MOE_EOS_TOKEN_ID)
+    return _moe.translate_config(LLaDAMoENativeConfig, _DEFAULTS, original, unsupported, "LLaDA-MoE",
+                                 "LLaDA-MoE-7B-A1B as released")  # fmt: skip
+
+
+# LLaDA-MoE-7B-A1B: no verbatim public copy of its config.json was found; these are the fields its public
+# configuration file (configuration_lladamoe.py: every size defaults to -1, so config.json sets each) reads, with
+# the values reported for the released file by public reimplementations (a self-contained PyTorch port and a
+# configuration class with the released values as defaults, both found by content on GitHub), the paper's Table 2
+# (16 layers, hidden 2048, 16 heads, 64 experts top-8 of width 1024, RoPE base 50000) and llama.cpp's loader (all
+# layers MoE, no shared expert or expert bias tensor, untied head, full-width RoPE, per-head q/k norms).
+_RELEASED_CONFIG = {
+    "architectures": ["LLaDAMoEModelLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_lladamoe.LLaDAConfig",
+                 "AutoModel": "modeling_lladamoe.LLaDAMoEModelLM"},
+    "dense_intermediate_size": 8192, "eos_token_id": EOS_TOKEN_ID, "expert_intermediate_size": 1024,
+    "hidden_act": "silu", "initializer_range": 0.02, "max_position_embeddings": 8192, "model_type": "llada",
+    "moe_layer_freq": [1] * 16, "moe_router_enable_expert_bias": False, "moe_router_score_function": "softmax",
+    "num_experts": 64, "num_experts_per_tok": 8, "output_router_logits": False, "pad_token_id": EOS_TOKEN_ID,
+    "partial_rotary_factor": 1.0, "qk_layernorm": True, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "rope_theta": 50000.0, "router_aux_loss_coef": 0.01, "shared_expert_intermediate_size": None,
+    "tie_word_embeddings": False, "use_cache": False, "vocab_size": 157184,
+}  # fmt: skip
+
+
+def _sized(config: dict, *, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, block_size) -> dict:
+    """8 experts, top-2, every layer MoE (as released); ``block_size`` is not LLaDA-MoE's (bidirectional)."""
+    config.update(hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                  num_key_value_heads=num_kv_heads, dense_intermediate_size=intermediate_size,
+                  expert_intermediate_size=intermediate_size // 4, num_experts=8, num_experts_per_tok=2,
+                  moe_layer_freq=[1] * num_layers)  # fmt: skip
     return config
+
+
+FAMILY = Family(
+    name="llada_moe",
+    model_types={"lladamoe": LLADA_MOE},  # model_type renamed, as ZHZisZZ/dllm asks its users to do
+    architectures=dict.fromkeys(ARCHITECTURES, LLADA_MOE),  # as released: dense LLaDA's model_type "llada"
+    markers={"llada_moe": LLADA_MOE_NATIVE},
+    remote_code_refused="its forward ignores attention_mask (padding is attended to) and it has no generation_config",
+    # model_type "llada" as released (told apart by its architectures); "lladamoe" / "llada_moe" as ZHZisZZ/dllm and
+    # others rename it
+    layout=NativeLayout("llada_moe", ("lladamoe", "llada_moe"), LLaDAMoENative, llada_moe_config, "llada_moe",
+                        mask_token_id=MASK_TOKEN_ID, architectures=ARCHITECTURES),
+    tiny=TinyCheckpoint(
+        special_tokens=_moe.SPECIAL_TOKENS, roles=_moe.ROLES, chat_template=_moe.CHAT_TEMPLATE,
+        released_config=_RELEASED_CONFIG, sized=_sized, extra_tokens=_moe.ROLE_TOKENS,
+        # LLaDA-MoE-7B-A1B (64 experts top-8, every layer routed)
+        released_sizes=dict(hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=16, intermediate_size=8192),
+        released_extra=dict(num_experts=64, num_experts_per_tok=8, expert_intermediate_size=1024,
+                            moe_layer_freq=[1] * 16),
+    ),
+)  # fmt: skip

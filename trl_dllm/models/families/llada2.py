@@ -1,5 +1,5 @@
 """LLaDA2.0 / LLaDA2.1 (``LLaDA2MoeModelLM``, ``model_type`` "llada2_moe") as a small native class on transformers'
-own components, with no remote code.
+own components, with no remote code: the family's spec, ids, native class and layout, and tiny-checkpoint facts.
 
 transformers 5.23 has no class for this BailingMoeV2-style block-diffusion MoE, so the model here is ours, built from
 transformers' parts wherever the math is the same:
@@ -28,24 +28,46 @@ boolean, True = visible) and raises on anything else, so no call is silently cau
 released training code, inclusionAI/dFactory, adds no router loss and does not update the bias). The bias is a
 buffer, never trained here either; a forward asked for router logits (``output_router_logits=True``, what TRL's
 ``router_aux_loss_coef`` path sets) raises instead of returning a loss that does not exist.
+
+The scaffolding LLaDA2 shares with LLaDA-MoE (expert dispatch, attention core, decoder stack, LM head) is in
+:mod:`._moe`, with the tokenizer ids both families use.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig, PreTrainedModel
-from transformers import initialization as init
+from transformers import PretrainedConfig
 from transformers.cache_utils import DynamicCache
-from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, slice_logits_to_keep
+from transformers.modeling_utils import slice_logits_to_keep
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MLP, DeepseekV3TopkRouter
-from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb, eager_attention_forward
-from transformers.models.phi.modeling_phi import PhiRotaryEmbedding
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from .specs import UnsupportedCheckpointError
+from ..native import NativeLayout, OriginalLayoutMixin
+from ..specs import Family, ModelSpec, TinyCheckpoint
+from . import _moe
+from ._moe import EOS_TOKEN_ID, MASK_TOKEN_ID, additive_4d_mask, dispatch_experts
+
+__all__ = ["FAMILY", "LLADA2_REMOTE", "LLaDA2ForDiffusionLM", "LLaDA2Native", "dispatch_experts", "llada2_config"]
+
+# Its config.json names no block size: 32 is the block_length default of its generate() and dFactory's block-diffusion
+# SFT config (block_size: 32).
+BLOCK_LENGTH = 32
+
+# inclusionAI/LLaDA2.0-mini / LLaDA2.1-mini with their own remote code (`LLaDA2MoeModelLM`, model_type "llada2_moe"): a
+# block-diffusion MoE (blocks of 32). Its forward is causal under a 2-D mask or none; the library trusts only the native
+# class (LLaDA2Native) with its 4-D block mask (accepts_4d_mask False): the trainer refuses such an object and asks for
+# the name or folder. Natively loaded it is marked "block" (the `block` spec of :mod:`.sdar`).
+LLADA2_REMOTE = ModelSpec(
+    family="block",
+    mask_token_id=MASK_TOKEN_ID,
+    eos_token_ids=(EOS_TOKEN_ID,),
+    trust_remote_code=True,
+    accepts_logits_to_keep=False,
+    block_length=BLOCK_LENGTH,
+)
 
 # The released LLaDA2.0-mini / 2.1-mini config.json fields this class reads, with their released values as defaults
 # (facts from inclusionAI/dFactory configs/model_configs/llada2_mini/config.json and the public configuration file).
@@ -65,11 +87,8 @@ class LLaDA2NativeConfig(PretrainedConfig):
     model_type = "trl_dllm_llada2_moe"
 
     def __init__(self, tie_word_embeddings: bool = False, **kwargs):
-        for name, default in _DEFAULTS.items():
-            setattr(self, name, kwargs.pop(name, default))
+        _moe.read_fields(self, _DEFAULTS, kwargs)
         self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
-        self.rope_parameters = {"rope_type": "default", "rope_theta": float(self.rope_theta),
-                                "partial_rotary_factor": float(self.partial_rotary_factor)}  # fmt: skip
         self.num_local_experts = self.num_experts
         self.norm_topk_prob = self.num_experts_per_tok > 1  # LLaDA2's gate renormalises iff top-k > 1
         self.output_router_logits = False
@@ -93,58 +112,26 @@ class LLaDA2Gate(DeepseekV3TopkRouter):
         return self.expert_bias
 
 
-def dispatch_experts(experts: nn.ModuleList, hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor):
-    """``Σ_k weights[t, k] · experts[indices[t, k]](hidden[t])`` for each token ``t``, computing each expert once on the
-    tokens routed to it. ``hidden`` `(T, H)`, ``indices`` / ``weights`` `(T, k)` → `(T, H)`.
-
-    The (token, slot) pairs are sorted by expert once and split by the experts' counts: one host synchronisation per
-    layer (the counts), not one per expert, which on a GPU made a 256-expert forward wait on the host 256 times per
-    layer. Every expert is called, also on zero tokens (as LLaDA2's own training path loops over all experts): under
-    DeepSpeed ZeRO-3 each call gathers the expert's weights, and processes whose tokens hit different experts must still
-    make the same collective calls in the same order (skipping empty experts hangs them). The contributions are added
-    in the order of the expert-by-expert loop (expert, then token), so on a CPU the sum is the loop's, bit for bit."""
-    k = indices.shape[-1]
-    flat = indices.reshape(-1)
-    order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert, tokens in order within each
-    counts = torch.bincount(flat, minlength=len(experts)).tolist()  # the layer's one host synchronisation
-    token = order // k
-    routed = hidden[token].split(counts)
-    y = torch.cat([expert(rows) for expert, rows in zip(experts, routed, strict=True)])
-    y = y * weights.reshape(-1)[order, None].to(hidden.dtype)
-    return torch.zeros_like(hidden).index_add_(0, token, y)
-
-
-class LLaDA2SparseMoe(nn.Module):
+class LLaDA2SparseMoe(_moe.RoutedExperts):
     """Routed experts plus the shared expert(s). ``forward(hidden (B, N, H)) -> (out (B, N, H), router_logits)``."""
 
     def __init__(self, config: LLaDA2NativeConfig):
-        super().__init__()
-        self.gate = LLaDA2Gate(config)
-        self.experts = nn.ModuleList(
-            DeepseekV3MLP(config, intermediate_size=config.moe_intermediate_size) for _ in range(config.num_experts)
-        )
+        super().__init__(config, LLaDA2Gate(config), config.moe_intermediate_size)
         shared = config.num_shared_experts
         self.shared_experts = DeepseekV3MLP(config, config.moe_intermediate_size * shared) if shared else None
 
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = hidden.shape
-        router_logits, weights, indices = self.gate(hidden)
-        out = dispatch_experts(self.experts, hidden.reshape(-1, shape[-1]), indices, weights).view(shape)
+        out, router_logits = self.route(hidden)
         if self.shared_experts is not None:
             out = out + self.shared_experts(hidden)
         return out, router_logits
 
 
-class LLaDA2Attention(nn.Module):
-    """Fused-QKV attention with per-head q/k RMSNorm and partial RoPE, run through transformers' attention
-    interface. Bidirectional inside whatever the 4-D mask allows (``is_causal = False``)."""
+class LLaDA2Attention(_moe.MoEAttention):
+    """Fused-QKV attention with per-head q/k RMSNorm and partial RoPE (:class:`~._moe.MoEAttention`)."""
 
     def __init__(self, config: LLaDA2NativeConfig, layer_idx: int):
-        super().__init__()
-        self.config, self.layer_idx, self.is_causal = config, layer_idx, False
-        self.num_heads, self.num_kv = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim, self.num_key_value_groups = config.head_dim, self.num_heads // self.num_kv
-        self.scaling, self.attention_dropout = self.head_dim**-0.5, config.attention_dropout
+        super().__init__(config, layer_idx)
         width = (self.num_heads + 2 * self.num_kv) * self.head_dim
         self.query_key_value = nn.Linear(config.hidden_size, width, bias=config.use_qkv_bias)
         if config.use_qk_norm:
@@ -158,16 +145,7 @@ class LLaDA2Attention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in qkv.split([self.num_heads, self.num_kv, self.num_kv], dim=2))
         if self.config.use_qk_norm:
             q, k = self.query_layernorm(q), self.key_layernorm(k)
-        cos, sin = position_embeddings
-        rot = cos.shape[-1]  # partial RoPE: the first `rot` dims rotate, the rest pass through
-        q_rot, k_rot = apply_rotary_pos_emb(q[..., :rot], k[..., :rot], cos, sin)
-        q, k = torch.cat([q_rot, q[..., rot:]], -1), torch.cat([k_rot, k[..., rot:]], -1)
-        if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)
-        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-        out, _ = attention(self, q, k, v, attention_mask, scaling=self.scaling,
-                           dropout=self.attention_dropout if self.training else 0.0)  # fmt: skip
-        return self.dense(out.reshape(batch, n, -1))
+        return self.dense(self.attend(q, k, v, attention_mask, position_embeddings, past_key_values))
 
 
 class LLaDA2DecoderLayer(GradientCheckpointingLayer):
@@ -186,62 +164,21 @@ class LLaDA2DecoderLayer(GradientCheckpointingLayer):
         return hidden + (out[0] if isinstance(out, tuple) else out)
 
 
-def additive_4d_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype, family: str = "LLaDA2") -> torch.Tensor:
-    """The 4-D mask of a block-diffusion forward as an additive float mask (0 = visible): boolean keep-masks (True =
-    visible) are converted, float ones are used as given. Raises on no mask or a 2-D one, where LLaDA2's own code
-    would fall back to a causal mask."""
-    if attention_mask is None or attention_mask.dim() != 4:
-        shape = None if attention_mask is None else tuple(attention_mask.shape)
-        raise ValueError(
-            f"{family} is a block-diffusion model: its forward needs the 4-D block mask of shape (B, 1, N, N) "
-            f"(additive float, 0 = visible, or boolean, True = visible), got attention_mask of shape {shape}. Its own "
-            "code would silently attend causally here. Build the mask with "
-            "trl_dllm.core.masks.block_causal_mask(N, block_length, prompt_length, attention_mask=padding_mask)."
-        )
-    if attention_mask.dtype == torch.bool:
-        return torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device).masked_fill(
-            ~attention_mask, torch.finfo(dtype).min
-        )
-    return attention_mask.to(dtype)
-
-
-class LLaDA2PreTrainedModel(PreTrainedModel):
+class LLaDA2PreTrainedModel(_moe.MoEPreTrainedModel):
     config_class = LLaDA2NativeConfig
-    base_model_prefix = "model"
-    supports_gradient_checkpointing = True
     _no_split_modules = ["LLaDA2DecoderLayer"]
-    _supports_sdpa = True
-    _supports_attention_backend = True
-
-    @torch.no_grad()
-    def _init_weights(self, module):
-        super()._init_weights(module)
-        if isinstance(module, LLaDA2Gate):
-            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
-            init.zeros_(module.expert_bias)
+    _input_embed_layer = "word_embeddings"
+    router_class = LLaDA2Gate
 
 
-class LLaDA2Model(LLaDA2PreTrainedModel):
-    def __init__(self, config: LLaDA2NativeConfig):
-        super().__init__(config)
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
-        self.layers = nn.ModuleList(LLaDA2DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rotary_emb = PhiRotaryEmbedding(config)
-        self.gradient_checkpointing = False
-        self.post_init()
-
-    def get_input_embeddings(self):
-        return self.word_embeddings
-
-    def set_input_embeddings(self, value):
-        self.word_embeddings = value
+class LLaDA2Model(_moe.MoEModel, LLaDA2PreTrainedModel):
+    decoder_layer = LLaDA2DecoderLayer
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, use_cache=None, **kwargs):  # fmt: skip
         """``input_ids`` `(B, N)`, ``attention_mask`` `(B, 1, N, N + cached)` (4-D only, see
-        :func:`additive_4d_mask`), ``position_ids`` `(B, N)` (default ``cached .. cached + N - 1``) → hidden states
-        `(B, N, H)` and the cache."""
+        :func:`~._moe.additive_4d_mask`), ``position_ids`` `(B, N)` (default ``cached .. cached + N - 1``) → hidden
+        states `(B, N, H)` and the cache."""
         hidden = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache()
@@ -255,20 +192,10 @@ class LLaDA2Model(LLaDA2PreTrainedModel):
         return self.norm(hidden), (past_key_values if use_cache else None)
 
 
-class LLaDA2ForDiffusionLM(LLaDA2PreTrainedModel, GenerationMixin):
+class LLaDA2ForDiffusionLM(_moe.MoEForDiffusionLM, LLaDA2PreTrainedModel):
     """LLaDA2 with its LM head; logits are not shifted (position ``i`` predicts token ``i``)."""
 
-    def __init__(self, config: LLaDA2NativeConfig):
-        super().__init__(config)
-        self.model = LLaDA2Model(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head = new_embeddings
+    model_class = LLaDA2Model
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, use_cache=None, logits_to_keep=0, output_router_logits=None,
@@ -287,12 +214,10 @@ class LLaDA2ForDiffusionLM(LLaDA2PreTrainedModel, GenerationMixin):
         return MoeCausalLMOutputWithPast(logits=logits, past_key_values=cache)
 
 
-# LLaDA2's special ids (facts: the generate() defaults of its public modelling file, inclusionAI/dFactory and
-# ZHZisZZ/dllm copies: eos_id 156892, mask_id 156895; config.json pad_token_id 156892). Its config.json names no block
-# size: 32 is the block_length default of its generate() and dFactory's block-diffusion SFT config (block_size: 32).
-LLADA2_MASK_TOKEN_ID = 156895
-LLADA2_EOS_TOKEN_ID = 156892
-LLADA2_BLOCK_LENGTH = 32
+class LLaDA2Native(OriginalLayoutMixin, LLaDA2ForDiffusionLM):
+    """LLaDA2.0 / 2.1 as loaded natively, driven with 4-D block-causal masks by the `block` family."""
+
+    dllm_layout = "llada2"
 
 
 def llada2_config(original: dict) -> LLaDA2NativeConfig:
@@ -306,15 +231,57 @@ def llada2_config(original: dict) -> LLaDA2NativeConfig:
         "using_split_qkv_in_self_attention": (original.get("using_split_qkv_in_self_attention", False), False),
         "num_nextn_predict_layers": (original.get("num_nextn_predict_layers") or 0, 0),
     }
-    bad = {k: v for k, (v, ok) in unsupported.items() if v != ok}
-    if bad:
-        raise UnsupportedCheckpointError(
-            f"This LLaDA2 checkpoint uses {bad}, which native loading does not implement (it supports LLaDA2.0 / 2.1 "
-            "mini and flash as released). Load it with its own code instead: native_loading=False and "
-            "trust_remote_code=True."
-        )
-    known = set(_DEFAULTS) | {"pad_token_id", "tie_word_embeddings"}
-    config = LLaDA2NativeConfig(**{k: v for k, v in original.items() if k in known})
-    config.block_length = int(original.get("block_size") or original.get("block_length") or LLADA2_BLOCK_LENGTH)
-    config.eos_token_id = original.get("eos_token_id", LLADA2_EOS_TOKEN_ID)
+    config = _moe.translate_config(LLaDA2NativeConfig, _DEFAULTS, original, unsupported, "LLaDA2",
+                                   "LLaDA2.0 / 2.1 mini and flash as released")  # fmt: skip
+    config.block_length = int(original.get("block_size") or original.get("block_length") or BLOCK_LENGTH)
     return config
+
+
+# LLaDA2.0-mini: the config.json of the Hub repository inclusionAI/LLaDA2.0-mini (public copy in yjyddq/DARE,
+# models/LLaDA2.0-mini/; LLaDA2.1-mini's is the same), less its sizes.
+_RELEASED_CONFIG = {
+    "architectures": ["LLaDA2MoeModelLM"], "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
+                 "AutoModel": "modeling_llada2_moe.LLaDA2MoeModel",
+                 "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM"},
+    "dtype": "bfloat16", "embedding_dropout": 0.0, "first_k_dense_replace": 1, "hidden_act": "silu",
+    "initializer_range": 0.02, "max_position_embeddings": 32768, "max_window_layers": 28,
+    "model_type": "llada2_moe", "moe_router_enable_expert_bias": True, "n_group": 8, "norm_head": False,
+    "norm_softmax": False, "norm_topk_prob": True, "num_experts": 256, "num_experts_per_tok": 8,
+    "num_shared_experts": 1, "output_dropout": 0.0, "output_router_logits": False, "pad_token_id": EOS_TOKEN_ID,
+    "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 600000,
+    "rotary_dim": 64, "routed_scaling_factor": 2.5, "router_dtype": "fp32", "score_function": "sigmoid",
+    "sliding_window": 4096, "tie_word_embeddings": False, "topk_group": 4, "transformers_version": "4.57.1",
+    "use_bias": False, "use_cache": False, "use_qk_norm": True, "use_qkv_bias": False, "use_rmsnorm": True,
+    "use_sliding_window": False, "using_split_qkv_in_self_attention": False, "vocab_size": 157184,
+}  # fmt: skip
+
+
+def _sized(config: dict, *, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, block_size) -> dict:
+    """8 experts in 4 groups, top-2 of the best 2 groups, 1 shared expert; layer 0 dense. ``block_size`` is absent
+    from the released config (its block is 32, the default); set here so tiny tests use small blocks."""
+    config.update(hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                  num_key_value_heads=num_kv_heads, intermediate_size=intermediate_size, max_window_layers=num_layers,
+                  head_dim=hidden_size // num_heads, rotary_dim=hidden_size // num_heads // 2, num_experts=8,
+                  n_group=4, topk_group=2, num_experts_per_tok=2, moe_intermediate_size=intermediate_size // 4,
+                  block_size=block_size)  # fmt: skip
+    return config
+
+
+FAMILY = Family(
+    name="llada2",
+    model_types={"llada2_moe": LLADA2_REMOTE},
+    architectures={"LLaDA2MoeModelLM": LLADA2_REMOTE},
+    remote_code_refused="its forward is causal without a 4-D block mask, which the library gives only the native class",
+    layout=NativeLayout("llada2", ("llada2_moe",), LLaDA2Native, llada2_config, "block", mask_token_id=MASK_TOKEN_ID),
+    # Only EOS / pad and mask are real ids; the chat-template tokens of its tokenizer are added at the tiny tokenizer's
+    # own ids.
+    tiny=TinyCheckpoint(
+        special_tokens=_moe.SPECIAL_TOKENS, roles=_moe.ROLES, chat_template=_moe.CHAT_TEMPLATE,
+        released_config=_RELEASED_CONFIG, sized=_sized, extra_tokens=_moe.ROLE_TOKENS,
+        # LLaDA2.0-mini (16B, 256 experts top-8, one shared; layer 0 dense)
+        released_sizes=dict(hidden_size=2048, num_layers=20, num_heads=16, num_kv_heads=4, intermediate_size=5120),
+        released_extra=dict(num_experts=256, num_experts_per_tok=8, n_group=8, topk_group=4, moe_intermediate_size=512,
+                            num_shared_experts=1, head_dim=128, rotary_dim=64, block_size=32),
+    ),
+)  # fmt: skip

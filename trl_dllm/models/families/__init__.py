@@ -1,0 +1,72 @@
+"""The registry of model families: one module each, one line each in :data:`FAMILIES`.
+
+A family module declares ``FAMILY`` (:class:`~trl_dllm.models.specs.Family`): its specs by ``model_type``,
+``architectures`` and ``dllm_family`` marker, its native layout (class and config translation) and its tiny-checkpoint
+facts, with its special ids written once. Every table the library reads is derived here from :data:`FAMILIES`; family
+names are listed nowhere else. Modules whose names start with ``_`` hold what several families share (:mod:`._moe`
+for LLaDA2 and LLaDA-MoE, :mod:`._qwen` for Dream and SDAR). Adding a family: docs/models.md#adding-a-family.
+"""
+
+from __future__ import annotations
+
+from ..native import NativeLayout
+from ..specs import Family, ModelSpec, TinyCheckpoint
+from . import dream, generic, llada, llada2, llada_moe, sdar
+
+FAMILIES: tuple[Family, ...] = (
+    llada.FAMILY,
+    dream.FAMILY,
+    sdar.FAMILY,
+    llada_moe.FAMILY,
+    llada2.FAMILY,
+    generic.FAMILY,
+)
+
+MODEL_SPECS: dict[str, ModelSpec] = {k: spec for family in FAMILIES for k, spec in family.model_types.items()}
+"""Specs of the families' own (remote-code) checkpoints, by ``config.model_type``."""
+ARCHITECTURE_SPECS: dict[str, ModelSpec] = {k: spec for family in FAMILIES for k, spec in family.architectures.items()}
+"""Specs by ``config.architectures`` name, for families whose ``config.json`` shares another family's ``model_type``;
+looked up first."""
+MARKED_SPECS: dict[str, ModelSpec] = {k: spec for family in FAMILIES for k, spec in family.markers.items()}
+"""Specs by the ``config.dllm_family`` marker (natively loaded families, and ``"block"``)."""
+NATIVE_LAYOUTS: dict[str, NativeLayout] = {f.layout.name: f.layout for f in FAMILIES if f.layout is not None}
+"""How each family's original checkpoint loads into its native class, by layout name."""
+TINY_CHECKPOINTS: dict[str, TinyCheckpoint] = {f.name: f.tiny for f in FAMILIES if f.tiny is not None}
+"""What each family's tiny original-layout checkpoint is made of (:mod:`trl_dllm.models.tiny_families`)."""
+REMOTE_CODE_REFUSED: dict[str, str] = {f.layout.name: f.remote_code_refused for f in FAMILIES if f.remote_code_refused}
+"""Why the trainer refuses a model object built with a family's own remote code, by layout name."""
+
+
+def native_layout(config_dict: dict) -> NativeLayout | None:
+    """The :class:`NativeLayout` of an original ``config.json`` dict, by its ``architectures`` where a layout claims
+    them, else by its ``model_type``; `None` if unknown."""
+    architectures = set(config_dict.get("architectures") or ())
+    claimed = next((layout for layout in NATIVE_LAYOUTS.values() if architectures & set(layout.architectures)), None)
+    if claimed is not None:
+        return claimed
+    model_type = config_dict.get("model_type")
+    return next((layout for layout in NATIVE_LAYOUTS.values() if model_type in layout.model_types), None)
+
+
+def native_config(config_dict: dict, source: str | None = None):
+    """Translate an original ``config.json`` dict into the native config, marked for
+    :func:`~trl_dllm.models.resolve_model_spec`.
+
+    Args:
+        config_dict (`dict`): the checkpoint's ``config.json``.
+        source (`str`, *optional*): where it was loaded from (Hub id or folder), kept to point the saved ``auto_map``
+            at the family's code.
+    """
+    layout = native_layout(config_dict)
+    if layout is None:
+        raise ValueError(f"model_type={config_dict.get('model_type')!r} has no native layout.")
+    config = layout.translate(config_dict)
+    config.dllm_family = layout.marker
+    mask = config_dict.get("mask_token_id", layout.mask_token_id)
+    if mask is not None:
+        config.mask_token_id = int(mask)
+    config.dllm_original_config = dict(config_dict)
+    config.dllm_source = source
+    config.architectures = [layout.model_class.__name__]
+    layout.register_conversion()
+    return config
