@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from .core.likelihood import LikelihoodOutput
@@ -16,6 +17,7 @@ from .core.likelihood import estimate as _estimate
 from .core.sampling import BlockCausalOptions, DecodingOptions, GenerationOutput, generate_block_causal
 from .core.sampling import generate as _generate
 from .models import model_logits_fn, require_4d_mask, resolve_model_spec
+from .training.diffusion_gemma_rollouts import diffusion_gemma_options, generate_diffusion_gemma
 from .training.model_checks import check_block_guidance
 
 
@@ -31,10 +33,17 @@ def generate(model: Any, input_ids, attention_mask=None, **kwargs: Any) -> Gener
     :class:`~trl_dllm.core.sampling.DecodingOptions` and ``generator`` as keyword arguments. A block-diffusion model
     (`block` family: SDAR / TraDo) is decoded by :func:`trl_dllm.core.sampling.generate_block_causal` with its own
     block size instead (the fields of :class:`~trl_dllm.core.sampling.BlockCausalOptions`; ``cfg_scale`` is not
-    supported there)."""
+    supported there). DiffusionGemma is decoded by its own ``generate()``, row by row
+    (:func:`trl_dllm.training.diffusion_gemma_rollouts.generate_diffusion_gemma`; the fields that apply are listed
+    there, the others refused; ``temperature`` defaults to `1.0`, the model's own schedule)."""
     generator = kwargs.pop("generator", None)
     if isinstance(model, nn.Module):
         spec = resolve_model_spec(model, mask_token_id=kwargs.get("mask_token_id"))
+        if spec.noise == "uniform":  # DiffusionGemma: its own generate() (training/diffusion_gemma_rollouts.py)
+            kwargs.setdefault("eos_token_ids", spec.eos_token_ids)
+            options = diffusion_gemma_options(model, **kwargs)
+            mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+            return generate_diffusion_gemma(model, input_ids, mask, options=options, generator=generator)
         if spec.family == "block":
             require_4d_mask(spec, "block-causal generation")
             check_block_guidance(kwargs.pop("cfg_scale", 0.0))

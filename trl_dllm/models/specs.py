@@ -20,8 +20,9 @@ class ModelSpec:
 
     Args:
         family (`str`):
-            Family name: `"llada"`, `"dream"`, `"block"` (block-causal diffusion) or `"generic"` (any Hugging Face
-            decoder run with bidirectional attention).
+            Family name: `"llada"`, `"dream"`, `"block"` (block-causal diffusion), `"diffusion_gemma"`
+            (encoder-decoder block diffusion with uniform noise) or `"generic"` (any Hugging Face decoder run with
+            bidirectional attention).
         mask_token_id (`int` or `None`):
             Id of the mask token. In :data:`MODEL_SPECS` this is the family default; :func:`resolve_model_spec` returns
             a spec with the id actually used by the model.
@@ -45,6 +46,10 @@ class ModelSpec:
             (``trl_dllm.core.masks.BLOCK_LAYOUTS``): ``"absolute"``, block = true position // ``block_length`` per
             sample, prompt included (SDAR / TraDo's own generation, serving and SFT); ``"prompt"``, the prompt is one
             block and completion blocks start at its end. Read only for family ``"block"``.
+        noise (`str`, *optional*, defaults to `"mask"`):
+            The forward (corruption) process the family was trained with: ``"mask"``, tokens are replaced by the mask
+            token (every other family); ``"uniform"``, tokens are replaced by uniformly random vocabulary tokens and
+            there is no mask token (DiffusionGemma). The masked-diffusion samplers and estimators need ``"mask"``.
     """
 
     family: str
@@ -56,6 +61,7 @@ class ModelSpec:
     accepts_4d_mask: bool = False
     block_length: int | None = None
     block_layout: str = "absolute"
+    noise: str = "mask"
 
     def decoding_block_length(self, configured: int | None) -> int | None:
         """The block length decoding and the block estimators use: a block-diffusion family's own block size (its
@@ -116,6 +122,13 @@ LLADA_MOE = ModelSpec(
 # mask (accepts_4d_mask False): the trainer refuses such an object and asks for the name or folder.
 LLADA2_REMOTE = replace(LLADA_MOE, family="block", block_length=32)  # the same tokenizer ids as LLaDA-MoE
 
+# google/diffusiongemma-26B-A4B-it (`DiffusionGemmaForBlockDiffusion`, transformers-native since 5.11): an encoder-decoder
+# block-diffusion MoE with uniform noise and no mask token; blocks ("canvases") of config.canvas_length (256 released,
+# read from the config), its canvas EOS-filled past the response (TRL's SFT example). EOS <eos> 1 and end of turn
+# <turn|> 106 (Gemma 4's tokenizer; its generation_config also ends on <|tool_response> 50, which resolve_model_spec
+# adds from there). Everything else about the family is in trl_dllm.models.diffusion_gemma.
+DIFFUSION_GEMMA = ModelSpec(family="diffusion_gemma", mask_token_id=None, eos_token_ids=(1, 106), noise="uniform")
+
 MODEL_SPECS: dict[str, ModelSpec] = {
     "llada": LLADA,
     "Dream": DREAM,  # the spelling in Dream's config.json
@@ -123,6 +136,7 @@ MODEL_SPECS: dict[str, ModelSpec] = {
     "sdar": SDAR_REMOTE,
     "lladamoe": LLADA_MOE,  # LLaDA-MoE with model_type renamed, as ZHZisZZ/dllm asks its users to do
     "llada2_moe": LLADA2_REMOTE,
+    "diffusion_gemma": DIFFUSION_GEMMA,
 }
 
 # Families whose config.json shares another family's model_type: told apart by `config.architectures`, which is

@@ -21,6 +21,7 @@ from ..core.sampling import (
     generate_cached,
 )
 from ..models import ModelSpec, model_logits_fn
+from .diffusion_gemma_rollouts import diffusion_gemma_options, generate_diffusion_gemma
 from .model_checks import check_cache_model
 
 
@@ -45,7 +46,8 @@ def decoding_plan(
     return_trajectory: bool = False,
 ) -> tuple[Callable, object, DecodingOptions]:
     """`(sampler, denoiser, options)` such that `sampler(denoiser, input_ids, attention_mask, options=options,
-    generator=g)` decodes as `args` says. Block-diffusion models decode with their native blocks and an exact KV cache
+    generator=g)` decodes as `args` says. DiffusionGemma decodes with its own `generate()` (the fields that do not
+    apply refused: `training.diffusion_gemma_rollouts`). Block-diffusion models decode with their native blocks and an exact KV cache
     and get the module itself (the cache needs `past_key_values`), as do bidirectional models with `generation_cache`
     (Fast-dLLM's approximate cache); the others get a logits function."""
     fields = {
@@ -60,6 +62,11 @@ def decoding_plan(
         "return_trajectory": return_trajectory,
         **sampling_distribution(args, temperature),
     }
+    if spec.noise == "uniform":  # DiffusionGemma: its own generate(), row by row (training/diffusion_gemma_rollouts.py)
+        # Its canvas is its block; the config always holds a block_length (its default filled in), so it is not read.
+        options = diffusion_gemma_options(model, **{**fields, "block_length": None}, use_cache=args.block_kv_cache,
+                                          generation_cache=args.generation_cache)  # fmt: skip
+        return generate_diffusion_gemma, model, options
     if spec.family == "block":
         fields.pop("cfg_scale")
         # The family's own decoding finishes a last block that ends past max_completion_length and cuts it; a rollout
