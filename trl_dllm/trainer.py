@@ -57,9 +57,9 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             name = model if isinstance(model, str) else model.config._name_or_path
             args = DiffusionGRPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-DiffusionGRPO")
         trainer_inputs.check_trainer_options(args, DiffusionGRPOConfig, kwargs)
-        trainer_inputs.check_trainer_inputs(args, model, reward_funcs, pargs, kwargs)  # before any weights are loaded
         if (refusal := training_refusal(model, **(args.model_init_kwargs or {}))) is not None:
             raise NotImplementedError(refusal)  # DiffusionGemma: no likelihood estimator for uniform noise yet
+        trainer_inputs.check_trainer_inputs(args, model, reward_funcs, pargs, kwargs)  # before any weights are loaded
         if kwargs.get("peft_config") is not None:
             kwargs["peft_config"] = copy.deepcopy(kwargs["peft_config"])  # adapted to the model, never the user's
         if not isinstance(model, str):

@@ -1,0 +1,113 @@
+"""DiffusionGemma (trl_dllm.models.diffusion_gemma): its spec (uniform noise, no mask token, canvas-length blocks),
+the tiny checkpoint (TRL's tiny sizes, Gemma 4's special ids, chat template) and its save / load round trip through
+transformers' own class, the reference LoRA targets and an adapter round trip, and the training refusal."""
+
+import re
+
+import pytest
+import torch
+from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
+
+from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
+from trl_dllm.models import diffusion_gemma as dg
+from trl_dllm.models import model_logits_fn, resolve_model_spec
+from trl_dllm.models.loading import load_adapter, load_pretrained
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return dg.save_tiny(tmp_path_factory.mktemp("tiny-diffusion-gemma"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_path):
+    return load_pretrained(tiny_path).eval(), AutoTokenizer.from_pretrained(tiny_path)
+
+
+def test_tiny_config_is_trl_tiny_model_on_the_class_defaults(tiny):
+    model, _ = tiny
+    text = model.config.text_config
+    for name, value in dg.TINY_TEXT_CONFIG.items():
+        if name not in ("num_global_key_value_heads", "global_head_dim"):  # folded into per-layer overrides
+            assert getattr(text, name) == value, name
+    assert model.config.canvas_length == 32
+    assert text.final_logit_softcapping == 30.0  # the class default: softcapped logits
+    assert (text.pad_token_id, text.eos_token_id, text.bos_token_id) == (dg.PAD_ID, dg.EOS_ID, dg.BOS_ID)
+
+
+def test_tokenizer_has_gemma_special_ids_and_chat_template(tiny):
+    _, tokenizer = tiny
+    assert {t: tokenizer.convert_tokens_to_ids(t) for t in dg.SPECIAL_TOKENS} == dg.SPECIAL_TOKENS
+    assert (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id) == (0, 1, 2)
+    messages = [{"role": "user", "content": "what is 2 + 3 ?"}, {"role": "assistant", "content": "5"}]
+    ids = tokenizer.apply_chat_template(messages[:1], add_generation_prompt=True, return_dict=False)
+    assert ids[:2] == [dg.BOS_ID, dg.TURN_START_ID] and ids[-2:] == [dg.TURN_START_ID, tokenizer.convert_tokens_to_ids("model")]
+    assert dg.TURN_END_ID in ids and dg.UNK_ID not in ids
+    full = tokenizer.apply_chat_template(messages, return_dict=False)
+    assert full[-2:] == [tokenizer.convert_tokens_to_ids("5"), dg.TURN_END_ID]  # the assistant turn is `model`'s
+
+
+def test_spec_is_uniform_noise_block_diffusion_without_mask_token(tiny):
+    model, tokenizer = tiny
+    spec = resolve_model_spec(model, tokenizer)
+    assert (spec.family, spec.noise, spec.mask_token_id, spec.block_length) == ("diffusion_gemma", "uniform", None, 32)
+    assert set(spec.eos_token_ids) == set(dg.GENERATION_EOS_IDS)  # <eos>, <turn|>, <|tool_response>
+    with pytest.raises(ValueError, match="no mask token"):
+        resolve_model_spec(model, tokenizer, mask_token_id=4)
+    with pytest.raises(NotImplementedError, match="uniform-noise encoder-decoder block diffusion is not implemented"):
+        model_logits_fn(model, spec)  # never a masked-diffusion logits function
+
+
+def test_save_load_round_trip_through_transformers_class(tiny, tiny_path, tmp_path):
+    model, tokenizer = tiny
+    assert type(model) is DiffusionGemmaForBlockDiffusion and not hasattr(model, "dllm_layout")
+    assert model.generation_config.eos_token_id == list(dg.GENERATION_EOS_IDS)
+    fresh = dg.build_tiny_model(tokenizer)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values(), strict=True))
+    model.save_pretrained(tmp_path)
+    again = load_pretrained(str(tmp_path))
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.state_dict().values(), strict=True))
+
+
+def test_lora_targets_attention_and_dense_mlp_of_encoder_and_decoder_only(tiny):
+    model, _ = tiny
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    targeted = {n for n in names if re.fullmatch(dg.LORA_TARGET_MODULES, n)}
+    # Per side (encoder, decoder): q/k/v/o + gate/up/down in the sliding layer, no v_proj in the full-attention one
+    # (its values are its keys), so 7 + 6.
+    assert len(targeted) == 2 * (7 + 6)
+    assert {n.split(".layers.")[0] for n in targeted} == {"model.encoder.language_model", "model.decoder"}
+    assert not any(k in n for n in targeted for k in ("router", "self_conditioning", "vision", "experts"))
+    config = dg.lora_config()
+    assert (config.r, config.lora_alpha, config.target_modules) == (16, 32, dg.LORA_TARGET_MODULES)
+
+
+def test_lora_adapter_save_load_round_trip(tiny_path, tmp_path):
+    from peft import get_peft_model
+
+    model = get_peft_model(load_pretrained(tiny_path), dg.lora_config())
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(generator=torch.Generator().manual_seed(len(name)))
+    model.save_pretrained(tmp_path)
+    loaded = load_adapter(load_pretrained(tiny_path), str(tmp_path)).eval()
+    inputs = {"input_ids": torch.tensor([[2, 105, 108, 140, 106]]), "decoder_input_ids": torch.arange(32)[None] + 100,
+              "decoder_position_ids": torch.arange(5, 37)[None]}  # fmt: skip
+    model.eval()
+    with torch.no_grad():
+        expected, got = model(**inputs).logits, loaded(**inputs).logits
+        base = load_pretrained(tiny_path).eval()(**inputs).logits
+    assert torch.allclose(expected, got) and not torch.allclose(expected, base)
+
+
+def test_trainer_refuses_before_loading(tiny_path, tiny):
+    args = DiffusionGRPOConfig(output_dir="/tmp/unused-dgemma", report_to="none", max_completion_length=32,
+                               num_generations=2, per_device_train_batch_size=2)  # fmt: skip
+    reward = lambda completions, **_: [0.0] * len(completions)  # noqa: E731
+    for model in (tiny_path, tiny[0]):
+        with pytest.raises(NotImplementedError, match="likelihood estimator for uniform-noise encoder-decoder block"):
+            DiffusionGRPOTrainer(model, reward_funcs=reward, args=args, train_dataset=[{"prompt": "a"}])
+    assert dg.training_refusal("/no/such/folder") is None  # left to the loader, which says why
