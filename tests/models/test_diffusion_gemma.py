@@ -111,3 +111,36 @@ def test_trainer_refuses_before_loading(tiny_path, tiny):
         with pytest.raises(NotImplementedError, match="likelihood estimator for uniform-noise encoder-decoder block"):
             DiffusionGRPOTrainer(model, reward_funcs=reward, args=args, train_dataset=[{"prompt": "a"}])
     assert dg.training_refusal("/no/such/folder") is None  # left to the loader, which says why
+
+
+def test_uniform_block_estimate_equals_the_sft_loss_construction_per_block(tiny):
+    """Each block's estimate equals minus TRL's SFT diffusion loss (examples/scripts/sft_diffusion_gemma.py: the
+    encoder on the whole clean sequence, the decoder's cache cut at the block, positions after it; mean cross-entropy
+    over the canvas) times the canvas length, on the same corrupted canvas; a left-padded row gives the same."""
+    import torch.nn.functional as F
+
+    from trl_dllm.core.likelihood.uniform_block import clean_canvases, corrupt_canvases, uniform_block
+
+    model, tokenizer = tiny
+    prompt = torch.tensor([tokenizer.apply_chat_template([{"role": "user", "content": "sum 2 3"}],
+                                                         add_generation_prompt=True, return_dict=False)])  # fmt: skip
+    completion = torch.randint(107, len(tokenizer), (1, 64), generator=torch.Generator().manual_seed(0))
+    kwargs = dict(seeds=torch.tensor([3]), vocab_size=len(tokenizer), canvas_length=32, fill_token_id=dg.EOS_ID)
+    with torch.no_grad():
+        out = uniform_block(dg.denoise_fn(model), prompt, torch.ones_like(prompt), completion,
+                            torch.ones_like(completion), **kwargs)  # fmt: skip
+        clean = clean_canvases(completion, 32, dg.EOS_ID)
+        canvases = corrupt_canvases(clean, kwargs["seeds"], vocab_size=len(tokenizer), mc_samples=1).canvases
+        full = torch.cat([prompt, completion], dim=1)
+        for k in range(2):
+            start = prompt.size(1) + 32 * k
+            logits = model(input_ids=full, attention_mask=torch.ones_like(full), decoder_input_ids=canvases[:, k, 0],
+                           decoder_attention_mask=torch.cat([torch.arange(full.size(1))[None] < start,
+                                                             torch.ones(1, 32, dtype=torch.bool)], dim=1),
+                           decoder_position_ids=start + torch.arange(32)[None]).logits  # fmt: skip
+            sft_loss = F.cross_entropy(logits.flatten(0, 1), clean[:, k].flatten())
+            assert torch.allclose(out.logps[0, 32 * k : 32 * (k + 1)].sum(), -32 * sft_loss, atol=1e-4)
+        padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], dim=1)
+        again = uniform_block(dg.denoise_fn(model), padded, (padded != 0).long(), completion,
+                              torch.ones_like(completion), **kwargs)  # fmt: skip
+    assert torch.allclose(again.logps, out.logps, atol=1e-5)

@@ -106,6 +106,26 @@ def training_refusal(model: Any, **hub_kwargs: Any) -> str | None:
     return TRAINING_REFUSAL.format(name=name) if is_diffusion_gemma(config) else None
 
 
+def denoise_fn(model: Any):
+    """``model`` as the ``denoise_fn`` of :func:`trl_dllm.core.likelihood.uniform_block.uniform_block`: the encoder
+    reads the clean context (its attention and, through ``decoder_attention_mask``, the decoder's cross-attention
+    restricted to ``context_mask``: the prompt and the committed blocks), the decoder the canvas at its positions;
+    returns the decoder's softcapped logits `(N, C, V)`. ``self_conditioning`` logits are given to every row."""
+
+    def call(context_ids, context_mask, context_positions, canvas_ids, canvas_positions, self_conditioning=None):
+        visible = torch.cat([context_mask, torch.ones_like(canvas_ids)], dim=1).bool()
+        extra = {}
+        if self_conditioning is not None:
+            dtype = next(model.parameters()).dtype
+            extra = {"self_conditioning_logits": self_conditioning.to(dtype),
+                     "self_conditioning_mask": torch.ones(canvas_ids.size(0), dtype=torch.bool, device=canvas_ids.device)}  # fmt: skip
+        return model(input_ids=context_ids, attention_mask=context_mask, position_ids=context_positions,
+                     decoder_input_ids=canvas_ids, decoder_attention_mask=visible, decoder_position_ids=canvas_positions,
+                     use_cache=True, **extra).logits  # fmt: skip
+
+    return call
+
+
 # --- Tiny checkpoint for tests ---
 
 # TRL's tiny-model generator (scripts/generate_tiny_models/for_block_diffusion/diffusion_gemma_for_block_diffusion.py)
