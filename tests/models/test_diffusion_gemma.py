@@ -52,6 +52,7 @@ def test_spec_is_uniform_noise_block_diffusion_without_mask_token(tiny):
     spec = resolve_model_spec(model, tokenizer)
     assert (spec.family, spec.noise, spec.mask_token_id, spec.block_length) == ("diffusion_gemma", "uniform", None, 32)
     assert set(spec.eos_token_ids) == set(dg.GENERATION_EOS_IDS)  # <eos>, <turn|>, <|tool_response>
+    assert spec.decoding_block_length(8) == 32  # its canvas, whatever the config says
     with pytest.raises(ValueError, match="no mask token"):
         resolve_model_spec(model, tokenizer, mask_token_id=4)
     with pytest.raises(NotImplementedError, match="uniform-noise encoder-decoder block diffusion is not implemented"):

@@ -138,3 +138,24 @@ def test_trainer_decoding_plan_and_api_use_generate(model, prompts):
         decoding_plan(model, spec, args, eos_token_ids=EOS, return_trajectory=True)
     with pytest.raises(ValueError, match="top_k=4 does not apply"):
         decoding_plan(model, spec, DiffusionGRPOConfig(**fields, top_k=4), eos_token_ids=EOS)
+
+
+def test_trl_dllm_eval_decodes_it_and_grpo_refuses_it(tmp_path, monkeypatch, capsys):
+    import json
+    from pathlib import Path
+
+    from trl_dllm.scripts import eval as eval_script
+    from trl_dllm.scripts import grpo
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    path = dg.save_tiny(tmp_path / "dgemma")
+    options = ["--model_name_or_path", path, "--task", "gsm8k", "--eval_data_files", "tests/fixtures/gsm8k.jsonl",
+               "--max_completion_length", "32", "--diffusion_steps", "4", "--max_samples", "2"]  # fmt: skip
+    eval_script.main([*options, "--eval_temperature", "1.0", "--report_file", str(tmp_path / "r.json")])
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["decoding"]["model_family"] == "diffusion_gemma" and report["decoding"]["block_length"] == 32
+    assert report["num_samples"] == 2 and all(s["completion"] is not None for s in report["samples"])
+    with pytest.raises(SystemExit):
+        grpo.main([*options[:4], "--data_files", "tests/fixtures/gsm8k.jsonl", "--output_dir", str(tmp_path / "out"),
+                   "--report_to", "none"])  # fmt: skip
+    assert "likelihood estimator for uniform-noise encoder-decoder block diffusion" in capsys.readouterr().err

@@ -65,9 +65,10 @@ class ModelSpec:
 
     def decoding_block_length(self, configured: int | None) -> int | None:
         """The block length decoding and the block estimators use: a block-diffusion family's own block size (its
-        checkpoint was trained with it), any other family the configured one (``block_length`` of the config). The one
-        definition of this rule: the trainer, ``trl_dllm.generate``, ``trl-dllm eval`` and the lm-eval model call it."""
-        return self.block_length if self.family == "block" else configured
+        checkpoint was trained with it; DiffusionGemma's canvas), any other family the configured one (``block_length``
+        of the config). The one definition of this rule: the trainer, ``trl_dllm.generate``, ``trl-dllm eval`` and the
+        lm-eval model call it."""
+        return self.block_length if self.family in ("block", "diffusion_gemma") else configured
 
 
 # GSAI-ML/LLaDA-8B-{Base,Instruct} and LLaDA-1.5: config.json has model_type "llada", mask_token_id 126336 and

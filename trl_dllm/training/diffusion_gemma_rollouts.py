@@ -110,7 +110,7 @@ def diffusion_gemma_options(
         _refuse("max_completion_length", gen_length, "the completion needs at least one token", "Set it >= 1.")
     if temperature is None or temperature <= 0:
         _refuse("temperature", temperature, "its generate() always samples (no greedy decoding); temperature scales "
-                "its temperature schedule", "Set temperature > 0 (1.0: the model's own schedule).")  # fmt: skip
+                "its temperature schedule", "Set temperature > 0 (trl-dllm eval: eval_temperature; 1.0: the model's own schedule).")  # fmt: skip
     for name, value in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
         if value and not (name == "top_p" and value >= 1.0):
             _refuse(name, value, "its sampler has no truncation, and its self-conditioning reads the processed "
