@@ -9,9 +9,11 @@ import torch
 from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
+from trl_dllm.errors import UsageError
+from trl_dllm.evaluation.merge import merge
 from trl_dllm.models import diffusion_gemma as dg
 from trl_dllm.models import model_logits_fn, resolve_model_spec
-from trl_dllm.models.loading import load_adapter, load_pretrained
+from trl_dllm.models.loading import load_adapter, load_model_and_tokenizer, load_pretrained
 
 
 @pytest.fixture(scope="module")
@@ -95,13 +97,18 @@ def test_lora_adapter_save_load_round_trip(tiny_path, tmp_path):
                 param.normal_(generator=torch.Generator().manual_seed(len(name)))
     model.save_pretrained(tmp_path)
     loaded = load_adapter(load_pretrained(tiny_path), str(tmp_path)).eval()
+    evaluated, _ = load_model_and_tokenizer(str(tmp_path), {"trust_remote_code": False})  # what trl-dllm eval loads
     inputs = {"input_ids": torch.tensor([[2, 105, 108, 140, 106]]), "decoder_input_ids": torch.arange(32)[None] + 100,
               "decoder_position_ids": torch.arange(5, 37)[None]}  # fmt: skip
     model.eval()
     with torch.no_grad():
         expected, got = model(**inputs).logits, loaded(**inputs).logits
         base = load_pretrained(tiny_path).eval()(**inputs).logits
+        assert torch.allclose(evaluated(**inputs).logits, expected)  # kept unmerged: a merge moves them (tied weights)
+        assert not torch.allclose(loaded.merge_and_unload()(**inputs).logits, expected, atol=1e-3)
     assert torch.allclose(expected, got) and not torch.allclose(expected, base)
+    with pytest.raises(UsageError, match="a merge would fold both deltas"):
+        merge(str(tmp_path), str(tmp_path / "merged"))
 
 
 def test_trainer_refuses_before_loading(tiny_path, tiny):
