@@ -35,7 +35,8 @@ def generate(model: Any, input_ids, attention_mask=None, **kwargs: Any) -> Gener
     block size instead (the fields of :class:`~trl_dllm.core.sampling.BlockCausalOptions`; ``cfg_scale`` is not
     supported there). DiffusionGemma is decoded by its own ``generate()``, row by row
     (:func:`trl_dllm.training.diffusion_gemma_rollouts.generate_diffusion_gemma`; the fields that apply are listed
-    there, the others refused; ``temperature`` defaults to `1.0`, the model's own schedule)."""
+    there, the others refused; ``temperature`` defaults to `1.0`, the model's own schedule, and ``eos_early_exit`` to
+    `True`, its own stopping)."""
     generator = kwargs.pop("generator", None)
     if isinstance(model, nn.Module):
         spec = resolve_model_spec(model, mask_token_id=kwargs.get("mask_token_id"))

@@ -203,6 +203,10 @@ def generate_diffusion_gemma(
     if len(generators) != input_ids.size(0):
         raise ValueError(f"{len(generators)} generators for {input_ids.size(0)} rows: pass one torch.Generator per "
                          "row (or one for all, or None).")  # fmt: skip
+    device = input_ids.device
+    if any(g is not None and g.device.type != device.type for g in generators):
+        raise ValueError(f"The generators must be on the prompts' device ({device.type}): generate() draws from that "
+                         "device's global RNG, which a generator on another device would not seed.")  # fmt: skip
     kwargs = generate_kwargs(model, options)
     calls = [0]
     hook = _decoder(model).register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
