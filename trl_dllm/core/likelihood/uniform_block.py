@@ -28,6 +28,12 @@ only the positions where ``context_mask`` is 1 (the real prompt tokens and ``x_<
 each row's first real token. ``self_conditioning`` is ``None`` or the logits `(N, C, V)` of a first no-grad pass
 (``self_conditioning=True``: the family's two-pass self-conditioning, always on; ``False``: never, the zero signal).
 
+Cost, as written (the first version, checked on tiny models only): ``N · K`` calls of ``denoise_fn`` of ``B`` rows
+(``2 N K`` with self-conditioning), each re-encoding the whole context (a causal encoder's cache of ``[prompt | x]``
+could serve every block), and a float32 log-softmax over the whole vocabulary at every canvas position (`(B, C, V)`,
+about 270 MB per row at ``C = 256``, ``V = 262144``); entropies are detached. Wiring it into training should share the
+encoder pass and score through a chunked LM head as the other estimators do.
+
 Randomness: row ``b`` draws every ``u``, corruption and random token from a CPU generator seeded with
 ``int(seeds[b])``, block by block, so the old, reference and current policies given the same seeds score the same
 canvases (common random numbers), and a row's result does not depend on its batch companions or on the global RNG.
