@@ -152,3 +152,23 @@ def test_uniform_block_estimate_equals_the_sft_loss_construction_per_block(tiny)
         again = uniform_block(dg.denoise_fn(model), padded, (padded != 0).long(), completion,
                               torch.ones_like(completion), **kwargs)  # fmt: skip
     assert torch.allclose(again.logps, out.logps, atol=1e-5)
+
+
+def test_uniform_block_estimate_is_differentiable_through_lora(tiny_path):
+    from peft import get_peft_model
+
+    from trl_dllm.core.likelihood.uniform_block import uniform_block
+
+    model = get_peft_model(load_pretrained(tiny_path), dg.lora_config())
+    prompt = torch.tensor([[2, 105, 108, 140, 106, 105, 109]])
+    completion = torch.randint(107, 170, (1, 40), generator=torch.Generator().manual_seed(1))
+    out = uniform_block(dg.denoise_fn(model), prompt, torch.ones_like(prompt), completion, torch.ones_like(completion),
+                        seeds=torch.tensor([0]), vocab_size=174, canvas_length=32, fill_token_id=dg.EOS_ID,
+                        mc_samples=2, self_conditioning=True)  # fmt: skip
+    out.logps.sum().backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    # The decoder reads only the encoder's keys and values: its last layer's query, output and MLP adapters get no
+    # gradient from the diffusion terms (TRL's SFT trains them through its autoregressive co-loss only).
+    unused = {n for n, g in grads.items() if g is None}
+    assert unused and all(".encoder.language_model.layers.1." in n and "k_proj" not in n for n in unused)
+    assert all(float(g.abs().sum()) > 0 for n, g in grads.items() if "lora_B" in n and n not in unused)
