@@ -1,5 +1,6 @@
 """Per-block uniform-noise estimate for encoder-decoder block diffusion (DiffusionGemma). **Not registered**: no
-trainer path uses it yet (see ``docs/models.md``, 'DiffusionGemma').
+trainer path uses it yet (see ``docs/models.md``, 'DiffusionGemma'); the leading underscore keeps it out of the
+estimators' one-public-module-per-registry-entry rule until it is registered (then it becomes ``uniform_block.py``).
 
 The completion ``x`` (length ``L``) is cut into blocks ("canvases") of ``C = canvas_length`` tokens after the prompt,
 as the family generates it; a last partial block is filled to ``C`` with ``fill_token_id`` (the family's EOS fill),
