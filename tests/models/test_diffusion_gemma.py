@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
+import trl_dllm
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 from trl_dllm.errors import UsageError
 from trl_dllm.evaluation.merge import merge
@@ -59,6 +60,9 @@ def test_spec_is_uniform_noise_block_diffusion_without_mask_token(tiny):
         resolve_model_spec(model, tokenizer, mask_token_id=4)
     with pytest.raises(NotImplementedError, match="uniform-noise encoder-decoder block diffusion is not implemented"):
         model_logits_fn(model, spec)  # never a masked-diffusion logits function
+    ids = torch.tensor([[2, 105, 108]])
+    with pytest.raises(NotImplementedError, match="masked-diffusion samplers and likelihood estimators do not apply"):
+        trl_dllm.estimate("elbo", model, ids, torch.ones_like(ids), ids, torch.ones_like(ids), seeds=torch.arange(1))
 
 
 def test_save_load_round_trip_through_transformers_class(tiny, tiny_path, tmp_path):
