@@ -140,12 +140,12 @@ def test_trainer_decoding_plan_and_api_use_generate(model, prompts):
         decoding_plan(model, spec, DiffusionGRPOConfig(**fields, top_k=4), eos_token_ids=EOS)
 
 
-def test_trl_dllm_eval_decodes_it_and_grpo_refuses_it(tmp_path, monkeypatch, capsys):
+def test_trl_dllm_eval_decodes_it_and_grpo_and_plan_refuse_it(tmp_path, monkeypatch, capsys):
     import json
     from pathlib import Path
 
     from trl_dllm.scripts import eval as eval_script
-    from trl_dllm.scripts import grpo
+    from trl_dllm.scripts import grpo, plan
 
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     path = dg.save_tiny(tmp_path / "dgemma")
@@ -159,3 +159,6 @@ def test_trl_dllm_eval_decodes_it_and_grpo_refuses_it(tmp_path, monkeypatch, cap
         grpo.main([*options[:4], "--data_files", "tests/fixtures/gsm8k.jsonl", "--output_dir", str(tmp_path / "out"),
                    "--report_to", "none"])  # fmt: skip
     assert "likelihood estimator for uniform-noise encoder-decoder block diffusion" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        plan.main(["--model_name_or_path", path])
+    assert "There is no training run to plan" in capsys.readouterr().err
