@@ -33,6 +33,7 @@ from .console import quiet_ddp_buffers, quiet_trl_internals, startup_lines, unsa
 from .core.objectives import ratio_metrics
 from .models import resolve_model_spec
 from .models.adapters import adapter_to_original_layout
+from .models.families.diffusion_gemma import training_refusal
 from .models.embedded import resolve_model_name
 from .models.loading import is_native_layout
 from .nonfinite import NonFiniteGuard
@@ -56,6 +57,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             name = model if isinstance(model, str) else model.config._name_or_path
             args = DiffusionGRPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-DiffusionGRPO")
         trainer_inputs.check_trainer_options(args, DiffusionGRPOConfig, kwargs)
+        if (refusal := training_refusal(model, **(args.model_init_kwargs or {}))) is not None:
+            raise NotImplementedError(refusal)  # DiffusionGemma: no likelihood estimator for uniform noise yet
         trainer_inputs.check_trainer_inputs(args, model, reward_funcs, pargs, kwargs)  # before any weights are loaded
         if kwargs.get("peft_config") is not None:
             kwargs["peft_config"] = copy.deepcopy(kwargs["peft_config"])  # adapted to the model, never the user's

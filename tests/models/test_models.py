@@ -86,7 +86,7 @@ def test_checkpoint_config_mask_beats_family_default():
 
 
 def test_specs_dict_is_explicit():
-    assert set(MODEL_SPECS) == {"llada", "Dream", "dream", "sdar", "lladamoe", "llada2_moe"}
+    assert set(MODEL_SPECS) == {"llada", "Dream", "dream", "sdar", "lladamoe", "llada2_moe", "diffusion_gemma"}
     assert MODEL_SPECS["Dream"] is MODEL_SPECS["dream"]
     assert ARCHITECTURE_SPECS["LLaDAMoEModelLM"] is MODEL_SPECS["lladamoe"]  # model_type "llada", as released
     assert ARCHITECTURE_SPECS["LLaDA2MoeModelLM"] is MODEL_SPECS["llada2_moe"]  # LLaDA2's own code: a block family

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import UsageError
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -98,6 +100,7 @@ def merge(model_name_or_path: str, output_dir: str, *, dtype: str = "float32", t
     from transformers import AutoTokenizer
 
     from ..models import make_bidirectional, resolve_model_spec
+    from ..models.families.diffusion_gemma import is_diffusion_gemma
     from ..models.loading import load_adapter, load_pretrained
 
     if dtype not in DTYPES:
@@ -105,6 +108,12 @@ def merge(model_name_or_path: str, output_dir: str, *, dtype: str = "float32", t
     base_path, adapter = _source(model_name_or_path)
     init = {"dtype": torch.float32, "trust_remote_code": trust_remote_code}
     model = load_pretrained(base_path, **init).eval()
+    if adapter and is_diffusion_gemma(model):
+        raise UsageError(
+            f"{model_name_or_path} is a LoRA adapter of DiffusionGemma, whose encoder and decoder share their base "
+            "weights but not their adapters: a merge would fold both deltas into the one tensor. Keep the adapter "
+            "unmerged (PeftModel.from_pretrained, or trl-dllm eval on the adapter folder)."
+        )
     make_bidirectional(model)
     tokenizer_source = adapter if adapter and os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else None
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_source or base_path, trust_remote_code=trust_remote_code)

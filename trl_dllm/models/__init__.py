@@ -103,6 +103,9 @@ def _family_spec(model: Any) -> ModelSpec | None:
     family = next((s for s in by_architecture if s is not None), None) or MODEL_SPECS.get(
         getattr(config, "model_type", None))
     marked = MARKED_SPECS.get(_config_value(config, FAMILY_MARKER))
+    if family is not None and family.noise == "uniform":  # DiffusionGemma: its blocks are config.canvas_length
+        size = _config_value(config, "canvas_length")
+        return replace(family, block_length=int(size) if size else None)
     if family is not None and family.family == "block":  # remote-code block family: its block size from the config
         size = _config_value(config, "block_size") or _config_value(config, "block_length") or family.block_length
         return replace(family, block_length=int(size) if size else None)
@@ -175,6 +178,8 @@ def resolve_model_spec(model: Any, tokenizer: Any = None, mask_token_id: int | N
     config = base.config
     family = _family_spec(base)
     tokenizer = _inner_tokenizer(tokenizer)
+    if family is not None and family.noise == "uniform":
+        return _uniform_noise_spec(base, family, tokenizer, mask_token_id)
     tokenizer_mask = getattr(tokenizer, "mask_token_id", None)
 
     candidates = (
@@ -199,9 +204,7 @@ def resolve_model_spec(model: Any, tokenizer: Any = None, mask_token_id: int | N
             "`model.resize_token_embeddings(len(tokenizer))`; otherwise pass the right `mask_token_id`."
         )
 
-    eos = _ids(family.eos_token_ids if family else None) | _ids(getattr(tokenizer, "eos_token_id", None))
-    eos |= _ids(_config_value(config, "eos_token_id"))
-    eos |= _ids(getattr(getattr(base, "generation_config", None), "eos_token_id", None))
+    eos = _eos_ids(base, family, tokenizer)
     if mask in eos:
         raise ValueError(
             f"mask_token_id={mask} is also an EOS id ({sorted(eos)}); the mask token must be its own token."
@@ -209,6 +212,24 @@ def resolve_model_spec(model: Any, tokenizer: Any = None, mask_token_id: int | N
 
     spec = family if family is not None else generic_spec(base)
     return replace(spec, mask_token_id=mask, eos_token_ids=tuple(sorted(eos)))
+
+
+def _eos_ids(base: Any, family: ModelSpec | None, tokenizer: Any) -> set[int]:
+    """The family's EOS ids, ``tokenizer.eos_token_id``, ``config.eos_token_id`` and
+    ``generation_config.eos_token_id``."""
+    eos = _ids(family.eos_token_ids if family else None) | _ids(getattr(tokenizer, "eos_token_id", None))
+    eos |= _ids(_config_value(base.config, "eos_token_id"))
+    return eos | _ids(getattr(getattr(base, "generation_config", None), "eos_token_id", None))
+
+
+def _uniform_noise_spec(base: Any, family: ModelSpec, tokenizer: Any, mask_token_id: int | None) -> ModelSpec:
+    """The spec of a uniform-noise family (DiffusionGemma): no mask token, so an explicit one is refused."""
+    if mask_token_id is not None:
+        raise ValueError(
+            f"mask_token_id={mask_token_id}, but {type(base).__name__} is a uniform-noise diffusion model: it corrupts "
+            "tokens with random vocabulary tokens and has no mask token. Leave mask_token_id unset (None)."
+        )
+    return replace(family, eos_token_ids=tuple(sorted(_eos_ids(base, family, tokenizer))))
 
 
 def make_bidirectional(model: Any) -> None:
@@ -243,6 +264,13 @@ def model_logits_fn(model: nn.Module, spec: ModelSpec) -> LogitsFn:
     """The :data:`~trl_dllm.core.logits.LogitsFn` of ``model`` (PEFT wrapper included), with the family's logit shift
     undone, ``logits_to_keep`` used where the model accepts it, and the scores of target tokens computed by TRL's
     chunked log-prob kernel where the LM head allows (:func:`chunked_head_scores`)."""
+    if spec.noise != "mask":
+        raise NotImplementedError(
+            f"The {spec.family} family is a {spec.noise}-noise diffusion model with no mask token: the masked-diffusion "
+            "samplers and likelihood estimators do not apply to it, and the likelihood estimator for uniform-noise "
+            "encoder-decoder block diffusion is not implemented yet. Decode it with trl_dllm.generate (its own "
+            "generate()); see docs/models.md, 'DiffusionGemma'."
+        )
     return module_logits_fn(model, shift_logits=spec.shift_logits, logits_to_keep=spec.accepts_logits_to_keep,
                             head_scorer=chunked_head_scores)  # fmt: skip
 

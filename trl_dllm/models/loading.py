@@ -21,6 +21,7 @@ import torch
 from ..console import quiet_trl_internals
 from ..errors import UsageError
 from .adapters import adapter_in_original_layout, adapter_to_native
+from .families.diffusion_gemma import is_diffusion_gemma
 from .embedded import resolve_model_name
 from .families import NATIVE_LAYOUTS, native_config, native_layout
 from .families.llada import LLADA_MODULE_NAMES
@@ -181,7 +182,7 @@ def check_adapter_base(adapter: str, base: str) -> None:
 
 def load_model_and_tokenizer(name_or_path: str, init_kwargs: dict, native: bool = True):
     """The model the trainer would load (`trl_dllm.models.loading.load_pretrained`: LLaDA / Dream / SDAR natively
-    unless `native` is off); a LoRA adapter is merged into its base model."""
+    unless `native` is off); a LoRA adapter is merged into its base model (DiffusionGemma's is kept unmerged)."""
     from transformers import AutoTokenizer
 
     adapter_config = os.path.join(name_or_path, "adapter_config.json")
@@ -192,7 +193,10 @@ def load_model_and_tokenizer(name_or_path: str, init_kwargs: dict, native: bool 
             check_adapter_base(name_or_path, base)
             model = load_pretrained(base, native=native, **init_kwargs)
             try:
-                model = load_adapter(model, name_or_path).merge_and_unload()
+                adapted = load_adapter(model, name_or_path)
+                # DiffusionGemma's encoder and decoder share their base weights but not their adapters: a merge would
+                # fold both deltas into the one tensor, so its adapters stay unmerged.
+                model = adapted if is_diffusion_gemma(model) else adapted.merge_and_unload()
             except RuntimeError as err:  # PEFT's "size mismatch for ...": the adapter was trained on another model
                 if "size mismatch" not in str(err):
                     raise

@@ -23,8 +23,9 @@ class ModelSpec:
 
     Args:
         family (`str`):
-            Family name: `"llada"`, `"dream"`, `"block"` (block-causal diffusion) or `"generic"` (any Hugging Face
-            decoder run with bidirectional attention).
+            Family name: `"llada"`, `"dream"`, `"block"` (block-causal diffusion), `"diffusion_gemma"`
+            (encoder-decoder block diffusion with uniform noise) or `"generic"` (any Hugging Face decoder run with
+            bidirectional attention).
         mask_token_id (`int` or `None`):
             Id of the mask token. In :data:`MODEL_SPECS` this is the family default; :func:`resolve_model_spec` returns
             a spec with the id actually used by the model.
@@ -48,6 +49,10 @@ class ModelSpec:
             (``trl_dllm.core.masks.BLOCK_LAYOUTS``): ``"absolute"``, block = true position // ``block_length`` per
             sample, prompt included (SDAR / TraDo's own generation, serving and SFT); ``"prompt"``, the prompt is one
             block and completion blocks start at its end. Read only for family ``"block"``.
+        noise (`str`, *optional*, defaults to `"mask"`):
+            The forward (corruption) process the family was trained with: ``"mask"``, tokens are replaced by the mask
+            token (every other family); ``"uniform"``, tokens are replaced by uniformly random vocabulary tokens and
+            there is no mask token (DiffusionGemma). The masked-diffusion samplers and estimators need ``"mask"``.
     """
 
     family: str
@@ -59,12 +64,14 @@ class ModelSpec:
     accepts_4d_mask: bool = False
     block_length: int | None = None
     block_layout: str = "absolute"
+    noise: str = "mask"
 
     def decoding_block_length(self, configured: int | None) -> int | None:
         """The block length decoding and the block estimators use: a block-diffusion family's own block size (its
-        checkpoint was trained with it), any other family the configured one (``block_length`` of the config). The one
-        definition of this rule: the trainer, ``trl_dllm.generate``, ``trl-dllm eval`` and the lm-eval model call it."""
-        return self.block_length if self.family == "block" else configured
+        checkpoint was trained with it; DiffusionGemma's canvas), any other family the configured one (``block_length``
+        of the config). The one definition of this rule: the trainer, ``trl_dllm.generate``, ``trl-dllm eval`` and the
+        lm-eval model call it."""
+        return self.block_length if self.family in ("block", "diffusion_gemma") else configured
 
 
 FAMILY_MARKER = "dllm_family"

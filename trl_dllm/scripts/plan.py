@@ -77,10 +77,13 @@ def check_plan_arguments(options: PlanArguments) -> None:
 def build_report(options: PlanArguments, training_args, model_args) -> dict:
     """The plan of every strategy, the headline one's phases, its largest batch and the changes that make it fit."""
     from .. import planning
+    from ..models.families.diffusion_gemma import training_refusal
     from ..training.checks import fit_estimator
 
     if not model_args.model_name_or_path:
         raise UsageError("model_name_or_path is not set: pass --model_name_or_path (a Hub id or a folder with config.json)")
+    if (refusal := training_refusal(model_args.model_name_or_path, revision=model_args.model_revision)) is not None:
+        raise UsageError(f"{refusal} There is no training run to plan.")
     arch = planning.read_architecture(model_args.model_name_or_path, revision=model_args.model_revision)
     fit_estimator(training_args, arch.block_causal)  # `estimator` not set: the one the trainer would pick
     settings = planning.settings_from_args(training_args, model_args, prompt_length=options.prompt_length,

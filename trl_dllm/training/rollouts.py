@@ -21,6 +21,7 @@ from ..core.sampling import (
     generate_cached,
 )
 from ..models import ModelSpec, model_logits_fn, require_4d_mask
+from .diffusion_gemma_rollouts import diffusion_gemma_options, generate_diffusion_gemma
 from .model_checks import check_block_guidance, check_cache_model
 
 
@@ -61,10 +62,15 @@ def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
       approximate cache.
     - A bidirectional model with `generation_cache` (Fast-dLLM's approximate cache) is called on the module; no
       guidance.
+    - DiffusionGemma (uniform noise) decodes with its own `generate()`, row by row; the fields it cannot honour are
+      refused (`training.diffusion_gemma_rollouts`).
     - Any other decodes on the full canvas through its logits function (Dream's shift undone, `logits_to_keep` where
       the model takes it).
     """
     fields = dict(fields)
+    if spec.noise == "uniform":
+        fields.setdefault("eos_token_ids", spec.eos_token_ids)
+        return DecodingPlan(generate_diffusion_gemma, model, diffusion_gemma_options(model, **fields))
     cache = fields.pop("generation_cache", "none")
     if spec.family == "block":
         require_4d_mask(spec, "block-causal generation")
@@ -107,6 +113,10 @@ def decoding_plan(
         "generation_cache": args.generation_cache,
         **sampling_distribution(args, temperature),
     }
+    if spec.noise == "uniform":
+        # DiffusionGemma's canvas is its block; the config always holds a block_length (its default filled in), so it
+        # is not read.
+        fields.update(block_length=None, use_cache=args.block_kv_cache)
     if spec.family == "block":
         fields.update(use_cache=args.block_kv_cache, decode_to_block_end=not return_trajectory)
     return plan_decoding(model, spec, fields)

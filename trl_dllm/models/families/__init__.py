@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..native import NativeLayout
 from ..specs import Family, ModelSpec, TinyCheckpoint
-from . import dream, generic, llada, llada2, llada_moe, sdar
+from . import diffusion_gemma, dream, generic, llada, llada2, llada_moe, sdar
 
 FAMILIES: tuple[Family, ...] = (
     llada.FAMILY,
@@ -19,6 +19,7 @@ FAMILIES: tuple[Family, ...] = (
     sdar.FAMILY,
     llada_moe.FAMILY,
     llada2.FAMILY,
+    diffusion_gemma.FAMILY,
     generic.FAMILY,
 )
 

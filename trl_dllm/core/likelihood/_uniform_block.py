@@ -1,0 +1,177 @@
+"""Per-block uniform-noise estimate for encoder-decoder block diffusion (DiffusionGemma). **Not registered**: no
+trainer path uses it yet (see ``docs/models.md``, 'DiffusionGemma'); the leading underscore keeps it out of the
+estimators' one-public-module-per-registry-entry rule until it is registered (then it becomes ``uniform_block.py``).
+
+The completion ``x`` (length ``L``) is cut into blocks ("canvases") of ``C = canvas_length`` tokens after the prompt,
+as the family generates it; a last partial block is filled to ``C`` with ``fill_token_id`` (the family's EOS fill),
+whose positions are never scored. Block ``k`` is scored with the clean context ``[prompt | x_<k]`` (the encoder's KV
+cache) and a corrupted canvas ``x̃_k`` (the decoder's input), the forward process of the family's training (TRL's
+``examples/scripts/sft_diffusion_gemma.py``): a noise level ``t ∈ (ε, 1 − ε)`` per canvas and sample, and each canvas
+position independently replaced, with probability ``t``, by a token drawn uniformly from the ``V`` vocabulary ids (it
+may draw the clean token back). The estimate is
+
+    ĉ_i = (1/K) Σ_{j=1..K} log p_θ(x_i | prompt, x_<k, x̃_k^{(j)})        for scored i in block k
+    t^{(j)} = ε + (1 − 2ε) (j − 1 + u_j) / K,  u_j ~ U(0, 1)               (stratified over the K samples)
+
+and ``Σ_i ĉ_i`` is an unbiased Monte Carlo estimate of ``Σ_k E_{t ~ U(ε, 1−ε)} E_{x̃_k | x_k, t} Σ_{i ∈ k}
+log p_θ(x_i | prompt, x_<k, x̃_k)``: minus the family's flat diffusion loss (cross-entropy over every canvas position,
+corrupted or not, no ``1/t`` weight, the encoder's autoregressive co-loss left out), summed per block instead of
+averaged, the quantity DiffusionGemma's SFT minimises. What this quantity is, as a statement about ``log π(x)``, is
+**not established here**: TRL's example states that the uniform kernel's ELBO needs no ``1/t`` weight, while the
+continuous-time ELBO of uniform-state diffusion derived in the literature (UDLM: Schiff et al., 2025, "Simple Guidance
+Mechanisms for Discrete Diffusion Models", arXiv 2412.10193; Duo: Sahoo et al., 2025, "The Diffusion Duality",
+arXiv 2506.10892) weights its terms by the noise schedule and compares the model's posterior with the true one.
+Treat it as the training objective's surrogate of ``log π(x)`` until that is settled and tested.
+
+``denoise_fn(context_ids, context_mask, context_positions, canvas_ids, canvas_positions, self_conditioning=None) ->
+logits (N, C, V)`` is the model: ``context_ids`` `(N, S)` is ``[prompt | x]`` (the whole clean sequence), of which
+only the positions where ``context_mask`` is 1 (the real prompt tokens and ``x_<k``) may be read; positions count from
+each row's first real token. ``self_conditioning`` is ``None`` or the logits `(N, C, V)` of a first no-grad pass
+(``self_conditioning=True``: the family's two-pass self-conditioning, always on; ``False``: never, the zero signal).
+
+Cost, as written (the first version, checked on tiny models only): ``N · K`` calls of ``denoise_fn`` of ``B`` rows
+(``2 N K`` with self-conditioning), each re-encoding the whole context (a causal encoder's cache of ``[prompt | x]``
+could serve every block), and a float32 log-softmax over the whole vocabulary at every canvas position (`(B, C, V)`,
+about 270 MB per row at ``C = 256``, ``V = 262144``); entropies are detached. Wiring it into training should share the
+encoder pass and score through a chunked LM head as the other estimators do.
+
+Randomness: row ``b`` draws every ``u``, corruption and random token from a CPU generator seeded with
+``int(seeds[b])``, block by block, so the old, reference and current policies given the same seeds score the same
+canvases (common random numbers), and a row's result does not depend on its batch companions or on the global RNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..masks import row_generators
+from ._views import LikelihoodOutput
+
+__all__ = ["Corruption", "corrupt_canvases", "uniform_block"]
+
+EPS = 1e-4
+"""Safety margin on ``t`` (TRL's example, after the reference ``SafeSpan(safety_epsilon=1e-4)``)."""
+
+
+@dataclass
+class Corruption:
+    """The corrupted canvases of every block and sample.
+
+    Args:
+        canvases (`torch.LongTensor` of shape `(B, N, K, C)`): clean canvases with the corrupted positions replaced
+            (``N`` blocks, ``K`` samples).
+        t (`torch.Tensor` of shape `(B, N, K)`): the noise level of each canvas.
+        corrupted (`torch.BoolTensor` of shape `(B, N, K, C)`): the positions that drew a random token.
+    """
+
+    canvases: torch.Tensor
+    t: torch.Tensor
+    corrupted: torch.Tensor
+
+
+def clean_canvases(completion_ids: torch.Tensor, canvas_length: int, fill_token_id: int) -> torch.Tensor:
+    """`(B, N, C)`: the completion `(B, L)` cut into ``N = ⌈L / C⌉`` canvases, the last one filled with
+    ``fill_token_id``."""
+    blocks = -(-completion_ids.size(1) // canvas_length)
+    padded = completion_ids.new_full((completion_ids.size(0), blocks * canvas_length), fill_token_id)
+    padded[:, : completion_ids.size(1)] = completion_ids
+    return padded.view(completion_ids.size(0), blocks, canvas_length)
+
+
+def corrupt_canvases(clean: torch.Tensor, seeds: torch.Tensor, *, vocab_size: int, mc_samples: int,
+                     eps: float = EPS) -> Corruption:  # fmt: skip
+    """Corrupt the clean canvases `(B, N, C)` ``mc_samples`` times each, row ``b`` from a generator seeded with
+    ``seeds[b]``: per block, the ``K`` levels ``t`` stratified over ``(ε, 1 − ε)``, then per sample a uniform draw per
+    position (``< t``: corrupted) and a random token per position."""
+    batch, blocks, length = clean.shape
+    canvases, levels, corrupted = [], [], []
+    strata = torch.arange(mc_samples, dtype=torch.float64)
+    for b, generator in enumerate(row_generators(seeds.cpu())):
+        u = torch.rand(blocks, mc_samples, generator=generator, dtype=torch.float64)
+        t = eps + (1 - 2 * eps) * (strata + u) / mc_samples  # (N, K), one level per stratum
+        hit = torch.rand(blocks, mc_samples, length, generator=generator, dtype=torch.float64) < t[..., None]
+        tokens = torch.randint(vocab_size, (blocks, mc_samples, length), generator=generator)
+        canvases.append(torch.where(hit, tokens, clean[b].cpu()[:, None, :]))
+        levels.append(t.float())
+        corrupted.append(hit)
+    device = clean.device
+    return Corruption(torch.stack(canvases).to(device), torch.stack(levels).to(device), torch.stack(corrupted).to(device))
+
+
+def uniform_block(
+    denoise_fn: Callable[..., torch.Tensor],
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    score_mask: torch.Tensor,
+    *,
+    seeds: torch.Tensor,
+    vocab_size: int,
+    canvas_length: int,
+    fill_token_id: int,
+    mc_samples: int = 1,
+    self_conditioning: bool = False,
+    eps: float = EPS,
+) -> LikelihoodOutput:
+    """Per-token contributions ``ĉ`` (module docstring) of the completions under a uniform-noise encoder-decoder
+    block-diffusion model, one ``denoise_fn`` call of ``B`` rows per block and sample (two with ``self_conditioning``).
+
+    Args:
+        denoise_fn (`Callable`): the model (module docstring).
+        prompt_ids (`torch.LongTensor` of shape `(B, P)`), prompt_mask (`torch.Tensor` of shape `(B, P)`):
+            left-padded prompts and their mask (1 = real token).
+        completion_ids (`torch.LongTensor` of shape `(B, L)`): the completions.
+        score_mask (`torch.Tensor` of shape `(B, L)`): 1 where a token is scored.
+        seeds (`torch.Tensor` of shape `(B,)`): one seed per row (common random numbers).
+        vocab_size (`int`): ``V``, the ids random tokens are drawn from (``[0, V)``).
+        canvas_length (`int`): ``C``, the model's block.
+        fill_token_id (`int`): fills the last canvas past ``L`` (the family's EOS fill; never scored).
+        mc_samples (`int`, *optional*, defaults to `1`): ``K`` corruptions per block, ``t`` stratified over them.
+        self_conditioning (`bool`, *optional*, defaults to `False`): condition the scoring pass on the logits of a
+            first no-grad pass on the same canvas.
+        eps (`float`, *optional*, defaults to `1e-4`): ``t ∈ (ε, 1 − ε)``.
+
+    Returns:
+        [`~trl_dllm.core.likelihood.LikelihoodOutput`]: ``logps`` `(B, L)` (0 where not scored), ``entropies``
+        `(B, L)` (predictive entropy averaged over the samples), ``sample_estimates`` `(B, K)`.
+    """
+    if mc_samples < 1 or canvas_length < 1 or not 0 < eps < 0.5:
+        raise ValueError(f"mc_samples={mc_samples} and canvas_length={canvas_length} must be >= 1, eps={eps} in "
+                         "(0, 0.5).")  # fmt: skip
+    batch, length = completion_ids.shape
+    clean = clean_canvases(completion_ids, canvas_length, fill_token_id)
+    corruption = corrupt_canvases(clean, seeds, vocab_size=vocab_size, mc_samples=mc_samples, eps=eps)
+    real = torch.cat([prompt_mask.long(), torch.ones_like(completion_ids)], dim=1)
+    context_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    context_positions = (real.cumsum(1) - 1).clamp(min=0)
+    prompt_lengths = prompt_mask.long().sum(1, keepdim=True)
+    offsets = torch.arange(canvas_length, device=completion_ids.device)
+    scored = torch.zeros(batch, clean.size(1) * canvas_length, dtype=torch.bool, device=completion_ids.device)
+    scored[:, :length] = score_mask.bool()
+    scored = scored.view_as(clean)
+    logps = torch.zeros(batch, clean.size(1), canvas_length, device=completion_ids.device)
+    entropies, samples = torch.zeros_like(logps), []
+    for k in range(clean.size(1)):
+        context_mask = real.clone()
+        context_mask[:, prompt_ids.size(1) + k * canvas_length :] = 0  # the prompt and the clean blocks before k
+        canvas_positions = prompt_lengths + k * canvas_length + offsets
+        block_samples = []
+        for j in range(mc_samples):
+            canvas = corruption.canvases[:, k, j]
+            args = (context_ids, context_mask, context_positions, canvas, canvas_positions)
+            first = None
+            if self_conditioning:
+                with torch.no_grad():
+                    first = denoise_fn(*args)
+            log_probs = torch.log_softmax(denoise_fn(*args, self_conditioning=first).float(), dim=-1)
+            token = log_probs.gather(-1, clean[:, k, :, None]).squeeze(-1) * scored[:, k]
+            logps[:, k] = logps[:, k] + token / mc_samples
+            entropy = -(log_probs.exp() * log_probs).sum(-1) * scored[:, k]
+            entropies[:, k] = entropies[:, k] + entropy.detach() / mc_samples
+            block_samples.append(token.sum(-1))
+        samples.append(torch.stack(block_samples, dim=1))
+    return LikelihoodOutput(logps=logps.flatten(1)[:, :length], entropies=entropies.flatten(1)[:, :length],
+                            sample_estimates=torch.stack(samples).sum(0))  # fmt: skip

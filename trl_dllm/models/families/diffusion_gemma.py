@@ -1,0 +1,217 @@
+"""DiffusionGemma (``DiffusionGemmaForBlockDiffusion``, ``model_type`` "diffusion_gemma"): the family's ids, its LoRA
+targets, the training refusal, and a tiny checkpoint for tests, built offline.
+
+The model is transformers' own class (transformers >= 5.11; no remote code): a causal encoder reads the clean context
+(prompt and committed blocks) into a KV cache, and a bidirectional decoder denoises one block of ``config.canvas_length``
+tokens (the canvas) cross-attending to that cache (``decoder_input_ids``, ``decoder_attention_mask``,
+``decoder_position_ids``), self-conditioned on its own previous logits, with final-logit softcapping. The noise is
+uniform: a corrupted position holds a uniformly random vocabulary token, and there is **no mask token**. Its spec is
+:data:`DIFFUSION_GEMMA` (``noise="uniform"``, ``block_length`` = ``canvas_length``).
+
+Loading needs nothing of ours: :func:`trl_dllm.models.loading.load_pretrained` (and TRL's ``create_model_from_path``)
+resolve the class from ``config.architectures``, and ``AutoTokenizer`` reads the tokenizer and its chat template.
+Rollouts go through the model's own ``generate()`` (:mod:`trl_dllm.training.diffusion_gemma_rollouts`).
+
+What is not there yet, and refused: the RL likelihood estimator for uniform-noise encoder-decoder block diffusion, so
+``DiffusionGRPOTrainer`` refuses the family before loading it (:func:`training_refusal`).
+"""
+
+from __future__ import annotations
+
+import os
+import string
+from typing import Any
+
+import torch
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from ..specs import Family, ModelSpec
+from ..tiny import SYMBOLS, WORDS
+
+MODEL_TYPE = "diffusion_gemma"
+ARCHITECTURE = "DiffusionGemmaForBlockDiffusion"
+
+# Gemma 4's tokenizer (the one DiffusionGemma uses): <pad> 0, <eos> 1, <bos> 2, <unk> 3 (also the text config's
+# pad / eos / bos defaults), <|tool_response> 50, <|turn> 105 (opens a turn), <turn|> 106 (closes it). Its released
+# generation_config ends generation on <eos>, <turn|> and <|tool_response> (transformers' GGUF loader,
+# `modeling_gguf_pytorch_utils.py`, writes the same three for Gemma 4).
+PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
+TOOL_RESPONSE_ID, TURN_START_ID, TURN_END_ID = 50, 105, 106
+GENERATION_EOS_IDS = (EOS_ID, TURN_END_ID, TOOL_RESPONSE_ID)
+SPECIAL_TOKENS = {
+    "<pad>": PAD_ID, "<eos>": EOS_ID, "<bos>": BOS_ID, "<unk>": UNK_ID,
+    "<|tool_response>": TOOL_RESPONSE_ID, "<|turn>": TURN_START_ID, "<turn|>": TURN_END_ID,
+}  # fmt: skip
+
+# google/diffusiongemma-26B-A4B-it (`DiffusionGemmaForBlockDiffusion`, transformers-native since 5.11): an encoder-decoder
+# block-diffusion MoE with uniform noise and no mask token; blocks ("canvases") of config.canvas_length (256 released,
+# read from the config), its canvas EOS-filled past the response (TRL's SFT example). EOS <eos> and end of turn <turn|>
+# (Gemma 4's tokenizer; its generation_config also ends on <|tool_response>, which resolve_model_spec adds from there).
+DIFFUSION_GEMMA = ModelSpec(
+    family="diffusion_gemma", mask_token_id=None, eos_token_ids=(EOS_ID, TURN_END_ID), noise="uniform"
+)
+
+FAMILY = Family(name="diffusion_gemma", model_types={MODEL_TYPE: DIFFUSION_GEMMA})
+
+LORA_TARGET_MODULES = (
+    r"model\.(?:encoder\.language_model|decoder)\.layers\.\d+\."
+    r"(?:self_attn\.(?:q|k|v|o)_proj|mlp\.(?:gate|up|down)_proj)"
+)
+"""LoRA targets of the reference fine-tune (TRL's ``examples/scripts/sft_diffusion_gemma.py``): the attention and
+dense-MLP linears of the encoder's and the decoder's text layers. Not matched, so frozen: the MoE experts (fused
+parameters, ``layers.N.experts``), the router (``layers.N.router.proj``), the self-conditioning block
+(``model.decoder.self_conditioning``), the vision tower, the embeddings and the LM head."""
+
+
+def lora_config(r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.0, **kwargs: Any):
+    """PEFT ``LoraConfig`` of the reference fine-tune: rank 16, alpha 32, :data:`LORA_TARGET_MODULES`.
+
+    The encoder and the decoder share (tie) their base weights but get separate adapters, so keep the adapters
+    unmerged: ``merge_and_unload`` would fold both deltas into the one shared tensor.
+
+    Args:
+        r (`int`, *optional*, defaults to `16`), lora_alpha (`int`, *optional*, defaults to `32`),
+        lora_dropout (`float`, *optional*, defaults to `0.0`): as in ``peft.LoraConfig``.
+        **kwargs: more ``LoraConfig`` fields.
+    """
+    from peft import LoraConfig
+
+    return LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=LORA_TARGET_MODULES,
+                      **kwargs)  # fmt: skip
+
+
+def is_diffusion_gemma(config: Any) -> bool:
+    """Whether ``config`` (a transformers config, a ``config.json`` dict, or a model) is DiffusionGemma's."""
+    config = getattr(config, "config", config)
+    model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
+    return model_type == MODEL_TYPE
+
+
+TRAINING_REFUSAL = (
+    "{name} is DiffusionGemma, a uniform-noise encoder-decoder block-diffusion model, and DiffusionGRPOTrainer cannot "
+    "train it yet: the likelihood estimator for uniform-noise encoder-decoder block diffusion is not implemented (the "
+    "masked-diffusion estimators do not apply: the model has no mask token). Rollouts work: "
+    "trl_dllm.generate(model, input_ids, ...) decodes with the model's own generate(). See docs/models.md, "
+    "'DiffusionGemma'."
+)
+
+
+def training_refusal(model: Any, **hub_kwargs: Any) -> str | None:
+    """The message refusing to train ``model`` (a model object, or a Hub id / folder whose ``config.json`` is read
+    without loading weights) when it is DiffusionGemma, else `None`. A name whose config cannot be read is left to the
+    loader, which says why."""
+    name = model
+    if isinstance(model, (str, os.PathLike)):
+        from .native import read_config_dict
+
+        try:
+            config = read_config_dict(str(model), **hub_kwargs)
+        except (OSError, ValueError):
+            return None
+    else:
+        config = getattr(model, "config", None)
+        name = getattr(config, "_name_or_path", None) or type(model).__name__
+        base = getattr(model, "get_base_model", None)
+        config = base().config if callable(base) else config
+    return TRAINING_REFUSAL.format(name=name) if is_diffusion_gemma(config) else None
+
+
+def denoise_fn(model: Any):
+    """``model`` as the ``denoise_fn`` of :func:`trl_dllm.core.likelihood._uniform_block.uniform_block`: the encoder
+    reads the clean context (its attention and, through ``decoder_attention_mask``, the decoder's cross-attention
+    restricted to ``context_mask``: the prompt and the committed blocks), the decoder the canvas at its positions;
+    returns the decoder's softcapped logits `(N, C, V)`. ``self_conditioning`` logits are given to every row."""
+
+    def call(context_ids, context_mask, context_positions, canvas_ids, canvas_positions, self_conditioning=None):
+        visible = torch.cat([context_mask, torch.ones_like(canvas_ids)], dim=1).bool()
+        extra = {}
+        if self_conditioning is not None:
+            dtype = next(model.parameters()).dtype
+            extra = {"self_conditioning_logits": self_conditioning.to(dtype),
+                     "self_conditioning_mask": torch.ones(canvas_ids.size(0), dtype=torch.bool, device=canvas_ids.device)}  # fmt: skip
+        return model(input_ids=context_ids, attention_mask=context_mask, position_ids=context_positions,
+                     decoder_input_ids=canvas_ids, decoder_attention_mask=visible, decoder_position_ids=canvas_positions,
+                     use_cache=True, **extra).logits  # fmt: skip
+
+    return call
+
+
+# --- Tiny checkpoint for tests ---
+
+# TRL's tiny-model generator (scripts/generate_tiny_models/for_block_diffusion/diffusion_gemma_for_block_diffusion.py)
+# scales the released config down to these sizes; every other field keeps the configuration class's default.
+TINY_TEXT_CONFIG = dict(
+    num_hidden_layers=2, hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+    intermediate_size=32, num_global_key_value_heads=2, global_head_dim=8, num_experts=4, top_k_experts=2,
+    moe_intermediate_size=16, layer_types=["sliding_attention", "full_attention"],
+)  # fmt: skip
+TINY_VISION_CONFIG = dict(num_hidden_layers=2, hidden_size=16, num_attention_heads=4, num_key_value_heads=2,
+                          intermediate_size=32)  # fmt: skip
+TINY_CANVAS_LENGTH = 32
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{{ m['content'] }}<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}"
+)
+"""Gemma 4's turn layout (``<|turn>role\\n content <turn|>\\n``, the assistant's role named ``model``), text only."""
+
+# Gemma's special tokens, then role names, digits, letters, symbols and words; text is split on whitespace first.
+_PIECES = r"<\|turn>|<turn\|>|<\|tool_response>|</?\w+>|\d|[A-Za-z_]+|[^\w\s]"
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer with Gemma 4's special tokens at their real ids (:data:`SPECIAL_TOKENS`), the ids between
+    them held by ``<unused_N>`` placeholders, then ``system`` / ``user`` / ``model``, the digits, the letters a-z, the
+    tiny models' symbols and words (:mod:`trl_dllm.models.tiny`). Whitespace is dropped, so ``decode`` joins tokens
+    with one space. The chat template is :data:`CHAT_TEMPLATE`; ``<eos>`` is the EOS token."""
+    vocab = {**SPECIAL_TOKENS}
+    by_id = {i: t for t, i in SPECIAL_TOKENS.items()}
+    for i in range(max(by_id) + 1):
+        vocab.setdefault(by_id.get(i, f"<unused_{i}>"), i)
+    for token in ("system", "user", "model", *string.digits, *string.ascii_lowercase, *SYMBOLS, *WORDS):
+        vocab.setdefault(token, len(vocab))
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex(_PIECES), behavior="isolated")]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>",
+        model_max_length=1024, clean_up_tokenization_spaces=False,
+    )  # fmt: skip
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_model(tokenizer: PreTrainedTokenizerFast | None = None, *, seed: int = 0,
+                     canvas_length: int = TINY_CANVAS_LENGTH, vocab_size: int | None = None):  # fmt: skip
+    """A randomly initialised ``DiffusionGemmaForBlockDiffusion``: the configuration classes' defaults with
+    :data:`TINY_TEXT_CONFIG` / :data:`TINY_VISION_CONFIG` (TRL's tiny-model sizes) and ``canvas_length`` 32.
+
+    Unlike TRL's tiny model (which keeps the released 262144-token vocabulary), the vocabulary is the tokenizer's
+    (about 180 ids), so a test's uniform noise and softmax stay small. The generation config has the family's EOS
+    ids (:data:`GENERATION_EOS_IDS`) and pad 0; every other ``generate()`` setting is left to the family's defaults.
+    Weights depend on ``seed`` only; the global RNG is left untouched.
+    """
+    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
+
+    tokenizer = tokenizer or build_tokenizer()
+    text = {**TINY_TEXT_CONFIG, "vocab_size": vocab_size or len(tokenizer)}
+    config = DiffusionGemmaConfig(text_config=text, vision_config=dict(TINY_VISION_CONFIG), canvas_length=canvas_length)
+    with torch.random.fork_rng(devices=[]):  # transformers initialises weights from the global RNG
+        torch.manual_seed(seed)
+        model = DiffusionGemmaForBlockDiffusion(config)
+    model.generation_config = DiffusionGemmaGenerationConfig(eos_token_id=list(GENERATION_EOS_IDS),
+                                                             pad_token_id=PAD_ID, bos_token_id=BOS_ID)  # fmt: skip
+    return model.eval()
+
+
+def save_tiny(path: str | os.PathLike, **model_kwargs: Any) -> str:
+    """:func:`build_tokenizer` and :func:`build_tiny_model` saved to ``path`` (``config.json``, the weights,
+    ``generation_config.json``, the tokenizer files); returns ``str(path)``. ``load_pretrained(path)`` and
+    ``AutoTokenizer.from_pretrained(path)`` give them back."""
+    tokenizer = build_tokenizer()
+    build_tiny_model(tokenizer, **model_kwargs).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

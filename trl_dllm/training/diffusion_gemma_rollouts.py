@@ -1,0 +1,246 @@
+"""DiffusionGemma rollouts through the model's own ``generate()`` (``DiffusionGemmaGenerationMixin``), so decoding is
+exactly the family's: a uniformly random canvas, the entropy-bound sampler (accept, renoise), the linear temperature
+schedule, adaptive stopping, self-conditioning, a canvas-by-canvas encoder KV cache, and EOS handling.
+
+How the trainer's generation fields map onto ``DiffusionGemmaGenerationConfig`` (:func:`diffusion_gemma_options`):
+
+=========================  ==========================================================================================
+field                      DiffusionGemma
+=========================  ==========================================================================================
+``max_completion_length``  ``max_new_tokens``; ``generate()`` decodes whole canvases, the completion is cut to it
+``diffusion_steps``        denoising steps over the whole completion: ``max_denoising_steps`` = ``diffusion_steps /
+                           canvases`` per canvas (a maximum: adaptive stopping may end a canvas earlier); must be a
+                           multiple of the number of canvases. ``None``: the model's own ``max_denoising_steps``
+``temperature``            scales the model's temperature schedule: ``t_max``, ``t_min`` times ``temperature``
+                           (``1.0``: the family's own schedule); ``0`` is refused (``generate()`` always samples)
+``eos_early_exit``         ``True``: ``generate()`` ends a row after the canvas holding its first EOS and fills the
+                           rest with the first EOS id; ``False``: every canvas is decoded, nothing is filled
+``block_length``           the canvas is the model's ``canvas_length``; ``trl_dllm.generate`` refuses another
+                           value; the trainer's config always holds one (its default is filled in), which is not read
+``block_kv_cache``         the encoder's KV cache is the architecture: ``False`` is refused
+``top_k``, ``top_p``,      refused: the sampler has no truncation, and its self-conditioning reads the processed
+``min_p``                  logits, so a truncation would change the model's input too
+``remasking``,             refused unless left at ``"low_confidence"`` / ``None``: the family accepts tokens by its
+``confidence_threshold``   entropy bound (``generation_config.sampler_config``) and stops by its own
+                           ``stability_threshold`` / ``confidence_threshold``
+``cfg_scale``              refused unless 0 (no classifier-free guidance)
+``generation_cache``       refused unless ``"none"`` (the encoder cache is exact already)
+trajectory (AGRPO, DiPO)   refused: ``generate()`` records no per-token reveal step
+=========================  ==========================================================================================
+
+Everything else ``generate()`` reads (``sampler_config``, ``stability_threshold``, its adaptive-stopping
+``confidence_threshold``, ``cache_implementation``) comes from ``model.generation_config``, else the family's defaults.
+
+**Seeding.** ``generate()`` draws from the global RNG (``torch.randint``, ``torch.multinomial``) and takes no
+generator, so one call cannot give each row its own noise. :func:`generate_diffusion_gemma` therefore decodes **row by
+row**: row ``b`` without its left padding, with the global RNG of the model's device set to ``generators[b]``'s state
+inside ``torch.random.fork_rng`` (the caller's global RNG is restored afterwards) and ``generators[b]`` advanced by
+what the row drew. A row's completion is then exactly ``torch.manual_seed(s); model.generate(prompt_b, ...)`` for a
+generator seeded with ``s``, whatever its batch companions. The cost is one ``generate()`` call per row (no batching
+across rows); a batched call would tie every row's noise to the batch's layout, and would also shift left-padded
+prompts' positions (``generate()`` numbers positions from 0 whatever the padding).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..core.sampling import GenerationOutput
+
+
+@dataclass(frozen=True)
+class DiffusionGemmaOptions:
+    """What :func:`generate_diffusion_gemma` passes to ``generate()``.
+
+    Args:
+        gen_length (`int`): completion length (``max_completion_length``); ``max_new_tokens`` of ``generate()``.
+        max_denoising_steps (`int` or `None`): denoising steps per canvas; `None`: the model's own.
+        temperature (`float`): factor on the model's temperature schedule (``t_min``, ``t_max``).
+        eos_token_ids (`tuple[int, ...]`): ids that end a completion; the first fills the canvas after it.
+        eos_early_exit (`bool`): end a row after the canvas holding its first EOS (``generate()``'s own stopping).
+    """
+
+    gen_length: int
+    max_denoising_steps: int | None
+    temperature: float
+    eos_token_ids: tuple[int, ...]
+    eos_early_exit: bool
+
+
+def _refuse(field: str, value, why: str, fix: str) -> None:
+    raise ValueError(f"{field}={value!r} does not apply to DiffusionGemma: {why}. {fix}")
+
+
+def diffusion_gemma_options(
+    model,
+    *,
+    gen_length: int,
+    eos_token_ids: Sequence[int],
+    diffusion_steps: int | None = None,
+    temperature: float = 1.0,
+    eos_early_exit: bool = True,
+    block_length: int | None = None,
+    use_cache: bool = True,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    remasking: str | None = "low_confidence",
+    confidence_threshold: float | None = None,
+    cfg_scale: float = 0.0,
+    generation_cache: str = "none",
+    return_trajectory: bool = False,
+    mask_token_id: int | None = None,
+) -> DiffusionGemmaOptions:
+    """The trainer's generation fields (the names of :class:`~trl_dllm.core.sampling.DecodingOptions`) as
+    :class:`DiffusionGemmaOptions` for ``model`` (``DiffusionGemmaForBlockDiffusion``, possibly wrapped), refusing
+    every field ``generate()`` cannot honour (the table in this module's docstring).
+
+    Raises:
+        ValueError: a field is set to a value ``generate()`` cannot honour; the message names it and the fix.
+    """
+    canvas = model.config.canvas_length
+    if mask_token_id is not None:
+        _refuse("mask_token_id", mask_token_id, "it has no mask token (uniform noise)", "Leave it unset.")
+    if gen_length < 1:
+        _refuse("max_completion_length", gen_length, "the completion needs at least one token", "Set it >= 1.")
+    if temperature is None or temperature <= 0:
+        _refuse("temperature", temperature, "its generate() always samples (no greedy decoding); temperature scales "
+                "its temperature schedule", "Set temperature > 0 (trl-dllm eval: eval_temperature; 1.0: the model's own schedule).")  # fmt: skip
+    for name, value in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
+        if value and not (name == "top_p" and value >= 1.0):
+            _refuse(name, value, "its sampler has no truncation, and its self-conditioning reads the processed "
+                    "logits, so a truncation would also change the model's input", f"Unset {name}.")  # fmt: skip
+    if remasking not in (None, "low_confidence"):
+        _refuse("remasking", remasking, "it accepts tokens by its entropy bound (generation_config.sampler_config)",
+                "Leave remasking at its default; set the bound in model.generation_config.sampler_config.")
+    if confidence_threshold is not None:
+        _refuse("confidence_threshold", confidence_threshold, "its generate() accepts tokens by its entropy bound "
+                "and stops a canvas by its own stability_threshold / confidence_threshold", "Unset it; tune "
+                "model.generation_config (sampler_config, confidence_threshold) instead.")  # fmt: skip
+    if cfg_scale:
+        _refuse("cfg_scale", cfg_scale, "its generate() has no classifier-free guidance", "Set cfg_scale=0.")
+    if generation_cache != "none":
+        _refuse("generation_cache", generation_cache, "its encoder KV cache is exact already",
+                "Set generation_cache='none'.")
+    if not use_cache:
+        _refuse("block_kv_cache", use_cache, "the encoder's KV cache of the prompt and committed canvases is the "
+                "architecture (the decoder reads it)", "Set block_kv_cache=True.")  # fmt: skip
+    if return_trajectory:
+        _refuse("return_trajectory", return_trajectory, "its generate() records no per-token reveal step, which the "
+                "trajectory estimators (AGRPO's trajectory, DiPO's block_steps) replay", "Use another estimator.")
+    if block_length not in (None, canvas):
+        _refuse("block_length", block_length, f"it decodes in canvases of its own canvas_length={canvas}",
+                f"Set block_length={canvas} or leave it unset.")
+    canvases = math.ceil(gen_length / canvas)
+    steps = None
+    if diffusion_steps is not None:
+        if diffusion_steps < canvases or diffusion_steps % canvases:
+            _refuse("diffusion_steps", diffusion_steps, f"max_completion_length={gen_length} is {canvases} canvas(es) "
+                    f"of {canvas} tokens, and diffusion_steps counts the steps of all of them",
+                    f"Set diffusion_steps to a positive multiple of {canvases}.")  # fmt: skip
+        steps = diffusion_steps // canvases
+    if not eos_token_ids:
+        raise ValueError("DiffusionGemma rollouts need at least one EOS id (eos_token_ids is empty).")
+    return DiffusionGemmaOptions(gen_length=gen_length, max_denoising_steps=steps, temperature=float(temperature),
+                                 eos_token_ids=tuple(int(i) for i in eos_token_ids),
+                                 eos_early_exit=bool(eos_early_exit))  # fmt: skip
+
+
+def generate_kwargs(model, options: DiffusionGemmaOptions) -> dict:
+    """The keyword arguments of ``model.generate()`` for ``options``: what the model's generation config (else the
+    family's defaults) says, with the completion length, steps, temperature and EOS handling of ``options``."""
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
+
+    own = getattr(model, "generation_config", None)
+    defaults = DiffusionGemmaGenerationConfig._get_default_generation_params()
+    t_min = getattr(own, "t_min", None) or defaults["t_min"]
+    t_max = getattr(own, "t_max", None) or defaults["t_max"]
+    kwargs = {"max_new_tokens": options.gen_length, "t_min": t_min * options.temperature,
+              "t_max": t_max * options.temperature, "return_dict_in_generate": True}  # fmt: skip
+    if options.max_denoising_steps is not None:
+        kwargs["max_denoising_steps"] = options.max_denoising_steps
+    if options.eos_early_exit:  # the canvases after the first EOS are filled with it (the family's SFT canvas fill)
+        kwargs.update(eos_token_id=list(options.eos_token_ids), pad_token_id=options.eos_token_ids[0])
+    else:  # no stopping: kwargs override the model's generation config, which may name EOS ids
+        kwargs.update(eos_token_id=None, pad_token_id=None)
+    return kwargs
+
+
+@contextlib.contextmanager
+def drawing_from(generator: torch.Generator):
+    """Inside, the global RNG of ``generator``'s device is ``generator``'s state; afterwards the global RNG is
+    restored and ``generator`` has advanced by what was drawn (for samplers, like ``generate()``, that take none)."""
+    device = generator.device
+    cuda = device.type == "cuda"
+    index = device.index if device.index is not None else (torch.cuda.current_device() if cuda else None)
+    with torch.random.fork_rng(devices=[index] if cuda else [], device_type="cuda"):
+        default = torch.cuda.default_generators[index] if cuda else torch.default_generator
+        default.set_state(generator.get_state())
+        yield
+        generator.set_state(default.get_state())
+
+
+def generate_diffusion_gemma(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *, options: DiffusionGemmaOptions, generator
+) -> GenerationOutput:
+    """Decode left-padded prompts `(B, P)` with ``model.generate()``, row by row, row `b` drawing from
+    ``generator[b]`` (see the module docstring). A sampler with the signature of
+    :func:`~trl_dllm.core.sampling.generate` (``attention_mask=None``: no padding). ``generator`` is a list of one `torch.Generator` per row (each row's
+    completion then depends on its prompt and generator alone), one generator for all rows (drawn from in row
+    order), or `None` (the global RNG, in row order).
+
+    Returns:
+        :class:`~trl_dllm.core.sampling.GenerationOutput`: ``completion_ids`` `(B, gen_length)`, EOS-filled after
+        the first EOS with ``eos_early_exit`` (also when ``generate()`` stopped early); ``num_forwards`` and
+        ``num_row_forwards`` count the decoder's denoising forwards (one row each); no trajectory.
+    """
+    attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+    generators = generator if isinstance(generator, (list, tuple)) else [generator] * input_ids.size(0)
+    if len(generators) != input_ids.size(0):
+        raise ValueError(f"{len(generators)} generators for {input_ids.size(0)} rows: pass one torch.Generator per "
+                         "row (or one for all, or None).")  # fmt: skip
+    device = input_ids.device
+    if any(g is not None and g.device.type != device.type for g in generators):
+        raise ValueError(f"The generators must be on the prompts' device ({device.type}): generate() draws from that "
+                         "device's global RNG, which a generator on another device would not seed.")  # fmt: skip
+    kwargs = generate_kwargs(model, options)
+    calls = [0]
+    hook = _decoder(model).register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    rows = []
+    try:
+        for b in range(input_ids.size(0)):
+            prompt = input_ids[b][attention_mask[b].bool()].unsqueeze(0)
+            with drawing_from(generators[b]) if generators[b] is not None else contextlib.nullcontext():
+                sequence = model.generate(prompt, **kwargs).sequences[0, prompt.size(1) :]
+            rows.append(_fit(sequence, options))
+    finally:
+        hook.remove()
+    completion = torch.stack(rows)
+    return GenerationOutput(sequences=torch.cat([input_ids, completion], dim=1), completion_ids=completion,
+                            unmask_step=None, logprobs=None, num_forwards=calls[0],
+                            num_row_forwards=calls[0])  # fmt: skip
+
+
+def _decoder(model):
+    """The decoder module of ``model`` (through PEFT / DDP wrappers), whose forwards are the denoising steps."""
+    from ..models import base_model
+
+    return base_model(model).model.decoder
+
+
+def _fit(sequence: torch.Tensor, options: DiffusionGemmaOptions) -> torch.Tensor:
+    """One row's generated tokens `(n,)` as `(gen_length,)`: cut (``generate()`` decodes whole canvases) or, when it
+    stopped early, filled with the first EOS id; with ``eos_early_exit`` everything after the first EOS is filled."""
+    fill = options.eos_token_ids[0]
+    row = sequence[: options.gen_length]
+    if row.numel() < options.gen_length:
+        row = torch.cat([row, row.new_full((options.gen_length - row.numel(),), fill)])
+    if options.eos_early_exit:
+        is_eos = torch.isin(row, torch.tensor(options.eos_token_ids, device=row.device))
+        row = torch.where(is_eos.cumsum(0) - is_eos.long() > 0, fill, row)
+    return row
