@@ -103,7 +103,7 @@ def training_refusal(model: Any, **hub_kwargs: Any) -> str | None:
     loader, which says why."""
     name = model
     if isinstance(model, (str, os.PathLike)):
-        from .native import read_config_dict
+        from ..native import read_config_dict
 
         try:
             config = read_config_dict(str(model), **hub_kwargs)
