@@ -131,7 +131,7 @@ def test_uniform_block_estimate_equals_the_sft_loss_construction_per_block(tiny)
     over the canvas) times the canvas length, on the same corrupted canvas; a left-padded row gives the same."""
     import torch.nn.functional as F
 
-    from trl_dllm.core.likelihood._uniform_block import clean_canvases, corrupt_canvases, uniform_block
+    from trl_dllm.core.likelihood.uniform_block import clean_canvases, corrupt_canvases, uniform_block
 
     model, tokenizer = tiny
     prompt = torch.tensor([tokenizer.apply_chat_template([{"role": "user", "content": "sum 2 3"}],
@@ -161,7 +161,7 @@ def test_uniform_block_estimate_equals_the_sft_loss_construction_per_block(tiny)
 def test_uniform_block_estimate_is_differentiable_through_lora(tiny_path):
     from peft import get_peft_model
 
-    from trl_dllm.core.likelihood._uniform_block import uniform_block
+    from trl_dllm.core.likelihood.uniform_block import uniform_block
 
     model = get_peft_model(load_pretrained(tiny_path), dg.lora_config())
     prompt = torch.tensor([[2, 105, 108, 140, 106, 105, 109]])

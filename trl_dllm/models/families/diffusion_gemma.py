@@ -118,7 +118,7 @@ def training_refusal(model: Any, **hub_kwargs: Any) -> str | None:
 
 
 def denoise_fn(model: Any):
-    """``model`` as the ``denoise_fn`` of :func:`trl_dllm.core.likelihood._uniform_block.uniform_block`: the encoder
+    """``model`` as the ``denoise_fn`` of :func:`trl_dllm.core.likelihood.uniform_block.uniform_block`: the encoder
     reads the clean context (its attention and, through ``decoder_attention_mask``, the decoder's cross-attention
     restricted to ``context_mask``: the prompt and the committed blocks), the decoder the canvas at its positions;
     returns the decoder's softcapped logits `(N, C, V)`. ``self_conditioning`` logits are given to every row."""
