@@ -13,7 +13,7 @@ import os
 import torch
 
 from ..core.likelihood import ESTIMATORS
-from ..core.methods import own_objective
+from ..core.methods import noise_problem, own_objective
 from ..models import ModelSpec, require_4d_mask
 from . import inputs
 from .trainer_inputs import check_text_only
@@ -131,6 +131,14 @@ def check_block_guidance(cfg_scale: float) -> None:
     """Block-causal decoding has no classifier-free guidance (the trainer and `trl_dllm.generate`)."""
     if cfg_scale:
         raise ValueError("cfg_scale > 0 is not supported for block-causal generation; set cfg_scale=0.")
+
+
+def check_noise(args, spec: ModelSpec) -> None:
+    """The estimator scores the family's own forward process (``Estimator.noise`` against ``spec.noise``), and on a
+    uniform-noise family (DiffusionGemma) the loss type is a sequence-level objective that takes its estimator
+    (:func:`~trl_dllm.core.methods.noise_problem`)."""
+    if (problem := noise_problem(args.estimator, args.loss_type, spec.noise, spec.family)) is not None:
+        raise ValueError(problem)
 
 
 def check_block_layout(args, spec: ModelSpec) -> None:
