@@ -36,9 +36,12 @@ def dataset():
     return Dataset.from_dict({"prompt": [[{"role": "user", "content": f"add {i} and {i + 1} ."}] for i in range(3)]})
 
 
-@pytest.mark.parametrize("loss_type,beta", [("stabledrl", 0.0), ("espo", 0.04)])
-def test_trains_two_steps_with_lora(tmp_path, tiny_path, loss_type, beta):
-    args = make_args(tmp_path, loss_type=loss_type, beta=beta, num_iterations=2)
+@pytest.mark.parametrize(
+    "loss_type,beta,estimation",
+    [("stabledrl", 0.0, {}), ("espo", 0.04, dict(self_conditioning=True))],
+)
+def test_trains_two_steps_with_lora(tmp_path, tiny_path, loss_type, beta, estimation):
+    args = make_args(tmp_path, loss_type=loss_type, beta=beta, num_iterations=2, **estimation)
     trainer = DiffusionGRPOTrainer(tiny_path, reward_funcs=checksum_reward, args=args, train_dataset=dataset(),
                                    peft_config=dg.lora_config(r=4, lora_alpha=8))  # fmt: skip
     assert args.estimator == "uniform_block" and trainer.ref_model is None  # the reference: the adapter-disabled base
