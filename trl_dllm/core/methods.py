@@ -68,7 +68,8 @@ def noise_problem(estimator: str, loss_type: str, noise: str, family: str) -> st
     supported = [name for name in OBJECTIVES if set(own) & set(accepted_estimators(name))]
     if noise != "mask" and loss_type not in supported:
         if loss_type in OBJECTIVES:
-            why = "its estimators replay or score masked-diffusion steps, which this family's sampler does not record"
+            why = (f"it takes only the estimators {list(accepted_estimators(loss_type))}, none of which scores "
+                   f"{noise} noise")  # fmt: skip
         else:
             why = ("TRL's token-level loss types take a ratio per token, and the per-token values of a uniform-noise "
                    "estimate are contributions to a sequence-level surrogate, not token log-probs")  # fmt: skip
