@@ -87,3 +87,22 @@ def test_model_object_refused_too_and_uniform_block_refused_on_a_masked_model(tm
                      block_length=4)  # fmt: skip
     with pytest.raises(ValueError, match=r"estimator='uniform_block' scores uniform-noise diffusion.*masked-diffusion"):
         DiffusionGRPOTrainer(tiny_model_path, reward_funcs=checksum_reward, args=args, train_dataset=dataset())
+
+
+def test_cli_trains_with_the_reference_lora_regex(tmp_path, tiny_path, monkeypatch):
+    """`trl-dllm grpo` on the tiny checkpoint: StableDRL, LoRA with the reference target regex (PEFT's regex form)."""
+    import json
+    from pathlib import Path
+
+    from trl_dllm.scripts import grpo
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    grpo.main(["--model_name_or_path", tiny_path, "--task", "gsm8k", "--data_files", "tests/fixtures/gsm8k.jsonl",
+               "--output_dir", str(tmp_path), "--report_to", "none", "--loss_type", "stabledrl",
+               "--max_completion_length", "32", "--diffusion_steps", "4", "--num_generations", "2",
+               "--per_device_train_batch_size", "2", "--max_steps", "1", "--logging_steps", "1", "--use_cpu", "true",
+               "--save_strategy", "no", "--use_peft", "true", "--lora_r", "4", "--lora_alpha", "8",
+               "--lora_target_modules", dg.LORA_TARGET_MODULES])  # fmt: skip
+    assert json.loads((tmp_path / "adapter_config.json").read_text())["target_modules"] == dg.LORA_TARGET_MODULES
+    logs = [log for log in json.loads((tmp_path / "trainer_state.json").read_text())["log_history"] if "loss" in log]
+    assert logs and all(torch.isfinite(torch.tensor(log["loss"])) for log in logs)
