@@ -89,20 +89,21 @@ def test_model_object_refused_too_and_uniform_block_refused_on_a_masked_model(tm
         DiffusionGRPOTrainer(tiny_model_path, reward_funcs=checksum_reward, args=args, train_dataset=dataset())
 
 
-def test_cli_trains_with_the_reference_lora_regex(tmp_path, tiny_path, monkeypatch):
-    """`trl-dllm grpo` on the tiny checkpoint: StableDRL, LoRA with the reference target regex (PEFT's regex form)."""
+def test_recipe_trains_the_tiny_checkpoint_through_the_cli(tmp_path, tiny_path, monkeypatch):
+    """`trl-dllm grpo --config recipes/diffusion_gemma/stabledrl_gsm8k_lora.yaml` on the tiny checkpoint, on CPU, one
+    process, at tiny sizes: StableDRL on uniform_block with the reference LoRA regex (not its ZeRO-3 launch)."""
     import json
     from pathlib import Path
 
     from trl_dllm.scripts import grpo
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
-    grpo.main(["--model_name_or_path", tiny_path, "--task", "gsm8k", "--data_files", "tests/fixtures/gsm8k.jsonl",
-               "--output_dir", str(tmp_path), "--report_to", "none", "--loss_type", "stabledrl",
-               "--max_completion_length", "32", "--diffusion_steps", "4", "--num_generations", "2",
-               "--per_device_train_batch_size", "2", "--max_steps", "1", "--logging_steps", "1", "--use_cpu", "true",
-               "--save_strategy", "no", "--use_peft", "true", "--lora_r", "4", "--lora_alpha", "8",
-               "--lora_target_modules", dg.LORA_TARGET_MODULES])  # fmt: skip
+    grpo.main(["--config", "recipes/diffusion_gemma/stabledrl_gsm8k_lora.yaml", "--model_name_or_path", tiny_path,
+               "--dtype", "float32", "--bf16", "false", "--use_cpu", "true", "--data_files", "tests/fixtures/gsm8k.jsonl",
+               "--output_dir", str(tmp_path), "--max_completion_length", "32", "--block_length", "32",
+               "--diffusion_steps", "4", "--num_generations", "2", "--per_device_train_batch_size", "2",
+               "--gradient_accumulation_steps", "1", "--max_steps", "1", "--mc_samples", "1", "--save_strategy", "no",
+               "--learning_rate", "0.1"])  # fmt: skip
     assert json.loads((tmp_path / "adapter_config.json").read_text())["target_modules"] == dg.LORA_TARGET_MODULES
     logs = [log for log in json.loads((tmp_path / "trainer_state.json").read_text())["log_history"] if "loss" in log]
     assert logs and all(torch.isfinite(torch.tensor(log["loss"])) for log in logs)
