@@ -34,7 +34,6 @@ from .elbo import ELBO_COUNTS, ELBO_COUNTS_OPTION, elbo, elbo_views
 from .left_to_right import check_left_to_right_rollout, left_to_right, left_to_right_views
 from .mean_field import mean_field, mean_field_views
 from .spg import RETURN_EUBO, SPG_BETA, SPGOutput, spg_bounds, spg_views
-from .uniform_block import UNIFORM_BLOCK_OPTIONS, uniform_block, uniform_block_views
 from .trajectory import (
     STEP_SAMPLES,
     STEP_SAMPLING_OPTION,
@@ -43,6 +42,7 @@ from .trajectory import (
     trajectory_entropies,
     trajectory_views,
 )
+from .uniform_block import UNIFORM_BLOCK_OPTIONS, uniform_block, uniform_block_views
 
 __all__ = [
     "BLOCK_FAMILY_ESTIMATOR",
