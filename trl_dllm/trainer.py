@@ -91,7 +91,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             self.accelerator.print(line)
         self.scoring = Scoring(args, self.model_spec, block_length, self._entropy_bonus_enabled,
                                self._shards_parameters, self.accelerator.autocast,
-                               unwrapped.config.get_text_config().vocab_size)  # fmt: skip
+                               unwrapped.config.get_text_config().vocab_size, self.eos_token_ids[0])  # fmt: skip
         # TRL's likelihood hook is given only ids and masks: the seeds (and row inputs) of the pass travel here.
         self._estimation: EstimationPass | None = None
         # TRL's `_generate_single_turn` returns id lists cut at EOS: the full canvas reaches the batch through here.

@@ -63,6 +63,8 @@ class Scoring:
         autocast (`Callable`): the accelerator's autocast context.
         vocab_size (`int`, *optional*): the model's vocabulary size; a uniform-noise family draws its random tokens
             from it (``uniform_block``'s ``vocab_size``).
+        fill_token_id (`int`, *optional*): the id rollouts fill the canvas with after the first EOS (the trainer's
+            first EOS id); `None`: the spec's first. ``uniform_block`` fills the last canvas with it.
     """
 
     args: object
@@ -72,6 +74,7 @@ class Scoring:
     shards_parameters: bool
     autocast: Callable = torch.autocast
     vocab_size: int | None = None
+    fill_token_id: int | None = None
     values: dict = field(init=False)
 
     def __post_init__(self):
@@ -83,7 +86,7 @@ class Scoring:
             block_layout=self.spec.block_layout,
         )
         if self.spec.noise == "uniform":  # DiffusionGemma: its canvas, vocabulary and EOS fill (`uniform_block`)
-            fill = self.spec.eos_token_ids[0]
+            fill = self.spec.eos_token_ids[0] if self.fill_token_id is None else self.fill_token_id
             self.values.update(canvas_length=self.spec.block_length, vocab_size=self.vocab_size, fill_token_id=fill)
         self.estimator = ESTIMATORS[self.args.estimator]
         self.objective = OBJECTIVES.get(self.args.loss_type)  # None: one of TRL's own loss types

@@ -68,7 +68,7 @@ SELF_CONDITIONING = Option(
 UNIFORM_BLOCK_OPTIONS = (
     Option("vocab_size", source="the model's vocabulary size (its text config): random tokens are drawn from [0, V)"),
     Option("canvas_length", source="the model's config.canvas_length (the family spec's block_length)"),
-    Option("fill_token_id", source="the family spec's first EOS id (its EOS fill past the completion)"),
+    Option("fill_token_id", source="the run's first EOS id: the one rollouts fill the canvas with after the first EOS"),
     MC_SAMPLES,
     SELF_CONDITIONING,
     Option("eps", source="the function's default, 1e-4 (TRL's SafeSpan safety margin on t)"),
