@@ -107,3 +107,17 @@ def test_recipe_trains_the_tiny_checkpoint_through_the_cli(tmp_path, tiny_path, 
     assert json.loads((tmp_path / "adapter_config.json").read_text())["target_modules"] == dg.LORA_TARGET_MODULES
     logs = [log for log in json.loads((tmp_path / "trainer_state.json").read_text())["log_history"] if "loss" in log]
     assert logs and all(torch.isfinite(torch.tensor(log["loss"])) for log in logs)
+
+
+def test_sharded_activation_checkpointing_is_refused_on_it():
+    """ZeRO-3 with activation checkpointing fails in backward on DiffusionGemma (a 2-process CPU launch): refused."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from trl_dllm.training.model_checks import check_sharded_checkpointing
+
+    spec = replace(dg.DIFFUSION_GEMMA, block_length=32)
+    with pytest.raises(ValueError, match="Set activation_checkpointing=False"):
+        check_sharded_checkpointing(SimpleNamespace(gradient_checkpointing=True), spec, sharded=True)
+    check_sharded_checkpointing(SimpleNamespace(gradient_checkpointing=False), spec, sharded=True)
+    check_sharded_checkpointing(SimpleNamespace(gradient_checkpointing=True), spec, sharded=False)

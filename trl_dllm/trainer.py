@@ -77,6 +77,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *self.model_spec.eos_token_ids]))
         picked = checks.fit_estimator(args, self.model_spec.family == "block", self.model_spec.noise)  # `estimator` unset
         model_checks.check_noise(args, self.model_spec)  # the estimator scores the family's noise (mask / uniform)
+        model_checks.check_sharded_checkpointing(args, self.model_spec, self._shards_parameters)
         model_checks.check_block_layout(args, self.model_spec)
         block_length = self.model_spec.decoding_block_length(args.block_length)
         model_setup.probe_remote_code(unwrapped, self.model_spec, self._shards_parameters)

@@ -141,6 +141,20 @@ def check_noise(args, spec: ModelSpec) -> None:
         raise ValueError(problem)
 
 
+def check_sharded_checkpointing(args, spec: ModelSpec, sharded: bool) -> None:
+    """A uniform-noise family (DiffusionGemma) with sharded parameters (ZeRO-3 / FSDP) and activation checkpointing is
+    refused: a 2-process ZeRO-3 CPU launch of the tiny checkpoint fails in backward ("Trying to backward through the
+    graph a second time", reentrant checkpointing or not) and trains with activation checkpointing off; FSDP is
+    untested. Single-process and DDP runs checkpoint fine."""
+    if spec.noise == "uniform" and sharded and args.gradient_checkpointing:
+        raise ValueError(
+            f"activation_checkpointing=True with ZeRO-3 / FSDP on this {spec.noise}-noise model ({spec.family!r} family) "
+            "fails in backward (the encoder-decoder's checkpointed passes under parameter sharding; found on a "
+            "2-process ZeRO-3 CPU launch). Set activation_checkpointing=False (ZeRO-3 then trains), or use ZeRO-2 / "
+            "DDP with activation checkpointing."
+        )
+
+
 def check_block_layout(args, spec: ModelSpec) -> None:
     """The config against the model's layout (the block length rollouts and estimates then use is
     ``spec.decoding_block_length(args.block_length)``). The config is never changed."""
