@@ -124,7 +124,7 @@ def test_estimator_helps_follow_the_registry():
     assert set(re.findall(r"\w+", helps["estimator"])) >= set(ESTIMATORS)
     named = set(re.findall(r"\w+", helps["mc_samples"])) & set(ESTIMATORS)
     assert named == {name for name, entry in ESTIMATORS.items() if "mc_samples" in entry.option_names} == {
-        "elbo", "coupled", "block", "spg"}  # fmt: skip
+        "elbo", "coupled", "block", "spg", "uniform_block"}  # fmt: skip
 
 
 def _objective_config(name, **kwargs):

@@ -57,8 +57,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             name = model if isinstance(model, str) else model.config._name_or_path
             args = DiffusionGRPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-DiffusionGRPO")
         trainer_inputs.check_trainer_options(args, DiffusionGRPOConfig, kwargs)
-        if (refusal := training_refusal(model, **(args.model_init_kwargs or {}))) is not None:
-            raise NotImplementedError(refusal)  # DiffusionGemma: no likelihood estimator for uniform noise yet
+        if (refusal := training_refusal(model, args, **(args.model_init_kwargs or {}))) is not None:
+            raise NotImplementedError(refusal)  # DiffusionGemma: StableDRL / ESPO on `uniform_block` only
         trainer_inputs.check_trainer_inputs(args, model, reward_funcs, pargs, kwargs)  # before any weights are loaded
         if kwargs.get("peft_config") is not None:
             kwargs["peft_config"] = copy.deepcopy(kwargs["peft_config"])  # adapted to the model, never the user's
@@ -75,7 +75,9 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         model_setup.make_models_bidirectional(unwrapped, ref)
         # TRL lists the tokenizer's EOS first; early exit fills with the first id, so keep that order.
         self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *self.model_spec.eos_token_ids]))
-        picked = checks.fit_estimator(args, self.model_spec.family == "block")  # `estimator` not set: the model's own
+        picked = checks.fit_estimator(args, self.model_spec.family == "block", self.model_spec.noise)  # `estimator` unset
+        model_checks.check_noise(args, self.model_spec)  # the estimator scores the family's noise (mask / uniform)
+        model_checks.check_sharded_checkpointing(args, self.model_spec, self._shards_parameters)
         model_checks.check_block_layout(args, self.model_spec)
         block_length = self.model_spec.decoding_block_length(args.block_length)
         model_setup.probe_remote_code(unwrapped, self.model_spec, self._shards_parameters)
@@ -89,7 +91,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         for line in unsaid(notices):  # once per `once_per_run()` block
             self.accelerator.print(line)
         self.scoring = Scoring(args, self.model_spec, block_length, self._entropy_bonus_enabled,
-                               self._shards_parameters, self.accelerator.autocast)  # fmt: skip
+                               self._shards_parameters, self.accelerator.autocast,
+                               unwrapped.config.get_text_config().vocab_size, self.eos_token_ids[0])  # fmt: skip
         # TRL's likelihood hook is given only ids and masks: the seeds (and row inputs) of the pass travel here.
         self._estimation: EstimationPass | None = None
         # TRL's `_generate_single_turn` returns id lists cut at EOS: the full canvas reaches the batch through here.

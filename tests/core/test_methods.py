@@ -32,7 +32,7 @@ def test_option_fields_and_run_options_are_derived():
 
 def test_who_takes_what():
     estimators, objectives = methods_taking("mc_samples")
-    assert estimators == ["elbo", "coupled", "block", "spg"] and objectives == []
+    assert estimators == ["elbo", "coupled", "block", "spg", "uniform_block"] and objectives == []
     assert methods_taking("spg_omega") == ([], ["stabledrl", "spg"])
     assert own_objective("trajectory") == "agrpo" and own_objective("left_to_right") == "justgrpo"
     assert own_objective("coupled") is None

@@ -1,6 +1,7 @@
 """DiffusionGemma (trl_dllm.models.families.diffusion_gemma): its spec (uniform noise, no mask token, canvas-length blocks),
 the tiny checkpoint (TRL's tiny sizes, Gemma 4's special ids, chat template) and its save / load round trip through
-transformers' own class, the reference LoRA targets and an adapter round trip, and the training refusal."""
+transformers' own class, the reference LoRA targets and an adapter round trip, and the training refusal of TRL's loss types
+(tests/test_trainer_diffusion_gemma.py trains it)."""
 
 import re
 
@@ -58,7 +59,7 @@ def test_spec_is_uniform_noise_block_diffusion_without_mask_token(tiny):
     assert spec.decoding_block_length(8) == 32  # its canvas, whatever the config says
     with pytest.raises(ValueError, match="no mask token"):
         resolve_model_spec(model, tokenizer, mask_token_id=4)
-    with pytest.raises(NotImplementedError, match="uniform-noise encoder-decoder block diffusion is not implemented"):
+    with pytest.raises(NotImplementedError, match="its estimator, 'uniform_block', takes the family's denoiser"):
         model_logits_fn(model, spec)  # never a masked-diffusion logits function
     ids = torch.tensor([[2, 105, 108]])
     with pytest.raises(NotImplementedError, match="masked-diffusion samplers and likelihood estimators do not apply"):
@@ -120,7 +121,7 @@ def test_trainer_refuses_before_loading(tiny_path, tiny):
                                num_generations=2, per_device_train_batch_size=2)  # fmt: skip
     reward = lambda completions, **_: [0.0] * len(completions)  # noqa: E731
     for model in (tiny_path, tiny[0]):
-        with pytest.raises(NotImplementedError, match="likelihood estimator for uniform-noise encoder-decoder block"):
+        with pytest.raises(NotImplementedError, match="TRL's token-level loss types take a ratio per token"):
             DiffusionGRPOTrainer(model, reward_funcs=reward, args=args, train_dataset=[{"prompt": "a"}])
     assert dg.training_refusal("/no/such/folder") is None  # left to the loader, which says why
 
@@ -131,7 +132,7 @@ def test_uniform_block_estimate_equals_the_sft_loss_construction_per_block(tiny)
     over the canvas) times the canvas length, on the same corrupted canvas; a left-padded row gives the same."""
     import torch.nn.functional as F
 
-    from trl_dllm.core.likelihood._uniform_block import clean_canvases, corrupt_canvases, uniform_block
+    from trl_dllm.core.likelihood.uniform_block import clean_canvases, corrupt_canvases, uniform_block
 
     model, tokenizer = tiny
     prompt = torch.tensor([tokenizer.apply_chat_template([{"role": "user", "content": "sum 2 3"}],
@@ -161,7 +162,7 @@ def test_uniform_block_estimate_equals_the_sft_loss_construction_per_block(tiny)
 def test_uniform_block_estimate_is_differentiable_through_lora(tiny_path):
     from peft import get_peft_model
 
-    from trl_dllm.core.likelihood._uniform_block import uniform_block
+    from trl_dllm.core.likelihood.uniform_block import uniform_block
 
     model = get_peft_model(load_pretrained(tiny_path), dg.lora_config())
     prompt = torch.tensor([[2, 105, 108, 140, 106, 105, 109]])

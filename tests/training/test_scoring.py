@@ -40,12 +40,25 @@ def test_config_values_follow_trl_resolution():
     assert values["checkpoint_views"] == "auto"
 
 
-def _scoring(estimator, loss_type, **fields):
+def _scoring(estimator, loss_type, spec=None, **fields):
     args = DiffusionGRPOConfig(output_dir="unused", per_device_train_batch_size=2, num_generations=2,
                                max_completion_length=8, estimator=estimator, loss_type=loss_type, report_to="none",
                                use_cpu=True, **fields)  # fmt: skip
-    spec = type("Spec", (), {"family": "generic", "mask_token_id": 3, "block_layout": "absolute"})()
-    return Scoring(args, spec, block_length=args.block_length, entropy_grad=False, shards_parameters=False)
+    spec = spec or type("Spec", (), {"family": "generic", "mask_token_id": 3, "block_layout": "absolute",
+                                     "noise": "mask"})()  # fmt: skip
+    return Scoring(args, spec, block_length=args.block_length, entropy_grad=False, shards_parameters=False,
+                   vocab_size=11)  # fmt: skip
+
+
+def test_uniform_noise_family_gets_its_canvas_vocabulary_and_fill():
+    """DiffusionGemma: `uniform_block` is given the model's canvas, vocabulary and EOS fill, and its declared options."""
+    from dataclasses import replace
+
+    from trl_dllm.models.families.diffusion_gemma import DIFFUSION_GEMMA, EOS_ID
+
+    spec = replace(DIFFUSION_GEMMA, block_length=32)
+    options = _scoring("uniform_block", "stabledrl", spec, mc_samples=2, self_conditioning=True).estimator_options()
+    assert options == dict(vocab_size=11, canvas_length=32, fill_token_id=EOS_ID, mc_samples=2, self_conditioning=True)
 
 
 def test_each_estimator_gets_exactly_its_options():

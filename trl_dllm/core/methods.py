@@ -12,7 +12,15 @@ from .likelihood import ESTIMATORS
 from .objectives import OBJECTIVES
 from .options import Option, option_sources
 
-__all__ = ["METHOD_OPTIONS", "accepted_estimators", "declared_fields", "methods_taking", "own_objective"]
+__all__ = [
+    "METHOD_OPTIONS",
+    "accepted_estimators",
+    "declared_fields",
+    "methods_taking",
+    "noise_estimator",
+    "noise_problem",
+    "own_objective",
+]
 
 METHOD_OPTIONS: dict[str, Option] = option_sources([*ESTIMATORS.values(), *OBJECTIVES.values()])
 
@@ -43,3 +51,33 @@ def accepted_estimators(objective: str) -> tuple[str, ...]:
     listed = OBJECTIVES[objective].estimators
     offered = tuple(name for name, entry in ESTIMATORS.items() if objective in entry.objectives and name not in listed)
     return listed + offered
+
+
+def noise_estimator(loss_type: str, noise: str) -> str | None:
+    """The first estimator of forward process ``noise`` (``ModelSpec.noise``) that ``loss_type`` can use (any, for
+    TRL's loss types), or `None`."""
+    names = accepted_estimators(loss_type) if loss_type in OBJECTIVES else tuple(ESTIMATORS)
+    return next((name for name in names if ESTIMATORS[name].noise == noise), None)
+
+
+def noise_problem(estimator: str, loss_type: str, noise: str, family: str) -> str | None:
+    """What is wrong with ``estimator`` and ``loss_type`` on a model of forward process ``noise`` (its family
+    ``family``), with the fix, or `None`: the estimator must score that noise, and on a uniform-noise family
+    (DiffusionGemma) the loss type must be an objective of ours that takes it (ESPO, StableDRL)."""
+    own = [name for name, entry in ESTIMATORS.items() if entry.noise == noise]
+    supported = [name for name in OBJECTIVES if set(own) & set(accepted_estimators(name))]
+    if noise != "mask" and loss_type not in supported:
+        if loss_type in OBJECTIVES:
+            why = (f"it takes only the estimators {list(accepted_estimators(loss_type))}, none of which scores "
+                   f"{noise} noise")  # fmt: skip
+        else:
+            why = ("TRL's token-level loss types take a ratio per token, and the per-token values of a uniform-noise "
+                   "estimate are contributions to a sequence-level surrogate, not token log-probs")  # fmt: skip
+        return (f"loss_type={loss_type!r} cannot train this {noise}-noise model ({family!r} family): {why}. Set "
+                f"loss_type to one of {supported} (sequence-level objectives on estimator {own}).")  # fmt: skip
+    entry = ESTIMATORS[estimator]
+    if entry.noise != noise:
+        what = "has no mask token" if noise == "uniform" else "is a masked-diffusion model"
+        return (f"estimator={estimator!r} scores {entry.noise}-noise diffusion, but this model ({family!r} family) is a "
+                f"{noise}-noise diffusion model and {what}: set estimator to one of {own} (or leave it unset).")  # fmt: skip
+    return None

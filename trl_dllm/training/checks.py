@@ -14,7 +14,7 @@ import logging
 from collections.abc import Mapping
 
 from ..core.likelihood import BLOCK_FAMILY_ESTIMATOR, ESTIMATORS
-from ..core.methods import METHOD_OPTIONS, accepted_estimators
+from ..core.methods import METHOD_OPTIONS, accepted_estimators, noise_estimator
 from ..core.objectives import OBJECTIVES
 from ..core.sampling import GENERATION_CACHES, REMASKING
 from . import inputs
@@ -338,17 +338,22 @@ def default_estimator(loss_type: str) -> str:
     return objective.estimators[0] if objective is not None else "elbo"
 
 
-def fit_estimator(args, block_family: bool) -> str | None:
+def fit_estimator(args, block_family: bool, noise: str = "mask") -> str | None:
     """With `estimator` not set (`DiffusionGRPOConfig._estimator_defaulted`), on a block-diffusion model
     (``block_family``: its spec's family is `"block"`): the family's own `"block"` (staircase attention), unless the
     loss type's own estimator is block-causal already (`trajectory`, `block_steps`) or the loss type cannot use
     `"block"`. Sets `args.estimator`; returns the start-up line that names the choice, or `None` when the user set
-    `estimator` (kept, and checked by `check_block_layout`). Called by the trainer and `trl-dllm plan`."""
+    `estimator` (kept, and checked by `check_block_layout`). On a uniform-noise family (``noise``, the spec's:
+    DiffusionGemma) the one estimator of that noise the loss type accepts (`model_checks.check_noise` refuses the
+    rest). Called by the trainer and `trl-dllm plan`."""
     if not getattr(args, "_estimator_defaulted", False):
         return None
     objective = OBJECTIVES.get(args.loss_type)
     accepted = accepted_estimators(args.loss_type) if objective is not None else tuple(ESTIMATORS)
-    if block_family and not ESTIMATORS[args.estimator].block_causal and BLOCK_FAMILY_ESTIMATOR in accepted:
+    if noise != "mask" and (own := noise_estimator(args.loss_type, noise)) is not None:
+        args.estimator = own
+        reason = f"the only estimator for this {noise}-noise family that loss_type={args.loss_type!r} accepts"
+    elif block_family and not ESTIMATORS[args.estimator].block_causal and BLOCK_FAMILY_ESTIMATOR in accepted:
         args.estimator = BLOCK_FAMILY_ESTIMATOR
         reason = "the block-diffusion family's own: staircase attention over its blocks"
     elif objective is not None:

@@ -13,7 +13,7 @@ import os
 import torch
 
 from ..core.likelihood import ESTIMATORS
-from ..core.methods import own_objective
+from ..core.methods import noise_problem, own_objective
 from ..models import ModelSpec, require_4d_mask
 from . import inputs
 from .trainer_inputs import check_text_only
@@ -131,6 +131,28 @@ def check_block_guidance(cfg_scale: float) -> None:
     """Block-causal decoding has no classifier-free guidance (the trainer and `trl_dllm.generate`)."""
     if cfg_scale:
         raise ValueError("cfg_scale > 0 is not supported for block-causal generation; set cfg_scale=0.")
+
+
+def check_noise(args, spec: ModelSpec) -> None:
+    """The estimator scores the family's own forward process (``Estimator.noise`` against ``spec.noise``), and on a
+    uniform-noise family (DiffusionGemma) the loss type is a sequence-level objective that takes its estimator
+    (:func:`~trl_dllm.core.methods.noise_problem`)."""
+    if (problem := noise_problem(args.estimator, args.loss_type, spec.noise, spec.family)) is not None:
+        raise ValueError(problem)
+
+
+def check_sharded_checkpointing(args, spec: ModelSpec, sharded: bool) -> None:
+    """A uniform-noise family (DiffusionGemma) with sharded parameters (ZeRO-3 / FSDP) and activation checkpointing is
+    refused: a 2-process ZeRO-3 CPU launch of the tiny checkpoint fails in backward ("Trying to backward through the
+    graph a second time", reentrant checkpointing or not) and trains with activation checkpointing off; FSDP is
+    untested. Single-process and DDP runs checkpoint fine."""
+    if spec.noise == "uniform" and sharded and args.gradient_checkpointing:
+        raise ValueError(
+            f"activation_checkpointing=True with ZeRO-3 / FSDP on this {spec.noise}-noise model ({spec.family!r} family) "
+            "fails in backward (the encoder-decoder's checkpointed passes under parameter sharding; found on a "
+            "2-process ZeRO-3 CPU launch). Set activation_checkpointing=False (ZeRO-3 then trains), or use ZeRO-2 / "
+            "DDP with activation checkpointing."
+        )
 
 
 def check_block_layout(args, spec: ModelSpec) -> None:

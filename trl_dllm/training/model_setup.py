@@ -15,6 +15,7 @@ import os
 from ..console import quiet_trl_internals
 from ..models import base_model, is_transformers_native, make_bidirectional
 from ..models.families import native_config, native_layout
+from ..models.families.diffusion_gemma import is_diffusion_gemma
 from ..models.loading import (
     attends_bidirectionally,
     honours_padding,
@@ -54,15 +55,17 @@ def loading_models(args, peft_config):
 
 def native_tokenizer(name_or_path: str, args):
     """The tokenizer of a LLaDA / Dream / SDAR checkpoint loaded natively, with `AutoTokenizer` given the native config
-    (TRL would use `AutoProcessor`, which resolves the family's remote config class first); `None` (TRL decides) for
-    other models."""
+    (TRL would use `AutoProcessor`, which resolves the family's remote config class first), or of DiffusionGemma (text
+    prompts only); `None` (TRL decides) for other models."""
     from transformers import AutoTokenizer
 
     init_kwargs = args.model_init_kwargs or {}
     config_dict = read_config_dict(name_or_path, **init_kwargs)
+    hub = {k: init_kwargs[k] for k in ("revision", "cache_dir", "token") if init_kwargs.get(k) is not None}
+    if is_diffusion_gemma(config_dict):  # TRL's AutoProcessor would want its vision tower's image processor
+        return AutoTokenizer.from_pretrained(name_or_path, **hub)  # text prompts only: the tokenizer
     if native_layout(config_dict) is None:
         return None
-    hub = {k: init_kwargs[k] for k in ("revision", "cache_dir", "token") if init_kwargs.get(k) is not None}
     return AutoTokenizer.from_pretrained(
         name_or_path, config=native_config(config_dict), trust_remote_code=args.trust_remote_code, **hub
     )

@@ -21,6 +21,7 @@ from ..core.likelihood import ESTIMATORS, LikelihoodOutput, estimate
 from ..core.objectives import OBJECTIVES
 from ..core.options import option_sources
 from ..models import ModelSpec, model_logits_fn
+from ..models.families.diffusion_gemma import denoise_fn
 from ..seeding import sample_seed
 from .rollouts import sampling_distribution
 
@@ -60,6 +61,10 @@ class Scoring:
         entropy_grad (`bool`): TRL's entropy bonus is on.
         shards_parameters (`bool`): ZeRO-3 / FSDP: recomputing views in backward would see partitioned parameters.
         autocast (`Callable`): the accelerator's autocast context.
+        vocab_size (`int`, *optional*): the model's vocabulary size; a uniform-noise family draws its random tokens
+            from it (``uniform_block``'s ``vocab_size``).
+        fill_token_id (`int`, *optional*): the id rollouts fill the canvas with after the first EOS (the trainer's
+            first EOS id); `None`: the spec's first. ``uniform_block`` fills the last canvas with it.
     """
 
     args: object
@@ -68,6 +73,8 @@ class Scoring:
     entropy_grad: bool
     shards_parameters: bool
     autocast: Callable = torch.autocast
+    vocab_size: int | None = None
+    fill_token_id: int | None = None
     values: dict = field(init=False)
 
     def __post_init__(self):
@@ -78,6 +85,9 @@ class Scoring:
             block_causal=self.spec.family == "block", block_length=self.block_length, entropy_grad=self.entropy_grad,
             block_layout=self.spec.block_layout,
         )
+        if self.spec.noise == "uniform":  # DiffusionGemma: its canvas, vocabulary and EOS fill (`uniform_block`)
+            fill = self.spec.eos_token_ids[0] if self.fill_token_id is None else self.fill_token_id
+            self.values.update(canvas_length=self.spec.block_length, vocab_size=self.vocab_size, fill_token_id=fill)
         self.estimator = ESTIMATORS[self.args.estimator]
         self.objective = OBJECTIVES.get(self.args.loss_type)  # None: one of TRL's own loss types
 
@@ -143,7 +153,10 @@ class Scoring:
         the estimator's declared row inputs), `row_chunk` rows per call, under the accelerator's autocast. Returns the
         output and, with `aux_loss`, the mean MoE router loss of its forwards."""
         router = RouterLoss(model) if aux_loss else None
-        logits_fn = model_logits_fn(router or model, self.spec)
+        if self.spec.noise == "uniform":  # no mask token: the family's denoiser (encoder on the context, decoder on a canvas)
+            logits_fn = denoise_fn(router or model)
+        else:
+            logits_fn = model_logits_fn(router or model, self.spec)
         options = self.estimator_options(current=current)
         rows_in = {name: batch[name] for name in self.estimator.inputs if name in batch}
         size = batch["completion_ids"].size(0)

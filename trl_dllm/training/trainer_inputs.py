@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from ..models import base_model, is_transformers_native
 from ..models.families import REMOTE_CODE_REFUSED, native_layout
+from ..models.families.diffusion_gemma import is_diffusion_gemma
 from . import inputs
 
 
@@ -150,7 +151,8 @@ def check_text_only(processing_class, model) -> None:
             "text-only model."
         )
     config = getattr(model, "config", None)
-    if config is not None and getattr(config, "vision_config", None) is not None:
+    # DiffusionGemma carries a vision tower its text prompts never reach (its encoder reads token ids only).
+    if config is not None and getattr(config, "vision_config", None) is not None and not is_diffusion_gemma(config):
         raise ValueError(
             f"{type(model).__name__} is a vision-language model ({config.model_type}): DiffusionGRPOTrainer supports "
             "text-only models and prompts."

@@ -1,4 +1,4 @@
-"""The uniform-noise block estimate (trl_dllm.core.likelihood._uniform_block, not registered): unbiased over t and
+"""The uniform-noise block estimate (trl_dllm.core.likelihood.uniform_block): unbiased over t and
 the corruption against exact enumeration on a context-free toy, the stratified levels, common random numbers, rows
 independent of their companions, the last partial canvas filled and not scored, self-conditioning's two passes."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from trl_dllm.core.likelihood._uniform_block import EPS, clean_canvases, corrupt_canvases, uniform_block
+from trl_dllm.core.likelihood.uniform_block import EPS, clean_canvases, corrupt_canvases, uniform_block
 
 V, C = 3, 2
 

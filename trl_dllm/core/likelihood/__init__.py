@@ -1,7 +1,7 @@
 """Sequence log-likelihood estimators for masked diffusion language models, and their registry.
 
 One module per estimator (:mod:`.mean_field`, :mod:`.elbo`, :mod:`.coupled`, :mod:`.spg`, :mod:`.block`,
-:mod:`.trajectory`, :mod:`.left_to_right`, :mod:`.block_steps`), each with its formula in its docstring; the view drawing and scoring they share, the notation
+:mod:`.trajectory`, :mod:`.left_to_right`, :mod:`.block_steps`, :mod:`.uniform_block`), each with its formula in its docstring; the view drawing and scoring they share, the notation
 and the randomness / memory contract are in :mod:`._views`. Every estimator is called as
 ``fn(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, *, mask_token_id, seeds, **options)`` and
 returns per-token contributions (a [`LikelihoodOutput`]); [`ESTIMATORS`] describes what each one takes and returns,
@@ -42,6 +42,7 @@ from .trajectory import (
     trajectory_entropies,
     trajectory_views,
 )
+from .uniform_block import UNIFORM_BLOCK_OPTIONS, uniform_block, uniform_block_views
 
 __all__ = [
     "BLOCK_FAMILY_ESTIMATOR",
@@ -62,6 +63,7 @@ __all__ = [
     "spg_bounds",
     "trajectory",
     "trajectory_entropies",
+    "uniform_block",
 ]
 
 
@@ -106,6 +108,9 @@ class Estimator:
             itself to, beyond those whose entry lists it (``Objective.estimators``): a new estimator joins ESPO or
             StableDRL by its own registry line (``trl_dllm.core.methods.accepted_estimators``). TRL's loss types take
             any estimator but the ``step_logprobs`` ones.
+        noise (`str`, *optional*, defaults to `"mask"`): the forward process it scores, which must be the model
+            family's (``ModelSpec.noise``): ``"mask"`` (called with ``model_logits_fn``) or ``"uniform"`` (called with
+            the family's denoiser, ``denoise_fn(model)``; no mask token).
     """
 
     fn: Callable[..., LikelihoodOutput]
@@ -122,6 +127,7 @@ class Estimator:
     replays_rollout: bool = False
     check: Callable[[object], str | None] | None = None
     objectives: tuple[str, ...] = ()
+    noise: str = "mask"
 
     @property
     def option_names(self) -> tuple[str, ...]:
@@ -184,6 +190,10 @@ ESTIMATORS: dict[str, Estimator] = {
         spg_views,
         options=(BLOCK_LENGTH, MC_SAMPLES, P_MASK_PROMPT, SPG_BETA, MC_BATCH_SIZE, *MEMORY, RETURN_EUBO),
         output_fields=("eubo_logps",),
+    ),
+    "uniform_block": Estimator(
+        uniform_block, "DiffusionGemma's per-block uniform-noise SFT surrogate (uniform-noise families only)",
+        uniform_block_views, options=UNIFORM_BLOCK_OPTIONS, objectives=("espo", "stabledrl"), noise="uniform",
     ),
 }  # fmt: skip
 

@@ -12,8 +12,9 @@ Loading needs nothing of ours: :func:`trl_dllm.models.loading.load_pretrained` (
 resolve the class from ``config.architectures``, and ``AutoTokenizer`` reads the tokenizer and its chat template.
 Rollouts go through the model's own ``generate()`` (:mod:`trl_dllm.training.diffusion_gemma_rollouts`).
 
-What is not there yet, and refused: the RL likelihood estimator for uniform-noise encoder-decoder block diffusion, so
-``DiffusionGRPOTrainer`` refuses the family before loading it (:func:`training_refusal`).
+Training: ``DiffusionGRPOTrainer`` trains it with ``loss_type="stabledrl"`` or ``"espo"`` on the ``"uniform_block"``
+estimator (``trl_dllm.core.likelihood.uniform_block``, called with :func:`denoise_fn`); every other combination is
+refused before the weights are loaded (:func:`training_refusal`), and so is ``trl-dllm plan``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from ...core.methods import noise_estimator, noise_problem
 from ..specs import Family, ModelSpec
 from ..tiny import SYMBOLS, WORDS
 
@@ -89,18 +91,20 @@ def is_diffusion_gemma(config: Any) -> bool:
 
 
 TRAINING_REFUSAL = (
-    "{name} is DiffusionGemma, a uniform-noise encoder-decoder block-diffusion model, and DiffusionGRPOTrainer cannot "
-    "train it yet: the likelihood estimator for uniform-noise encoder-decoder block diffusion is not implemented (the "
-    "masked-diffusion estimators do not apply: the model has no mask token). Rollouts work: "
-    "trl_dllm.generate(model, input_ids, ...) decodes with the model's own generate(). See docs/models.md, "
-    "'DiffusionGemma'."
+    "{name} is DiffusionGemma, a uniform-noise encoder-decoder block-diffusion model: {why} DiffusionGRPOTrainer "
+    "trains it with loss_type 'stabledrl' or 'espo' and estimator 'uniform_block' only (the masked-diffusion "
+    "estimators do not apply: the model has no mask token). Rollouts also work alone: trl_dllm.generate(model, "
+    "input_ids, ...) decodes with the model's own generate(). See docs/models.md, 'DiffusionGemma'."
 )
+NOT_PLANNED = "the memory planner (trl-dllm plan) does not model its encoder-decoder passes yet."
 
 
-def training_refusal(model: Any, **hub_kwargs: Any) -> str | None:
-    """The message refusing to train ``model`` (a model object, or a Hub id / folder whose ``config.json`` is read
-    without loading weights) when it is DiffusionGemma, else `None`. A name whose config cannot be read is left to the
-    loader, which says why."""
+def training_refusal(model: Any, args: Any = None, **hub_kwargs: Any) -> str | None:
+    """The message refusing ``model`` (a model object, or a Hub id / folder whose ``config.json`` is read without
+    loading weights) when it is DiffusionGemma and ``args`` (a ``DiffusionGRPOConfig``) asks for what the trainer
+    cannot do with it (:func:`trl_dllm.core.methods.noise_problem`: a masked-diffusion estimator, a TRL or
+    trajectory loss type), or when there is no ``args`` (``trl-dllm plan``, which does not plan this family); else
+    `None`. A name whose config cannot be read is left to the loader, which says why."""
     name = model
     if isinstance(model, (str, os.PathLike)):
         from ..native import read_config_dict
@@ -114,11 +118,19 @@ def training_refusal(model: Any, **hub_kwargs: Any) -> str | None:
         name = getattr(config, "_name_or_path", None) or type(model).__name__
         base = getattr(model, "get_base_model", None)
         config = base().config if callable(base) else config
-    return TRAINING_REFUSAL.format(name=name) if is_diffusion_gemma(config) else None
+    if not is_diffusion_gemma(config):
+        return None
+    if args is None:
+        return TRAINING_REFUSAL.format(name=name, why=NOT_PLANNED)
+    estimator = args.estimator
+    if getattr(args, "_estimator_defaulted", False):  # the trainer's `fit_estimator` picks the family's own
+        estimator = noise_estimator(args.loss_type, DIFFUSION_GEMMA.noise) or estimator
+    problem = noise_problem(estimator, args.loss_type, DIFFUSION_GEMMA.noise, DIFFUSION_GEMMA.family)
+    return None if problem is None else TRAINING_REFUSAL.format(name=name, why=problem)
 
 
 def denoise_fn(model: Any):
-    """``model`` as the ``denoise_fn`` of :func:`trl_dllm.core.likelihood._uniform_block.uniform_block`: the encoder
+    """``model`` as the ``logits_fn`` of :func:`trl_dllm.core.likelihood.uniform_block.uniform_block`: the encoder
     reads the clean context (its attention and, through ``decoder_attention_mask``, the decoder's cross-attention
     restricted to ``context_mask``: the prompt and the committed blocks), the decoder the canvas at its positions;
     returns the decoder's softcapped logits `(N, C, V)`. ``self_conditioning`` logits are given to every row."""

@@ -1,6 +1,6 @@
-"""Per-block uniform-noise estimate for encoder-decoder block diffusion (DiffusionGemma). **Not registered**: no
-trainer path uses it yet (see ``docs/models.md``, 'DiffusionGemma'); the leading underscore keeps it out of the
-estimators' one-public-module-per-registry-entry rule until it is registered (then it becomes ``uniform_block.py``).
+"""Per-block uniform-noise estimate for encoder-decoder block diffusion (DiffusionGemma): registered as
+``"uniform_block"``, the only estimator of a uniform-noise family (``noise="uniform"``) and valid on no other, offered
+to ESPO and StableDRL (see ``docs/models.md``, 'DiffusionGemma').
 
 The completion ``x`` (length ``L``) is cut into blocks ("canvases") of ``C = canvas_length`` tokens after the prompt,
 as the family generates it; a last partial block is filled to ``C`` with ``fill_token_id`` (the family's EOS fill),
@@ -23,13 +23,14 @@ Mechanisms for Discrete Diffusion Models", arXiv 2412.10193; Duo: Sahoo et al., 
 arXiv 2506.10892) weights its terms by the noise schedule and compares the model's posterior with the true one.
 Treat it as the training objective's surrogate of ``log π(x)`` until that is settled and tested.
 
-``denoise_fn(context_ids, context_mask, context_positions, canvas_ids, canvas_positions, self_conditioning=None) ->
+``logits_fn`` is the family's denoiser (``trl_dllm.models.families.diffusion_gemma.denoise_fn(model)``, which the
+trainer passes instead of the masked families' ``model_logits_fn``), called as ``logits_fn(context_ids, context_mask, context_positions, canvas_ids, canvas_positions, self_conditioning=None) ->
 logits (N, C, V)`` is the model: ``context_ids`` `(N, S)` is ``[prompt | x]`` (the whole clean sequence), of which
 only the positions where ``context_mask`` is 1 (the real prompt tokens and ``x_<k``) may be read; positions count from
 each row's first real token. ``self_conditioning`` is ``None`` or the logits `(N, C, V)` of a first no-grad pass
 (``self_conditioning=True``: the family's two-pass self-conditioning, always on; ``False``: never, the zero signal).
 
-Cost, as written (the first version, checked on tiny models only): ``N · K`` calls of ``denoise_fn`` of ``B`` rows
+Cost, as written (the first version, checked on tiny models only): ``N · K`` calls of ``logits_fn`` of ``B`` rows
 (``2 N K`` with self-conditioning), each re-encoding the whole context (a causal encoder's cache of ``[prompt | x]``
 could serve every block), and a float32 log-softmax over the whole vocabulary at every canvas position (`(B, C, V)`,
 about 270 MB per row at ``C = 256``, ``V = 262144``); entropies are detached. Wiring it into training should share the
@@ -48,12 +49,39 @@ from dataclasses import dataclass
 import torch
 
 from ..masks import row_generators
+from ..options import Option
+from ._options import MC_SAMPLES
 from ._views import LikelihoodOutput
 
-__all__ = ["Corruption", "corrupt_canvases", "uniform_block"]
+__all__ = ["UNIFORM_BLOCK_OPTIONS", "Corruption", "corrupt_canvases", "uniform_block", "uniform_block_views"]
 
 EPS = 1e-4
 """Safety margin on ``t`` (TRL's example, after the reference ``SafeSpan(safety_epsilon=1e-4)``)."""
+
+SELF_CONDITIONING = Option(
+    "self_conditioning", "self_conditioning", False, "bool",
+    help="uniform_block: condition each scoring pass on the logits of a first no-grad pass (DiffusionGemma).",
+    doc="For `\"uniform_block\"` (DiffusionGemma): condition every scoring pass on the model's own logits from a first "
+    "no-grad pass on the same canvas (the family's two-pass self-conditioning, always on; its SFT applies it to half "
+    "the examples). Doubles the forwards. `False`: never (the zero signal).",
+)  # fmt: skip
+UNIFORM_BLOCK_OPTIONS = (
+    Option("vocab_size", source="the model's vocabulary size (its text config): random tokens are drawn from [0, V)"),
+    Option("canvas_length", source="the model's config.canvas_length (the family spec's block_length)"),
+    Option("fill_token_id", source="the run's first EOS id: the one rollouts fill the canvas with after the first EOS"),
+    MC_SAMPLES,
+    SELF_CONDITIONING,
+    Option("eps", source="the function's default, 1e-4 (TRL's SafeSpan safety margin on t)"),
+)
+"""The options of :func:`uniform_block`, in its keyword order: the registry entry lists them."""
+
+
+def uniform_block_views(s) -> tuple[int, float]:
+    """For the planner (``trl_dllm.planning``): per block of ``block_length`` (the canvas) ``K`` decoder calls (``2K``
+    with self-conditioning), each scoring one canvas."""
+    blocks = -(-s.completion_length // s.block_length)
+    return blocks * s.mc_samples * (2 if getattr(s, "self_conditioning", False) else 1), min(s.block_length,
+                                                                                             s.completion_length)
 
 
 @dataclass
@@ -102,12 +130,13 @@ def corrupt_canvases(clean: torch.Tensor, seeds: torch.Tensor, *, vocab_size: in
 
 
 def uniform_block(
-    denoise_fn: Callable[..., torch.Tensor],
+    logits_fn: Callable[..., torch.Tensor],
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,
     score_mask: torch.Tensor,
     *,
+    mask_token_id: None = None,
     seeds: torch.Tensor,
     vocab_size: int,
     canvas_length: int,
@@ -117,14 +146,15 @@ def uniform_block(
     eps: float = EPS,
 ) -> LikelihoodOutput:
     """Per-token contributions ``ĉ`` (module docstring) of the completions under a uniform-noise encoder-decoder
-    block-diffusion model, one ``denoise_fn`` call of ``B`` rows per block and sample (two with ``self_conditioning``).
+    block-diffusion model, one ``logits_fn`` call of ``B`` rows per block and sample (two with ``self_conditioning``).
 
     Args:
-        denoise_fn (`Callable`): the model (module docstring).
+        logits_fn (`Callable`): the family's denoiser (module docstring).
         prompt_ids (`torch.LongTensor` of shape `(B, P)`), prompt_mask (`torch.Tensor` of shape `(B, P)`):
             left-padded prompts and their mask (1 = real token).
         completion_ids (`torch.LongTensor` of shape `(B, L)`): the completions.
         score_mask (`torch.Tensor` of shape `(B, L)`): 1 where a token is scored.
+        mask_token_id (`None`): must be `None`: uniform noise has no mask token (the registry's common signature).
         seeds (`torch.Tensor` of shape `(B,)`): one seed per row (common random numbers).
         vocab_size (`int`): ``V``, the ids random tokens are drawn from (``[0, V)``).
         canvas_length (`int`): ``C``, the model's block.
@@ -138,6 +168,9 @@ def uniform_block(
         [`~trl_dllm.core.likelihood.LikelihoodOutput`]: ``logps`` `(B, L)` (0 where not scored), ``entropies``
         `(B, L)` (predictive entropy averaged over the samples), ``sample_estimates`` `(B, K)`.
     """
+    if mask_token_id is not None:
+        raise ValueError(f"mask_token_id={mask_token_id}: uniform_block corrupts with uniformly random tokens and takes no "
+                         "mask token; pass mask_token_id=None (masked-diffusion models use the other estimators).")
     if mc_samples < 1 or canvas_length < 1 or not 0 < eps < 0.5:
         raise ValueError(f"mc_samples={mc_samples} and canvas_length={canvas_length} must be >= 1, eps={eps} in "
                          "(0, 0.5).")  # fmt: skip
@@ -165,8 +198,8 @@ def uniform_block(
             first = None
             if self_conditioning:
                 with torch.no_grad():
-                    first = denoise_fn(*args)
-            log_probs = torch.log_softmax(denoise_fn(*args, self_conditioning=first).float(), dim=-1)
+                    first = logits_fn(*args)
+            log_probs = torch.log_softmax(logits_fn(*args, self_conditioning=first).float(), dim=-1)
             token = log_probs.gather(-1, clean[:, k, :, None]).squeeze(-1) * scored[:, k]
             logps[:, k] = logps[:, k] + token / mc_samples
             entropy = -(log_probs.exp() * log_probs).sum(-1) * scored[:, k]

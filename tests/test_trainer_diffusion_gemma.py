@@ -1,0 +1,123 @@
+"""DiffusionGRPOTrainer on a tiny DiffusionGemma (trl_dllm.models.families.diffusion_gemma): StableDRL and ESPO on the
+`uniform_block` estimator with the reference LoRA train two steps; every other combination is refused at construction
+(before loading a named checkpoint), and the masked-diffusion estimators on it, and `uniform_block` on a masked model."""
+
+import zlib
+
+import pytest
+import torch
+from datasets import Dataset
+
+from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
+from trl_dllm.models.families import diffusion_gemma as dg
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return dg.save_tiny(tmp_path_factory.mktemp("tiny-diffusion-gemma"))
+
+
+def checksum_reward(completions, **_):
+    """Varied, deterministic reward, so group advantages are non-zero."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]  # conversational prompts
+    return [zlib.crc32(t.encode()) % 1000 / 1000 for t in texts]
+
+
+def make_args(tmp_path, **overrides):
+    values = dict(
+        output_dir=str(tmp_path), per_device_train_batch_size=3, num_generations=3, max_completion_length=32,
+        diffusion_steps=4, max_steps=2, learning_rate=0.1, logging_steps=1, report_to="none", save_strategy="no",
+        use_cpu=True, seed=0,
+    )  # fmt: skip
+    return DiffusionGRPOConfig(**{**values, **overrides})
+
+
+def dataset():
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": f"add {i} and {i + 1} ."}] for i in range(3)]})
+
+
+@pytest.mark.parametrize(
+    "loss_type,beta,estimation",
+    [("stabledrl", 0.0, {}), ("espo", 0.04, dict(self_conditioning=True))],
+)
+def test_trains_two_steps_with_lora(tmp_path, tiny_path, loss_type, beta, estimation):
+    args = make_args(tmp_path, loss_type=loss_type, beta=beta, num_iterations=2, **estimation)
+    trainer = DiffusionGRPOTrainer(tiny_path, reward_funcs=checksum_reward, args=args, train_dataset=dataset(),
+                                   peft_config=dg.lora_config(r=4, lora_alpha=8))  # fmt: skip
+    assert args.estimator == "uniform_block" and trainer.ref_model is None  # the reference: the adapter-disabled base
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert before and all("lora_" in n for n in before)
+    trainer.train()
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+    after = dict(trainer.model.named_parameters())
+    moved = {n for n, p in before.items() if not torch.equal(p, after[n].detach())}
+    # The decoder reads only the encoder's keys and values: the encoder's last layer's query, output and MLP adapters
+    # get no gradient from the diffusion terms (tests/models/test_diffusion_gemma.py); every other adapter moves.
+    unused = {n for n in before if ".encoder.language_model.layers.1." in n and "k_proj" not in n and "v_proj" not in n}
+    assert moved == set(before) - unused
+    logged = set().union(*trainer.state.log_history)
+    assert {"reward", "ratio/mean"} <= logged and ("kl" in logged) == bool(beta)
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (dict(loss_type="dapo"), "TRL's token-level loss types take a ratio per token"),
+        (dict(loss_type="grpo", estimator="uniform_block"), "TRL's token-level loss types"),
+        (dict(loss_type="agrpo"), r"loss_type='agrpo' cannot train this uniform-noise model"),
+        (dict(loss_type="stabledrl", estimator="block"), r"estimator='block' scores mask-noise diffusion.*no mask token"),
+        (dict(loss_type="espo", estimator="elbo"), r"set estimator to one of \['uniform_block'\]"),
+    ],
+)
+def test_refuses_every_other_combination_before_loading(tmp_path, tiny_path, overrides, match):
+    args = make_args(tmp_path, **overrides)
+    with pytest.raises(NotImplementedError, match=match):
+        DiffusionGRPOTrainer(tiny_path, reward_funcs=checksum_reward, args=args, train_dataset=dataset())
+    assert dg.training_refusal(tiny_path) is not None  # `trl-dllm plan`: no args, not planned
+    assert dg.training_refusal("/no/such/folder", args) is None  # left to the loader, which says why
+
+
+def test_model_object_refused_too_and_uniform_block_refused_on_a_masked_model(tmp_path, tiny_path, tiny_model_path):
+    model = dg.build_tiny_model()
+    with pytest.raises(NotImplementedError, match="TRL's token-level loss types"):
+        DiffusionGRPOTrainer(model, reward_funcs=checksum_reward, args=make_args(tmp_path, loss_type="grpo"),
+                             train_dataset=dataset())  # fmt: skip
+    args = make_args(tmp_path, loss_type="stabledrl", estimator="uniform_block", max_completion_length=8,
+                     block_length=4)  # fmt: skip
+    with pytest.raises(ValueError, match=r"estimator='uniform_block' scores uniform-noise diffusion.*masked-diffusion"):
+        DiffusionGRPOTrainer(tiny_model_path, reward_funcs=checksum_reward, args=args, train_dataset=dataset())
+
+
+def test_recipe_trains_the_tiny_checkpoint_through_the_cli(tmp_path, tiny_path, monkeypatch):
+    """`trl-dllm grpo --config recipes/diffusion_gemma/stabledrl_gsm8k_lora.yaml` on the tiny checkpoint, on CPU, one
+    process, at tiny sizes: StableDRL on uniform_block with the reference LoRA regex (not its ZeRO-3 launch)."""
+    import json
+    from pathlib import Path
+
+    from trl_dllm.scripts import grpo
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    grpo.main(["--config", "recipes/diffusion_gemma/stabledrl_gsm8k_lora.yaml", "--model_name_or_path", tiny_path,
+               "--dtype", "float32", "--bf16", "false", "--use_cpu", "true", "--data_files", "tests/fixtures/gsm8k.jsonl",
+               "--output_dir", str(tmp_path), "--max_completion_length", "32", "--block_length", "32",
+               "--diffusion_steps", "4", "--num_generations", "2", "--per_device_train_batch_size", "2",
+               "--gradient_accumulation_steps", "1", "--max_steps", "1", "--mc_samples", "1", "--save_strategy", "no",
+               "--learning_rate", "0.1"])  # fmt: skip
+    assert json.loads((tmp_path / "adapter_config.json").read_text())["target_modules"] == dg.LORA_TARGET_MODULES
+    logs = [log for log in json.loads((tmp_path / "trainer_state.json").read_text())["log_history"] if "loss" in log]
+    assert logs and all(torch.isfinite(torch.tensor(log["loss"])) for log in logs)
+
+
+def test_sharded_activation_checkpointing_is_refused_on_it():
+    """ZeRO-3 with activation checkpointing fails in backward on DiffusionGemma (a 2-process CPU launch): refused."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from trl_dllm.training.model_checks import check_sharded_checkpointing
+
+    spec = replace(dg.DIFFUSION_GEMMA, block_length=32)
+    with pytest.raises(ValueError, match="Set activation_checkpointing=False"):
+        check_sharded_checkpointing(SimpleNamespace(gradient_checkpointing=True), spec, sharded=True)
+    check_sharded_checkpointing(SimpleNamespace(gradient_checkpointing=False), spec, sharded=True)
+    check_sharded_checkpointing(SimpleNamespace(gradient_checkpointing=True), spec, sharded=False)
