@@ -33,8 +33,8 @@ from .console import quiet_ddp_buffers, quiet_trl_internals, startup_lines, unsa
 from .core.objectives import ratio_metrics
 from .models import resolve_model_spec
 from .models.adapters import adapter_to_original_layout
-from .models.families.diffusion_gemma import training_refusal
 from .models.embedded import resolve_model_name
+from .models.families.diffusion_gemma import training_refusal
 from .models.loading import is_native_layout
 from .nonfinite import NonFiniteGuard
 from .seeding import device_generators, sample_seeds

@@ -13,8 +13,8 @@ import trl_dllm
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 from trl_dllm.errors import UsageError
 from trl_dllm.evaluation.merge import merge
-from trl_dllm.models.families import diffusion_gemma as dg
 from trl_dllm.models import model_logits_fn, resolve_model_spec
+from trl_dllm.models.families import diffusion_gemma as dg
 from trl_dllm.models.loading import load_adapter, load_model_and_tokenizer, load_pretrained
 
 

@@ -9,8 +9,8 @@ import torch
 
 import trl_dllm
 from trl_dllm import DiffusionGRPOConfig
-from trl_dllm.models.families import diffusion_gemma as dg
 from trl_dllm.models import resolve_model_spec
+from trl_dllm.models.families import diffusion_gemma as dg
 from trl_dllm.training.diffusion_gemma_rollouts import (
     diffusion_gemma_options,
     generate_diffusion_gemma,

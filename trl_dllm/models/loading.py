@@ -21,9 +21,9 @@ import torch
 from ..console import quiet_trl_internals
 from ..errors import UsageError
 from .adapters import adapter_in_original_layout, adapter_to_native
-from .families.diffusion_gemma import is_diffusion_gemma
 from .embedded import resolve_model_name
 from .families import NATIVE_LAYOUTS, native_config, native_layout
+from .families.diffusion_gemma import is_diffusion_gemma
 from .families.llada import LLADA_MODULE_NAMES
 from .native import read_config_dict
 
