@@ -59,7 +59,7 @@ RECIPE_STEPS = 128  # recipes/llada/stabledrl_gsm8k_lora.yaml's diffusion_steps
 # + about 17 s for `rollout_overhead` (a warm-up and 5 contexts, one rollout of 8 steps of ≈ 0.3 s each), added since.
 ESTIMATES = {
     "device peak": 1, "build": 4, "plain forward": 3, "numerics": 14,
-    "rollouts at 32 steps": {"llada": 25, "dream": 15, "sdar": 13, "llada2": 40, "llada_moe": 15},  # MoE: guesses
+    "rollouts at 32 steps": {"llada": 25, "dream": 15, "sdar": 24, "llada2": 40, "llada_moe": 15},  # MoE, sdar graphs: guesses
     "train step": 108, "memory plan": 26, "trl": 34, "launch": 30,
 }  # fmt: skip
 
@@ -79,6 +79,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-trl", action="store_true", help="no TRL GRPOTrainer comparison")
     p.add_argument("--skip-launch", action="store_true", help="no accelerate launches (ZeRO-2/3, FSDP2)")
     p.add_argument("--plan-batches", type=int, nargs="+", default=None, help="batches tried by the memory plan")
+    p.add_argument("--skip-plan", action="store_true", help="no memory plan")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (CPU)")
     p.add_argument("--out", default="bench_out", help="directory to write gpu.json into")
     return p.parse_args(argv)
@@ -184,8 +185,11 @@ def trainer_parts(parts: Parts, args, recipe, shapes: dict, peak: float) -> None
         if not ({"skipped", "error"} & set(result["train"])):
             result["train"]["recipe_checkpointing"] = gpu_train.recipe_checkpointing()
         plan = args.plan_batches or ([recipe.batch] if args.quick else [recipe.batch * 2**k for k in range(1, 3)])
-        parts(result, "memory_plan", "memory plan", ESTIMATES["memory plan"] * len(plan), gpu_train.memory_plan,
-              shapes["llada"], recipe, peak, plan)  # fmt: skip
+        if args.skip_plan:
+            result["memory_plan"] = {"skipped": "--skip-plan"}
+        else:
+            parts(result, "memory_plan", "memory plan", ESTIMATES["memory plan"] * len(plan), gpu_train.memory_plan,
+                  shapes["llada"], recipe, peak, plan)  # fmt: skip
     if args.skip_trl:
         result["trl"] = {"skipped": "--skip-trl"}
         return

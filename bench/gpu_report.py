@@ -83,6 +83,11 @@ def targets(result: dict) -> dict:
     out["sdar_denoising_step_ms"] = _target(None if sdar_step is None else round(sdar_step * 1000, 2), 8.0,
                                             "SDAR-8B denoising step at batch 16 (block KV cache), ms", False,
                                             "issue 36")  # fmt: skip
+    graphed = _get(fam, "sdar", "rollouts", "cuda_graphs", "seconds_per_step")
+    out["sdar_denoising_step_ms_cuda_graphs"] = _target(
+        None if graphed is None else round(graphed * 1000, 2), 8.0,
+        "SDAR-8B denoising step at batch 16 (block KV cache, generation_cuda_graphs), ms", False, "issue 36",
+    )  # fmt: skip
     fixed = _get(fam, "llada", "rollouts", "fixed_steps", "seconds_per_step")
     dual = _get(fam, "llada", "rollouts", "generation_cache_dual", "seconds_per_step")
     out["llada_dual_cache_speedup"] = _target(_ratio(fixed, dual), 2.4, "LLaDA-8B fixed step / dual-cache step",

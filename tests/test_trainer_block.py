@@ -126,3 +126,12 @@ def test_estimator_left_unset_is_the_block_family_own(tmp_path, tiny_block_model
     assert trainer.args.estimator == "block"
     assert "trl_dllm: estimator='block' (the block-diffusion family's own" in capsys.readouterr().out
     train_and_check(trainer)
+
+
+def test_cuda_graphs_refused_where_they_cannot_run(tmp_path, tiny_block_model_path, tiny_model_path):
+    with pytest.raises(ValueError, match="generation_cuda_graphs=True cannot be honoured: the processes run on cpu"):
+        make_trainer(tmp_path, tiny_block_model_path, generation_cuda_graphs=True)
+    with pytest.raises(ValueError, match=r"cannot be honoured: this model \('generic' family\) is not block"):
+        make_trainer(tmp_path, tiny_model_path, generation_cuda_graphs=True)
+    with pytest.raises(ValueError, match="with block_kv_cache=False every step forwards a longer canvas"):
+        make_args(tmp_path, generation_cuda_graphs=True, block_kv_cache=False)

@@ -127,6 +127,12 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
         block_kv_cache (`bool`, *optional*, defaults to `True`):
             Block-diffusion models: reuse an exact KV cache of the prompt and the committed blocks while denoising the
             next block.
+        generation_cuda_graphs (`bool`, *optional*, defaults to `False`):
+            Block-diffusion models with `block_kv_cache` on a CUDA device: replay each denoising step of a fixed shape
+            as a CUDA graph (captured the second time its shape is seen; two per rollout), one launch instead of one
+            per operation. A cached step forwards a few tokens per row, so its time is the host's, not the GPU's
+            (docs/generation.md). The same tokens as without. Not for mixture-of-experts models (their expert dispatch
+            reads counts on the host, which a graph cannot record).
         generation_cache (`str`, *optional*, defaults to `"none"`):
             Bidirectional models (LLaDA, generic): Fast-dLLM's *approximate* KV cache for rollouts. `"prefix"` reuses
             the keys/values of the prompt and the committed blocks within a block, `"dual"` also those of the later
@@ -265,6 +271,10 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
     )
     block_kv_cache: bool = field(
         default=True, metadata={"help": "Block-diffusion models: exact KV cache of the prompt and committed blocks."}
+    )
+    generation_cuda_graphs: bool = field(
+        default=False,
+        metadata={"help": "Block-diffusion models on CUDA: replay the cached denoising step as a CUDA graph."},
     )
     generation_cache: str = field(
         default="none",

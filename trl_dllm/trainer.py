@@ -85,6 +85,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
                                  self._tokenize_prompts)  # text-only, prompts + completion within its positions
         inputs.check_reward_functions(self)
         model_checks.warn_silent_settings(unwrapped, args, self.is_fsdp_enabled, self.accelerator.device.type)
+        model_checks.check_cuda_graphs(args, self.model_spec, unwrapped, self.accelerator.device.type,
+                                       self._shards_parameters)
         checks.check_rollback_backend(args, self.is_deepspeed_enabled or self.is_fsdp_enabled)
         self.reward_funcs = inputs.checked_reward_functions(self.reward_funcs, self.reward_func_names)
         notices = [*startup_lines(args, block_length, picked), *model_setup.dropout_notice(unwrapped, args)]

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import pytest
 import torch
 
 from trl_dllm.core.sampling import (
@@ -42,6 +43,7 @@ def test_shuffle_groups_keeps_groups_whole_and_rows_aligned():
 class _Args:
     max_completion_length, diffusion_steps, block_length, remasking = 8, 4, 4, "low_confidence"
     confidence_threshold, eos_early_exit, block_kv_cache, generation_cache = None, False, True, "none"
+    generation_cuda_graphs = False
     temperature, top_k, top_p, min_p, cfg_scale = 0.9, 0, 1.0, None, 0.0
 
 
@@ -66,6 +68,11 @@ def test_decoding_plan_picks_the_sampler_of_the_family_and_cache():
     assert options.decode_to_block_end is True
     options = decoding_plan(model, block, _Args(), eos_token_ids=[2], return_trajectory=True).options
     assert options.decode_to_block_end is False and options.return_trajectory is True
+    args = _Args()
+    args.generation_cuda_graphs = True
+    assert decoding_plan(model, block, args, eos_token_ids=[2]).options.cuda_graphs is True
+    with pytest.raises(ValueError, match=r"generation_cuda_graphs=True replays the cached step .* \('llada' family\)"):
+        decoding_plan(model, LLADA_NATIVE, args, eos_token_ids=[2])
     args = _Args()
     args.generation_cache = "dual"
     plan = decoding_plan(model, LLADA_NATIVE, args, eos_token_ids=[2])

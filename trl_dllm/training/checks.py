@@ -294,6 +294,12 @@ def _check_generation(args):
             f"generation_cache={args.generation_cache!r} does not support classifier-free guidance "
             f"(cfg_scale={args.cfg_scale}): set cfg_scale=0.0 or generation_cache='none'."
         )
+    if args.generation_cuda_graphs and not args.block_kv_cache:
+        raise ValueError(
+            "generation_cuda_graphs=True replays the cached denoising step (its shapes are fixed); with "
+            "block_kv_cache=False every step forwards a longer canvas: set block_kv_cache=True or "
+            "generation_cuda_graphs=False."
+        )
     if args.generation_chunk_size is not None and args.generation_chunk_size < 1:
         raise ValueError(f"generation_chunk_size={args.generation_chunk_size} must be >= 1 or None.")
 

@@ -127,6 +127,27 @@ def check_cache_model(spec: ModelSpec, cache: str) -> None:
         )
 
 
+def check_cuda_graphs(args, spec: ModelSpec, model, device_type: str, sharded: bool) -> None:
+    """`generation_cuda_graphs` at construction: a block-diffusion model, dense, on a CUDA device, its parameters
+    whole (a captured step replays fixed kernels: no host reads, no parameter gathering)."""
+    if not args.generation_cuda_graphs:
+        return
+    config = model.config.get_text_config()
+    experts = next((getattr(config, name) for name in ("num_experts", "n_routed_experts") if getattr(config, name, 0)),
+                   None)  # fmt: skip
+    problem = (
+        f"this model ({spec.family!r} family) is not block-diffusion: its rollouts have no cached step to replay"
+        if spec.family != "block"
+        else f"the processes run on {device_type}, which has no CUDA graphs" if device_type != "cuda"
+        else f"its {experts} experts per layer are dispatched by counts read on the host, which a graph cannot record"
+        if experts
+        else "ZeRO-3 / FSDP gather the parameters inside each forward, which a graph cannot record" if sharded
+        else None
+    )  # fmt: skip
+    if problem:
+        raise ValueError(f"generation_cuda_graphs=True cannot be honoured: {problem}. Set generation_cuda_graphs=False.")
+
+
 def check_block_guidance(cfg_scale: float) -> None:
     """Block-causal decoding has no classifier-free guidance (the trainer and `trl_dllm.generate`)."""
     if cfg_scale:

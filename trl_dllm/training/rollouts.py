@@ -68,6 +68,11 @@ def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
       the model takes it).
     """
     fields = dict(fields)
+    if spec.family != "block" and fields.pop("cuda_graphs", False):
+        raise ValueError(
+            f"generation_cuda_graphs=True replays the cached step of a block-diffusion model; this model ({spec.family!r} "
+            "family) decodes without that cache: set generation_cuda_graphs=False."
+        )
     if spec.noise == "uniform":
         fields.setdefault("eos_token_ids", spec.eos_token_ids)
         return DecodingPlan(generate_diffusion_gemma, model, diffusion_gemma_options(model, **fields))
@@ -118,7 +123,13 @@ def decoding_plan(
         # is not read.
         fields.update(block_length=None, use_cache=args.block_kv_cache)
     if spec.family == "block":
-        fields.update(use_cache=args.block_kv_cache, decode_to_block_end=not return_trajectory)
+        fields.update(
+            use_cache=args.block_kv_cache,
+            decode_to_block_end=not return_trajectory,
+            cuda_graphs=args.generation_cuda_graphs,
+        )
+    elif args.generation_cuda_graphs:
+        fields["cuda_graphs"] = True  # refused by plan_decoding, with the reason
     return plan_decoding(model, spec, fields)
 
 

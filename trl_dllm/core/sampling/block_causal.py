@@ -104,7 +104,9 @@ def generate_block_causal(
     if attention_mask is not None:
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(input_ids), decoded))], dim=1)
     if use_cache:
-        source = BlockCausalKVCache(model, prompt_length, block_length, options.mask_token_id, attention_mask, layout)
+        source = BlockCausalKVCache(
+            model, prompt_length, block_length, options.mask_token_id, attention_mask, layout, options.cuda_graphs
+        )
     else:
         dtype = module_dtype(model) if isinstance(model, nn.Module) else torch.float32
         source = _uncached_source(as_logits_fn(model), attention_mask, prompt_length, block_length, dtype, layout)

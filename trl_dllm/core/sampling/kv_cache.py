@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..masks import block_attention, block_causal_mask
+from .graphs import StepGraphs
 
 __all__ = ["BlockCausalKVCache", "SlotCache", "module_dtype"]
 
@@ -45,12 +46,17 @@ class SlotCache:
         self.length, self.lo, self.hi = length, 0, 0
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
+        self.columns: torch.Tensor | None = None  # set by a captured step (:mod:`.graphs`): write at these columns
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         if layer_idx == len(self.keys):
             batch, heads = key_states.shape[:2]
             self.keys.append(key_states.new_zeros((batch, heads, self.length, key_states.shape[-1])))
             self.values.append(value_states.new_zeros((batch, heads, self.length, value_states.shape[-1])))
+        if self.columns is not None:  # a graph's columns are a device tensor, so one graph serves every block
+            self.keys[layer_idx].index_copy_(2, self.columns, key_states)
+            self.values[layer_idx].index_copy_(2, self.columns, value_states)
+            return self.keys[layer_idx], self.values[layer_idx]
         self.keys[layer_idx][:, :, self.lo : self.hi] = key_states
         self.values[layer_idx][:, :, self.lo : self.hi] = value_states
         return self.keys[layer_idx], self.values[layer_idx]
@@ -89,17 +95,22 @@ class BlockCausalKVCache:
             the canvas (:func:`~trl_dllm.core.masks.layout_ids`); then a window may start before ``P`` (``start < 0``:
             the prompt tail shares the first decoding block) and only whole earlier blocks are cached. ``None``: the
             prompt is one block and positions are ``0..P + L - 1``.
+        cuda_graphs (`bool`, *optional*, defaults to `False`): replay the steps of fixed shapes as CUDA graphs
+            (:mod:`.graphs`; on a device without them, the same static buffers run eagerly).
     """
 
-    def __init__(self, model, prompt_length, block_length, mask_token_id, attention_mask=None, layout=None):
+    def __init__(
+        self, model, prompt_length, block_length, mask_token_id, attention_mask=None, layout=None, cuda_graphs=False
+    ):
         self.model, self.prompt_length, self.block_length = model, prompt_length, block_length
+        self.graphs = StepGraphs() if cuda_graphs else None
         self.mask_token_id, self.attention_mask, self.layout = mask_token_id, attention_mask, layout
         self.dtype = module_dtype(model)
         self.cache: SlotCache | None = None  # allocated on the first call, when the canvas length is known
         self.cached = 0  # canvas positions [0, cached) are in the cache
         self.live: torch.Tensor | None = None  # canvas rows held by the cache
         self.live_rows: tuple[int, ...] | None = None  # the same on the host
-        self.inputs: dict = {}  # (lo, hi) -> (mask, position_ids, where) for the current live rows
+        self.inputs: dict = {}  # (lo, hi) -> (mask, position_ids, columns, where) for the current live rows
 
     def _drop_finished_rows(self, canvas: torch.Tensor, step_rows) -> None:
         if self.live is None:
@@ -121,10 +132,12 @@ class BlockCausalKVCache:
             self.cache.select_rows(keep)
         self.live = self.live[keep]
         self.inputs = {}
+        if self.graphs is not None:  # the graphs hold the old rows' buffers
+            self.graphs.clear()
 
     def _inputs(self, canvas: torch.Tensor, lo: int, hi: int, rows, step_rows):
-        """Mask `(b, 1, hi - lo, N)`, position ids `(b, hi - lo)` and the logits rows of ``rows``: built once per
-        block and set of live rows."""
+        """Mask `(b, 1, hi - lo, N)`, position ids `(b, hi - lo)`, the columns `[lo, hi)` as a tensor and the logits
+        rows of ``rows``: built once per block and set of live rows."""
         key = (lo, hi, "all" if isinstance(rows, slice) else getattr(step_rows, "active", None))
         if key in self.inputs:
             return self.inputs[key]
@@ -150,25 +163,34 @@ class BlockCausalKVCache:
             where = torch.full((canvas.shape[0],), -1, dtype=torch.long, device=canvas.device)
             where[self.live] = torch.arange(len(self.live), device=canvas.device)
             where = where[rows]
+        columns = torch.arange(lo, hi, device=canvas.device)
         if key[2] is not None:  # direct calls (no host view of the rows) are not memoised
-            self.inputs[key] = (mask, position_ids, where)
-        return mask, position_ids, where
+            self.inputs[key] = (mask, position_ids, columns, where)
+        return mask, position_ids, columns, where
 
     def __call__(self, canvas: torch.Tensor, rows, start: int, end: int, step_rows=None) -> torch.Tensor:
         self._drop_finished_rows(canvas, step_rows)
         lo, hi = self.cached, self.prompt_length + end
         if self.cache is None:
             self.cache = SlotCache(canvas.shape[1])
-        mask, position_ids, where = self._inputs(canvas, lo, hi, rows, step_rows)
+        mask, position_ids, columns, where = self._inputs(canvas, lo, hi, rows, step_rows)
         self.cache.lo, self.cache.hi = lo, hi
-        out = self.model(
-            input_ids=canvas[self.live, lo:hi] if len(self.live) < canvas.shape[0] else canvas[:, lo:hi],
-            attention_mask=mask,
-            position_ids=position_ids,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=end - start,
-        )
+        input_ids = canvas[self.live, lo:hi] if len(self.live) < canvas.shape[0] else canvas[:, lo:hi]
+        per_block = (mask, position_ids, columns)
+        step = None
+        if self.graphs is not None:
+            step = self.graphs.step(self.model, self.cache, input_ids, per_block, end - start)
+        if step is not None:
+            logits = step(input_ids, per_block)
+        else:
+            logits = self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=position_ids,
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=end - start,
+            ).logits
         # the current block is still noisy: the next call rewrites its slots, and only [0, P + start) counts as cached
         self.cached = self.prompt_length + start
-        return out.logits if where is None else out.logits[where]
+        return logits if where is None else logits[where]

@@ -156,17 +156,26 @@ class BlockCausalOptions(DecodingOptions):
             ``False`` stops at ``gen_length`` (the last block is partial); a rollout whose likelihood replays its own
             steps (the ``trajectory`` and ``block_steps`` estimators) needs it, since the cut tokens, which its steps
             saw, are not in the completion. The ``"prompt"`` layout has whole blocks only.
+        cuda_graphs (`bool`, *optional*, defaults to `False`): with the cache, replay each step of a fixed shape as a
+            CUDA graph (:mod:`~trl_dllm.core.sampling.graphs`): one launch instead of one per operation. The same
+            tokens as without; on a device without CUDA graphs the same static buffers run eagerly.
     """
 
     use_cache: bool = True
     block_layout: str = "absolute"
     decode_to_block_end: bool = True
+    cuda_graphs: bool = False
 
     def __post_init__(self):
         super().__post_init__()
         self._check_no_guidance("block-causal generation")
         if self.block_layout not in BLOCK_LAYOUTS:
             raise ValueError(f"Unknown block_layout={self.block_layout!r}; expected one of {BLOCK_LAYOUTS}.")
+        if self.cuda_graphs and not self.use_cache:
+            raise ValueError(
+                "cuda_graphs=True replays the cached step (its shapes are fixed); without the KV cache every step "
+                "forwards a longer canvas: set use_cache=True (block_kv_cache) or cuda_graphs=False."
+            )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,152 @@
+"""Denoising steps over static buffers (:mod:`trl_dllm.core.sampling.graphs`): the path a CUDA graph replays gives the
+tokens, steps and log-probs of the plain cached step, with padding, both layouts, threshold decoding, EOS early exit
+(rows leaving the cache) and LoRA. On CPU the static buffers run eagerly; the CUDA test captures real graphs."""
+
+import pytest
+import torch
+
+from trl_dllm.core.sampling import BlockCausalOptions, generate_block_causal
+from trl_dllm.core.sampling.graphs import StaticStep, StepGraphs
+from trl_dllm.core.sampling.kv_cache import SlotCache
+from trl_dllm.testing import build_tiny_block_model, build_tokenizer
+
+BLOCK = 4
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    model = build_tiny_block_model(tokenizer, block_length=BLOCK, seed=0)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)  # peaked logits: confident positions, threshold decoding commits several
+    return model
+
+
+def batch():
+    """Three left-padded prompts (P = 5) of real tokens (ids >= 5)."""
+    input_ids = torch.randint(5, 60, (3, 5), generator=torch.Generator().manual_seed(0))
+    attention_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
+    return input_ids.masked_fill(attention_mask == 0, 0), attention_mask
+
+
+def run(model, tokenizer, *, cuda_graphs, device="cpu", **kwargs):
+    ids, attention_mask = batch()
+    fields = dict(mask_token_id=tokenizer.mask_token_id, gen_length=16, block_length=BLOCK, diffusion_steps=16)
+    options = BlockCausalOptions(**{**fields, "return_trajectory": True, **kwargs}, cuda_graphs=cuda_graphs)
+    generators = [torch.Generator(device).manual_seed(seed) for seed in range(3)]
+    return generate_block_causal(
+        model, ids.to(device), attention_mask.to(device), options=options, generator=generators
+    )
+
+
+@pytest.fixture
+def replays(monkeypatch):
+    """Counts the calls that went through a static step."""
+    calls = []
+    original = StaticStep.__call__
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.input_ids.shape)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(StaticStep, "__call__", counted)
+    return calls
+
+
+def assert_same(out, reference):
+    assert torch.equal(out.sequences, reference.sequences)
+    assert torch.equal(out.unmask_step, reference.unmask_step)
+    torch.testing.assert_close(out.logprobs, reference.logprobs, rtol=1e-5, atol=1e-5)
+    assert out.num_forwards == reference.num_forwards
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(temperature=0.0),
+        dict(temperature=1.0, top_k=5),
+        dict(temperature=0.0, confidence_threshold=0.9),
+        dict(temperature=1.0, diffusion_steps=8, remasking="margin"),
+    ],
+)
+@pytest.mark.parametrize("layout", ["absolute", "prompt"])
+def test_static_steps_equal_the_cached_step(model, tokenizer, replays, kwargs, layout):
+    reference = run(model, tokenizer, cuda_graphs=False, block_layout=layout, **kwargs)
+    assert not replays
+    out = run(model, tokenizer, cuda_graphs=True, block_layout=layout, **kwargs)
+    assert_same(out, reference)
+    # every call but the first of each shape (the prefill, a block's first step, the others; the absolute layout's
+    # last block has shapes of its own) went through the buffers
+    assert len(replays) >= out.num_forwards // 2 > 0
+
+
+def test_rows_leaving_the_cache_drop_the_captured_steps(model, tokenizer, replays):
+    full = run(model, tokenizer, cuda_graphs=False, temperature=0.0)
+    eos = int(full.completion_ids[0, 5])  # a token the model emits: rows that commit it finish early
+    kwargs = dict(temperature=0.0, eos_token_ids=[eos], eos_early_exit=True)
+    reference = run(model, tokenizer, cuda_graphs=False, **kwargs)
+    out = run(model, tokenizer, cuda_graphs=True, **kwargs)
+    assert_same(out, reference)
+    assert out.num_row_forwards < full.num_row_forwards  # rows did leave
+    assert replays
+
+
+def test_lora_model(model, tokenizer, replays):
+    peft = pytest.importorskip("peft")
+    lora = peft.get_peft_model(
+        build_tiny_block_model(tokenizer, block_length=BLOCK, seed=0),
+        peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False),
+    ).eval()
+    reference = run(lora, tokenizer, cuda_graphs=False, temperature=1.0)
+    out = run(lora, tokenizer, cuda_graphs=True, temperature=1.0)
+    assert_same(out, reference)
+    assert replays
+
+
+def test_cuda_graphs_need_the_cache(tokenizer):
+    with pytest.raises(ValueError, match="cuda_graphs=True replays the cached step"):
+        BlockCausalOptions(
+            mask_token_id=tokenizer.mask_token_id, gen_length=8, block_length=4, diffusion_steps=2, use_cache=False,
+            cuda_graphs=True,
+        )  # fmt: skip
+
+
+def test_slot_cache_writes_at_column_tensors_as_at_slices():
+    key, value = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)
+    sliced, indexed = SlotCache(10), SlotCache(10)
+    sliced.lo, sliced.hi = 6, 10
+    indexed.keys, indexed.values = [torch.zeros(2, 3, 10, 5)], [torch.zeros(2, 3, 10, 5)]
+    indexed.columns = torch.arange(6, 10)
+    for cache in (sliced, indexed):
+        cache.update(key, value, 0)
+    assert torch.equal(sliced.keys[0], indexed.keys[0]) and torch.equal(sliced.values[0], indexed.values[0])
+
+
+def test_a_shape_is_captured_the_second_time_it_is_seen():
+    graphs = StepGraphs()
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    per_block = (torch.zeros(2, 1, 4, 8), torch.zeros(2, 4, dtype=torch.long), torch.arange(4))
+    assert graphs.step(None, SlotCache(8), ids, per_block, 4) is None
+    step = graphs.step(None, SlotCache(8), ids, per_block, 4)
+    assert isinstance(step, StaticStep) and step.graph is None  # CPU: no graph, the same buffers
+    assert graphs.step(None, SlotCache(8), ids, per_block, 4) is step
+    assert graphs.step(None, SlotCache(8), ids, per_block, 2) is None  # another shape
+    graphs.clear()
+    assert graphs.step(None, SlotCache(8), ids, per_block, 4) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="captures CUDA graphs")
+@pytest.mark.parametrize("kwargs", [dict(temperature=0.0), dict(temperature=1.0, confidence_threshold=0.9)])
+def test_cuda_graphs_give_the_eager_tokens(model, tokenizer, replays, kwargs):
+    cuda_model = build_tiny_block_model(tokenizer, block_length=BLOCK, seed=0).cuda()
+    cuda_model.load_state_dict(model.state_dict())
+    reference = run(cuda_model, tokenizer, cuda_graphs=False, device="cuda", **kwargs)
+    out = run(cuda_model, tokenizer, cuda_graphs=True, device="cuda", **kwargs)
+    assert torch.equal(out.sequences, reference.sequences)
+    assert torch.equal(out.unmask_step, reference.unmask_step)
+    torch.testing.assert_close(out.logprobs, reference.logprobs, rtol=1e-4, atol=1e-4)
+    assert replays
