@@ -344,12 +344,12 @@ def rollout_settings(shape: Shape, recipe: Recipe, threshold: bool = True) -> di
     elif shape.family in ("sdar", "llada2"):
         settings["generation_cache_dual"] = "block-diffusion models decode with their exact block KV cache "
         settings["generation_cache_dual"] += "(block_kv_cache=True, already on in fixed_steps)"
+    else:
+        settings["generation_cache_dual"] = "generation_cache is not supported with shifted-logit families (Dream)"
     if shape.family == "sdar":
         settings["cuda_graphs"] = {"generation_cuda_graphs": True}
     elif shape.family == "llada2":
         settings["cuda_graphs"] = "its expert dispatch reads counts on the host, which a CUDA graph cannot record"
-    else:
-        settings["generation_cache_dual"] = "generation_cache is not supported with shifted-logit families (Dream)"
     return settings
 
 

@@ -106,7 +106,9 @@ class StepGraphs:
         self.pool = None
 
     def clear(self) -> None:
-        self.steps, self.seen = {}, set()
+        """Forget every captured step (and their memory pool: a pool whose graphs are all gone is released, and a
+        capture into a released pool fails)."""
+        self.steps, self.seen, self.pool = {}, set(), None
 
     def step(self, model, cache, input_ids, per_block: tuple, logits_to_keep: int) -> StaticStep | None:
         """The captured step for these shapes, capturing it now if they were seen before; ``None`` the first time
