@@ -97,6 +97,11 @@ def targets(result: dict) -> dict:
     out["trainer_rollout_step_over_bare"] = _target(_ratio(trainer_step, fixed), 1.05,
                                                     "trainer's rollout step (warm) / bare model's step", False,
                                                     "issue 36")  # fmt: skip
+    overhead = _get(ours, "rollout_overhead") or {}
+    out["trainer_merged_rollout_step_over_bare"] = _target(
+        _ratio(overhead.get("trainer_merged"), overhead.get("adapters_off")), 1.05,
+        "trainer's rollout step with generation_merge_adapters / bare model's (rollout_overhead, warm)", False,
+        "issue 36")  # fmt: skip
     out["step_over_trl_dual_cache_scaled"] = _target(_get(result, "ratios", "step_over_trl_dual_cache_scaled"), 1.0,
                                                      "our step with the dual-cache rollout / TRL's, at the recipe's "
                                                      "128 steps (scaled)", False, "issue 36")  # fmt: skip

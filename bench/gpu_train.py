@@ -214,14 +214,16 @@ def rollout_overhead(trainer, rows: list[dict], recipe: Recipe, requested_steps:
 
     - ``adapters_off``: ``training.rollouts.generate_rollouts`` on the trainer's model, adapters disabled, eval mode,
       no EOS ids (the bare model's call, through the PEFT wrapper);
-    - ``adapters``: the same with the adapters on; ``train_mode``: in train mode, as the trainer's model is during a
-      step; ``eos_ids``: with the trainer's EOS ids;
+    - ``adapters``: the same with the adapters on; ``merged``: with the adapters merged into the base weights
+      (``training.rollouts.merged_adapters``, what ``generation_merge_adapters`` does), eval mode; ``train_mode``:
+      unmerged in train mode, as the trainer's model is during a step; ``eos_ids``: with the trainer's EOS ids;
     - ``trainer``: the trainer's own ``_generate_single_turn`` (TRL's unwrapping context, padding, seeds, the cut at
-      EOS), the whole path.
+      EOS), the whole path; ``trainer_merged``: the same with ``generation_merge_adapters=True`` (its merge and exact
+      restore included).
 
-    Without adapters (full fine-tuning) the two adapter rows are left out."""
+    Without adapters (full fine-tuning) the adapter rows are left out."""
     from trl_dllm.seeding import device_generators
-    from trl_dllm.training.rollouts import generate_rollouts
+    from trl_dllm.training.rollouts import generate_rollouts, merged_adapters
 
     steps = valid_steps(requested_steps, recipe.completion, recipe.block)
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -246,18 +248,25 @@ def rollout_overhead(trainer, rows: list[dict], recipe: Recipe, requested_steps:
     result, was_training = {"diffusion_steps": steps}, model.training
     try:
         model.eval()
-        if hasattr(model, "disable_adapter"):
+        adapters = hasattr(model, "disable_adapter")
+        if adapters:
             with model.disable_adapter():
                 result["adapters_off"] = per_step(lambda: bare([]))
             result["adapters"] = per_step(lambda: bare([]))
+            with merged_adapters(model):
+                result["merged"] = per_step(lambda: bare([]))
         model.train()
         result["train_mode"] = per_step(lambda: bare([]))
         result["eos_ids"] = per_step(lambda: bare(trainer.eos_token_ids))
-        saved, trainer.args.diffusion_steps = trainer.args.diffusion_steps, steps
+        saved = trainer.args.diffusion_steps, trainer.args.generation_merge_adapters
+        trainer.args.diffusion_steps = steps
         try:
-            result["trainer"] = per_step(lambda: trainer._generate_single_turn(prompt_ids, None, None, len(rows)))
+            for merge in (False, True) if adapters else (False,):
+                trainer.args.generation_merge_adapters = merge
+                result["trainer_merged" if merge else "trainer"] = per_step(
+                    lambda: trainer._generate_single_turn(prompt_ids, None, None, len(rows)))  # fmt: skip
         finally:
-            trainer.args.diffusion_steps = saved
+            trainer.args.diffusion_steps, trainer.args.generation_merge_adapters = saved
     finally:
         model.train(was_training)
     return result

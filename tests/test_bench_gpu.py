@@ -127,7 +127,8 @@ def test_train_step_is_split_into_its_phases(result):
     assert result["memory_plan"]["largest_batch_that_fits"] == result["recipe"]["batch"]
     # where the trainer's rollout time goes, one added context at a time, on the row that ran the rollout only
     overhead = ours["rollout_overhead"]
-    assert list(overhead) == ["diffusion_steps", "adapters_off", "adapters", "train_mode", "eos_ids", "trainer"]
+    assert list(overhead) == ["diffusion_steps", "adapters_off", "adapters", "merged", "train_mode", "eos_ids",
+                              "trainer", "trainer_merged"]  # fmt: skip
     assert all(value > 0 for value in overhead.values()) and "rollout_overhead" not in other
 
 
@@ -164,7 +165,7 @@ def test_targets_and_launches(result):
     for name in ("readme_lora_micro_step_gb", "update_memory_mc4_over_mc1"):
         assert "skipped" in result["targets"][name]  # no device memory on CPU
     for name in ("sdar_denoising_step_ms", "llada_dual_cache_speedup", "trainer_rollout_step_over_bare",
-                 "step_over_trl_dual_cache_scaled"):  # fmt: skip
+                 "trainer_merged_rollout_step_over_bare", "step_over_trl_dual_cache_scaled"):  # fmt: skip
         assert result["targets"][name]["source"] == "issue 36" and "value" in result["targets"][name]
     for launcher in gpu_launch.LAUNCHERS:
         assert result["launch"][launcher]["skipped"] == "needs a CUDA device"
@@ -307,12 +308,16 @@ def test_ratios_and_targets_on_hand_made_numbers():
     fam = {"llada": {"rollouts": {"diffusion_steps": 32, "fixed_steps": {"seconds_per_step": 0.25, "mfu": 0.58},
                                   "generation_cache_dual": {"seconds_per_step": 0.1}}},
            "sdar": {"rollouts": {"fixed_steps": {"seconds_per_step": 0.0383, "mfu": 0.09}}}}  # fmt: skip
-    train = {"lora_checkpointing_off": {**ours, "rollout": 8.4}, "lora_mc_samples_1": {"update_peak_gb": 40.0},
+    overhead = {"adapters_off": 0.265, "trainer_merged": 0.2756}
+    train = {"lora_checkpointing_off": {**ours, "rollout": 8.4, "rollout_overhead": overhead},
+             "lora_mc_samples_1": {"update_peak_gb": 40.0},
              "lora_mc_samples_4": {"update_peak_gb": 46.0}}  # fmt: skip
     t = gpu_report.targets({"families": fam, "train": train})
     assert (t["sdar_denoising_step_ms"]["value"], t["sdar_denoising_step_ms"]["met"]) == (38.3, False)
     assert (t["llada_dual_cache_speedup"]["value"], t["llada_dual_cache_speedup"]["met"]) == (2.5, True)
     assert t["trainer_rollout_step_over_bare"]["value"] == 1.05  # 8.4 s / 32 steps = 0.2625 s against 0.25 s
+    assert (t["trainer_merged_rollout_step_over_bare"]["value"], t["trainer_merged_rollout_step_over_bare"]["met"]) == (
+        1.04, True)  # 0.2756 / 0.265  # fmt: skip
     assert (t["readme_lora_micro_step_gb"]["value"], t["readme_lora_micro_step_gb"]["met"]) == (120.0, False)
     assert (t["update_memory_mc4_over_mc1"]["value"], t["update_memory_mc4_over_mc1"]["met"]) == (1.15, False)
 

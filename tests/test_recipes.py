@@ -203,7 +203,8 @@ FAST_FIELDS = {"confidence_threshold", "generation_cache", "block_kv_cache", "eo
 def test_fast_variants_exist_for_the_main_recipe_of_each_family():
     assert {rel(p) for p in FAST_RECIPES} >= {"recipes/llada/stabledrl_gsm8k_lora_fast.yaml",
                                               "recipes/dream/stabledrl_gsm8k_fast.yaml",
-                                              "recipes/sdar/stabledrl_gsm8k_fast.yaml"}  # fmt: skip
+                                              "recipes/sdar/stabledrl_gsm8k_fast.yaml",
+                                              "recipes/llada2/stabledrl_gsm8k_fast.yaml"}  # fmt: skip
 
 
 @pytest.mark.parametrize("path", FAST_RECIPES, ids=rel)

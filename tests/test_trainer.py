@@ -96,6 +96,38 @@ def test_lora(tmp_path, tiny_model_path, loss_type, beta):
     train_and_check(trainer, params_filter=lambda name: "lora" in name)
 
 
+def test_lora_with_merged_adapters_for_rollouts(tmp_path, tiny_model_path, monkeypatch):
+    """`generation_merge_adapters=True`: every rollout runs with the adapters merged, gives the tokens the unmerged
+    adapters give (float32, same seeds), and training leaves the frozen base weights exactly as they were."""
+    from peft import LoraConfig
+    from peft.tuners.lora import LoraModel
+
+    args = make_args(tmp_path, loss_type="stabledrl", generation_merge_adapters=True)
+    trainer = DiffusionGRPOTrainer(
+        model=tiny_model_path, reward_funcs=distinct_tokens_reward, args=args, train_dataset=make_dataset(),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.05),
+    )  # fmt: skip
+    for name, param in trainer.model.named_parameters():
+        if "lora_B" in name:  # a non-zero adapter, so merging changes the weights
+            param.data.normal_(0, 0.1, generator=torch.Generator().manual_seed(0))
+    original, merges = LoraModel.merge_adapter, []
+
+    def counted(self, *args, **kwargs):
+        merges.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(LoraModel, "merge_adapter", counted)
+    prompts = [trainer.processing_class(f"add {i} and 2 .")["input_ids"] for i in range(3)]
+    merged = trainer._generate_single_turn(prompts, None, None, 3)
+    trainer.args.generation_merge_adapters = False
+    assert trainer._generate_single_turn(prompts, None, None, 3) == merged and len(merges) == 1
+    trainer.args.generation_merge_adapters = True
+    base = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
+    train_and_check(trainer, params_filter=lambda name: "lora" in name)
+    assert len(merges) == 1 + args.max_steps // args.steps_per_generation  # one merge per rollout
+    assert all(torch.equal(p, base[n]) for n, p in trainer.model.named_parameters() if n in base)
+
+
 def test_score_padding_eos_changes_completion_mask(tmp_path, tiny_model_path):
     for score in (False, True):
         args = make_args(tmp_path, loss_type="stabledrl", score_padding_eos=score, max_steps=1)

@@ -141,6 +141,16 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
         eos_early_exit (`bool`, *optional*, defaults to `False`):
             Finish a row once its first EOS is committed and nothing before it is masked: fill the rest with EOS and
             stop computing it. An approximation of the full rollout (LLaDA-style models fill the tail with EOS).
+        generation_merge_adapters (`bool`, *optional*, defaults to `False`):
+            LoRA: merge the adapters into the base weights for each rollout (PEFT's `merge_adapter()`) and put the base
+            weights back, bit for bit, after it (PEFT's `unmerge_adapter()`, then the weights kept aside), so that a
+            denoising step costs what the bare model's does instead of running the adapters' extra matmuls (in float32:
+            PEFT keeps adapters in float32 even on a bf16 model). Off by default: in bf16 the merged weights round the
+            adapter's change to the weights' resolution, so rollouts sample from a rounded policy (a change below half
+            a bf16 step of its weight is lost), and the adapted base weights are held twice while a rollout runs.
+            Measured cost and rounding in `docs/generation.md`. Needs a PEFT model; refused under DeepSpeed ZeRO-3 or
+            FSDP, on quantised base weights, and with `disable_dropout=False` and a `lora_dropout` (merged rollouts
+            would drop it).
 
         > Parameters that control likelihood estimation
 
@@ -282,6 +292,13 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
     )
     eos_early_exit: bool = field(
         default=False, metadata={"help": "Finish a row once its first EOS is committed; fill the rest with EOS."}
+    )
+    generation_merge_adapters: bool = field(
+        default=False,
+        metadata={
+            "help": "LoRA: merge the adapters into the base weights for each rollout (bare-model speed; bf16 "
+            "rounds the merged policy), restored exactly after it."
+        },
     )
     estimator: str | None = field(
         default=None,

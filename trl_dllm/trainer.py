@@ -88,6 +88,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         model_checks.check_cuda_graphs(args, self.model_spec, unwrapped, self.accelerator.device.type,
                                        self._shards_parameters)
         checks.check_rollback_backend(args, self.is_deepspeed_enabled or self.is_fsdp_enabled)
+        model_checks.check_merge_adapters(unwrapped, args, self._shards_parameters)
         self.reward_funcs = inputs.checked_reward_functions(self.reward_funcs, self.reward_func_names)
         notices = [*startup_lines(args, block_length, picked), *model_setup.dropout_notice(unwrapped, args)]
         for line in unsaid(notices):  # once per `once_per_run()` block
@@ -121,7 +122,9 @@ class DiffusionGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ generation
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL's calls `model.generate` (autoregressive). Here: diffusion rollouts, in the same unwrapping context (so
-        ZeRO-3 generates from gathered weights). Returns id lists cut after the first EOS; keeps the full canvas."""
+        ZeRO-3 generates from gathered weights) and, like TRL's, in the model's current mode (dropout is off through
+        `disable_dropout`), with the LoRA adapters merged when `generation_merge_adapters` asks. Returns id lists cut
+        after the first EOS; keeps the full canvas."""
         if images is not None or multimodal_fields:
             raise ValueError("DiffusionGRPOTrainer supports text prompts only.")
         rows = [torch.tensor(ids) for ids in prompt_ids]
@@ -138,6 +141,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             ) as unwrapped_model,
             torch.no_grad(),
             self._dist.summon_full_params(self.model_wrapped, recurse=False),
+            rollouts.merged_adapters(unwrapped_model, self.args.generation_merge_adapters),
         ):  # fmt: skip
             rollout = rollouts.generate_rollouts(
                 unwrapped_model, self.model_spec, self.args, input_ids, attention_mask, noise,

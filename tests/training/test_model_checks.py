@@ -81,3 +81,41 @@ def test_decoding_block_length_is_the_family_s_own_for_block_diffusion_only():
     block = dataclasses.replace(BLOCK, block_length=4, mask_token_id=3)
     assert [block.decoding_block_length(n) for n in (None, 4, 32)] == [4, 4, 4]
     assert [LLADA.decoding_block_length(n) for n in (None, 4, 32)] == [None, 4, 32]
+
+
+def test_merge_adapters_needs_a_peft_model(tmp_path, tiny_model_path):
+    message = trainer_error(tmp_path, tiny_model_path, config=dict(generation_merge_adapters=True))
+    assert "generation_merge_adapters=True merges LoRA adapters" in message and "has no adapters" in message
+    assert "pass peft_config=LoraConfig(...)" in message and "set generation_merge_adapters=False" in message
+
+
+@pytest.mark.parametrize(
+    "case, pattern",
+    [
+        ("sharded", r"generation_merge_adapters=True under DeepSpeed ZeRO-3 / FSDP: .* ZeRO-2 or DDP"),
+        ("quantised", r"generation_merge_adapters=True on quantised base weights \(bitsandbytes\): .* unquantised"),
+        (
+            "dropout",
+            r"generation_merge_adapters=True with disable_dropout=False and lora_dropout=0.05: .* "
+            r"Set disable_dropout=True .* or generation_merge_adapters=False",
+        ),
+        ("fine", None),
+        ("off", None),
+    ],
+)
+def test_merge_adapters_refused_where_it_cannot_be_honoured(case, pattern):
+    from trl_dllm.training.model_checks import check_merge_adapters
+
+    from .test_rollouts import lora_model
+
+    model = lora_model()[0]
+    args = make(generation_merge_adapters=case != "off", disable_dropout=case not in ("dropout", "off"))
+    if case in ("dropout", "off"):
+        model.peft_config["default"].lora_dropout = 0.05
+    if case == "quantised":
+        model.get_base_model().config.quantization_config = {"quant_method": "bitsandbytes"}
+    if pattern is None:
+        check_merge_adapters(model, args, sharded=False)
+        return
+    with pytest.raises(ValueError, match=pattern):
+        check_merge_adapters(model, args, sharded=case == "sharded")

@@ -6,6 +6,7 @@ differ).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -167,6 +168,36 @@ def generate_rollouts(
         unmask_step=torch.cat([out.unmask_step for out in outputs]) if return_trajectory else None,
         row_forwards=sum(out.num_row_forwards for out in outputs),  # a forward of B rows counts B
     )
+
+
+@contextlib.contextmanager
+def merged_adapters(model, merge: bool = True):
+    """With `merge` (`generation_merge_adapters`): the PEFT `model`'s active adapters merged into its base weights while
+    the block runs (PEFT's `merge_adapter()`), so a forward is the bare model's: no extra adapter matmuls (which PEFT
+    runs in float32 even on a bf16 model). Afterwards PEFT's `unmerge_adapter()` and then the base weights exactly as
+    they were: each adapted layer's weight is merged into a copy, the original kept aside while the block runs, because
+    subtracting the adapter again leaves some bf16 weights a rounding step off (more of them as the adapter grows;
+    docs/generation.md), and the base is frozen: such errors would add up over a run. Memory: the adapted base weights
+    once more during the block. `model` is the unwrapped model (checked by
+    `model_checks.check_merge_adapters`). Yields `model`."""
+    if not merge:
+        yield model
+        return
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    kept = []
+    for layer in model.modules():
+        if isinstance(layer, BaseTunerLayer) and not layer.merged:
+            weight = layer.get_base_layer().weight
+            kept.append((weight, weight.data))
+            weight.data = weight.data.clone()  # PEFT merges in place: into the copy
+    model.merge_adapter()
+    try:
+        yield model
+    finally:
+        model.unmerge_adapter()  # PEFT's own state (`merged_adapters`); the values come back from `kept`
+        for weight, data in kept:
+            weight.data = data
 
 
 def completion_mask(canvas: torch.Tensor, eos_token_ids: Sequence[int], upto_first_eos: bool) -> torch.Tensor:
