@@ -1,4 +1,5 @@
-"""Two follow-ups of this evening's benchmark run, on one GPU (python3 docs/gpu/2026-11-26-h100-evening/probe.py OUT):
+"""Two follow-ups of this evening's benchmark run, on one GPU
+(python3 docs/gpu/2026-11-26-h100-evening/probe.py OUT [lora] [sdar]; both without names):
 
 1. lora: why the trainer's rollout step costs 1.46x the bare model's. `rollout_overhead` put it all on the adapters
    (0.255 s per step with them disabled, 0.385 s on). LLaDA-8B's shape with the README recipe's LoRA (r 128, alpha 64,
@@ -125,7 +126,8 @@ def sdar_probe():
     save()
 
 
-for name, fn in (("lora", lora_probe), ("sdar", sdar_probe)):
+PROBES = {"lora": lora_probe, "sdar": sdar_probe}
+for name, fn in ((name, PROBES[name]) for name in (sys.argv[2:] or PROBES)):
     start = time.perf_counter()
     try:
         fn()

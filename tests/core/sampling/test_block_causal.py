@@ -286,3 +286,74 @@ def test_cache_needs_the_module(model, tokenizer):
     ids, attention_mask = batch()
     with pytest.raises(TypeError, match="use_cache=False"):
         block_causal(lambda *a: None, ids, attention_mask, use_cache=True, **options(tokenizer))
+
+
+# ---------------------------------------------------------------------------------------------------- grouped heads
+
+
+@pytest.fixture(scope="module")
+def grouped_model(tokenizer):
+    """The tiny block model's Qwen3 shape with 4 query heads sharing 2 key/value heads (SDAR: 32 share 8)."""
+    from transformers import Qwen3ForCausalLM
+
+    base = build_tiny_block_model(tokenizer, block_length=BLOCK, seed=0, architecture="qwen3")
+    config = copy.deepcopy(base.config)
+    config.num_key_value_heads = 2
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+    return model
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_sdpa_equals_repeated_heads(grouped_model, device):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from trl_dllm.core.sampling.kv_cache import grouped_sdpa
+
+    attention = grouped_model.model.layers[0].self_attn
+    generator = torch.Generator().manual_seed(0)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    query = torch.randn(3, 4, 5, 64, generator=generator)
+    key, value = torch.randn(3, 2, 11, 64, generator=generator), torch.randn(3, 2, 11, 64, generator=generator)
+    mask = torch.zeros(3, 1, 5, 11).masked_fill(torch.rand(3, 1, 5, 11, generator=generator) < 0.3, float("-inf"))
+    mask[..., 0] = 0.0  # no fully blocked query
+    query, key, value, mask = (t.to(device, dtype) for t in (query, key, value, mask))
+    tolerance = 1e-6 if dtype == torch.float32 else 2e-2
+    for attention_mask in (mask, None):
+        ours, _ = grouped_sdpa(attention, query, key, value, attention_mask, scaling=0.3, is_causal=False)
+        theirs, _ = sdpa_attention_forward(attention, query, key, value, attention_mask, scaling=0.3, is_causal=False)
+        torch.testing.assert_close(ours, theirs, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("layout", ["absolute", "prompt"])
+def test_cache_with_grouped_heads_is_exact(grouped_model, tokenizer, layout):
+    """The cached steps of a grouped-head model attend through `grouped_sdpa` (no repeated key/value heads); the
+    uncached reference through transformers' sdpa: the same completions and log-probabilities."""
+    ids, attention_mask = batch()
+    kwargs = options(tokenizer, block_layout=layout, temperature=1.0)
+    seeds = [torch.Generator().manual_seed(seed) for seed in range(3)]
+    cached = block_causal(grouped_model, ids, attention_mask, use_cache=True, generator=seeds, **kwargs)
+    seeds = [torch.Generator().manual_seed(seed) for seed in range(3)]
+    uncached = block_causal(grouped_model, ids, attention_mask, use_cache=False, generator=seeds, **kwargs)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    torch.testing.assert_close(cached.logprobs, uncached.logprobs, rtol=1e-5, atol=1e-5)
+    assert grouped_model.config._attn_implementation == "sdpa"  # restored after each cached step
+
+
+def test_grouped_attention_runs_inside_cached_steps(grouped_model, tokenizer, monkeypatch):
+    from trl_dllm.core.sampling import kv_cache
+
+    calls = []
+    original = kv_cache.grouped_sdpa
+    monkeypatch.setattr(kv_cache, "grouped_sdpa", lambda *a, **k: calls.append(1) or original(*a, **k))
+    from transformers import AttentionInterface
+
+    monkeypatch.delitem(AttentionInterface._global_mapping, kv_cache.GROUPED_SDPA, raising=False)
+    ids, attention_mask = batch()
+    out = block_causal(grouped_model, ids, attention_mask, use_cache=True, **options(tokenizer))
+    assert len(calls) == out.num_forwards * grouped_model.config.num_hidden_layers

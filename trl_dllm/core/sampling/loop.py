@@ -280,6 +280,24 @@ class _HostCounts:
             self.completion[b] -= count
 
 
+def _scheduled_counts(state: DecodingState, windows) -> list[_HostCounts]:
+    """Scheduled decoding without EOS early exit: each window's masked counts when it starts are its masked positions
+    at the start of the rollout (a position is committed only in its own window, and each window's schedule commits
+    all of them), so every window's counts are read in one synchronisation per rollout. ``completion`` (left anywhere)
+    is one list for all windows, decremented as the steps commit."""
+    sums = [_window_masked(state, start, end, member).sum(dim=1) for start, end, member in windows]
+    left = (state.completion == state.mask_token_id).sum(dim=1)
+    read = torch.stack([left, *sums]).tolist()  # the rollout's one synchronisation
+    return [_HostCounts.known(window, read[0]) for window in read[1:]]
+
+
+def _on_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """Host integers as a device tensor without waiting for the device: on CUDA a non-blocking copy from page-locked
+    memory (``torch.tensor(values, device="cuda")`` waits for its copy, a synchronisation per call)."""
+    host = torch.tensor(values)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+
+
 def _schedule(counts: list[int], steps: int) -> list[list[int]]:
     """:func:`~.remasking.transfer_schedule` of host counts: ``n[b][s] = m_b // S + (s < m_b % S)``."""
     return [[m // steps + (s < m % steps) for s in range(steps)] for m in counts]
@@ -301,9 +319,10 @@ def decode_blocks(
     layout of block-diffusion models, :func:`decoding_windows`); ``None``: blocks of ``block_length`` from the
     prompt's end.
 
-    Host synchronisations: one per block (the masked counts) with scheduled decoding, whose steps know every count
-    from the schedule; one per step with threshold decoding or EOS early exit (the device decides the counts), which
-    also reads the next window's counts for its first step. Noise is
+    Host synchronisations: one per rollout with scheduled decoding (every window's masked counts, read when it starts;
+    its steps know every count from the schedule), so a GPU's queue never drains inside the loop; one per step with
+    threshold decoding or EOS early exit (the device decides the counts), which also reads the next window's counts
+    for its first step. Host integers go to the device without waiting (:func:`_on_device`). Noise is
     counter-based (:class:`~.noise.RowStreams`), keyed by each row's own generator.
     """
     check_generators(generator, state.canvas.shape[0])
@@ -316,10 +335,13 @@ def decode_blocks(
     noise = RowStreams(generator, batch, length, max_steps, state.canvas.device) if sampled else None
     row_index: dict[tuple[int, ...], Rows] = {}
     windows = decoding_windows(blocks, state.prompt_length, length, block_length)
+    planned = None if read_every_step else _scheduled_counts(state, windows)
     following = None  # counts of the next window, read with the last step's (no extra synchronisation)
     for index, (start, end, member) in enumerate(windows):
         masked = _window_masked(state, start, end, member)
-        if index == 0 and member is None:  # nothing committed yet: every position of every row is masked
+        if planned is not None:
+            following = planned[index]
+        elif index == 0 and member is None:  # nothing committed yet: every position of every row is masked
             following = _HostCounts.known([end - start] * batch, [length] * batch)
         counts = following if following is not None else _HostCounts(state, masked)
         following = None
@@ -332,7 +354,7 @@ def decode_blocks(
             if active:
                 if active not in row_index:
                     full = len(active) == batch
-                    row_index[active] = slice(None) if full else torch.tensor(active, device=masked.device)
+                    row_index[active] = slice(None) if full else _on_device(list(active), masked.device)
                 rows = row_index[active]
                 unfinished = tuple(b for b in range(batch) if counts.completion[b] > 0)
                 logits = source(state.canvas, rows, start, end, StepRows(active, unfinished))
@@ -342,7 +364,7 @@ def decode_blocks(
                 n = sum(counts.window[b] for b in active)
                 flat = torch.nonzero_static(row_masked.reshape(-1), size=n).squeeze(1)
                 keys = None if noise is None else noise.keys(rows, start, end, flat)
-                chosen = None if threshold else torch.tensor([transfer[b] for b in active], device=masked.device)
+                chosen = None if threshold else _on_device([transfer[b] for b in active], masked.device)
                 result = _choose(logits, row_masked, chosen, opts, keys, index=flat,
                                  max_transfer=None if threshold else max(transfer[b] for b in active))  # fmt: skip
                 step_id = state.num_forwards - 1 if threshold else index * steps_per_block + step
