@@ -60,6 +60,36 @@ def test_trains_two_steps_with_lora(tmp_path, tiny_path, loss_type, beta, estima
     assert {"reward", "ratio/mean"} <= logged and ("kl" in logged) == bool(beta)
 
 
+def test_continues_an_sft_adapter_folder_unmerged_with_it_as_the_reference(tmp_path, tiny_path):
+    """An SFT LoRA adapter folder as the model (docs/quickstart.md, SFT -> RL): loaded on its base unmerged and trained
+    on from its saved values; with `beta > 0` TRL copies it as the "ref" adapter, which stays put; a `peft_config`
+    describing another adapter (rank, targets) is refused, the one describing it (the CLI's use_peft) is accepted."""
+    from peft import get_peft_model
+
+    from trl_dllm.models.loading import load_pretrained
+
+    sft = get_peft_model(load_pretrained(tiny_path), dg.lora_config(r=4, lora_alpha=8))
+    with torch.no_grad():
+        for name, param in sft.named_parameters():
+            if "lora_B" in name:  # as after an SFT: not PEFT's zero init, so the adapter changes the outputs
+                param.normal_(std=0.1, generator=torch.Generator().manual_seed(len(name)))
+    sft.save_pretrained(tmp_path / "sft")
+    saved = {n: p.detach().clone() for n, p in sft.named_parameters() if "lora_" in n}
+    args = make_args(tmp_path / "out", loss_type="stabledrl", beta=0.04)
+    kwargs = dict(reward_funcs=checksum_reward, args=args, train_dataset=dataset())
+    with pytest.raises(ValueError, match=r"LoRA adapter.*r 4 in the adapter, 16 requested.*--use_peft false"):
+        DiffusionGRPOTrainer(str(tmp_path / "sft"), peft_config=dg.lora_config(), **kwargs)
+    trainer = DiffusionGRPOTrainer(str(tmp_path / "sft"), peft_config=dg.lora_config(r=4, lora_alpha=8), **kwargs)
+    assert set(trainer.model.peft_config) == {"default", "ref"} and trainer.processing_class.eos_token_id == dg.EOS_ID
+    params = dict(trainer.model.named_parameters())
+    assert all(torch.equal(params[n], p) and torch.equal(params[n.replace(".default.", ".ref.")], p)
+               for n, p in saved.items())  # fmt: skip
+    trainer.train()
+    moved = {n for n, p in saved.items() if not torch.equal(params[n].detach(), p)}
+    assert moved and all(".lora_" in n for n in moved)
+    assert all(torch.equal(params[n.replace(".default.", ".ref.")].detach(), p) for n, p in saved.items())
+
+
 @pytest.mark.parametrize(
     "overrides,match",
     [
