@@ -24,7 +24,7 @@ from ..models.loading import (
     check_adapter_base,
     honours_padding,
     is_native_layout,
-    load_adapter,
+    load_adapter_of,
     load_pretrained,
     native_lora_targets,
     supports_gradient_checkpointing,
@@ -98,7 +98,7 @@ def continue_adapter(model, adapter: ContinuedAdapter):
     from peft.tuners.lora import LoraLayer
     from peft.tuners.tuners_utils import check_target_module_exists
 
-    model = load_adapter(model, adapter.path, is_trainable=True)
+    model = load_adapter_of(model, adapter.path, adapter.base, is_trainable=True)
     requested, saved = adapter.requested, model.peft_config["default"]
     if requested is None:
         return model
