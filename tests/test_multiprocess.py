@@ -141,19 +141,22 @@ def test_deepspeed_zero3_native_llada2(original_checkpoints, tmp_path):
 
 
 def test_deepspeed_zero3_diffusion_gemma_lora(tmp_path):
-    """The DiffusionGemma recipe (uniform_block, StableDRL, the reference LoRA) on a tiny checkpoint under ZeRO-3 on two
-    CPU processes, at tiny sizes: trains 2 steps with finite losses, and its LoRA adapters move."""
+    """The DiffusionGemma recipe (uniform_block, StableDRL, the reference LoRA, activation checkpointing on) on a tiny
+    checkpoint under ZeRO-3 on two CPU processes, at tiny sizes: trains 2 steps with finite losses, and its LoRA
+    adapters move. TRL forces reentrant checkpointing for PEFT under ZeRO-3, which this family's decoder cannot
+    backpropagate through; the trainer makes it non-reentrant and says so."""
     from trl_dllm.models.families import diffusion_gemma
 
     path = diffusion_gemma.save_tiny(str(tmp_path / "tiny-diffusion-gemma"))
     output = tmp_path / "out"
-    launch(accelerate("zero3_cpu.yaml"), "../diffusion_gemma/stabledrl_gsm8k_lora.yaml", path, output,
-           "--model_name_or_path", path, "--dtype", "float32", "--bf16", "false", "--use_cpu", "true",
-           "--data_files", "tests/fixtures/gsm8k.jsonl", "--max_completion_length", "32", "--block_length", "32",
-           "--diffusion_steps", "4", "--num_generations", "2", "--per_device_train_batch_size", "2",
-           "--gradient_accumulation_steps", "1", "--max_steps", "2", "--mc_samples", "1", "--learning_rate", "0.1",
-           "--save_strategy", "no", "--logging_steps", "1")  # fmt: skip
+    log = launch(accelerate("zero3_cpu.yaml"), "../diffusion_gemma/stabledrl_gsm8k_lora.yaml", path, output,
+                 "--model_name_or_path", path, "--dtype", "float32", "--bf16", "false", "--use_cpu", "true",
+                 "--data_files", "tests/fixtures/gsm8k.jsonl", "--max_completion_length", "32", "--block_length", "32",
+                 "--diffusion_steps", "4", "--num_generations", "2", "--per_device_train_batch_size", "2",
+                 "--gradient_accumulation_steps", "1", "--max_steps", "2", "--mc_samples", "1", "--learning_rate", "0.1",
+                 "--save_strategy", "no", "--logging_steps", "1")  # fmt: skip
     assert_trained(output)
+    assert "use_reentrant=True (TRL's choice for PEFT under ZeRO-3, or yours) is set to False" in log
     lora_b = [v for k, v in load_file(output / "adapter_model.safetensors").items() if "lora_B" in k]
     assert lora_b and any(v.abs().sum() > 0 for v in lora_b)  # lora_B starts at zero: the adapters trained
 

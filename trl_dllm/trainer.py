@@ -84,7 +84,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *self.model_spec.eos_token_ids]))
         picked = checks.fit_estimator(args, self.model_spec.family == "block", self.model_spec.noise)  # `estimator` unset
         model_checks.check_noise(args, self.model_spec)  # the estimator scores the family's noise (mask / uniform)
-        model_checks.check_sharded_checkpointing(args, self.model_spec, self._shards_parameters)
+        reentry = model_checks.checkpoint_without_reentry(args, self.model_spec)  # DiffusionGemma's cache reads
         model_checks.check_block_layout(args, self.model_spec)
         block_length = self.model_spec.decoding_block_length(args.block_length)
         model_setup.probe_remote_code(unwrapped, self.model_spec, self._shards_parameters)
@@ -94,7 +94,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         model_checks.warn_silent_settings(unwrapped, args, self.is_fsdp_enabled, self.accelerator.device.type)
         checks.check_rollback_backend(args, self.is_deepspeed_enabled or self.is_fsdp_enabled)
         self.reward_funcs = inputs.checked_reward_functions(self.reward_funcs, self.reward_func_names)
-        notices = [*startup_lines(args, block_length, picked), *model_setup.dropout_notice(unwrapped, args)]
+        notices = [*startup_lines(args, block_length, picked), *model_setup.dropout_notice(unwrapped, args), *reentry]
         for line in unsaid(notices):  # once per `once_per_run()` block
             self.accelerator.print(line)
         self.scoring = Scoring(args, self.model_spec, block_length, self._entropy_bonus_enabled,
