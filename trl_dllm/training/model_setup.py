@@ -8,6 +8,7 @@ with one forward.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -47,10 +48,11 @@ def loading_models(args, peft_config, adapter: ContinuedAdapter | None = None):
     def create(model_id, architecture=None, **kwargs):
         if architecture is not None:
             return trl_create(model_id, architecture, **kwargs)
-        base = adapter.base if adapter is not None and model_id == adapter.path else model_id
-        model = load_pretrained(base, native=args.native_loading, create=trl_create, **kwargs)
-        adapt_to_model(model, args, None if base != model_id else peft_config)
-        return model if base == model_id else continue_adapter(model, adapter)
+        continued = adapter is not None and model_id == adapter.path
+        model = load_pretrained(adapter.base if continued else model_id, native=args.native_loading, create=trl_create,
+                                **kwargs)  # fmt: skip
+        adapt_to_model(model, args, peft_config)
+        return continue_adapter(model, adapter) if continued else model
 
     grpo_module.create_model_from_path = create
     try:
@@ -102,8 +104,11 @@ def continue_adapter(model, adapter: ContinuedAdapter):
     requested, saved = adapter.requested, model.peft_config["default"]
     if requested is None:
         return model
-    names = [n for n, _ in model.get_base_model().named_modules() if ".lora_" not in n and ".base_layer" not in n]
-    adapted = {n for n, m in model.get_base_model().named_modules() if isinstance(m, LoraLayer)}
+    base = model.get_base_model()
+    names = [n for n, _ in base.named_modules() if ".lora_" not in n and ".base_layer" not in n]
+    adapted = {n for n, m in base.named_modules() if isinstance(m, LoraLayer)}
+    requested = copy.copy(requested)  # LLaDA's module names, as recipes give them, on a natively loaded LLaDA
+    requested.target_modules = native_lora_targets(base, requested.target_modules)
     targeted = {n for n in names if check_target_module_exists(requested, n)}
     fields = {"r": (saved.r, requested.r), "lora_alpha": (saved.lora_alpha, requested.lora_alpha)}
     differ = [f"{k} {a} in the adapter, {b} requested" for k, (a, b) in fields.items() if a != b]
