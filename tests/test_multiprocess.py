@@ -140,22 +140,55 @@ def test_deepspeed_zero3_native_llada2(original_checkpoints, tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "llada2_moe"
 
 
+# The DiffusionGemma recipe at tiny sizes on CPU (its ZeRO-3 and activation checkpointing kept).
+DIFFUSION_GEMMA_FLAGS = (
+    "--dtype", "float32", "--bf16", "false", "--use_cpu", "true", "--data_files", "tests/fixtures/gsm8k.jsonl",
+    "--max_completion_length", "32", "--block_length", "32", "--diffusion_steps", "4", "--num_generations", "2",
+    "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1", "--max_steps", "2", "--mc_samples", "1",
+    "--learning_rate", "0.1", "--save_strategy", "no", "--logging_steps", "1",
+)  # fmt: skip
+
+
 def test_deepspeed_zero3_diffusion_gemma_lora(tmp_path):
-    """The DiffusionGemma recipe (uniform_block, StableDRL, the reference LoRA) on a tiny checkpoint under ZeRO-3 on two
-    CPU processes, at tiny sizes: trains 2 steps with finite losses, and its LoRA adapters move."""
+    """The DiffusionGemma recipe (uniform_block, StableDRL, the reference LoRA, activation checkpointing on) on a tiny
+    checkpoint under ZeRO-3 on two CPU processes, at tiny sizes: trains 2 steps with finite losses, and its LoRA
+    adapters move. TRL forces reentrant checkpointing for PEFT under ZeRO-3, which this family's decoder cannot
+    backpropagate through; the trainer makes it non-reentrant and says so."""
     from trl_dllm.models.families import diffusion_gemma
 
     path = diffusion_gemma.save_tiny(str(tmp_path / "tiny-diffusion-gemma"))
     output = tmp_path / "out"
-    launch(accelerate("zero3_cpu.yaml"), "../diffusion_gemma/stabledrl_gsm8k_lora.yaml", path, output,
-           "--model_name_or_path", path, "--dtype", "float32", "--bf16", "false", "--use_cpu", "true",
-           "--data_files", "tests/fixtures/gsm8k.jsonl", "--max_completion_length", "32", "--block_length", "32",
-           "--diffusion_steps", "4", "--num_generations", "2", "--per_device_train_batch_size", "2",
-           "--gradient_accumulation_steps", "1", "--max_steps", "2", "--mc_samples", "1", "--learning_rate", "0.1",
-           "--save_strategy", "no", "--logging_steps", "1")  # fmt: skip
+    log = launch(accelerate("zero3_cpu.yaml"), "../diffusion_gemma/stabledrl_gsm8k_lora.yaml", path, output,
+                 "--model_name_or_path", path, *DIFFUSION_GEMMA_FLAGS)  # fmt: skip
     assert_trained(output)
+    assert "use_reentrant=True (TRL's choice for PEFT under ZeRO-3, or yours) is set to False" in log
     lora_b = [v for k, v in load_file(output / "adapter_model.safetensors").items() if "lora_B" in k]
     assert lora_b and any(v.abs().sum() > 0 for v in lora_b)  # lora_B starts at zero: the adapters trained
+
+
+def test_deepspeed_zero3_diffusion_gemma_from_an_sft_adapter(tmp_path):
+    """docs/quickstart.md's SFT -> RL (step 3) under ZeRO-3 on two CPU processes: the DiffusionGemma recipe with an SFT
+    LoRA adapter folder as `model_name_or_path` trains that adapter on, from its saved values."""
+    from peft import get_peft_model
+
+    from trl_dllm.models.families import diffusion_gemma
+    from trl_dllm.models.loading import load_pretrained
+
+    path = diffusion_gemma.save_tiny(str(tmp_path / "tiny-diffusion-gemma"))
+    sft = get_peft_model(load_pretrained(path), diffusion_gemma.lora_config())  # the recipe's LoRA, as TRL's SFT
+    with torch.no_grad():
+        for name, param in sft.named_parameters():
+            if "lora_B" in name:  # as after an SFT: not PEFT's zero init
+                param.normal_(std=0.1, generator=torch.Generator().manual_seed(len(name)))
+    sft.save_pretrained(tmp_path / "sft")
+    output = tmp_path / "out"
+    launch(accelerate("zero3_cpu.yaml"), "../diffusion_gemma/stabledrl_gsm8k_lora.yaml", path, output,
+           "--model_name_or_path", str(tmp_path / "sft"), *DIFFUSION_GEMMA_FLAGS)  # fmt: skip
+    assert_trained(output)
+    before = load_file(tmp_path / "sft" / "adapter_model.safetensors")
+    after = load_file(output / "adapter_model.safetensors")
+    assert before.keys() == after.keys() and all(after[k].shape == before[k].shape for k in before)
+    assert any(not torch.equal(before[k], after[k]) for k in before), "the adapter did not move"
 
 
 def test_deepspeed_zero3_native_llada_moe(original_checkpoints, tmp_path):

@@ -128,6 +128,26 @@ def test_lora_with_merged_adapters_for_rollouts(tmp_path, tiny_model_path, monke
     assert all(torch.equal(p, base[n]) for n, p in trainer.model.named_parameters() if n in base)
 
 
+def test_lora_adapter_folder_as_the_model_is_trained_on(tmp_path, tiny_model_path):
+    """A LoRA adapter folder (an SFT result) as the model, given with the `peft_config` it was made with (as
+    `trl-dllm grpo --use_peft` does): its adapter is trained on, with the "ref" copy TRL makes for the KL term, and the
+    saved result names the same base."""
+    import json
+
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_path), lora).save_pretrained(tmp_path / "sft")
+    args = make_args(tmp_path / "out", loss_type="stabledrl", beta=0.04)
+    trainer = DiffusionGRPOTrainer(model=str(tmp_path / "sft"), reward_funcs=distinct_tokens_reward, args=args,
+                                   train_dataset=make_dataset(), peft_config=lora)  # fmt: skip
+    assert set(trainer.model.peft_config) == {"default", "ref"}
+    train_and_check(trainer, params_filter=lambda name: ".default." in name)
+    trainer.save_model()
+    saved = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == tiny_model_path
+
+
 def test_score_padding_eos_changes_completion_mask(tmp_path, tiny_model_path):
     for score in (False, True):
         args = make_args(tmp_path, loss_type="stabledrl", score_padding_eos=score, max_steps=1)

@@ -60,6 +60,36 @@ def test_trains_two_steps_with_lora(tmp_path, tiny_path, loss_type, beta, estima
     assert {"reward", "ratio/mean"} <= logged and ("kl" in logged) == bool(beta)
 
 
+def test_continues_an_sft_adapter_folder_unmerged_with_it_as_the_reference(tmp_path, tiny_path):
+    """An SFT LoRA adapter folder as the model (docs/quickstart.md, SFT -> RL): loaded on its base unmerged and trained
+    on from its saved values; with `beta > 0` TRL copies it as the "ref" adapter, which stays put; a `peft_config`
+    describing another adapter (rank, targets) is refused, the one describing it (the CLI's use_peft) is accepted."""
+    from peft import get_peft_model
+
+    from trl_dllm.models.loading import load_pretrained
+
+    sft = get_peft_model(load_pretrained(tiny_path), dg.lora_config(r=4, lora_alpha=8))
+    with torch.no_grad():
+        for name, param in sft.named_parameters():
+            if "lora_B" in name:  # as after an SFT: not PEFT's zero init, so the adapter changes the outputs
+                param.normal_(std=0.1, generator=torch.Generator().manual_seed(len(name)))
+    sft.save_pretrained(tmp_path / "sft")
+    saved = {n: p.detach().clone() for n, p in sft.named_parameters() if "lora_" in n}
+    args = make_args(tmp_path / "out", loss_type="stabledrl", beta=0.04)
+    kwargs = dict(reward_funcs=checksum_reward, args=args, train_dataset=dataset())
+    with pytest.raises(ValueError, match=r"LoRA adapter.*r 4 in the adapter, 16 requested.*--use_peft false"):
+        DiffusionGRPOTrainer(str(tmp_path / "sft"), peft_config=dg.lora_config(), **kwargs)
+    trainer = DiffusionGRPOTrainer(str(tmp_path / "sft"), peft_config=dg.lora_config(r=4, lora_alpha=8), **kwargs)
+    assert set(trainer.model.peft_config) == {"default", "ref"} and trainer.processing_class.eos_token_id == dg.EOS_ID
+    params = dict(trainer.model.named_parameters())
+    assert all(torch.equal(params[n], p) and torch.equal(params[n.replace(".default.", ".ref.")], p)
+               for n, p in saved.items())  # fmt: skip
+    trainer.train()
+    moved = {n for n, p in saved.items() if not torch.equal(params[n].detach(), p)}
+    assert moved and all(".lora_" in n for n in moved)
+    assert all(torch.equal(params[n.replace(".default.", ".ref.")].detach(), p) for n, p in saved.items())
+
+
 @pytest.mark.parametrize(
     "overrides,match",
     [
@@ -109,15 +139,58 @@ def test_recipe_trains_the_tiny_checkpoint_through_the_cli(tmp_path, tiny_path, 
     assert logs and all(torch.isfinite(torch.tensor(log["loss"])) for log in logs)
 
 
-def test_sharded_activation_checkpointing_is_refused_on_it():
-    """ZeRO-3 with activation checkpointing fails in backward on DiffusionGemma (a 2-process CPU launch): refused."""
-    from dataclasses import replace
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_checkpointed_decoder_backpropagates_into_the_encoder_only_without_reentry(tiny_path, reentrant):
+    """Why activation checkpointing failed under ZeRO-3 (where TRL forces `use_reentrant=True` for PEFT): the decoder
+    layers read the encoder's cache inside the checkpointed region, and reentrant checkpointing's nested backward of
+    each layer runs on into the encoder's graph, shared by every layer, so the second one fails — on one process too.
+    Non-reentrant checkpointing gives the gradients of the model without checkpointing."""
+    from peft import get_peft_model
+
+    from trl_dllm.core.likelihood.uniform_block import uniform_block
+    from trl_dllm.models.loading import load_pretrained
+
+    model = get_peft_model(load_pretrained(tiny_path), dg.lora_config(r=4, lora_alpha=8)).train()
+    prompt = torch.tensor([[2, 105, 108, 140, 106, 105, 109]])
+    completion = torch.randint(107, 170, (1, 40), generator=torch.Generator().manual_seed(1))
+
+    def gradients():
+        out = uniform_block(dg.denoise_fn(model), prompt, torch.ones_like(prompt), completion,
+                            torch.ones_like(completion), seeds=torch.tensor([0]), vocab_size=174, canvas_length=32,
+                            fill_token_id=dg.EOS_ID)  # fmt: skip
+        out.logps.sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        return grads
+
+    expected = gradients()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.enable_input_require_grads()  # as TRL does for PEFT with checkpointing
+    if reentrant:
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            gradients()
+        return
+    got = gradients()
+    assert got.keys() == expected.keys() and all(torch.allclose(got[n], g, atol=1e-6) for n, g in expected.items())
+
+
+def test_activation_checkpointing_is_made_non_reentrant_and_trains(tmp_path, tiny_path):
+    """`use_reentrant=True` (TRL's choice for PEFT under ZeRO-3, re-applied after each rollout) becomes False on this
+    family, with one line; the run trains. A masked-diffusion spec is left alone."""
     from types import SimpleNamespace
 
-    from trl_dllm.training.model_checks import check_sharded_checkpointing
+    from trl_dllm.models.families.llada import LLADA
+    from trl_dllm.training.model_checks import checkpoint_without_reentry
 
-    spec = replace(dg.DIFFUSION_GEMMA, block_length=32)
-    with pytest.raises(ValueError, match="Set activation_checkpointing=False"):
-        check_sharded_checkpointing(SimpleNamespace(gradient_checkpointing=True), spec, sharded=True)
-    check_sharded_checkpointing(SimpleNamespace(gradient_checkpointing=False), spec, sharded=True)
-    check_sharded_checkpointing(SimpleNamespace(gradient_checkpointing=True), spec, sharded=False)
+    args = SimpleNamespace(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": True})
+    assert checkpoint_without_reentry(args, LLADA) == [] and args.gradient_checkpointing_kwargs["use_reentrant"]
+    (line,) = checkpoint_without_reentry(args, dg.DIFFUSION_GEMMA)
+    assert line.startswith("use_reentrant=True") and "is set to False" in line
+    assert args.gradient_checkpointing_kwargs == args.activation_checkpointing_kwargs == {"use_reentrant": False}
+    args = make_args(tmp_path, loss_type="stabledrl", max_steps=1, gradient_checkpointing=True,
+                     gradient_checkpointing_kwargs={"use_reentrant": True})  # fmt: skip
+    trainer = DiffusionGRPOTrainer(tiny_path, reward_funcs=checksum_reward, args=args, train_dataset=dataset(),
+                                   peft_config=dg.lora_config(r=4, lora_alpha=8))  # fmt: skip
+    trainer.train()
+    assert args.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    assert [log["loss"] for log in trainer.state.log_history if "loss" in log]

@@ -57,16 +57,23 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             name = model if isinstance(model, str) else model.config._name_or_path
             args = DiffusionGRPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-DiffusionGRPO")
         trainer_inputs.check_trainer_options(args, DiffusionGRPOConfig, kwargs)
-        if (refusal := training_refusal(model, args, **(args.model_init_kwargs or {}))) is not None:
+        # An SFT LoRA adapter folder: trained on from its values, on its base (TRL takes no peft_config with it).
+        adapter = model_setup.adapter_folder(model, kwargs.get("peft_config"))
+        named = adapter.base if adapter is not None else model
+        if (refusal := training_refusal(named, args, **(args.model_init_kwargs or {}))) is not None:
             raise NotImplementedError(refusal)  # DiffusionGemma: StableDRL / ESPO on `uniform_block` only
         trainer_inputs.check_trainer_inputs(args, model, reward_funcs, pargs, kwargs)  # before any weights are loaded
+        if adapter is not None:
+            kwargs["peft_config"] = None
         if kwargs.get("peft_config") is not None:
             kwargs["peft_config"] = copy.deepcopy(kwargs["peft_config"])  # adapted to the model, never the user's
         if not isinstance(model, str):
             model_setup.adapt_to_model(model, args, kwargs.get("peft_config"))
+        elif kwargs.get("processing_class") is None and adapter is not None:
+            kwargs["processing_class"] = model_setup.adapter_tokenizer(adapter, args)
         elif kwargs.get("processing_class") is None and args.native_loading:
             kwargs["processing_class"] = model_setup.native_tokenizer(model, args)
-        with model_setup.loading_models(args, kwargs.get("peft_config")):
+        with model_setup.loading_models(args, kwargs.get("peft_config"), adapter):
             super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         unwrapped = self.accelerator.unwrap_model(self.model)
         self._embedded_name = given if given is not model else None  # read by `save_model`, called by TRL's hooks
@@ -77,7 +84,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *self.model_spec.eos_token_ids]))
         picked = checks.fit_estimator(args, self.model_spec.family == "block", self.model_spec.noise)  # `estimator` unset
         model_checks.check_noise(args, self.model_spec)  # the estimator scores the family's noise (mask / uniform)
-        model_checks.check_sharded_checkpointing(args, self.model_spec, self._shards_parameters)
+        reentry = model_checks.checkpoint_without_reentry(args, self.model_spec)  # DiffusionGemma's cache reads
         model_checks.check_block_layout(args, self.model_spec)
         block_length = self.model_spec.decoding_block_length(args.block_length)
         model_setup.probe_remote_code(unwrapped, self.model_spec, self._shards_parameters)
@@ -90,7 +97,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         checks.check_rollback_backend(args, self.is_deepspeed_enabled or self.is_fsdp_enabled)
         model_checks.check_merge_adapters(unwrapped, args, self._shards_parameters)
         self.reward_funcs = inputs.checked_reward_functions(self.reward_funcs, self.reward_func_names)
-        notices = [*startup_lines(args, block_length, picked), *model_setup.dropout_notice(unwrapped, args)]
+        notices = [*startup_lines(args, block_length, picked), *model_setup.dropout_notice(unwrapped, args), *reentry]
         for line in unsaid(notices):  # once per `once_per_run()` block
             self.accelerator.print(line)
         self.scoring = Scoring(args, self.model_spec, block_length, self._entropy_bonus_enabled,

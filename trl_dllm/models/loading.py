@@ -168,6 +168,21 @@ def load_adapter(model: torch.nn.Module, adapter_path: str, **kwargs: Any) -> An
         return PeftModel.from_pretrained(model, adapter_path, **kwargs)
 
 
+def load_adapter_of(model: torch.nn.Module, adapter: str, base: str, **kwargs: Any) -> Any:
+    """:func:`load_adapter` of the adapter folder ``adapter`` onto ``model``, loaded from ``base``; an adapter whose
+    weights have other shapes than the model's is a `UsageError` naming both."""
+    try:
+        return load_adapter(model, adapter, **kwargs)
+    except RuntimeError as err:  # PEFT's "size mismatch for ...": the adapter was trained on another model
+        if "size mismatch" not in str(err):
+            raise
+        raise UsageError(
+            f"model_name_or_path: the LoRA adapter {adapter!r} does not fit its base model {base!r} (its "
+            "weights have other shapes): the adapter was trained on another model. Set base_model_name_or_path "
+            "in its adapter_config.json to the model it was trained on."
+        ) from err
+
+
 def check_adapter_base(adapter: str, base: str) -> None:
     """A LoRA adapter's base model must still be where its `adapter_config.json` says: a local path that is gone (not a
     Hub id either) fails here by name, not as the Hub's "Repo id must be in the form ..."."""
@@ -192,19 +207,10 @@ def load_model_and_tokenizer(name_or_path: str, init_kwargs: dict, native: bool 
                 base = resolve_model_name(json.load(f)["base_model_name_or_path"])  # "tiny": built on first use
             check_adapter_base(name_or_path, base)
             model = load_pretrained(base, native=native, **init_kwargs)
-            try:
-                adapted = load_adapter(model, name_or_path)
-                # DiffusionGemma's encoder and decoder share their base weights but not their adapters: a merge would
-                # fold both deltas into the one tensor, so its adapters stay unmerged.
-                model = adapted if is_diffusion_gemma(model) else adapted.merge_and_unload()
-            except RuntimeError as err:  # PEFT's "size mismatch for ...": the adapter was trained on another model
-                if "size mismatch" not in str(err):
-                    raise
-                raise UsageError(
-                    f"model_name_or_path: the LoRA adapter {name_or_path!r} does not fit its base model {base!r} (its "
-                    "weights have other shapes): the adapter was trained on another model. Set base_model_name_or_path "
-                    "in its adapter_config.json to the model it was trained on."
-                ) from err
+            adapted = load_adapter_of(model, name_or_path, base)
+            # DiffusionGemma's encoder and decoder share their base weights but not their adapters: a merge would
+            # fold both deltas into the one tensor, so its adapters stay unmerged.
+            model = adapted if is_diffusion_gemma(model) else adapted.merge_and_unload()
             has_tokenizer = os.path.isfile(os.path.join(name_or_path, "tokenizer_config.json"))
             tokenizer_source = name_or_path if has_tokenizer else base
         else:

@@ -162,18 +162,25 @@ def check_noise(args, spec: ModelSpec) -> None:
         raise ValueError(problem)
 
 
-def check_sharded_checkpointing(args, spec: ModelSpec, sharded: bool) -> None:
-    """A uniform-noise family (DiffusionGemma) with sharded parameters (ZeRO-3 / FSDP) and activation checkpointing is
-    refused: a 2-process ZeRO-3 CPU launch of the tiny checkpoint fails in backward ("Trying to backward through the
-    graph a second time", reentrant checkpointing or not) and trains with activation checkpointing off; FSDP is
-    untested. Single-process and DDP runs checkpoint fine."""
-    if spec.noise == "uniform" and sharded and args.gradient_checkpointing:
-        raise ValueError(
-            f"activation_checkpointing=True with ZeRO-3 / FSDP on this {spec.noise}-noise model ({spec.family!r} family) "
-            "fails in backward (the encoder-decoder's checkpointed passes under parameter sharding; found on a "
-            "2-process ZeRO-3 CPU launch). Set activation_checkpointing=False (ZeRO-3 then trains), or use ZeRO-2 / "
-            "DDP with activation checkpointing."
-        )
+def checkpoint_without_reentry(args, spec: ModelSpec) -> list[str]:
+    """Activation checkpointing of a uniform-noise family (DiffusionGemma) is made non-reentrant; one line when it was
+    reentrant. Its decoder layers read the encoder's keys and values from the cache inside the checkpointed region, not
+    as inputs: reentrant checkpointing recomputes each layer in a nested backward that runs on into the encoder's
+    graph, which every decoder layer shares, and the second layer's fails ("Trying to backward through the graph a
+    second time"; tiny DiffusionGemma, one process, `use_reentrant=True`). TRL forces `use_reentrant=True` for PEFT
+    under ZeRO-3 and re-enables checkpointing with it after each rollout; non-reentrant checkpointing backpropagates
+    through the one graph (a 2-process ZeRO-3 CPU launch with the reference LoRA trains:
+    `tests/test_multiprocess.py::test_deepspeed_zero3_diffusion_gemma_lora`)."""
+    if spec.noise != "uniform" or not args.gradient_checkpointing:
+        return []
+    kwargs = dict(args.gradient_checkpointing_kwargs or {})
+    # transformers reads the new name when it enables checkpointing, TRL the old one when it re-enables it
+    args.gradient_checkpointing_kwargs = args.activation_checkpointing_kwargs = {**kwargs, "use_reentrant": False}
+    if not kwargs.get("use_reentrant"):
+        return []
+    return [f"use_reentrant=True (TRL's choice for PEFT under ZeRO-3, or yours) is set to False on this {spec.family} "
+            "model: its decoder reads the encoder's cache inside each checkpointed layer, which reentrant checkpointing "
+            "cannot backpropagate through (docs/models.md, DiffusionGemma)."]  # fmt: skip
 
 
 def check_block_layout(args, spec: ModelSpec) -> None:

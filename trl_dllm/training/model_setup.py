@@ -8,18 +8,24 @@ with one forward.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import os
+from dataclasses import dataclass
+from typing import Any
 
 from ..console import quiet_trl_internals
 from ..models import base_model, is_transformers_native, make_bidirectional
+from ..models.embedded import resolve_model_name
 from ..models.families import native_config, native_layout
 from ..models.families.diffusion_gemma import is_diffusion_gemma
 from ..models.loading import (
     attends_bidirectionally,
+    check_adapter_base,
     honours_padding,
     is_native_layout,
+    load_adapter_of,
     load_pretrained,
     native_lora_targets,
     supports_gradient_checkpointing,
@@ -30,10 +36,11 @@ logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def loading_models(args, peft_config):
+def loading_models(args, peft_config, adapter: ContinuedAdapter | None = None):
     """While TRL's `__init__` runs, models it loads by name (the policy, and the reference when `beta > 0` without
     PEFT) go through `trl_dllm.models.loading.load_pretrained`: LLaDA / Dream / SDAR natively unless
-    `args.native_loading` is off, the auto class from `auto_map` otherwise; then [`adapt_to_model`]."""
+    `args.native_loading` is off, the auto class from `auto_map` otherwise; then [`adapt_to_model`]. The folder of
+    `adapter` loads as its base with the adapter on, unmerged and trainable ([`continue_adapter`])."""
     import trl.trainer.grpo_trainer as grpo_module
 
     trl_create = grpo_module.create_model_from_path
@@ -41,9 +48,11 @@ def loading_models(args, peft_config):
     def create(model_id, architecture=None, **kwargs):
         if architecture is not None:
             return trl_create(model_id, architecture, **kwargs)
-        model = load_pretrained(model_id, native=args.native_loading, create=trl_create, **kwargs)
+        continued = adapter is not None and model_id == adapter.path
+        model = load_pretrained(adapter.base if continued else model_id, native=args.native_loading, create=trl_create,
+                                **kwargs)  # fmt: skip
         adapt_to_model(model, args, peft_config)
-        return model
+        return continue_adapter(model, adapter) if continued else model
 
     grpo_module.create_model_from_path = create
     try:
@@ -51,6 +60,78 @@ def loading_models(args, peft_config):
             yield
     finally:
         grpo_module.create_model_from_path = trl_create
+
+
+@dataclass(frozen=True)
+class ContinuedAdapter:
+    """A LoRA adapter folder passed as the model (an SFT result): trained on from its saved values, on its base.
+
+    Args:
+        path (`str`): the adapter folder (``adapter_config.json`` and the adapter's weights, no ``config.json``).
+        base (`str`): its ``base_model_name_or_path`` (an embedded model's name resolved to its folder).
+        requested (`peft.PeftConfig` or `None`): the trainer's ``peft_config``, which must describe this adapter.
+    """
+
+    path: str
+    base: str
+    requested: Any = None
+
+
+def adapter_folder(model: Any, peft_config: Any = None) -> ContinuedAdapter | None:
+    """``model`` as a [`ContinuedAdapter`] when it is a local LoRA adapter folder, else `None`."""
+    if not isinstance(model, str):
+        return None
+    path = os.path.expanduser(model)
+    config = os.path.join(path, "adapter_config.json")
+    if not os.path.isfile(config) or os.path.isfile(os.path.join(path, "config.json")):
+        return None
+    with open(config, encoding="utf-8") as f:
+        base = resolve_model_name(json.load(f)["base_model_name_or_path"])  # "tiny": built on first use
+    check_adapter_base(path, base)
+    return ContinuedAdapter(model, base, peft_config)
+
+
+def continue_adapter(model, adapter: ContinuedAdapter):
+    """``model`` (the base) with ``adapter.path`` loaded on it, trainable and unmerged (DiffusionGemma's encoder and
+    decoder share base weights but not adapters). TRL copies it as the "ref" adapter when ``beta > 0``, so the KL
+    term pulls towards the adapter as loaded, not the base. ``adapter.requested`` (a ``peft_config`` passed as well, as
+    ``trl-dllm grpo`` does with ``use_peft``) must have the adapter's rank, alpha and adapted modules: it is never
+    applied on top, and a different one is an error rather than ignored."""
+    from peft.tuners.lora import LoraLayer
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    model = load_adapter_of(model, adapter.path, adapter.base, is_trainable=True)
+    requested, saved = adapter.requested, model.peft_config["default"]
+    if requested is None:
+        return model
+    base = model.get_base_model()
+    names = [n for n, _ in base.named_modules() if ".lora_" not in n and ".base_layer" not in n]
+    adapted = {n for n, m in base.named_modules() if isinstance(m, LoraLayer)}
+    requested = copy.copy(requested)  # LLaDA's module names, as recipes give them, on a natively loaded LLaDA
+    requested.target_modules = native_lora_targets(base, requested.target_modules)
+    targeted = {n for n in names if check_target_module_exists(requested, n)}
+    fields = {"r": (saved.r, requested.r), "lora_alpha": (saved.lora_alpha, requested.lora_alpha)}
+    differ = [f"{k} {a} in the adapter, {b} requested" for k, (a, b) in fields.items() if a != b]
+    if targeted != adapted:
+        differ.append(f"{len(adapted ^ targeted)} modules adapted in one and not the other (first: "
+                      f"{sorted(adapted ^ targeted)[:3]})")  # fmt: skip
+    if differ:
+        raise ValueError(
+            f"The model {adapter.path} is a LoRA adapter, trained on from its saved values, and the LoRA settings "
+            f"passed with it (peft_config, or the recipe's use_peft / lora_r / lora_alpha / lora_target_modules) "
+            f"describe another: {'; '.join(differ)}. Pass no peft_config (CLI: --use_peft false) to train the adapter "
+            "as it is, or give its own settings."
+        )
+    return model
+
+
+def adapter_tokenizer(adapter: ContinuedAdapter, args):
+    """The tokenizer of a continued adapter: the one saved with it (TRL's SFT saves it there), else its base's."""
+    from transformers import AutoTokenizer
+
+    if os.path.isfile(os.path.join(adapter.path, "tokenizer_config.json")):
+        return AutoTokenizer.from_pretrained(adapter.path)
+    return native_tokenizer(adapter.base, args)
 
 
 def native_tokenizer(name_or_path: str, args):
