@@ -12,20 +12,7 @@ from trl_dllm.core.sampling import BlockCausalOptions, DecodingOptions, generate
 from trl_dllm.core.sampling.block_causal import block_ends
 from trl_dllm.testing import build_tiny_block_model, build_tokenizer
 
-BLOCK = 4
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    model = build_tiny_block_model(tokenizer, block_length=BLOCK, seed=0)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(30)  # peaked logits: no near-ties for argmax to flip on, confident positions
-    return model
+from .conftest import BLOCK
 
 
 class Spy(nn.Module):

@@ -8,29 +8,10 @@ import torch
 from trl_dllm.core.sampling import BlockCausalOptions, generate_block_causal
 from trl_dllm.core.sampling.graphs import StaticStep, StepGraphs
 from trl_dllm.core.sampling.kv_cache import SlotCache
-from trl_dllm.testing import build_tiny_block_model, build_tokenizer
+from trl_dllm.testing import build_tiny_block_model
 
-BLOCK = 4
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    model = build_tiny_block_model(tokenizer, block_length=BLOCK, seed=0)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(30)  # peaked logits: confident positions, threshold decoding commits several
-    return model
-
-
-def batch():
-    """Three left-padded prompts (P = 5) of real tokens (ids >= 5)."""
-    input_ids = torch.randint(5, 60, (3, 5), generator=torch.Generator().manual_seed(0))
-    attention_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
-    return input_ids.masked_fill(attention_mask == 0, 0), attention_mask
+from .conftest import BLOCK
+from .test_block_causal import batch
 
 
 def run(model, tokenizer, *, cuda_graphs, device="cpu", **kwargs):
