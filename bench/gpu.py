@@ -52,15 +52,15 @@ from bench.gpu_report import _get, ratios, table, targets
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = tuple(gpu_parts.SHAPES)
 RECIPE_STEPS = 128  # recipes/llada/stabledrl_gsm8k_lora.yaml's diffusion_steps
-# Seconds each part took on the H100 run of 2026-11-26 (docs/gpu.md, `parts_seconds` of docs/gpu/2026-11-26-h100/),
-# used by --budget to decide whether a part still fits; the launches' from the first run (H200). A rollout part scales
-# with its number of steps. The MoE rollouts are guesses: the measured ones (188 s and 51 s) ran under the FLOP
-# counter and with one host synchronisation per expert, neither of which they do now. "train step": 91 s measured,
-# + about 17 s for `rollout_overhead` (a warm-up and 5 contexts, one rollout of 8 steps of ≈ 0.3 s each), added since.
+# Seconds each part took on the H100 runs of 2026-11-26 (docs/gpu.md, `parts_seconds` of docs/gpu/2026-11-26-h100/
+# and docs/gpu/2026-11-26-h100-evening/), used by --budget to decide whether a part still fits; the launches' from the
+# first run (H200). A rollout part scales with its number of steps. SDAR's rollouts include the `cuda_graphs` setting
+# (25.7 s, then 22.6 s, evening); the MoE rollouts with one host synchronisation per layer (evening: 26.1 s, 11.2 s).
+# "train step": 106.4 s with `rollout_overhead`'s 5 contexts (evening), + about 5 s for its 2 merged contexts since.
 ESTIMATES = {
     "device peak": 1, "build": 4, "plain forward": 3, "numerics": 14,
-    "rollouts at 32 steps": {"llada": 25, "dream": 15, "sdar": 24, "llada2": 40, "llada_moe": 15},  # MoE, sdar graphs: guesses
-    "train step": 108, "memory plan": 26, "trl": 34, "launch": 30,
+    "rollouts at 32 steps": {"llada": 25, "dream": 15, "sdar": 24, "llada2": 26, "llada_moe": 12},
+    "train step": 111, "memory plan": 26, "trl": 34, "launch": 30,
 }  # fmt: skip
 
 
