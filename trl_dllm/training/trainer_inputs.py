@@ -29,7 +29,12 @@ def check_trainer_options(args, config_class, kwargs: Mapping) -> None:
                 f"DiffusionGRPOTrainer does not support `{name}` yet: diffusion rollouts are single-turn."
             )
     if args.use_vllm:
-        raise ValueError("use_vllm=True: vLLM cannot run diffusion decoding. Set use_vllm=False.")
+        raise ValueError(
+            "use_vllm=True: TRL's vLLM generation is not wired to diffusion rollouts. This trainer decodes in the "
+            "training process, with its own samplers (masked diffusion, which vLLM does not run) or DiffusionGemma's "
+            "own generate() (vLLM serves DiffusionGemma upstream, but its weight sync and sampling are not wired here). "
+            "Set use_vllm=False."
+        )
     if getattr(args, "use_transformers_paged", False) or getattr(args, "use_transformers_continuous_batching", False):
         raise ValueError("Continuous-batching generation is autoregressive; disable it for diffusion models.")
 
