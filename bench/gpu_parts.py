@@ -303,21 +303,30 @@ def decoding_block(model, tokenizer, recipe: Recipe) -> int:
     return spec.block_length if spec.family == "block" else recipe.block
 
 
-def rollout_flops_and_time(model, tokenizer, args, ids, mask, use_counter: bool = True) -> tuple[dict, float, int]:
-    """``(FLOPs, seconds, forwards)`` of one rollout: a first run under the FLOP counter (also the warm-up; without
-    it when ``use_counter`` is False), then a timed one; FLOPs as :func:`bench.gpu_flops.count` gives them (counted
-    and analytic). Forwards are counted by the shape recorder."""
+def rollout_runner(model, tokenizer, ids, mask):
+    """``run(args)``: one rollout of the prompts ``ids`` as the trainer decodes them, each row seeded by its index."""
     from trl_dllm.seeding import device_generators
     from trl_dllm.training.rollouts import generate_rollouts
 
     spec = resolve_model_spec(model, tokenizer)
-    dims = gpu_flops.dims(model.config)
 
-    def run():
+    def run(args):
         noise = device_generators(torch.arange(ids.size(0)), device())
         with torch.no_grad():
-            return generate_rollouts(model, spec, args, ids, mask, noise, eos_token_ids=[],
-                                     return_trajectory=False)  # fmt: skip
+            return generate_rollouts(model, spec, args, ids, mask, noise, eos_token_ids=[], return_trajectory=False)
+
+    return run
+
+
+def rollout_flops_and_time(model, tokenizer, args, ids, mask, use_counter: bool = True) -> tuple[dict, float, int]:
+    """``(FLOPs, seconds, forwards)`` of one rollout: a first run under the FLOP counter (also the warm-up; without
+    it when ``use_counter`` is False), then a timed one; FLOPs as :func:`bench.gpu_flops.count` gives them (counted
+    and analytic). Forwards are counted by the shape recorder."""
+    dims = gpu_flops.dims(model.config)
+    rollout = rollout_runner(model, tokenizer, ids, mask)
+
+    def run():
+        return rollout(args)
 
     with gpu_flops.ShapeRecorder(model) as recorder:
         flops = gpu_flops.count(run, recorder, lambda r: sum(gpu_flops.forward_flops(dims, f) for f in r.forwards),
@@ -395,16 +404,7 @@ def replayed_rollout(model, tokenizer, args, ids, mask, fixed: dict, steps: int,
     rollout, then a timed one (each rollout captures its own graphs, so the timed one pays its captures). A replay
     runs no Python, so neither torch's counter nor the shape recorder sees it: the forwards and FLOPs are the fixed
     schedule's (the same decoding), and ``tokens_equal_fixed`` checks it decoded the same tokens at temperature 0."""
-    from trl_dllm.seeding import device_generators
-    from trl_dllm.training.rollouts import generate_rollouts
-
-    spec = resolve_model_spec(model, tokenizer)
-
-    def run(config):
-        noise = device_generators(torch.arange(ids.size(0)), device())
-        with torch.no_grad():
-            return generate_rollouts(model, spec, config, ids, mask, noise, eos_token_ids=[], return_trajectory=False)
-
+    run = rollout_runner(model, tokenizer, ids, mask)
     run(args)
     start = clock()
     run(args)

@@ -45,19 +45,16 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
     axis instead — query `(b, H_kv, r q, d)` against the group's keys `(b, H_kv, N, d)`, the mask (shared by the
     heads) repeated ``r`` times along its query axis — which is the same attention, computed on the cache as it is.
 
-    Falls back to repeating the heads where that does not apply: no mask (a causal call aligns the queries to the
-    keys), or a mask per head.
+    Where that does not apply (no mask: a causal call aligns the queries to the keys; a mask per head; no grouping),
+    transformers' own ``sdpa``.
     """
     batch, heads, length, dim = query.shape
     groups = key.shape[1]
     if attention_mask is None or attention_mask.shape[1] != 1 or groups == heads:
-        if groups != heads:
-            key, value = (t.repeat_interleave(heads // groups, dim=1) for t in (key, value))
-        causal = bool(is_causal) and attention_mask is None and length > 1
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal
-        )
-        return out.transpose(1, 2).contiguous(), None
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)  # fmt: skip
     repeat = heads // groups
     query = query.reshape(batch, groups, repeat * length, dim)
     mask = attention_mask[:, :, None].expand(-1, -1, repeat, -1, -1)
