@@ -105,7 +105,8 @@ def generate_block_causal(
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(input_ids), decoded))], dim=1)
     if use_cache:
         source = BlockCausalKVCache(
-            model, prompt_length, block_length, options.mask_token_id, attention_mask, layout, options.cuda_graphs
+            model, prompt_length, block_length, options.mask_token_id, attention_mask, layout, options.cuda_graphs,
+            options.compile,
         )
     else:
         dtype = module_dtype(model) if isinstance(model, nn.Module) else torch.float32

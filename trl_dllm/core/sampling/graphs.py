@@ -1,4 +1,4 @@
-"""Denoising steps replayed as CUDA graphs: the fixed-shape forwards of the block-causal KV cache, captured once.
+"""Denoising steps over static buffers: replayed as CUDA graphs, compiled with ``torch.compile``, or both.
 
 A block-causal denoising step forwards a handful of tokens per row (SDAR: one block of 4) through every layer of an
 8B model. On a GPU its time is the host's — Python and one kernel launch per operation, about two thousand per step
@@ -15,13 +15,50 @@ eagerly and warms the kernels up), and drops its graphs when the cache's rows ch
 On a device without CUDA graphs the same static buffers run eagerly: the path is the one a GPU replays, so CPU tests
 check it against the plain cached step. What a graph cannot hold is refused when it is captured: a forward that reads
 a device value on the host (the experts' counts of an MoE layer) cannot be recorded.
+
+A graph removes the launches, not the kernels: SDAR-8B's replayed step still ran about a thousand small kernels (norms,
+rotary embeddings, activations) around its matrix products. :func:`compiled_forward` is the same cached forward
+compiled by ``torch.compile`` (Inductor fuses those elementwise chains into a few kernels); a static step runs it when
+``compile`` is on, and a graph then records the compiled kernels. Shapes are not pinned (``dynamic=None``: a size
+that changes between calls is compiled as symbolic once), so a rollout compiles its step at most a few times, and
+later rollouts of the same shapes reuse it.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["StaticStep", "StepGraphs"]
+__all__ = ["StaticStep", "StepGraphs", "compiled_forward", "static_forward"]
+
+
+def static_forward(model, cache, input_ids, attention_mask, position_ids, columns, logits_to_keep) -> torch.Tensor:
+    """The logits of one cached step whose keys and values go to the canvas ``columns`` (a tensor) of ``cache``
+    (:class:`~.kv_cache.SlotCache`): the forward that a static step replays, and that :func:`compiled_forward`
+    compiles. ``logits_to_keep``: an int (the trailing positions) or a tensor of positions."""
+    cache.columns = columns
+    try:
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+    finally:
+        cache.columns = None
+    return out.logits
+
+
+_COMPILED = []
+
+
+def compiled_forward():
+    """:func:`static_forward` under ``torch.compile`` (Inductor, ``dynamic=None``), built once per process so that
+    every rollout shares its compiled code (the compiler's cache is keyed by its guards: the model, the shapes)."""
+    if not _COMPILED:
+        _COMPILED.append(torch.compile(static_forward, dynamic=None))
+    return _COMPILED[0]
 
 
 class StaticStep:
@@ -33,10 +70,12 @@ class StaticStep:
         input_ids, attention_mask, position_ids (`torch.Tensor`): the first call's inputs; their shapes are the step's.
         columns (`torch.Tensor`): the canvas columns the step's keys and values go to.
         logits_to_keep (`int`): the trailing positions whose logits are returned.
+        forward (callable, *optional*): :func:`static_forward` (the default) or :func:`compiled_forward`'s.
     """
 
-    def __init__(self, model, cache, input_ids, attention_mask, position_ids, columns, logits_to_keep: int):
-        self.model, self.cache, self.logits_to_keep = model, cache, logits_to_keep
+    def __init__(self, model, cache, input_ids, attention_mask, position_ids, columns, logits_to_keep: int,
+                 forward=static_forward):  # fmt: skip
+        self.model, self.cache, self.logits_to_keep, self.forward = model, cache, logits_to_keep, forward
         self.input_ids, self.attention_mask = input_ids.clone(), attention_mask.clone()
         self.position_ids, self.columns = position_ids.clone(), columns.clone()
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -44,19 +83,8 @@ class StaticStep:
         self.loaded: tuple | None = None  # the per-block inputs last copied in (ids change every step, they do not)
 
     def _forward(self) -> torch.Tensor:
-        self.cache.columns = self.columns
-        try:
-            out = self.model(
-                input_ids=self.input_ids,
-                attention_mask=self.attention_mask,
-                position_ids=self.position_ids,
-                past_key_values=self.cache,
-                use_cache=True,
-                logits_to_keep=self.logits_to_keep,
-            )
-        finally:
-            self.cache.columns = None
-        return out.logits
+        return self.forward(self.model, self.cache, self.input_ids, self.attention_mask, self.position_ids,
+                            self.columns, self.logits_to_keep)  # fmt: skip
 
     def capture(self, pool=None) -> None:
         """Record the forward (one warm-up on a side stream first, as CUDA graphs need); no-op without CUDA."""
@@ -98,9 +126,11 @@ class StaticStep:
 
 class StepGraphs:
     """The captured steps of one rollout's cache, by shape ``(rows, forwarded positions, logits kept)``: a shape is
-    captured the second time it is seen; :meth:`clear` when the cache's rows change."""
+    captured the second time it is seen; :meth:`clear` when the cache's rows change. ``compile``: the captured
+    forward is :func:`compiled_forward`'s."""
 
-    def __init__(self):
+    def __init__(self, compile: bool = False):
+        self.forward = compiled_forward() if compile else static_forward
         self.steps: dict[tuple[int, int, int], StaticStep] = {}
         self.seen: set[tuple[int, int, int]] = set()
         self.pool = None
@@ -120,7 +150,7 @@ class StepGraphs:
             self.seen.add(key)
             return None
         mask, position_ids, columns = per_block
-        step = StaticStep(model, cache, input_ids, mask, position_ids, columns, logits_to_keep)
+        step = StaticStep(model, cache, input_ids, mask, position_ids, columns, logits_to_keep, self.forward)
         if input_ids.device.type == "cuda" and self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         step.capture(self.pool)

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..masks import block_attention, block_causal_mask
-from .graphs import StepGraphs
+from .graphs import StepGraphs, compiled_forward
 
 __all__ = ["GROUPED_SDPA", "BlockCausalKVCache", "SlotCache", "grouped_attention", "grouped_sdpa", "module_dtype"]
 
@@ -153,13 +153,18 @@ class BlockCausalKVCache:
             prompt is one block and positions are ``0..P + L - 1``.
         cuda_graphs (`bool`, *optional*, defaults to `False`): replay the steps of fixed shapes as CUDA graphs
             (:mod:`.graphs`; on a device without them, the same static buffers run eagerly).
+        compile (`bool`, *optional*, defaults to `False`): run every step after the first (which allocates the cache)
+            through :func:`~.graphs.compiled_forward` (``torch.compile``); with ``cuda_graphs``, the graphs record
+            the compiled step.
     """
 
     def __init__(
-        self, model, prompt_length, block_length, mask_token_id, attention_mask=None, layout=None, cuda_graphs=False
-    ):
+        self, model, prompt_length, block_length, mask_token_id, attention_mask=None, layout=None, cuda_graphs=False,
+        compile=False,
+    ):  # fmt: skip
         self.model, self.prompt_length, self.block_length = model, prompt_length, block_length
-        self.graphs = StepGraphs() if cuda_graphs else None
+        self.graphs = StepGraphs(compile) if cuda_graphs else None
+        self.compiled = compiled_forward() if compile and not cuda_graphs else None
         self.mask_token_id, self.attention_mask, self.layout = mask_token_id, attention_mask, layout
         self.dtype = module_dtype(model)
         self.cache: SlotCache | None = None  # allocated on the first call, when the canvas length is known
@@ -239,6 +244,8 @@ class BlockCausalKVCache:
                 step = self.graphs.step(self.model, self.cache, input_ids, per_block, end - start)
             if step is not None:
                 logits = step(input_ids, per_block)
+            elif self.compiled is not None and self.cache.keys:  # the first call allocates the cache: eager
+                logits = self.compiled(self.model, self.cache, input_ids, mask, position_ids, columns, end - start)
             else:
                 logits = self.model(
                     input_ids=input_ids,

@@ -159,12 +159,17 @@ class BlockCausalOptions(DecodingOptions):
         cuda_graphs (`bool`, *optional*, defaults to `False`): with the cache, replay each step of a fixed shape as a
             CUDA graph (:mod:`~trl_dllm.core.sampling.graphs`): one launch instead of one per operation. The same
             tokens as without; on a device without CUDA graphs the same static buffers run eagerly.
+        compile (`bool`, *optional*, defaults to `False`): with the cache, run the cached steps compiled by
+            ``torch.compile`` (:func:`~trl_dllm.core.sampling.graphs.compiled_forward`: fused elementwise kernels);
+            with ``cuda_graphs`` the graphs record the compiled step. The same computation, up to the rounding of
+            fused kernels.
     """
 
     use_cache: bool = True
     block_layout: str = "absolute"
     decode_to_block_end: bool = True
     cuda_graphs: bool = False
+    compile: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -175,6 +180,11 @@ class BlockCausalOptions(DecodingOptions):
             raise ValueError(
                 "cuda_graphs=True replays the cached step (its shapes are fixed); without the KV cache every step "
                 "forwards a longer canvas: set use_cache=True (block_kv_cache) or cuda_graphs=False."
+            )
+        if self.compile and not self.use_cache:
+            raise ValueError(
+                "compile=True compiles the cached step; without the KV cache every step forwards a longer canvas: set "
+                "use_cache=True (block_kv_cache) or compile=False."
             )
 
 
@@ -187,10 +197,15 @@ class CachedOptions(DecodingOptions):
     Args:
         generation_cache (`str`, *optional*, defaults to `"dual"`): ``"prefix"`` or ``"dual"``.
         refresh_every (`int`, *optional*): also refresh the cache every this many steps of a block; ``1`` is exact.
+        compile (`bool`, *optional*, defaults to `False`): run the cached steps (not the refreshes, which forward the
+            whole canvas) compiled by ``torch.compile``
+            (:func:`~trl_dllm.core.sampling.graphs.compiled_forward`). The same computation, up to the rounding of
+            fused kernels.
     """
 
     generation_cache: str = "dual"
     refresh_every: int | None = None
+    compile: bool = False
 
     def __post_init__(self):
         super().__post_init__()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .graphs import compiled_forward, static_forward
 from .kv_cache import SlotCache, module_dtype
 from .loop import DecodingState, GenerationOutput, decode_blocks
 from .options import CachedOptions, check_cache
@@ -68,10 +69,13 @@ class BidirectionalKVCache:
         mode (`str`): ``"prefix"`` or ``"dual"``.
         attention_mask (`torch.Tensor` of shape `(B, P + L)`, *optional*): padding mask of the whole canvas.
         refresh_every (`int`, *optional*): also refresh every ``refresh_every``-th call within a block; ``1`` is exact.
+        compile (`bool`, *optional*, defaults to `False`): run the cached steps through
+            :func:`~trl_dllm.core.sampling.graphs.compiled_forward` (``torch.compile``); refreshes stay eager.
     """
 
-    def __init__(self, model, prompt_length, mode="dual", attention_mask=None, refresh_every=None):
+    def __init__(self, model, prompt_length, mode="dual", attention_mask=None, refresh_every=None, compile=False):
         check_cache(mode, refresh_every)
+        self.forward = compiled_forward() if compile else static_forward
         self.model, self.prompt_length, self.mode = model, prompt_length, mode
         self.attention_mask, self.refresh_every = attention_mask, refresh_every
         self.dtype = module_dtype(model)
@@ -146,22 +150,16 @@ class BidirectionalKVCache:
             bias = _padding_bias(visible, hi - lo, self.dtype)
             position_ids = torch.arange(lo, hi, device=canvas.device)[None].expand(len(self.rows), -1)
             keep = torch.arange(end - start, device=canvas.device)  # the block: the first positions of S
-            inputs = (None if key == self.row_ids else pick, bias, position_ids, keep)
+            columns = torch.arange(lo, hi, device=canvas.device)
+            inputs = (None if key == self.row_ids else pick, bias, position_ids, keep, columns)
             if key is not None:
                 self.step_inputs[key] = inputs
         else:
             inputs = self.step_inputs[key]
-        pick, bias, position_ids, keep = inputs
+        pick, bias, position_ids, keep, columns = inputs
         self.slots.lo, self.slots.hi = lo, hi
-        out = self.model(
-            input_ids=canvas[self.rows, lo:hi],
-            attention_mask=bias,
-            position_ids=position_ids,
-            past_key_values=self.slots,
-            use_cache=True,
-            logits_to_keep=keep,
-        )
-        return out.logits if pick is None else out.logits[pick]
+        logits = self.forward(self.model, self.slots, canvas[self.rows, lo:hi], bias, position_ids, columns, keep)
+        return logits if pick is None else logits[pick]
 
     def __call__(self, canvas: torch.Tensor, rows, start: int, end: int, step_rows=None) -> torch.Tensor:
         index = _as_index(rows, canvas.shape[0], canvas.device)
@@ -206,7 +204,7 @@ def generate_cached(
     if attention_mask is not None:
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(input_ids), gen_length))], dim=1)
     source = BidirectionalKVCache(
-        model, input_ids.shape[1], options.generation_cache, attention_mask, options.refresh_every
+        model, input_ids.shape[1], options.generation_cache, attention_mask, options.refresh_every, options.compile
     )
     decode_blocks(state, source, options, generator)
     return state.output()

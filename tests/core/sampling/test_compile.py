@@ -1,0 +1,172 @@
+"""Compiled decoding (``compile`` of :class:`BlockCausalOptions` / :class:`CachedOptions`, the trainer's
+``generation_compile``): the cached steps run through :func:`trl_dllm.core.sampling.graphs.compiled_forward` and give
+the tokens, steps and log-probs of the eager cached step — at temperature 0 and, with the same keyed noise, at
+temperature 1 — with left padding, both block layouts, threshold decoding, EOS early exit (rows leaving the cache),
+the static buffers of ``cuda_graphs`` and LoRA; and the approximate caches of bidirectional models likewise.
+
+Most tests compile with the ``aot_eager`` backend: TorchDynamo traces the step (the cache's writes at a column
+tensor, its attribute set and reset, the model's forward) and AOTAutograd functionalises it, which is where a traced
+step can differ from the eager one; Inductor's kernels compute the same operations. Two tests run Inductor itself
+(C++ kernels on CPU). Tracing the tiny model takes seconds per shape on a small CPU, and a rollout compiles about five
+shapes, so the default suite runs one sampled block-causal case and one dual-cache case; the rest are marked slow.
+"""
+
+import pytest
+import torch
+
+from trl_dllm.core.sampling import CachedOptions, generate_cached, graphs
+from trl_dllm.testing import build_tiny_block_model, build_tiny_model, build_tokenizer
+
+from .conftest import BLOCK
+from .test_graphs import assert_same, run
+
+
+def _use_backend(monkeypatch, backend):
+    """The process's compiled step, rebuilt with ``backend``, counting its calls; dynamo's caches reset."""
+    torch._dynamo.reset()
+    calls = []
+    compiled = torch.compile(graphs.static_forward, backend=backend, dynamic=None)
+
+    def counted(*args):
+        calls.append(args[2].shape)
+        return compiled(*args)
+
+    monkeypatch.setattr(graphs, "_COMPILED", [counted])
+    return calls
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    yield _use_backend(monkeypatch, "aot_eager")
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def inductor(monkeypatch):
+    yield _use_backend(monkeypatch, "inductor")
+    torch._dynamo.reset()
+
+
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(temperature=1.0, top_k=5),
+        pytest.param(dict(temperature=0.0), marks=SLOW),
+        pytest.param(dict(temperature=0.0, confidence_threshold=0.9), marks=SLOW),
+        pytest.param(dict(temperature=1.0, block_layout="prompt"), marks=SLOW),
+    ],
+)
+def test_compiled_block_steps_equal_the_eager_ones(model, tokenizer, compiled, kwargs):
+    reference = run(model, tokenizer, cuda_graphs=False, **kwargs)
+    assert not compiled
+    out = run(model, tokenizer, cuda_graphs=False, compile=True, **kwargs)
+    assert_same(out, reference)
+    assert len(compiled) == out.num_forwards - 1  # every step but the first, which allocates the cache
+
+
+@SLOW
+def test_rows_leaving_the_cache(model, tokenizer, compiled):
+    full = run(model, tokenizer, cuda_graphs=False, temperature=0.0)
+    eos = int(full.completion_ids[0, 5])  # a token the model emits: rows that commit it finish early
+    kwargs = dict(temperature=0.0, eos_token_ids=[eos], eos_early_exit=True)
+    reference = run(model, tokenizer, cuda_graphs=False, **kwargs)
+    out = run(model, tokenizer, cuda_graphs=False, compile=True, **kwargs)
+    assert_same(out, reference)
+    assert out.num_row_forwards < full.num_row_forwards and compiled  # rows did leave
+
+
+@SLOW
+def test_static_buffers_run_the_compiled_step(model, tokenizer, compiled):
+    """With ``cuda_graphs`` the static steps (captured on a GPU, run as they are on CPU) call the compiled step."""
+    reference = run(model, tokenizer, cuda_graphs=False, temperature=1.0)
+    out = run(model, tokenizer, cuda_graphs=True, compile=True, temperature=1.0)
+    assert_same(out, reference)
+    assert 0 < len(compiled) < out.num_forwards  # a shape's first call runs eagerly
+
+
+@SLOW
+def test_lora_model(tokenizer, compiled):
+    peft = pytest.importorskip("peft")
+    lora = peft.get_peft_model(
+        build_tiny_block_model(tokenizer, block_length=BLOCK, seed=0),
+        peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False),
+    ).eval()
+    reference = run(lora, tokenizer, cuda_graphs=False, temperature=1.0)
+    out = run(lora, tokenizer, cuda_graphs=False, compile=True, temperature=1.0)
+    assert_same(out, reference)
+    assert compiled
+
+
+@SLOW
+def test_weights_changed_between_rollouts_are_read(model, tokenizer, compiled):
+    """A compiled step reads the parameters when it runs (training updates them in place between rollouts)."""
+    lm = build_tiny_block_model(tokenizer, block_length=BLOCK, seed=0)
+    run(lm, tokenizer, cuda_graphs=False, compile=True, temperature=0.0)
+    with torch.no_grad():
+        lm.lm_head.weight.mul_(-3)
+    reference = run(lm, tokenizer, cuda_graphs=False, temperature=0.0)
+    assert_same(run(lm, tokenizer, cuda_graphs=False, compile=True, temperature=0.0), reference)
+
+
+def _bidirectional(mode, compile, seed_model, **decoding):
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer, seed=seed_model).eval()
+    prompt = torch.randint(5, 60, (3, 5), generator=torch.Generator().manual_seed(0))
+    prompt_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
+    options = CachedOptions(
+        mask_token_id=tokenizer.mask_token_id, gen_length=12, block_length=4, diffusion_steps=12,
+        return_trajectory=True, generation_cache=mode, compile=compile, **decoding,
+    )  # fmt: skip
+    generators = [torch.Generator().manual_seed(b) for b in range(3)]
+    return generate_cached(model, prompt.masked_fill(prompt_mask == 0, 0), prompt_mask, options=options,
+                           generator=generators)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "mode, decoding",
+    [
+        ("dual", dict(temperature=1.0)),
+        pytest.param("dual", dict(temperature=1.0, eos_token_ids=[7], eos_early_exit=True), marks=SLOW),
+        pytest.param("prefix", dict(), marks=SLOW),
+        pytest.param("prefix", dict(temperature=1.0, eos_token_ids=[7], eos_early_exit=True), marks=SLOW),
+    ],
+)
+def test_compiled_cached_bidirectional_steps(compiled, mode, decoding):
+    reference = _bidirectional(mode, False, 0, **decoding)
+    out = _bidirectional(mode, True, 0, **decoding)
+    assert_same(out, reference)
+    assert compiled  # the cached steps (the refreshes, a block's first steps, stay eager)
+
+
+@SLOW
+def test_inductor_block_steps(model, tokenizer, inductor):
+    """Inductor's own kernels (C++ on CPU): the same tokens and steps; log-probs within fused-kernel rounding."""
+    for kwargs in (dict(temperature=0.0), dict(temperature=1.0, eos_token_ids=[7], eos_early_exit=True)):
+        reference = run(model, tokenizer, cuda_graphs=False, **kwargs)
+        out = run(model, tokenizer, cuda_graphs=False, compile=True, **kwargs)
+        assert torch.equal(out.sequences, reference.sequences)
+        assert torch.equal(out.unmask_step, reference.unmask_step)
+        torch.testing.assert_close(out.logprobs, reference.logprobs, rtol=1e-4, atol=1e-4)
+    assert inductor
+
+
+@SLOW
+def test_inductor_dual_cache(inductor):
+    reference = _bidirectional("dual", False, 0, temperature=1.0)
+    out = _bidirectional("dual", True, 0, temperature=1.0)
+    assert torch.equal(out.sequences, reference.sequences)
+    torch.testing.assert_close(out.logprobs, reference.logprobs, rtol=1e-4, atol=1e-4)
+    assert inductor
+
+
+def test_compile_needs_the_cache(tokenizer):
+    from trl_dllm.core.sampling import BlockCausalOptions
+
+    with pytest.raises(ValueError, match="compile=True compiles the cached step"):
+        BlockCausalOptions(
+            mask_token_id=tokenizer.mask_token_id, gen_length=8, block_length=4, diffusion_steps=2, use_cache=False,
+            compile=True,
+        )  # fmt: skip
