@@ -133,6 +133,15 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
             per operation. A cached step forwards a few tokens per row, so its time is the host's, not the GPU's
             (docs/generation.md). The same tokens as without. Not for mixture-of-experts models (their expert dispatch
             reads counts on the host, which a graph cannot record).
+        generation_compile (`bool`, *optional*, defaults to `False`):
+            Run the cached denoising steps of rollouts compiled by `torch.compile` (Inductor): block-diffusion models
+            with `block_kv_cache`, bidirectional ones with `generation_cache="prefix"` / `"dual"` (their cached steps;
+            refreshes stay eager). Compilation fuses a step's small elementwise kernels (norms, rotary embeddings,
+            activations); with `generation_cuda_graphs` the graphs record the compiled step. The first rollouts
+            compile a handful of shapes (seconds to minutes, once per process); the tokens are the eager step's up
+            to the rounding of fused kernels. Off by default until a GPU measurement shows the gain
+            (docs/generation.md). Refused under DeepSpeed ZeRO-3 / FSDP and for families that decode without our
+            cache.
         generation_cache (`str`, *optional*, defaults to `"none"`):
             Bidirectional models (LLaDA, generic): Fast-dLLM's *approximate* KV cache for rollouts. `"prefix"` reuses
             the keys/values of the prompt and the committed blocks within a block, `"dual"` also those of the later
@@ -285,6 +294,10 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
     generation_cuda_graphs: bool = field(
         default=False,
         metadata={"help": "Block-diffusion models on CUDA: replay the cached denoising step as a CUDA graph."},
+    )
+    generation_compile: bool = field(
+        default=False,
+        metadata={"help": "Compile the cached denoising step of rollouts with torch.compile (block KV cache, prefix/dual)."},
     )
     generation_cache: str = field(
         default="none",

@@ -94,6 +94,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         model_checks.warn_silent_settings(unwrapped, args, self.is_fsdp_enabled, self.accelerator.device.type)
         model_checks.check_cuda_graphs(args, self.model_spec, unwrapped, self.accelerator.device.type,
                                        self._shards_parameters)
+        model_checks.check_compile(args, self.model_spec, self._shards_parameters)
         checks.check_rollback_backend(args, self.is_deepspeed_enabled or self.is_fsdp_enabled)
         model_checks.check_merge_adapters(unwrapped, args, self._shards_parameters)
         self.reward_funcs = inputs.checked_reward_functions(self.reward_funcs, self.reward_func_names)

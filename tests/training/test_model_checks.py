@@ -119,3 +119,18 @@ def test_merge_adapters_refused_where_it_cannot_be_honoured(case, pattern):
         return
     with pytest.raises(ValueError, match=pattern):
         check_merge_adapters(model, args, sharded=case == "sharded")
+
+
+def test_generation_compile_refused_under_sharding_and_without_a_cached_step():
+    from trl_dllm.models.families.llada import LLADA_NATIVE
+    from trl_dllm.models.families.sdar import BLOCK
+    from trl_dllm.training.model_checks import check_compile
+
+    args = make(generation_compile=True)
+    with pytest.raises(ValueError, match=r"under DeepSpeed ZeRO-3 / FSDP: .* Use ZeRO-2 or DDP, or set generation_compile"):
+        check_compile(args, BLOCK, sharded=True)
+    check_compile(args, BLOCK, sharded=False)
+    with pytest.raises(ValueError, match=r"\('llada' family\) decodes the whole canvas at every step: set "):
+        check_compile(args, LLADA_NATIVE, sharded=False)
+    check_compile(make(generation_compile=True, generation_cache="dual"), LLADA_NATIVE, sharded=False)
+    check_compile(make(), LLADA_NATIVE, sharded=True)  # off: nothing to check

@@ -50,7 +50,7 @@ def test_shuffle_groups_keeps_groups_whole_and_rows_aligned():
 class _Args:
     max_completion_length, diffusion_steps, block_length, remasking = 8, 4, 4, "low_confidence"
     confidence_threshold, eos_early_exit, block_kv_cache, generation_cache = None, False, True, "none"
-    generation_cuda_graphs = False
+    generation_cuda_graphs = generation_compile = False
     temperature, top_k, top_p, min_p, cfg_scale = 0.9, 0, 1.0, None, 0.0
 
 
@@ -85,6 +85,17 @@ def test_decoding_plan_picks_the_sampler_of_the_family_and_cache():
     plan = decoding_plan(model, LLADA_NATIVE, args, eos_token_ids=[2])
     sampler, options = plan.sampler, plan.options
     assert sampler is generate_cached and isinstance(options, CachedOptions) and options.generation_cache == "dual"
+    assert options.compile is False
+
+
+def test_generation_compile_goes_to_the_cached_samplers_and_is_refused_elsewhere():
+    model, args = torch.nn.Linear(1, 1), _Args()
+    args.generation_compile = True
+    assert decoding_plan(model, dataclasses.replace(BLOCK, block_length=2), args, eos_token_ids=[2]).options.compile
+    with pytest.raises(ValueError, match=r"\('llada' family\) decodes the whole canvas .* set generation_cache='dual'"):
+        decoding_plan(model, LLADA_NATIVE, args, eos_token_ids=[2])
+    args.generation_cache = "dual"
+    assert decoding_plan(model, LLADA_NATIVE, args, eos_token_ids=[2]).options.compile is True
 
 
 def lora_model(dtype=torch.float32, seed=0):

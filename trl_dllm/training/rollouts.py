@@ -23,7 +23,7 @@ from ..core.sampling import (
 )
 from ..models import ModelSpec, model_logits_fn, require_4d_mask
 from .diffusion_gemma_rollouts import diffusion_gemma_options, generate_diffusion_gemma
-from .model_checks import check_block_guidance, check_cache_model
+from .model_checks import check_block_guidance, check_cache_model, compiled_step_problem
 
 
 def sampling_distribution(args, temperature: float | None = None) -> dict:
@@ -55,7 +55,7 @@ class DecodingPlan:
 def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
     """The one place a model family chooses its decoding, for the trainer (:func:`decoding_plan`), `trl-dllm eval`,
     the lm-eval model and `trl_dllm.generate`. `fields` are the options' fields (those of
-    [`~trl_dllm.core.sampling.DecodingOptions`], plus `generation_cache`, and the block-causal ones for a
+    [`~trl_dllm.core.sampling.DecodingOptions`], plus `generation_cache` and `compile`, and the block-causal ones for a
     block-diffusion model).
 
     - A block-diffusion family decodes block by block in its own blocks (`ModelSpec.decoding_block_length`) and its
@@ -74,6 +74,10 @@ def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
             f"generation_cuda_graphs=True replays the cached step of a block-diffusion model; this model ({spec.family!r} "
             "family) decodes without that cache: set generation_cuda_graphs=False."
         )
+    compile = fields.pop("compile", False)
+    if compile and (problem := compiled_step_problem(spec, fields.get("generation_cache", "none"))) is not None:
+        raise ValueError(f"generation_compile=True compiles the cached denoising step; {problem} set "
+                         "generation_compile=False.")  # fmt: skip
     if spec.noise == "uniform":
         fields.setdefault("eos_token_ids", spec.eos_token_ids)
         return DecodingPlan(generate_diffusion_gemma, model, diffusion_gemma_options(model, **fields))
@@ -84,12 +88,12 @@ def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
         check_cache_model(spec, cache)
         fields["block_length"] = spec.decoding_block_length(fields.get("block_length"))
         fields.setdefault("block_layout", spec.block_layout)
-        return DecodingPlan(generate_block_causal, model, BlockCausalOptions(**fields))
+        return DecodingPlan(generate_block_causal, model, BlockCausalOptions(**fields, compile=compile))
     if cache != "none":
         check_cache_model(spec, cache)
         if fields.pop("cfg_scale", 0.0):
             raise ValueError(f"generation_cache={cache!r} does not support classifier-free guidance: set cfg_scale=0.")
-        return DecodingPlan(generate_cached, model, CachedOptions(**fields, generation_cache=cache))
+        return DecodingPlan(generate_cached, model, CachedOptions(**fields, generation_cache=cache, compile=compile))
     return DecodingPlan(generate, model_logits_fn(model, spec), DecodingOptions(**fields))
 
 
@@ -117,6 +121,7 @@ def decoding_plan(
         "eos_early_exit": args.eos_early_exit,
         "return_trajectory": return_trajectory,
         "generation_cache": args.generation_cache,
+        "compile": args.generation_compile,
         **sampling_distribution(args, temperature),
     }
     if spec.noise == "uniform":
