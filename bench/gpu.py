@@ -1,7 +1,7 @@
 """GPU benchmark: the README's 8B run measured on one CUDA device — throughput, memory, numerics — beside TRL's trainer.
 
     python -m bench.gpu [--quick] [--steps 32] [--budget 480] [--families llada dream sdar llada2 llada_moe]
-                        [--batch 16] [--threshold] [--skip-trl] [--skip-launch] [--out DIR]
+                        [--batch 16] [--threshold] [--compile] [--skip-trl] [--skip-launch] [--out DIR]
 
 Random-initialised models with the released shapes of LLaDA-8B, Dream-7B, SDAR-8B, LLaDA2.0-mini and LLaDA-MoE-7B-A1B
 (native classes, bf16), one at a time, freed between. Writes ``<out>/gpu.json`` (default ``bench_out``) after every
@@ -14,6 +14,9 @@ part — a run cut short keeps what it measured — and prints a table at the en
   (``generation_cache="dual"``, LLaDA and LLaDA-MoE) and with ``--threshold`` ``confidence_threshold``: tokens/s, time
   per forward and step, MFU, peak memory; FLOPs counted by torch's counter with our formulas and analytically
   (``bench/gpu_flops.py``);
+- ``families.<f>.compiled_rollouts`` (``--compile``; SDAR and LLaDA): the same rollouts with ``generation_compile``
+  (SDAR also with ``generation_cuda_graphs``; LLaDA with the dual cache), timed warm, with the first (compiling)
+  rollout's time and a check that they decode the uncompiled tokens at temperature 0;
 - ``families.<f>.numerics`` (LLaDA, Dream, SDAR): sdpa vs eager logits, padded vs unpadded completions at
   temperature 0, the ELBO estimate in bf16 vs float32;
 - ``train``: one micro-step of recipes/llada/stabledrl_gsm8k_lora.yaml (LoRA, activation checkpointing off and on,
@@ -61,6 +64,9 @@ ESTIMATES = {
     "device peak": 1, "build": 4, "plain forward": 3, "numerics": 14,
     "rollouts at 32 steps": {"llada": 25, "dream": 15, "sdar": 24, "llada2": 26, "llada_moe": 12},
     "train step": 111, "memory plan": 26, "trl": 34, "launch": 30,
+    # not measured yet: a guess for the budget (two compiled rollouts and the compilation of a 36-layer model); the
+    # first GPU run with --compile replaces it with its `parts_seconds`
+    "compiled rollouts": 180,
 }  # fmt: skip
 
 
@@ -76,6 +82,8 @@ def parse(argv=None) -> argparse.Namespace:
                    help="seconds: skip a part that no longer fits (default 480 on a GPU, none with --quick)")
     p.add_argument("--threshold", action="store_true",
                    help="also measure confidence_threshold decoding (--quick: on LLaDA)")
+    p.add_argument("--compile", action="store_true",
+                   help="also measure generation_compile rollouts (SDAR, LLaDA's dual cache; compiles the step)")
     p.add_argument("--skip-trl", action="store_true", help="no TRL GRPOTrainer comparison")
     p.add_argument("--skip-launch", action="store_true", help="no accelerate launches (ZeRO-2/3, FSDP2)")
     p.add_argument("--plan-batches", type=int, nargs="+", default=None, help="batches tried by the memory plan")
@@ -149,7 +157,7 @@ def rollout_estimate(family: str, recipe, block: int) -> float:
     return ESTIMATES["rollouts at 32 steps"][family] * steps / (64 if family == "sdar" else 32)  # sdar: 64 measured
 
 
-def family_part(parts: Parts, shape, recipe, peak: float, threshold: bool) -> dict:
+def family_part(parts: Parts, shape, recipe, peak: float, threshold: bool, compile: bool = False) -> dict:
     entry = parts.result["families"][shape.family] = {}
     holder = {}  # the model stays out of the JSON
     built = parts(holder, "model", f"{shape.family}: build", ESTIMATES["build"], gpu_parts.build_model, shape)
@@ -164,6 +172,11 @@ def family_part(parts: Parts, shape, recipe, peak: float, threshold: bool) -> di
     block = gpu_parts.decoding_block(model, tokenizer, recipe)
     parts(entry, "rollouts", f"{shape.family}: rollouts", rollout_estimate(shape.family, recipe, block),
           gpu_parts.rollouts, model, tokenizer, shape, recipe, peak, threshold)  # fmt: skip
+    if compile and shape.family not in gpu_parts.COMPILED_SETTINGS:
+        entry["compiled_rollouts"] = {"skipped": gpu_parts.NOT_COMPILED[shape.family]}
+    elif compile and isinstance(entry.get("rollouts"), dict) and "fixed_steps" in entry["rollouts"]:
+        parts(entry, "compiled_rollouts", f"{shape.family}: compiled rollouts", ESTIMATES["compiled rollouts"],
+              gpu_parts.compiled_rollouts, model, tokenizer, shape, recipe, peak, entry["rollouts"])  # fmt: skip
     if shape.family in gpu_parts.DENSE:
         parts(entry, "numerics", f"{shape.family}: numerics", ESTIMATES["numerics"], gpu_numerics.numerics, model,
               tokenizer, shape, recipe)  # fmt: skip
@@ -239,7 +252,8 @@ def run(args, save=lambda result: None) -> dict:
     def families(names):
         for family in names:
             # --quick measures the threshold setting on one family: the same code path for all
-            family_part(parts, shapes[family], recipe, peak, args.threshold or (quick and family == "llada"))
+            family_part(parts, shapes[family], recipe, peak, args.threshold or (quick and family == "llada"),
+                        args.compile)  # fmt: skip
 
     families([f for f in args.families if f in gpu_parts.DENSE])
     if not gpu_parts.installed("trl"):  # the trainer subclasses TRL's: its parts need TRL too

@@ -276,7 +276,7 @@ def rollout_config(recipe: Recipe, **overrides) -> SimpleNamespace:
     fields = dict(max_completion_length=recipe.completion, block_length=recipe.block, diffusion_steps=recipe.steps,
                   temperature=0.9, remasking="low_confidence", top_k=0, top_p=1.0, min_p=None, cfg_scale=0.0,
                   confidence_threshold=None, generation_cache="none", block_kv_cache=True, eos_early_exit=False,
-                  generation_chunk_size=None, generation_cuda_graphs=False)  # fmt: skip
+                  generation_chunk_size=None, generation_cuda_graphs=False, generation_compile=False)  # fmt: skip
     return SimpleNamespace(**{**fields, **overrides})
 
 
@@ -400,31 +400,70 @@ def rollouts(model, tokenizer, shape: Shape, recipe: Recipe, peak_tflops: float,
 
 def replayed_rollout(model, tokenizer, args, ids, mask, fixed: dict, steps: int, recipe: Recipe,
                      peak_tflops: float) -> dict:  # fmt: skip
-    """The fixed schedule with its cached steps replayed as CUDA graphs (``generation_cuda_graphs``): a warm-up
-    rollout, then a timed one (each rollout captures its own graphs, so the timed one pays its captures). A replay
-    runs no Python, so neither torch's counter nor the shape recorder sees it: the forwards and FLOPs are the fixed
-    schedule's (the same decoding), and ``tokens_equal_fixed`` checks it decoded the same tokens at temperature 0."""
+    """A rollout timed warm (``generation_cuda_graphs``, ``generation_compile``): a first rollout (it captures the
+    graphs and compiles the step; its time is ``first_rollout_seconds``), then a timed one (each rollout captures its
+    own graphs, so the timed one pays its captures; compiled code is reused). A replay runs no Python and compiled
+    code bypasses the dispatcher, so neither torch's counter nor the shape recorder sees them: the forwards and FLOPs
+    are those of ``fixed``, the same decoding without these options, and ``tokens_equal_fixed`` checks that it decoded
+    the same tokens at temperature 0."""
     run = rollout_runner(model, tokenizer, ids, mask)
+    start = clock()
     run(args)
+    first = clock() - start
     start = clock()
     run(args)
     seconds = clock() - start
     memory_now = memory()
-    greedy = [run(SimpleNamespace(**{**vars(args), "temperature": 0.0, "generation_cuda_graphs": graphs}))
-              for graphs in (False, True)]  # fmt: skip
+    plain = {"generation_cuda_graphs": False, "generation_compile": False}
+    greedy = [run(SimpleNamespace(**{**vars(args), "temperature": 0.0, **changes})) for changes in (plain, {})]
     forwards = fixed["forwards"]
     flops = {key: fixed[key] for key in ("flops", "flops_counted", "flops_analytic", "flops_source") if key in fixed}
     tflops = flops["flops"] / seconds / 1e12
+    options = {key: True for key in plain if getattr(args, key)}
     return {
-        "generation_cuda_graphs": True, "seconds": round(seconds, 3), "forwards": forwards,
+        **options, "seconds": round(seconds, 3), "first_rollout_seconds": round(first, 3), "forwards": forwards,
         "tokens_per_s": round(recipe.batch * recipe.completion / seconds, 1),
         "forwards_per_s": round(forwards / seconds, 2), "seconds_per_forward": round(seconds / forwards, 5),
         "seconds_per_step": round(seconds / steps, 5), "tflops": sig(tflops), "mfu": sig(tflops / peak_tflops),
-        **flops, "flops_note": "the fixed schedule's (a replay is invisible to the counters)",
+        **flops, "flops_note": "the same decoding's without these options (a replay or compiled code is invisible to "
+        "the counters)",
         "speedup_over_fixed": sig(fixed["seconds"] / seconds),
         "tokens_equal_fixed": bool(torch.equal(greedy[0].completion_ids, greedy[1].completion_ids)),
         **memory_now,
     }  # fmt: skip
+
+
+COMPILED_SETTINGS = {
+    "sdar": {"compile": {"generation_compile": True},
+             "cuda_graphs_compile": {"generation_cuda_graphs": True, "generation_compile": True}},
+    "llada": {"generation_cache_dual_compile": {"generation_cache": "dual", "generation_compile": True}},
+}  # fmt: skip
+NOT_COMPILED = {
+    "dream": "its rollouts decode the whole canvas (no cached step: generation_cache is not supported with "
+             "shifted-logit families)",
+    "llada2": "mixture of experts: its expert dispatch reads counts on the host (graph breaks); not measured",
+    "llada_moe": "mixture of experts, and its native class returns no KV cache; not measured",
+}  # fmt: skip
+
+
+def compiled_rollouts(model, tokenizer, shape: Shape, recipe: Recipe, peak_tflops: float, measured: dict) -> dict:
+    """The rollouts with ``generation_compile`` (``--compile``): each setting of :data:`COMPILED_SETTINGS` timed by
+    :func:`replayed_rollout` against the same decoding uncompiled in ``measured`` (this family's ``rollouts``)."""
+    if shape.family not in COMPILED_SETTINGS:
+        return {"skipped": NOT_COMPILED.get(shape.family, "no cached step to compile")}
+    ids, mask = prompt_batch(tokenizer, recipe)
+    steps = measured["diffusion_steps"]
+    result = {}
+    for name, overrides in COMPILED_SETTINGS[shape.family].items():
+        base = measured.get("generation_cache_dual" if "generation_cache" in overrides else "fixed_steps")
+        if not isinstance(base, dict) or "seconds" not in base:
+            result[name] = {"skipped": "the uncompiled setting it is compared with was not measured"}
+            continue
+        args = rollout_config(recipe, diffusion_steps=steps, **overrides)
+        reset_peak(forget=True)
+        result[name] = replayed_rollout(model, tokenizer, args, ids, mask, base, steps, recipe, peak_tflops)
+    free()
+    return result
 
 
 def plain_forward(model, tokenizer, recipe: Recipe, peak_tflops: float, repeats: int = 3) -> dict:

@@ -88,8 +88,19 @@ def targets(result: dict) -> dict:
         None if graphed is None else round(graphed * 1000, 2), 8.0,
         "SDAR-8B denoising step at batch 16 (block KV cache, generation_cuda_graphs), ms", False, "issue 36",
     )  # fmt: skip
+    for setting, what in (("compile", "generation_compile"),
+                          ("cuda_graphs_compile", "generation_cuda_graphs and generation_compile")):
+        step = _get(fam, "sdar", "compiled_rollouts", setting, "seconds_per_step")
+        out[f"sdar_denoising_step_ms_{setting}"] = _target(
+            None if step is None else round(step * 1000, 2), 8.0,
+            f"SDAR-8B denoising step at batch 16 (block KV cache, {what}), ms", False, "issue 36",
+        )  # fmt: skip
     fixed = _get(fam, "llada", "rollouts", "fixed_steps", "seconds_per_step")
     dual = _get(fam, "llada", "rollouts", "generation_cache_dual", "seconds_per_step")
+    dual_compiled = _get(fam, "llada", "compiled_rollouts", "generation_cache_dual_compile", "seconds_per_step")
+    out["llada_dual_cache_compile_speedup"] = _target(_ratio(fixed, dual_compiled), 2.4,
+                                                      "LLaDA-8B fixed step / dual-cache step with generation_compile",
+                                                      True, "issue 36")  # fmt: skip
     out["llada_dual_cache_speedup"] = _target(_ratio(fixed, dual), 2.4, "LLaDA-8B fixed step / dual-cache step",
                                               True, "issue 36")  # fmt: skip
     steps = _get(fam, "llada", "rollouts", "diffusion_steps")

@@ -367,3 +367,26 @@ def test_launch_command_runs_on_cpu(tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert sum("'loss'" in line for line in (proc.stdout + proc.stderr).splitlines()) == 2  # 2 logged steps
+
+
+@pytest.mark.slow
+def test_compiled_rollouts_on_the_quick_shapes(monkeypatch):
+    """`--compile`'s part on CPU: SDAR's compiled settings (also with the static buffers of cuda_graphs) and LLaDA's
+    compiled dual cache decode the uncompiled tokens; other families say why they are not measured. The step is
+    compiled with the `aot_eager` backend here (tests/core/sampling/test_compile.py runs Inductor)."""
+    from trl_dllm.core.sampling import graphs
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(graphs, "_COMPILED", [torch.compile(graphs.static_forward, backend="aot_eager")])
+    recipe = gpu_parts.QUICK_RECIPE
+    for family, settings in (("sdar", {"compile", "cuda_graphs_compile"}), ("llada", {"generation_cache_dual_compile"})):
+        shape = gpu_parts.QUICK_SHAPES[family]
+        tokenizer, model = gpu_parts.build_model(shape)
+        measured = gpu_parts.rollouts(model, tokenizer, shape, recipe, 1.0, threshold=False)
+        compiled = gpu_parts.compiled_rollouts(model, tokenizer, shape, recipe, 1.0, measured)
+        assert set(compiled) == settings
+        for entry in compiled.values():
+            assert entry["tokens_equal_fixed"] is True and entry["generation_compile"] is True
+            assert entry["seconds"] > 0 and entry["first_rollout_seconds"] > 0 and entry["forwards"] > 0
+    assert "skipped" in gpu_parts.compiled_rollouts(None, None, gpu_parts.QUICK_SHAPES["dream"], recipe, 1.0, {})
+    torch._dynamo.reset()
