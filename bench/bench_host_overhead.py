@@ -1,6 +1,6 @@
 """Host work per denoising step, on CPU: aten operations dispatched and host synchronisations, per sampler.
 
-    python -m bench.bench_host_overhead [--quick] [--repeats 3] [--samplers fixed ...] [--out bench_out]
+    python -m bench.bench_host_overhead [--quick] [--repeats 3] [--samplers fixed ...] [--compile] [--out bench_out]
 
 On a GPU a denoising step of a small block (SDAR: 4 tokens per row) costs what the host spends launching kernels and
 running Python, not arithmetic; on a tiny CPU model the same is true, so this benchmark measures that host work where
@@ -18,6 +18,11 @@ off, its default) reports, per denoising step (= per model forward):
   operation on a CPU tensor), counted by wrapping them; ``syncs_per_step_outside_model`` the part outside the model;
 - ``seconds_per_step``: wall time per step of the same rollout without the counters (median over repeats), and
   ``tokens_per_second``.
+
+``--compile`` also times ``block_causal`` and ``dual_cache`` with their cached steps compiled (``compile=True``,
+Inductor): ``<sampler>_compiled`` holds ``compile_seconds`` (the first rollout, which compiles), ``seconds_per_step``,
+``tokens_per_second`` and ``speedup_over_eager`` (against the eager entry of the same run), no counts (compiled code
+runs its own kernels, which a dispatch-mode counter does not see).
 
 Counts are exact and do not depend on the machine's load; times do (see docs/benchmarks.md).
 """
@@ -155,13 +160,33 @@ def measure(size: Size, sampler: str, model, tokenizer, prompt, repeats: int) ->
     }
 
 
+COMPILED = ("block_causal", "dual_cache")
+
+
+def measure_compiled(size: Size, sampler: str, model, tokenizer, prompt, repeats: int, eager: dict) -> dict:
+    """Wall time per denoising step of ``sampler`` with ``compile=True``: the first rollout compiles (timed apart),
+    then ``repeats`` timed ones; ``eager`` is the same sampler's :func:`measure` entry."""
+    fn, options = _options(size, model, tokenizer, sampler)
+    options = replace(options, compile=True)
+    compile_seconds, _, out = timed(_rollout, fn, model, prompt, options)
+    seconds = median([timed(_rollout, fn, model, prompt, options)[0] for _ in range(repeats)])
+    steps = out.num_forwards
+    return {
+        "steps": steps,
+        "compile_seconds": round(compile_seconds, 2),
+        "seconds_per_step": round(seconds / steps, 6),
+        "tokens_per_second": round(out.completion_ids.numel() / seconds, 1),
+        "speedup_over_eager": round(eager["seconds_per_step"] / (seconds / steps), 3),
+    }
+
+
 def host_size(size: Size) -> Size:
     """The benchmark's size: ``size``'s model and batch, a shorter canvas (host work per step does not grow with it,
     and the counted rollout runs every operation through Python)."""
     return replace(size, prompt=min(size.prompt, 32), completion=min(size.completion, 64))
 
 
-def run(size: Size, repeats: int = 3, samplers=SAMPLERS) -> dict:
+def run(size: Size, repeats: int = 3, samplers=SAMPLERS, compile: bool = False) -> dict:
     size = host_size(size)
     tokenizer, model = build(size)
     model.eval()
@@ -169,6 +194,9 @@ def run(size: Size, repeats: int = 3, samplers=SAMPLERS) -> dict:
     results = {"environment": environment(size)}
     for sampler in samplers:
         results[sampler] = measure(size, sampler, model, tokenizer, prompt, repeats)
+        if compile and sampler in COMPILED:
+            results[f"{sampler}_compiled"] = measure_compiled(size, sampler, model, tokenizer, prompt, repeats,
+                                                              results[sampler])  # fmt: skip
     results["targets"] = {
         f"syncs_{sampler}": target(results[sampler]["syncs_per_step_outside_model"], 1,
                                    f"{sampler}: the sampler's host synchronisations per denoising step")
@@ -180,9 +208,11 @@ def run(size: Size, repeats: int = 3, samplers=SAMPLERS) -> dict:
 def main(argv=None) -> dict:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=list(SAMPLERS))
+    p.add_argument("--compile", action="store_true", help="also time block_causal and dual_cache compiled")
     args = p.parse_args(argv)
     size = setup(args)
-    result = run(size, repeats=args.repeats or (1 if args.quick else 3), samplers=args.samplers)
+    result = run(size, repeats=args.repeats or (1 if args.quick else 3), samplers=args.samplers,
+                 compile=args.compile)  # fmt: skip
     emit("host_overhead", result, args.out)
     return result
 

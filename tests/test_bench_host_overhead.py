@@ -42,3 +42,21 @@ def test_the_counter_sees_syncs_and_model_ops():
         x[x > 0]
     assert counter.ops > counter.ops_outside >= 4
     assert counter.syncs == counter.syncs_outside == 3  # tolist, bool, boolean index
+
+
+@pytest.mark.slow
+def test_compiled_samplers_are_timed(monkeypatch):
+    """`--compile`: the compiled block-causal and dual-cache rollouts are timed against the eager ones of the same run
+    (compiled with the `aot_eager` backend here, to keep the test short)."""
+    import torch
+
+    from trl_dllm.core.sampling import graphs
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(graphs, "_COMPILED", [torch.compile(graphs.static_forward, backend="aot_eager")])
+    result = bench_host_overhead.run(QUICK, repeats=1, samplers=("fixed", "dual_cache"), compile=True)
+    assert "fixed_compiled" not in result
+    entry = result["dual_cache_compiled"]
+    assert entry["steps"] == result["dual_cache"]["steps"] and entry["compile_seconds"] > 0
+    assert all(math.isfinite(entry[key]) and entry[key] > 0 for key in ("seconds_per_step", "speedup_over_eager"))
+    torch._dynamo.reset()
