@@ -420,6 +420,10 @@ def replayed_rollout(model, tokenizer, args, ids, mask, fixed: dict, steps: int,
     flops = {key: fixed[key] for key in ("flops", "flops_counted", "flops_analytic", "flops_source") if key in fixed}
     tflops = flops["flops"] / seconds / 1e12
     options = {key: True for key in plain if getattr(args, key)}
+    if args.generation_compile:  # graphs TorchDynamo built so far in this process (its recompile limit is 8 per function)
+        from torch._dynamo.utils import counters
+
+        options["compiled_graphs"] = counters["stats"]["unique_graphs"]
     return {
         **options, "seconds": round(seconds, 3), "first_rollout_seconds": round(first, 3), "forwards": forwards,
         "tokens_per_s": round(recipe.batch * recipe.completion / seconds, 1),
