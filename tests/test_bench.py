@@ -1,6 +1,7 @@
 """Smoke test of the benchmarks (bench/): every one runs at a tiny size and writes JSON with finite ratios.
 
 No timing assertions: the numbers of a tiny model on a shared machine mean nothing; docs/benchmarks.md has real ones.
+Marked slow (`make test-slow`, run by CI): the quick run of every benchmark takes minutes on a small machine.
 """
 
 import json
@@ -15,6 +16,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import run_all  # noqa: E402
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

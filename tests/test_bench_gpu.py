@@ -1,6 +1,8 @@
 """`python -m bench.gpu --quick`: every path of the GPU benchmark on CPU with tiny shapes; the JSON's structure and
 its numbers (all finite). No timing or target assertions: the numbers of a tiny CPU run mean nothing (docs/gpu.md).
-The CUDA-only paths (the accelerate launches, out-of-memory handling) are covered by building their inputs."""
+The CUDA-only paths (the accelerate launches, out-of-memory handling) are covered by building their inputs. The tests
+that read the whole quick run are marked slow (`make test-slow`, run by CI): the run takes minutes on a small
+machine."""
 
 import dataclasses
 import json
@@ -55,12 +57,14 @@ def leaves(tree, prefix=""):
         yield prefix, tree
 
 
+@pytest.mark.slow
 def test_every_number_is_finite(result):
     numbers = {p: v for p, v in leaves(result) if isinstance(v, (int, float)) and not isinstance(v, bool)}
     assert len(numbers) > 100
     assert not {p: v for p, v in numbers.items() if not math.isfinite(v)}
 
 
+@pytest.mark.slow
 def test_every_part_is_reported(result):
     assert result["environment"]["quick"] is True and result["environment"]["device"] == "cpu"
     assert result["finished"] is True and result["errors"] == {} and result["parts_skipped"] == {}
@@ -95,6 +99,7 @@ def test_every_part_is_reported(result):
     assert set(result["parts_seconds"]) >= {"device peak", "llada: rollouts", "memory plan", "accelerate launches"}
 
 
+@pytest.mark.slow
 def test_steps_are_valid_for_every_family(result):
     """SDAR decodes 4-token blocks: 8 completion tokens are 2 blocks, so its steps are a multiple of 2."""
     for family, entry in result["families"].items():
@@ -106,6 +111,7 @@ def test_steps_are_valid_for_every_family(result):
     assert gpu_parts.valid_steps(30, 256, 32) == 32 and gpu_parts.valid_steps(1000, 256, 32) == 256
 
 
+@pytest.mark.slow
 def test_train_step_is_split_into_its_phases(result):
     train = result["train"]
     ours = train[gpu_report.ours_row(train)]  # the recipe's checkpointing setting: the row that ran the rollout
@@ -132,6 +138,7 @@ def test_train_step_is_split_into_its_phases(result):
     assert all(value > 0 for value in overhead.values()) and "rollout_overhead" not in other
 
 
+@pytest.mark.slow
 def test_checkpointing_is_active_in_the_measured_step(result):
     """Turned on as `Trainer.train()` turns it on, and seen on inside the measured loss forward."""
     train = result["train"]
@@ -144,6 +151,7 @@ def test_checkpointing_is_active_in_the_measured_step(result):
     assert result["memory_plan"]["tried"]["2"]["checkpointing_requested"] == train["recipe_checkpointing"]
 
 
+@pytest.mark.slow
 def test_update_at_one_and_four_mc_samples(result):
     train = result["train"]
     one, four = train["lora_mc_samples_1"], train["lora_mc_samples_4"]
@@ -152,6 +160,7 @@ def test_update_at_one_and_four_mc_samples(result):
     assert "skipped" in result["targets"]["update_memory_mc4_over_mc1"]  # no device memory on CPU
 
 
+@pytest.mark.slow
 def test_ratios_scaled_to_the_recipe_steps(result):
     ratios = result["ratios"]
     assert ratios["measured_steps"] == 2 and ratios["scaled_to_steps"] == 128 and "scaled" in ratios["note"]
@@ -159,6 +168,7 @@ def test_ratios_scaled_to_the_recipe_steps(result):
     assert ratios["step_over_trl_dual_cache"] > 0 and "dual" in ratios["dual_cache_note"]
 
 
+@pytest.mark.slow
 def test_targets_and_launches(result):
     for name, t in result["targets"].items():
         assert "what" in t and "source" in t and ("met" in t or "skipped" in t), name
