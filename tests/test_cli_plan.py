@@ -186,3 +186,27 @@ def test_plan_refuses_what_the_trainer_refuses_on_diffusion_gemma(diffusion_gemm
               "--estimator", "elbo"])  # fmt: skip
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "estimator" in err and "There is no training run to plan." in err
+
+
+def test_cli_md_quotes_the_diffusion_gemma_plan(tmp_path, monkeypatch, capsys):
+    """docs/cli.md's DiffusionGemma plan: the table it quotes and the variants' numbers are what the commands print."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    section = text[text.index("### DiffusionGemma") : text.index("## `trl-dllm demo`")]
+    setup = re.search(r'python -c "(.*?)"\n', section, re.S).group(1).replace("\\\n", "")
+    command = re.search(r"\ntrl-dllm plan (.*?)\n```", section, re.S).group(1).replace("\\\n", "").split()
+    quoted = re.search(r"```text\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(setup, {})
+    recipe = str(Path(__file__).resolve().parents[1] / command[1])
+    argv = [command[0], recipe, *command[2:]]
+    status, out, _ = run(capsys, *argv)
+    assert status == 0 and out.strip() == quoted.strip()
+    variants = re.search(r"`--mc_samples 1` plans (.*?) GB \(largest batch (\d+)\); with `--gpu_memory_gb 141` \(an "
+                         r"H200\) (.*?) GB \(largest batch (\d+)\); with both, (.*?) GB, which fits \(largest batch "
+                         r"(\d+)\); with `--activation_checkpointing false`, (.*?) GB", " ".join(section.split()))
+    for extra, total, largest in ((["--mc_samples", "1"], 1, 2), (["--gpu_memory_gb", "141"], 3, 4),
+                                  (["--mc_samples", "1", "--gpu_memory_gb", "141"], 5, 6),
+                                  (["--activation_checkpointing", "false"], 7, None)):  # fmt: skip
+        report = json.loads(run(capsys, *argv, *extra, "--json")[1])
+        assert report["total_gb"] == float(variants.group(total)), extra
+        assert largest is None or report["largest_batch"] == int(variants.group(largest)), extra
