@@ -41,8 +41,10 @@ call's graph the head's transient ``12CV`` per row: in the last call's forward t
 
 **Rollout** (no grad, one row per ``generate()`` call): the encoder's KV cache of the prompt and the decoded canvases
 (``S = P + L`` at the last canvas), and the larger of one layer's prefill transient on ``P`` tokens and a denoising
-step's ``18CV``: the float32 logits, the previous step's logits kept for self-conditioning, their softmax and its bf16
-copy, and the sampler's float32 probabilities.
+step's ``26CV`` (``_denoising_step`` of transformers' ``generation_diffusion_gemma.py``, read, not measured): the raw
+and the temperature-processed float32 logits, the float32 sampling probabilities, the previous step's logits kept in
+bf16 for self-conditioning, and the entropy-bound sampler's ``Categorical``: its normalised logits, probabilities and
+their product.
 """
 
 from __future__ import annotations
@@ -50,13 +52,13 @@ from __future__ import annotations
 import math
 
 from .architecture import Architecture
-from .phases import lora_saved_bytes
+from .phases import lora_saved_bytes, phases_of
 
 __all__ = ["encoder_decoder_phase_bytes", "layer_bytes"]
 
 _HEAD_SAVED = 8  # bytes per canvas position and vocabulary entry the graph keeps: tanh and log_softmax outputs (fp32)
 _HEAD_TRANSIENT = 12  # the last call's entropy or the backward's gradients (module docstring)
-_ROLLOUT_STEP = 18  # logits, kept self-conditioning logits, their softmax, its bf16 copy, the sampler's probabilities
+_ROLLOUT_STEP = 26  # raw, processed logits, probabilities; bf16 self-conditioning logits; Categorical's three
 
 
 def layer_bytes(arch: Architecture, s, q: int, kv: int) -> dict[str, float]:
@@ -110,10 +112,4 @@ def encoder_decoder_phase_bytes(arch: Architecture, s) -> dict[str, float]:
 
     # Rollout: one row per generate(); the cache of the prompt and every decoded canvas.
     rollout = cache + max(s.prompt_length * transient, _ROLLOUT_STEP * C * V)
-    return {
-        "rollout": rollout,
-        "kv_cache": cache,
-        "scoring": scoring if (s.old_pass or s.ref_pass) else 0.0,
-        "update_activations": update - logits,
-        "logits": logits,
-    }
+    return phases_of(s, rollout=rollout, kv_cache=cache, scoring=scoring, update=update, logits=logits)

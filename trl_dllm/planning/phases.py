@@ -51,7 +51,7 @@ from ..core.likelihood import ESTIMATORS
 from .architecture import Architecture
 
 __all__ = ["Settings", "Views", "layer_saved_bytes", "layer_transient_bytes", "lora_saved_bytes", "phase_bytes",
-           "views_of"]
+           "phases_of", "views_of"]
 
 # TRL 1.16's ChunkedLogProbFunction: TOKEN_CHUNK_SIZE tokens × a vocabulary chunk per projection tile (float32).
 _TILE_TOKENS, _TILE_VOCAB = 4096, 4096
@@ -250,6 +250,13 @@ def phase_bytes(arch: Architecture, s: Settings) -> dict[str, float]:
     if s.activation_checkpointing:
         backward += tokens * per_token
     update = max(alive * graph + logits, backward)
+    return phases_of(s, rollout=rollout, kv_cache=kv_cache, scoring=scoring, update=update, logits=logits)
+
+
+def phases_of(s: Settings, *, rollout: float, kv_cache: float, scoring: float, update: float,
+              logits: float) -> dict[str, float]:  # fmt: skip
+    """The phases a planner returns, from each phase's peak: no scoring pass without an old or reference estimate,
+    the update's activations its peak less the log-probs."""
     return {
         "rollout": rollout,
         "kv_cache": kv_cache,
