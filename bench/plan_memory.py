@@ -3,8 +3,10 @@
     python -m bench.plan_memory [--families llada dream sdar llada2 llada_moe ...] [--out bench_out]
 
 For each family a small model of the family's own architecture (:func:`trl_dllm.models.tiny_families.tiny_original_config`
-with the sizes below, bf16, LoRA in PEFT's float32 as the trainer has it) runs one estimate of the current policy
-through :func:`trl_dllm.core.likelihood.estimate` with the model's logits function, under bf16 autocast, and the
+with the sizes below; DiffusionGemma: transformers' class sized by :data:`DIFFUSION_GEMMA_SIZES`, its reference LoRA
+targets; bf16, LoRA in PEFT's float32 as the trainer has it) runs one estimate of the current policy
+through :func:`trl_dllm.core.likelihood.estimate` with the model's logits function (DiffusionGemma: its denoiser,
+``uniform_block``), under bf16 autocast, and the
 backward of its sum, in a fresh child process: ``MALLOC_MMAP_THRESHOLD_=65536`` (every tensor of 64 KiB or more is its
 own mapping, returned when freed), warm-up on a tiny input, ``gc.collect(); malloc_trim(0)``, reset the peak RSS
 (``echo 5 > /proc/self/clear_refs``), run, read ``VmHWM`` — the method of :mod:`bench.bench_memory`. The measured peak
@@ -77,6 +79,8 @@ CASES = {
     "diffusion_gemma_checkpointing": Case("diffusion_gemma", intermediate=512, batch=4, completion=64,
                                           estimator="uniform_block", activation_checkpointing=True, lora_dropout=0.0,
                                           lora_targets=(), extra=DIFFUSION_GEMMA_SIZES),
+    "diffusion_gemma_full": Case("diffusion_gemma", intermediate=512, batch=4, completion=64, estimator="uniform_block",
+                                 lora_r=0, lora_dropout=0.0, lora_targets=(), extra=DIFFUSION_GEMMA_SIZES),
 }  # fmt: skip
 
 
@@ -167,8 +171,9 @@ def measure_child(case: Case) -> tuple[float, str]:
         model = DiffusionGemmaForBlockDiffusion(config).to(torch.bfloat16)
         if case.activation_checkpointing:  # non-reentrant, as the trainer sets it on this family
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model = get_peft_model(model, diffusion_gemma.lora_config(r=case.lora_r, lora_alpha=2 * case.lora_r,
-                                                                  lora_dropout=case.lora_dropout))  # fmt: skip
+        if case.lora_r:  # else full fine-tuning, every weight trained
+            model = get_peft_model(model, diffusion_gemma.lora_config(r=case.lora_r, lora_alpha=2 * case.lora_r,
+                                                                      lora_dropout=case.lora_dropout))  # fmt: skip
         logits_fn, mask_token_id = diffusion_gemma.denoise_fn(model), None
         values = {"vocab_size": case.vocab, "canvas_length": config.canvas_length, "fill_token_id": case.vocab - 2,
                   "mc_samples": case.mc_samples, "self_conditioning": False}  # fmt: skip

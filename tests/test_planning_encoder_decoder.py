@@ -100,9 +100,9 @@ def test_decoder_only_formulas_refuse_an_encoder_decoder_model():
 @pytest.mark.slow
 def test_cpu_peak_diffusion_gemma():
     """The update (uniform_block, 2 canvases × 2 corruptions kept, the family's LoRA) measured on CPU vs planned,
-    within ±15% (bench/plan_memory.py; activation checkpointing off and on)."""
+    within ±15% (bench/plan_memory.py; activation checkpointing off and on, and full fine-tuning)."""
     from bench.plan_memory import CASES, compare
 
-    rows = compare([CASES["diffusion_gemma"], CASES["diffusion_gemma_checkpointing"]])
+    rows = compare([CASES[name] for name in ("diffusion_gemma", "diffusion_gemma_checkpointing", "diffusion_gemma_full")])
     assert all(0.85 <= row["planned_over_measured"] <= 1.15 for row in rows), rows
 

@@ -13,7 +13,8 @@ the micro-batch rows, ``S = P + L`` the context.
 runs the encoder on the whole context ``[prompt | completion]`` (``S`` tokens, with grad: its layers carry LoRA
 adapters) and the decoder on one canvas, and every call's graph is kept until the backward of their sum (the
 estimator has no chunked recompute). What autograd keeps per call (checked op by op with saved-tensor hooks on a small
-model with the family's LoRA, bf16 autocast):
+model with the family's LoRA under bf16 autocast on CPU, 2026-11-26; the sum against the measured peak:
+``bench/plan_memory.py``):
 
 - per layer and token, encoder (``S`` tokens) and decoder (``C`` tokens) alike: eight RMSNorms' float32 inputs
   ``8 · 4h`` and the query/key/value norms' ``4(q_i + 2kv_i)``; the dense MLP's ``3aI``; the routed MLP's
