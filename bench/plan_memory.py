@@ -37,7 +37,8 @@ DIFFUSION_GEMMA_SIZES = {"head_dim": 64, "num_global_key_value_heads": 1, "globa
 
 @dataclass(frozen=True)
 class Case:
-    """One measured configuration: a family's small shape, the batch, the estimator and the memory switches."""
+    """One measured configuration: a family's small shape, the batch, the estimator and the memory switches;
+    ``grad=False``: the no-grad pass of the old / reference estimate (planned: ``scoring``) instead of the update."""
 
     family: str
     hidden: int = 256
@@ -60,6 +61,7 @@ class Case:
     lora_targets: tuple = ("q_proj", "k_proj", "v_proj", "up_proj")
     lora_dropout: float = 0.05
     extra: dict = field(default_factory=dict)
+    grad: bool = True
 
 
 CASES = {
@@ -81,6 +83,13 @@ CASES = {
                                           lora_targets=(), extra=DIFFUSION_GEMMA_SIZES),
     "diffusion_gemma_full": Case("diffusion_gemma", intermediate=512, batch=4, completion=64, estimator="uniform_block",
                                  lora_r=0, lora_dropout=0.0, lora_targets=(), extra=DIFFUSION_GEMMA_SIZES),
+    # its old / reference pass (no grad), 8 rows of 64 + 128 tokens: the context's share large, then the head's
+    "diffusion_gemma_scoring": Case("diffusion_gemma", intermediate=512, batch=8, completion=128,
+                                    estimator="uniform_block", lora_dropout=0.0, lora_targets=(),
+                                    extra=DIFFUSION_GEMMA_SIZES, grad=False),
+    "diffusion_gemma_scoring_vocab": Case("diffusion_gemma", intermediate=512, vocab=16384, batch=8, completion=128,
+                                          estimator="uniform_block", lora_dropout=0.0, lora_targets=(),
+                                          extra=DIFFUSION_GEMMA_SIZES, grad=False),
 }  # fmt: skip
 
 
@@ -125,7 +134,7 @@ def logits_path(logits_fn, device: str = "cpu") -> str:
 
 
 def planned_bytes(case: Case, logits: str = "chunked") -> float:
-    """``update_activations + logits`` of the planner for ``case``."""
+    """``update_activations + logits`` of the planner for ``case`` (``scoring`` for a no-grad case)."""
     from trl_dllm.models.families import native_config, native_layout
     from trl_dllm.planning import Settings, architecture_from_config, phase_bytes
 
@@ -146,7 +155,7 @@ def planned_bytes(case: Case, logits: str = "chunked") -> float:
         activation_checkpointing=case.activation_checkpointing, logits=logits, device="cpu",
     )  # fmt: skip
     phases = phase_bytes(arch, settings)
-    return phases["update_activations"] + phases["logits"]
+    return phases["update_activations"] + phases["logits"] if case.grad else phases["scoring"]
 
 
 def measure_child(case: Case) -> tuple[float, str]:
@@ -207,14 +216,18 @@ def measure_child(case: Case) -> tuple[float, str]:
                 "score_mask": torch.ones(rows, completion, dtype=torch.long),
                 "seeds": torch.arange(rows, dtype=torch.long), "mask_token_id": mask_token_id}  # fmt: skip
 
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        estimate(case.estimator, logits_fn, **inputs(1, case.block_length, case.block_length), **options
-                 ).logps.sum().backward()  # fmt: skip
+    def run(rows: dict, scorer) -> None:
+        logps = estimate(case.estimator, scorer, **rows, **options).logps
+        if case.grad:
+            logps.sum().backward()
+
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.set_grad_enabled(case.grad):
+        run(inputs(1, case.block_length, case.block_length), logits_fn)
         model.zero_grad(set_to_none=True)
         batch = inputs(case.batch, case.prompt, case.completion)
         _reset_peak()
         before = _status_kb("VmRSS")
-        estimate(case.estimator, logits_fn, **batch, **options).logps.sum().backward()
+        run(batch, logits_fn)
         peak = _status_kb("VmHWM")
     path = logits_path(logits_fn)
     del model, logits_fn, batch
@@ -238,7 +251,7 @@ def compare(cases: list[Case]) -> list[dict]:
     rows = []
     for case, (measured, logits) in zip(cases, measure(cases)):
         planned = planned_bytes(case, logits)
-        rows.append({"family": case.family, "estimator": case.estimator,
+        rows.append({"family": case.family, "estimator": case.estimator, "grad": case.grad,
                      "activation_checkpointing": case.activation_checkpointing,
                      "checkpoint_views": case.checkpoint_views, "logits": logits,
                      "measured_mb": round(measured / 1e6, 2), "planned_mb": round(planned / 1e6, 2),

@@ -37,8 +37,10 @@ call's graph the head's transient ``12CV`` per row: in the last call's forward t
 ``gather``, ``log_softmax`` and ``tanh`` (``12CV``).
 
 **Old / reference scoring** (no grad, ``B`` rows a call): the encoder's KV cache of every layer
-``Σ_i 2a·kv_i·S_i`` per row, and the larger of one encoder layer's transient on ``S`` tokens and the head's
-``12CV`` (the float32 logits, their log-softmax, ``exp`` and product; ``+ 4CV`` with self-conditioning).
+``Σ_i 2a·kv_i·S_i`` and the masks per row, and the larger of the encoder pass (one layer's largest stage on ``S``
+tokens, and the previous call's float32 log-probabilities ``4CV``) and the head's ``12CV`` (the float32 logits, their
+log-softmax, ``exp`` and product; ``+ 4CV`` with self-conditioning). Measured on CPU (``bench/plan_memory.py``): within
+2% where the head dominates (as on the released shape), 18% low where the context does.
 
 **Rollout** (no grad, one row per ``generate()`` call): the encoder's KV cache of the prompt and the decoded canvases
 (``S = P + L`` at the last canvas), and the larger of one layer's prefill transient on ``P`` tokens and a denoising
@@ -71,8 +73,11 @@ def layer_bytes(arch: Architecture, s, q: int, kv: int) -> dict[str, float]:
     if not s.lora_r:  # full fine-tuning: linear inputs, the normalised outputs the norm weights multiply
         saved += a * (3 * h + q + arch.intermediate) + k * a * (h + arch.expert_intermediate) + 7 * 4 * h
         saved += 4 * (q + kv)
-    transient = 2 * a * h + 3 * a * arch.intermediate + k * (3 * a * arch.expert_intermediate + a * h)
-    return {"saved": saved, "transient": transient}
+    stages = (a * h + 4 * a * q + 2 * a * kv,  # attention: input, q, k, v, keys and values expanded, output
+              3 * a * arch.intermediate,  # dense MLP: gate, up, their product
+              a * h + k * (a * h + 4 * a * arch.expert_intermediate),  # experts in: gathered rows, gate/up, product
+              a * h + k * (2 * a + 8) * h)  # experts out: gathered rows, outputs, float32 weighted and reordered
+    return {"saved": saved, "transient": a * h + max(stages)}  # the residual stream, and the largest stage
 
 
 def _keys(arch: Architecture, context: int, sliding: bool) -> int:
@@ -105,11 +110,14 @@ def encoder_decoder_phase_bytes(arch: Architecture, s) -> dict[str, float]:
     logits = calls * B * _HEAD_SAVED * C * V + B * head_transient
     update = calls * graph + B * max(head_transient, largest_layer)
 
-    # Old / reference scoring: one call of B rows at a time, no grad.
+    # Old / reference scoring: one call of B rows at a time, no grad; the previous call's log-probs live on into the
+    # next call's encoder pass.
     cache = sum(2 * a * kv * _keys(arch, S, sliding) for _, kv, sliding in arch.attention)
-    transient = layer_bytes(arch, s, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim)["transient"]
+    transient = max(layer_bytes(arch, s, q, kv)["transient"] for q, kv, _ in arch.attention)
+    masks = len(layer_types) * a * (S * S + C * (S + C))
     scoring_head = head_transient + (4 * C * V if s.self_conditioning else 0)
-    scoring = B * (cache + max(S * transient, scoring_head))
+    previous = 4 * C * V if calls > 1 else 0
+    scoring = B * (cache + masks + max(S * transient + previous, scoring_head))
 
     # Rollout: one row per generate(); the cache of the prompt and every decoded canvas.
     rollout = cache + max(s.prompt_length * transient, _ROLLOUT_STEP * C * V)
