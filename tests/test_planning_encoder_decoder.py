@@ -114,8 +114,8 @@ def test_cpu_peak_diffusion_gemma():
 @pytest.mark.slow
 def test_cpu_peak_diffusion_gemma_old_pass():
     """The no-grad old / reference pass measured on CPU vs planned (bench/plan_memory.py): within ±15% where the head's
-    float32 (C, V) tensors dominate, as on the released shape (805 MB of them per row against about 150 MB for the
-    512-token context); where the context dominates (a vocabulary of 4096) the plan is low, by less than 25%."""
+    float32 (C, V) tensors dominate, as on the released shape (805 MB of them per row against 144 MB for the
+    512-token context's largest layer stage); where the context dominates (a vocabulary of 4096) the plan is low, by less than 25%."""
     from bench.plan_memory import CASES, compare
 
     context, head = compare([CASES["diffusion_gemma_scoring"], CASES["diffusion_gemma_scoring_vocab"]])

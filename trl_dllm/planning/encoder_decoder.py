@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 
 from .architecture import Architecture
-from .phases import lora_saved_bytes, phases_of
+from .phases import Settings, lora_saved_bytes, phases_of
 
 __all__ = ["encoder_decoder_phase_bytes", "layer_bytes"]
 
@@ -64,7 +64,7 @@ _HEAD_TRANSIENT = 12  # the last call's entropy or the backward's gradients (mod
 _ROLLOUT_STEP = 26  # raw, processed logits, probabilities; bf16 self-conditioning logits; Categorical's three
 
 
-def layer_bytes(arch: Architecture, s, q: int, kv: int) -> dict[str, float]:
+def layer_bytes(arch: Architecture, s: Settings, q: int, kv: int) -> dict[str, float]:
     """Per token, one layer of query width ``q`` and key/value width ``kv``: ``saved`` (what autograd keeps, less
     attention's keys and values, which depend on the side: module docstring), ``transient`` (no grad)."""
     a, h, k = s.activation_bytes, arch.hidden, arch.top_k
@@ -84,7 +84,7 @@ def _keys(arch: Architecture, context: int, sliding: bool) -> int:
     return min(context, arch.sliding_window) if sliding and arch.sliding_window else context
 
 
-def encoder_decoder_phase_bytes(arch: Architecture, s) -> dict[str, float]:
+def encoder_decoder_phase_bytes(arch: Architecture, s: Settings) -> dict[str, float]:
     """The phases of :func:`trl_dllm.planning.phases.phase_bytes` (same keys, same meaning) for an encoder-decoder
     model (``arch.canvas_length`` set), from the module docstring's counts."""
     a, C, V, B = s.activation_bytes, arch.canvas_length, arch.vocab, s.batch
