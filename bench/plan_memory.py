@@ -3,8 +3,10 @@
     python -m bench.plan_memory [--families llada dream sdar llada2 llada_moe ...] [--out bench_out]
 
 For each family a small model of the family's own architecture (:func:`trl_dllm.models.tiny_families.tiny_original_config`
-with the sizes below, bf16, LoRA in PEFT's float32 as the trainer has it) runs one estimate of the current policy
-through :func:`trl_dllm.core.likelihood.estimate` with the model's logits function, under bf16 autocast, and the
+with the sizes below; DiffusionGemma: transformers' class sized by :data:`DIFFUSION_GEMMA_SIZES`, its reference LoRA
+targets; bf16, LoRA in PEFT's float32 as the trainer has it) runs one estimate of the current policy
+through :func:`trl_dllm.core.likelihood.estimate` with the model's logits function (DiffusionGemma: its denoiser,
+``uniform_block``), under bf16 autocast, and the
 backward of its sum, in a fresh child process: ``MALLOC_MMAP_THRESHOLD_=65536`` (every tensor of 64 KiB or more is its
 own mapping, returned when freed), warm-up on a tiny input, ``gc.collect(); malloc_trim(0)``, reset the peak RSS
 (``echo 5 > /proc/self/clear_refs``), run, read ``VmHWM`` — the method of :mod:`bench.bench_memory`. The measured peak
@@ -28,9 +30,15 @@ from bench.bench_memory import _reset_peak, _status_kb
 ROOT = Path(__file__).resolve().parents[1]
 
 
+DIFFUSION_GEMMA_SIZES = {"head_dim": 64, "num_global_key_value_heads": 1, "global_head_dim": 128, "num_experts": 4,
+                         "top_k_experts": 2, "moe_intermediate_size": 128, "canvas_length": 32}  # fmt: skip
+"""A small DiffusionGemma's sizes beyond :class:`Case`'s (its text config; ``canvas_length`` its own)."""
+
+
 @dataclass(frozen=True)
 class Case:
-    """One measured configuration: a family's small shape, the batch, the estimator and the memory switches."""
+    """One measured configuration: a family's small shape, the batch, the estimator and the memory switches;
+    ``grad=False``: the no-grad pass of the old / reference estimate (planned: ``scoring``) instead of the update."""
 
     family: str
     hidden: int = 256
@@ -53,6 +61,7 @@ class Case:
     lora_targets: tuple = ("q_proj", "k_proj", "v_proj", "up_proj")
     lora_dropout: float = 0.05
     extra: dict = field(default_factory=dict)
+    grad: bool = True
 
 
 CASES = {
@@ -65,7 +74,38 @@ CASES = {
     # the memory switches: activation checkpointing; each of 4 antithetic chunks recomputed in backward
     "llada_checkpointing": Case("llada", activation_checkpointing=True),
     "llada_recompute": Case("llada", mc_samples=2, antithetic=True, checkpoint_views=True),
+    # DiffusionGemma: encoder on [prompt | completion], decoder on 2 canvases of 32, 2 corruptions each, the family's
+    # LoRA (r 8, no dropout); 3 sliding layers and a full one with wider heads, 4 experts top-2 beside the dense MLP
+    "diffusion_gemma": Case("diffusion_gemma", intermediate=512, batch=4, completion=64, estimator="uniform_block",
+                            lora_dropout=0.0, lora_targets=(), extra=DIFFUSION_GEMMA_SIZES),
+    "diffusion_gemma_checkpointing": Case("diffusion_gemma", intermediate=512, batch=4, completion=64,
+                                          estimator="uniform_block", activation_checkpointing=True, lora_dropout=0.0,
+                                          lora_targets=(), extra=DIFFUSION_GEMMA_SIZES),
+    "diffusion_gemma_full": Case("diffusion_gemma", intermediate=512, batch=4, completion=64, estimator="uniform_block",
+                                 lora_r=0, lora_dropout=0.0, lora_targets=(), extra=DIFFUSION_GEMMA_SIZES),
+    # its old / reference pass (no grad), 8 rows of 64 + 128 tokens: the context's share large, then the head's
+    "diffusion_gemma_scoring": Case("diffusion_gemma", intermediate=512, batch=8, completion=128,
+                                    estimator="uniform_block", lora_dropout=0.0, lora_targets=(),
+                                    extra=DIFFUSION_GEMMA_SIZES, grad=False),
+    "diffusion_gemma_scoring_vocab": Case("diffusion_gemma", intermediate=512, vocab=16384, batch=8, completion=128,
+                                          estimator="uniform_block", lora_dropout=0.0, lora_targets=(),
+                                          extra=DIFFUSION_GEMMA_SIZES, grad=False),
 }  # fmt: skip
+
+
+def diffusion_gemma_config(case: Case):
+    """A ``DiffusionGemmaConfig`` of the case's sizes (the last layer full attention, the others sliding), the tiny
+    vision tower of :mod:`trl_dllm.models.families.diffusion_gemma`."""
+    from transformers import DiffusionGemmaConfig
+
+    from trl_dllm.models.families.diffusion_gemma import TINY_VISION_CONFIG
+
+    extra = dict(case.extra)
+    canvas = extra.pop("canvas_length")
+    text = dict(num_hidden_layers=case.layers, hidden_size=case.hidden, num_attention_heads=case.heads,
+                num_key_value_heads=case.kv_heads, intermediate_size=case.intermediate, vocab_size=case.vocab,
+                layer_types=["sliding_attention"] * (case.layers - 1) + ["full_attention"], **extra)  # fmt: skip
+    return DiffusionGemmaConfig(text_config=text, vision_config=dict(TINY_VISION_CONFIG), canvas_length=canvas)
 
 
 def original_config(case: Case) -> dict:
@@ -94,22 +134,28 @@ def logits_path(logits_fn, device: str = "cpu") -> str:
 
 
 def planned_bytes(case: Case, logits: str = "chunked") -> float:
-    """``update_activations + logits`` of the planner for ``case``."""
+    """``update_activations + logits`` of the planner for ``case`` (``scoring`` for a no-grad case)."""
     from trl_dllm.models.families import native_config, native_layout
     from trl_dllm.planning import Settings, architecture_from_config, phase_bytes
 
-    original = original_config(case)
-    layout = native_layout(original)
-    arch = architecture_from_config(native_config(original), family=layout.name, model_class=layout.model_class)
+    if case.family == "diffusion_gemma":
+        from trl_dllm.models.families.diffusion_gemma import LORA_TARGET_MODULES
+
+        arch, targets = architecture_from_config(diffusion_gemma_config(case)), LORA_TARGET_MODULES
+    else:
+        original = original_config(case)
+        layout = native_layout(original)
+        arch = architecture_from_config(native_config(original), family=layout.name, model_class=layout.model_class)
+        targets = list(case.lora_targets)
     settings = Settings(
         batch=case.batch, prompt_length=case.prompt, completion_length=case.completion, generation_rows=case.batch,
         estimator=case.estimator, mc_samples=case.mc_samples, antithetic=case.antithetic,
         mc_batch_size=case.mc_batch_size, mc_checkpointing=case.checkpoint_views, block_length=case.block_length,
-        p_mask_prompt=0.15, lora_r=case.lora_r, lora_targets=list(case.lora_targets), lora_dropout=case.lora_dropout,
+        p_mask_prompt=0.15, lora_r=case.lora_r, lora_targets=targets, lora_dropout=case.lora_dropout,
         activation_checkpointing=case.activation_checkpointing, logits=logits, device="cpu",
     )  # fmt: skip
     phases = phase_bytes(arch, settings)
-    return phases["update_activations"] + phases["logits"]
+    return phases["update_activations"] + phases["logits"] if case.grad else phases["scoring"]
 
 
 def measure_child(case: Case) -> tuple[float, str]:
@@ -124,23 +170,42 @@ def measure_child(case: Case) -> tuple[float, str]:
     from trl_dllm.models.families import native_config, native_layout
 
     torch.manual_seed(0)
-    original = original_config(case)
-    config = native_config(original)
-    config._attn_implementation = "sdpa"
-    model = native_layout(original).model_class(config).to(torch.bfloat16)
-    spec = resolve_model_spec(model)
-    if case.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model = get_peft_model(model, LoraConfig(r=case.lora_r, lora_alpha=2 * case.lora_r, lora_dropout=case.lora_dropout,
-                                             target_modules=list(case.lora_targets)))  # fmt: skip
+    if case.family == "diffusion_gemma":
+        from transformers import DiffusionGemmaForBlockDiffusion
+
+        from trl_dllm.models.families import diffusion_gemma
+
+        config = diffusion_gemma_config(case)
+        config._attn_implementation = "sdpa"
+        model = DiffusionGemmaForBlockDiffusion(config).to(torch.bfloat16)
+        if case.activation_checkpointing:  # non-reentrant, as the trainer sets it on this family
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if case.lora_r:  # else full fine-tuning, every weight trained
+            model = get_peft_model(model, diffusion_gemma.lora_config(r=case.lora_r, lora_alpha=2 * case.lora_r,
+                                                                      lora_dropout=case.lora_dropout))  # fmt: skip
+        logits_fn, mask_token_id = diffusion_gemma.denoise_fn(model), None
+        values = {"vocab_size": case.vocab, "canvas_length": config.canvas_length, "fill_token_id": case.vocab - 2,
+                  "mc_samples": case.mc_samples, "self_conditioning": False}  # fmt: skip
+    else:
+        original = original_config(case)
+        config = native_config(original)
+        config._attn_implementation = "sdpa"
+        model = native_layout(original).model_class(config).to(torch.bfloat16)
+        spec = resolve_model_spec(model)
+        if case.activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model = get_peft_model(model, LoraConfig(r=case.lora_r, lora_alpha=2 * case.lora_r,
+                                                 lora_dropout=case.lora_dropout,
+                                                 target_modules=list(case.lora_targets)))  # fmt: skip
+        # The plain float32 log-softmax of the kept logits (the planner's "full" path): on CPU TRL's chunked kernel
+        # folds whole (n, vocabulary) tiles in torch ops, which is not what it does on a GPU (Triton): not measured
+        logits_fn = module_logits_fn(model, shift_logits=spec.shift_logits, logits_to_keep=spec.accepts_logits_to_keep)
+        mask_token_id = spec.mask_token_id
+        values = {"mc_samples": case.mc_samples, "antithetic": case.antithetic, "p_mask_prompt": 0.15,
+                  "spg_beta": 1.5, "mc_batch_size": case.mc_batch_size, "checkpoint_views": case.checkpoint_views,
+                  "entropy_grad": False, "block_length": case.block_length, "block_layout": spec.block_layout,
+                  "return_eubo": True, "block_causal": spec.family == "block"}  # fmt: skip
     model.train()
-    # The plain float32 log-softmax of the kept logits (the planner's "full" path): on CPU TRL's chunked kernel folds
-    # whole (n, vocabulary) tiles in torch ops, which is not what it does on a GPU (Triton), so it is not measured here
-    logits_fn = module_logits_fn(model, shift_logits=spec.shift_logits, logits_to_keep=spec.accepts_logits_to_keep)
-    values = {"mc_samples": case.mc_samples, "antithetic": case.antithetic, "p_mask_prompt": 0.15, "spg_beta": 1.5,
-              "mc_batch_size": case.mc_batch_size, "checkpoint_views": case.checkpoint_views, "entropy_grad": False,
-              "block_length": case.block_length, "block_layout": spec.block_layout, "return_eubo": True,
-              "block_causal": spec.family == "block"}  # fmt: skip
     options = {k: v for k, v in values.items() if k in ESTIMATORS[case.estimator].option_names}
     generator = torch.Generator().manual_seed(0)
 
@@ -149,16 +214,20 @@ def measure_child(case: Case) -> tuple[float, str]:
                 "prompt_mask": torch.ones(rows, prompt, dtype=torch.long),
                 "completion_ids": torch.randint(0, case.vocab - 8, (rows, completion), generator=generator),
                 "score_mask": torch.ones(rows, completion, dtype=torch.long),
-                "seeds": torch.arange(rows, dtype=torch.long), "mask_token_id": spec.mask_token_id}  # fmt: skip
+                "seeds": torch.arange(rows, dtype=torch.long), "mask_token_id": mask_token_id}  # fmt: skip
 
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        estimate(case.estimator, logits_fn, **inputs(1, case.block_length, case.block_length), **options
-                 ).logps.sum().backward()  # fmt: skip
+    def run(rows: dict, scorer) -> None:
+        logps = estimate(case.estimator, scorer, **rows, **options).logps
+        if case.grad:
+            logps.sum().backward()
+
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.set_grad_enabled(case.grad):
+        run(inputs(1, case.block_length, case.block_length), logits_fn)
         model.zero_grad(set_to_none=True)
         batch = inputs(case.batch, case.prompt, case.completion)
         _reset_peak()
         before = _status_kb("VmRSS")
-        estimate(case.estimator, logits_fn, **batch, **options).logps.sum().backward()
+        run(batch, logits_fn)
         peak = _status_kb("VmHWM")
     path = logits_path(logits_fn)
     del model, logits_fn, batch
@@ -182,7 +251,7 @@ def compare(cases: list[Case]) -> list[dict]:
     rows = []
     for case, (measured, logits) in zip(cases, measure(cases)):
         planned = planned_bytes(case, logits)
-        rows.append({"family": case.family, "estimator": case.estimator,
+        rows.append({"family": case.family, "estimator": case.estimator, "grad": case.grad,
                      "activation_checkpointing": case.activation_checkpointing,
                      "checkpoint_views": case.checkpoint_views, "logits": logits,
                      "measured_mb": round(measured / 1e6, 2), "planned_mb": round(planned / 1e6, 2),

@@ -147,3 +147,66 @@ def test_a_smaller_batch_keeps_the_rollout_rows_and_chunks_them(config_folders, 
             applied += [f"--{field}", str(value)]
     status, out, _ = run(capsys, *applied)
     assert json.loads(out)["total_gb"] == pytest.approx(fix["total_gb"])
+
+
+DIFFUSION_GEMMA_RECIPE = "recipes/diffusion_gemma/stabledrl_gsm8k_lora.yaml"
+
+
+@pytest.fixture(scope="module")
+def diffusion_gemma_folders(tmp_path_factory):
+    """`(released, tiny)`: a folder holding only google/diffusiongemma-26B-A4B-it's config.json, and the tiny
+    checkpoint of the tests."""
+    from trl_dllm.models.families import diffusion_gemma
+
+    released = tmp_path_factory.mktemp("diffusion-gemma-config")
+    (released / "config.json").write_text(json.dumps(diffusion_gemma.released_config()))
+    return str(released), diffusion_gemma.save_tiny(tmp_path_factory.mktemp("tiny-diffusion-gemma"))
+
+
+def test_plan_diffusion_gemma_recipe(diffusion_gemma_folders, capsys):
+    """The recipe on the released shape under ZeRO-3 on 8 GPUs of 80 GB: the update of its 16-row group does not fit
+    (the encoder runs with grad on the whole context per canvas and corruption, and is not checkpointed); the
+    largest batch that fits is planned too."""
+    status, out, _ = run(capsys, "--config", DIFFUSION_GEMMA_RECIPE, "--model_name_or_path", diffusion_gemma_folders[0],
+                         "--num_processes", "8", "--strategy", "zero3", "--json")  # fmt: skip
+    report = json.loads(out)
+    assert status == 0 and report["model"]["family"] == "diffusion_gemma"
+    assert report["model"]["trainable"] == 37_171_200 and report["logits"] == "full"
+    assert not report["fits"] and report["peak_phase"] == "update" and 4 <= report["largest_batch"] < 16
+
+
+def test_plan_tiny_diffusion_gemma_prints_a_table(diffusion_gemma_folders, capsys):
+    status, out, _ = run(capsys, "--config", DIFFUSION_GEMMA_RECIPE, "--model_name_or_path", diffusion_gemma_folders[1])
+    assert status == 0 and "peak (update)" in out and "fits in 72.0 GB usable" in out
+
+
+def test_plan_refuses_what_the_trainer_refuses_on_diffusion_gemma(diffusion_gemma_folders, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--config", DIFFUSION_GEMMA_RECIPE, "--model_name_or_path", diffusion_gemma_folders[1],
+              "--estimator", "elbo"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "estimator" in err and "There is no training run to plan." in err
+
+
+def test_cli_md_quotes_the_diffusion_gemma_plan(tmp_path, monkeypatch, capsys):
+    """docs/cli.md's DiffusionGemma plan: the table it quotes and the variants' numbers are what the commands print."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    section = text[text.index("### DiffusionGemma") : text.index("## `trl-dllm demo`")]
+    setup = re.search(r'python -c "(.*?)"\n', section, re.S).group(1).replace("\\\n", "")
+    command = re.search(r"\ntrl-dllm plan (.*?)\n```", section, re.S).group(1).replace("\\\n", "").split()
+    quoted = re.search(r"```text\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(setup, {})
+    recipe = str(Path(__file__).resolve().parents[1] / command[1])
+    argv = [command[0], recipe, *command[2:]]
+    status, out, _ = run(capsys, *argv)
+    assert status == 0 and out.strip() == quoted.strip()
+    variants = re.search(r"`--mc_samples 1` plans (.*?) GB \(largest batch (\d+)\); with `--gpu_memory_gb 141` \(an "
+                         r"H200\) (.*?) GB \(largest batch (\d+)\); with both, (.*?) GB, which fits \(largest batch "
+                         r"(\d+)\); with `--activation_checkpointing false`, (.*?) GB", " ".join(section.split()))
+    for extra, total, largest in ((["--mc_samples", "1"], 1, 2), (["--gpu_memory_gb", "141"], 3, 4),
+                                  (["--mc_samples", "1", "--gpu_memory_gb", "141"], 5, 6),
+                                  (["--activation_checkpointing", "false"], 7, None)):  # fmt: skip
+        report = json.loads(run(capsys, *argv, *extra, "--json")[1])
+        assert report["total_gb"] == float(variants.group(total)), extra
+        assert largest is None or report["largest_batch"] == int(variants.group(largest)), extra

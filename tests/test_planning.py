@@ -193,7 +193,7 @@ def test_cpu_peaks_every_family():
     """The planner within ±15% of the peak measured on CPU (bench/plan_memory.py) for a small model of each family."""
     from bench.plan_memory import CASES, compare
 
-    rows = compare(list(CASES.values()))
+    rows = compare([case for case in CASES.values() if case.grad])  # the no-grad passes: their own tests
     assert all(0.85 <= row["planned_over_measured"] <= 1.15 for row in rows), rows
 
 

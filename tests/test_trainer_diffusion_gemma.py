@@ -104,7 +104,7 @@ def test_refuses_every_other_combination_before_loading(tmp_path, tiny_path, ove
     args = make_args(tmp_path, **overrides)
     with pytest.raises(NotImplementedError, match=match):
         DiffusionGRPOTrainer(tiny_path, reward_funcs=checksum_reward, args=args, train_dataset=dataset())
-    assert dg.training_refusal(tiny_path) is not None  # `trl-dllm plan`: no args, not planned
+    assert dg.training_refusal(tiny_path, args) is not None  # what `trl-dllm plan` refuses too
     assert dg.training_refusal("/no/such/folder", args) is None  # left to the loader, which says why
 
 

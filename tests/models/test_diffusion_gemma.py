@@ -123,7 +123,7 @@ def test_trainer_refuses_before_loading(tiny_path, tiny):
     for model in (tiny_path, tiny[0]):
         with pytest.raises(NotImplementedError, match="TRL's token-level loss types take a ratio per token"):
             DiffusionGRPOTrainer(model, reward_funcs=reward, args=args, train_dataset=[{"prompt": "a"}])
-    assert dg.training_refusal("/no/such/folder") is None  # left to the loader, which says why
+    assert dg.training_refusal("/no/such/folder", args) is None  # left to the loader, which says why
 
 
 def test_uniform_block_estimate_equals_the_sft_loss_construction_per_block(tiny):

@@ -18,7 +18,7 @@ Static memory per GPU (:func:`static_bytes`), for ``T`` trainable and ``W`` base
   sharded.
 
 A micro-step's peak is ``static + max(rollout, old/ref scoring, update activations + logits)``
-(:func:`trl_dllm.planning.phases.phase_bytes`). Constants come from the code's own tensor shapes and dtypes; none is
+(:func:`phase_bytes`; an encoder-decoder model's passes: :mod:`trl_dllm.planning.encoder_decoder`). Constants come from the code's own tensor shapes and dtypes; none is
 fitted to a measurement. Reported in GB (10⁹ bytes), as ``torch.cuda.max_memory_allocated() / 1e9``.
 """
 
@@ -27,7 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .architecture import Architecture, Linear, architecture_from_config, read_architecture
-from .phases import Settings, Views, phase_bytes, views_of
+from .encoder_decoder import encoder_decoder_phase_bytes
+from .phases import Settings, Views, views_of
+from .phases import phase_bytes as decoder_only_phase_bytes
 
 __all__ = [
     "STRATEGIES",
@@ -75,6 +77,13 @@ class Plan:
     @property
     def fits(self) -> bool:
         return self.total_gb <= self.usable_gb
+
+
+def phase_bytes(arch: Architecture, s: Settings) -> dict[str, float]:
+    """Bytes above the static memory at the peak of each phase (``rollout``, ``kv_cache``, ``scoring``,
+    ``update_activations``, ``logits``): :func:`trl_dllm.planning.phases.phase_bytes` for a decoder-only model,
+    :func:`trl_dllm.planning.encoder_decoder.encoder_decoder_phase_bytes` for an encoder-decoder one (DiffusionGemma)."""
+    return encoder_decoder_phase_bytes(arch, s) if arch.canvas_length else decoder_only_phase_bytes(arch, s)
 
 
 def lora_parameters(arch: Architecture, s: Settings) -> int:
@@ -269,6 +278,7 @@ def settings_from_args(args, model_args=None, *, prompt_length: int = 256, logit
         block_kv_cache=args.block_kv_cache,
         logits=logits,
         device=device,
+        self_conditioning=bool(getattr(args, "self_conditioning", False)),
     )
 
 

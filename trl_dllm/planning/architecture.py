@@ -20,13 +20,16 @@ __all__ = ["Architecture", "Linear", "architecture_from_config", "read_architect
 class Linear:
     """Linear layers of one kind: ``count`` modules named ``name`` (the last part of the module path) of shape
     ``in_features → out_features``; ``per_token`` is the fraction of tokens that pass through one of them (1, or
-    ``top_k / num_experts`` for a routed expert)."""
+    ``top_k / num_experts`` for a routed expert); ``path`` is the full module path of the first of them (what PEFT
+    matches a regex ``target_modules`` against): modules of one name in different places (an encoder's and a
+    decoder's ``q_proj``) are kinds of their own."""
 
     name: str
     in_features: int
     out_features: int
     count: int
     per_token: float = 1.0
+    path: str = ""
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,11 @@ class Architecture:
             (width of the always-on shared expert(s), 0 if none) describe it.
         qk_norm (`bool`): RMSNorm on queries and keys (Qwen3 / SDAR, LLaDA2, LLaDA-MoE).
         block_causal (`bool`): a block-diffusion family (SDAR, LLaDA2): rollouts keep an exact KV cache.
+        canvas_length (`int`): an encoder-decoder block-diffusion model (DiffusionGemma): its decoder's block; 0
+            for every decoder-only model. Its passes are planned by :mod:`trl_dllm.planning.encoder_decoder`.
+        attention (`tuple[tuple[int, int, bool], ...]`): per text layer of an encoder-decoder model, the query width
+            (heads × head dim), the key/value width and whether it is a sliding-window layer (its layers differ).
+        sliding_window (`int`): the sliding-window layers' window (0: none).
     """
 
     family: str
@@ -67,11 +75,14 @@ class Architecture:
     shared_intermediate: int = 0
     qk_norm: bool = False
     block_causal: bool = False
+    canvas_length: int = 0
+    attention: tuple[tuple[int, int, bool], ...] = field(default=(), repr=False)
+    sliding_window: int = 0
 
     def lora_targets(self, targets) -> tuple[Linear, ...]:
         """The linear layers LoRA wraps for ``targets``: a list of module names, ``"all-linear"``, or a regex string
-        (PEFT matches it against the full module path; here against the last part, which a ``.*name`` pattern
-        matches alike). The LM head is never counted among the decoder linears."""
+        (PEFT matches it against the full module path; here against the last part or the full path, which a
+        ``.*name`` pattern matches alike). The LM head is never counted among the decoder linears."""
         import re
 
         if targets is None:
@@ -79,7 +90,8 @@ class Architecture:
         if isinstance(targets, str):
             if targets == "all-linear":
                 return self.linears
-            return tuple(lin for lin in self.linears if re.fullmatch(targets, lin.name))
+            return tuple(lin for lin in self.linears if re.fullmatch(targets, lin.name)
+                         or (lin.path and re.fullmatch(targets, lin.path)))
         names = set(targets)
         return tuple(lin for lin in self.linears if lin.name in names)
 
@@ -92,51 +104,91 @@ def _first(config, *names, default=None):
     return default
 
 
-def architecture_from_config(config, family: str | None = None, model_class=None) -> Architecture:
-    """The :class:`Architecture` of a transformers ``config``: the model is built on the meta device (no memory) from
-    ``model_class`` (default: ``AutoModelForCausalLM``) and its modules counted."""
+def _build_on_meta(config, model_class):
+    """The model of ``config`` on the meta device, its tied weights tied (as ``from_pretrained`` ties them)."""
     import torch
-    from torch import nn
     from transformers.initialization import no_init_weights
 
     with torch.device("meta"), no_init_weights():  # nothing to initialise: only shapes are read
         if model_class is not None:
             model = model_class(config)
+        elif getattr(config, "model_type", None) == "diffusion_gemma":
+            from transformers import DiffusionGemmaForBlockDiffusion
+
+            model = DiffusionGemmaForBlockDiffusion(config)
         else:
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_config(config)
+    model.tie_weights()  # DiffusionGemma's encoder and decoder share their text weights; tied embeddings
+    return model
+
+
+def _experts(module):
+    """``(number of experts, parameters of one expert)`` of an MoE block's ``experts``: a list of expert modules, or
+    one module holding them fused (``num_experts`` 3-D parameters); `None` for anything else."""
+    from torch import nn
+
+    routed = getattr(module, "experts", None)
+    if isinstance(routed, nn.ModuleList) and len(routed):
+        return len(routed), sum(p.numel() for p in routed[0].parameters())
+    if isinstance(routed, nn.Module) and isinstance(getattr(routed, "num_experts", None), int):
+        return routed.num_experts, sum(p.numel() for p in routed.parameters()) // routed.num_experts
+    return None
+
+
+def architecture_from_config(config, family: str | None = None, model_class=None) -> Architecture:
+    """The :class:`Architecture` of a transformers ``config``: the model is built on the meta device (no memory) from
+    ``model_class`` (default: ``AutoModelForCausalLM``; DiffusionGemma's own class for its config) and its modules
+    counted, each parameter once (tied ones are one)."""
+    import re
+
+    from torch import nn
+
+    model = _build_on_meta(config, model_class)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
     parameters = sum(p.numel() for p in model.parameters())
     head = model.get_output_embeddings()
     head_parameters = head.weight.numel() if head is not None else 0
-    kinds, moe_layers, experts, top_k, inactive = Counter(), 0, 0, 0, 0
+    top_k = int(_first(text, "num_experts_per_tok", "top_k", "top_k_experts", default=0) or 0)
+    kinds, paths, moe_layers, experts, inactive, counted = Counter(), {}, 0, 0, 0, set()
     for name, module in model.named_modules():
-        routed = getattr(module, "experts", None)
-        if isinstance(routed, nn.ModuleList) and len(routed):
+        routed = _experts(module)
+        if routed is not None and id(next(module.experts.parameters())) not in counted:  # a tied copy counts once
+            counted.add(id(next(module.experts.parameters())))
             moe_layers += 1
-            experts = len(routed)
-            top_k = int(_first(config, "num_experts_per_tok", "top_k", default=experts))
-            per_expert = sum(p.numel() for p in routed[0].parameters())
+            experts, per_expert = routed
+            top_k = top_k or experts
             inactive += (experts - top_k) * per_expert
-        if isinstance(module, nn.Linear) and module is not head and ".layers." in f".{name}":
+        if isinstance(module, nn.Linear) and module is not head and ".layers." in f".{name}" and "vision" not in name:
             expert = ".experts." in f".{name}"
             share = (top_k / experts) if expert and experts else 1.0
-            kinds[(name.rsplit(".", 1)[-1], module.in_features, module.out_features, share)] += 1
-    linears = tuple(Linear(n, i, o, c, s) for (n, i, o, s), c in sorted(kinds.items()))
-    heads = int(config.num_attention_heads)
-    hidden = int(config.hidden_size)
-    expert_intermediate = int(_first(config, "moe_intermediate_size", "expert_intermediate_size", default=0))
-    shared = int(_first(config, "num_shared_experts", default=0)) * expert_intermediate
-    shared = shared or int(_first(config, "shared_expert_intermediate_size", default=0) or 0)
+            key = (name.rsplit(".", 1)[-1], module.in_features, module.out_features, share, re.sub(r"\d+", "N", name))
+            kinds[key] += 1
+            paths.setdefault(key, name)
+    linears = tuple(Linear(n, i, o, c, s, paths[(n, i, o, s, t)]) for (n, i, o, s, t), c in sorted(kinds.items()))
+    heads = int(text.num_attention_heads)
+    hidden = int(text.hidden_size)
+    expert_intermediate = int(_first(text, "moe_intermediate_size", "expert_intermediate_size", default=0))
+    shared = int(_first(text, "num_shared_experts", default=0)) * expert_intermediate
+    shared = shared or int(_first(text, "shared_expert_intermediate_size", default=0) or 0)
+    canvas = int(getattr(config, "canvas_length", 0) or 0)
+    attention = ()
+    kv_heads = head_dim = None
+    if canvas:  # encoder-decoder (DiffusionGemma): each decoder layer's attention widths (they differ by layer type)
+        attention = tuple((layer.self_attn.q_proj.out_features, layer.self_attn.k_proj.out_features,
+                           bool(layer.self_attn.is_sliding)) for layer in model.model.decoder.layers)  # fmt: skip
+        first = model.model.decoder.layers[0].self_attn  # the config's own sizes vary by layer: the first layer's
+        kv_heads, head_dim = first.k_proj.out_features // first.head_dim, first.head_dim
     return Architecture(
         family=family or getattr(config, "model_type", "unknown"),
         hidden=hidden,
-        layers=int(config.num_hidden_layers),
+        layers=int(text.num_hidden_layers),
         heads=heads,
-        kv_heads=int(_first(config, "num_key_value_heads", default=heads)),
-        head_dim=int(_first(config, "head_dim", default=hidden // heads)),
-        intermediate=int(_first(config, "intermediate_size", "dense_intermediate_size", default=4 * hidden)),
-        vocab=int(config.vocab_size),
+        kv_heads=int(kv_heads or _first(text, "num_key_value_heads", default=heads)),
+        head_dim=int(head_dim or _first(text, "head_dim", default=hidden // heads)),
+        intermediate=int(_first(text, "intermediate_size", "dense_intermediate_size", default=4 * hidden)),
+        vocab=int(text.vocab_size),
         parameters=parameters,
         active_parameters=parameters - inactive,
         head_parameters=head_parameters,
@@ -148,6 +200,9 @@ def architecture_from_config(config, family: str | None = None, model_class=None
         shared_intermediate=shared if moe_layers else 0,
         qk_norm=any(n.endswith(("q_norm", "query_layernorm", "q_layernorm")) for n, _ in model.named_modules()),
         block_causal=getattr(config, "dllm_family", None) == "block",
+        canvas_length=canvas,
+        attention=attention,
+        sliding_window=int(getattr(text, "sliding_window", 0) or 0) if canvas else 0,
     )
 
 

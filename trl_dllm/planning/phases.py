@@ -50,7 +50,8 @@ from dataclasses import dataclass
 from ..core.likelihood import ESTIMATORS
 from .architecture import Architecture
 
-__all__ = ["Settings", "Views", "layer_saved_bytes", "layer_transient_bytes", "phase_bytes", "views_of"]
+__all__ = ["Settings", "Views", "layer_saved_bytes", "layer_transient_bytes", "lora_saved_bytes", "phase_bytes",
+           "phases_of", "views_of"]
 
 # TRL 1.16's ChunkedLogProbFunction: TOKEN_CHUNK_SIZE tokens × a vocabulary chunk per projection tile (float32).
 _TILE_TOKENS, _TILE_VOCAB = 4096, 4096
@@ -63,7 +64,8 @@ class Settings:
     ``mc_checkpointing`` is the config field (``"auto"``, `True`, `False`); ``auto_kept_chunks`` is how many chunks
     ``"auto"`` keeps without recomputing (1 in the current code: more than one chunk are all recomputed; the code
     measured on the GPU on 2026-11-26 kept 2). ``logits`` is ``"chunked"`` (current) or ``"full"`` (that older code).
-    ``shards_parameters``: ZeRO-3 / FSDP, where the trainer never recomputes chunks.
+    ``shards_parameters``: ZeRO-3 / FSDP, where the trainer never recomputes chunks. ``self_conditioning``: the
+    ``uniform_block`` option (a first no-grad pass per scoring pass).
     """
 
     batch: int
@@ -95,6 +97,7 @@ class Settings:
     logits: str = "chunked"
     device: str = "cuda"
     shards_parameters: bool = False
+    self_conditioning: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,13 +138,15 @@ def _mlp_saved(arch: Architecture, a: int) -> float:
 
 
 def lora_saved_bytes(arch: Architecture, s: Settings) -> float:
-    """Per token and layer: what the LoRA-wrapped linears keep (module docstring)."""
+    """Per token and layer: what the LoRA-wrapped linears keep (module docstring). For an encoder-decoder model, one
+    side's (the decoder's; the encoder's layers have the same linears)."""
     if not s.lora_r:
         return 0.0
     mask = (1 if s.device == "cuda" else 4) if s.lora_dropout > 0 else 0
     kept_input = s.activation_bytes if s.autocast else 4
     total = 0.0
-    for lin in arch.lora_targets(s.lora_targets):
+    wrapped = arch.lora_targets(s.lora_targets)
+    for lin in (x for x in wrapped if "decoder" in x.path) if arch.canvas_length else wrapped:
         total += lin.count * lin.per_token * ((kept_input + mask) * lin.in_features + s.activation_bytes * s.lora_r)
     return total / arch.layers
 
@@ -195,7 +200,7 @@ def _recompute(s: Settings, chunks: int) -> bool:
 
 
 def phase_bytes(arch: Architecture, s: Settings) -> dict[str, float]:
-    """Bytes above the static memory (weights, optimizer state) at the peak of each phase of one micro-step.
+    """Of a decoder-only model (:func:`trl_dllm.planning.phase_bytes` sends encoder-decoder ones elsewhere): bytes above the static memory (weights, optimizer state) at the peak of each phase of one micro-step.
 
     Returns ``rollout`` (KV cache + the larger of one layer's transient and the block's sampling), ``kv_cache``,
     ``scoring`` (one old / reference no-grad chunk), ``logits`` (the kept chunks' log-probabilities and the last
@@ -203,6 +208,9 @@ def phase_bytes(arch: Architecture, s: Settings) -> dict[str, float]:
     without activation checkpointing, the block masks of block layouts, or the backward of one layer, whichever is
     larger).
     """
+    if arch.canvas_length:
+        raise ValueError(f"{arch.family} is an encoder-decoder model (canvas_length={arch.canvas_length}): plan it "
+                         "with trl_dllm.planning.phase_bytes, which takes its passes from planning.encoder_decoder.")
     a, layers = s.activation_bytes, arch.layers
     views = views_of(s)
     rows = s.batch * views.per_forward
@@ -242,6 +250,13 @@ def phase_bytes(arch: Architecture, s: Settings) -> dict[str, float]:
     if s.activation_checkpointing:
         backward += tokens * per_token
     update = max(alive * graph + logits, backward)
+    return phases_of(s, rollout=rollout, kv_cache=kv_cache, scoring=scoring, update=update, logits=logits)
+
+
+def phases_of(s: Settings, *, rollout: float, kv_cache: float, scoring: float, update: float,
+              logits: float) -> dict[str, float]:  # fmt: skip
+    """The phases a planner returns, from each phase's peak: no scoring pass without an old or reference estimate,
+    the update's activations its peak less the log-probs."""
     return {
         "rollout": rollout,
         "kv_cache": kv_cache,

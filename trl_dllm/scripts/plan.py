@@ -1,6 +1,8 @@
 """`trl-dllm plan`: the planned peak memory per GPU of a recipe's training micro-step, by phase, before any GPU runs.
 
     trl-dllm plan --config recipes/llada/stabledrl_gsm8k_lora.yaml --gpu_memory_gb 80 --num_processes 8 [--json]
+    trl-dllm plan --config recipes/diffusion_gemma/stabledrl_gsm8k_lora.yaml --model_name_or_path <its folder> \
+        --strategy zero3 --num_processes 8
 
 The recipe and flags are parsed as `trl-dllm grpo` parses them; the model is read from its `config.json` only
 (weights on the meta device, nothing downloaded but that file). The formulas are in :mod:`trl_dllm.planning`.
@@ -82,10 +84,12 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
 
     if not model_args.model_name_or_path:
         raise UsageError("model_name_or_path is not set: pass --model_name_or_path (a Hub id or a folder with config.json)")
-    if (refusal := training_refusal(model_args.model_name_or_path, revision=model_args.model_revision)) is not None:
+    refusal = training_refusal(model_args.model_name_or_path, training_args, revision=model_args.model_revision)
+    if refusal is not None:  # DiffusionGemma with a run the trainer refuses: nothing to plan
         raise UsageError(f"{refusal} There is no training run to plan.")
     arch = planning.read_architecture(model_args.model_name_or_path, revision=model_args.model_revision)
-    fit_estimator(training_args, arch.block_causal)  # `estimator` not set: the one the trainer would pick
+    # `estimator` not set: the one the trainer would pick (an encoder-decoder model's noise is uniform)
+    fit_estimator(training_args, arch.block_causal, "uniform" if arch.canvas_length else "mask")
     settings = planning.settings_from_args(training_args, model_args, prompt_length=options.prompt_length,
                                            logits=options.logits, auto_kept_chunks=options.auto_kept_chunks)  # fmt: skip
     weight_bytes = planning.dtype_bytes(model_args.dtype)
@@ -117,7 +121,8 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
                   or arch.parameters},  # fmt: skip
         "strategy": options.strategy, "num_processes": options.num_processes, "gpu_memory_gb": options.gpu_memory_gb,
         "usable_gb": head.usable_gb, "per_device_train_batch_size": settings.batch,
-        "activation_checkpointing": settings.activation_checkpointing, "logits": settings.logits,
+        "activation_checkpointing": settings.activation_checkpointing,
+        "logits": "full" if arch.canvas_length else settings.logits,  # the encoder-decoder head is never chunked
         "total_gb": head.total_gb, "peak_phase": head.peak_phase, "phases": head.phases, "fits": head.fits,
         "largest_batch": strategies[options.strategy]["largest_batch"], "strategies": strategies, "suggestions": fixes,
     }  # fmt: skip

@@ -14,7 +14,8 @@ Rollouts go through the model's own ``generate()`` (:mod:`trl_dllm.training.diff
 
 Training: ``DiffusionGRPOTrainer`` trains it with ``loss_type="stabledrl"`` or ``"espo"`` on the ``"uniform_block"``
 estimator (``trl_dllm.core.likelihood.uniform_block``, called with :func:`denoise_fn`); every other combination is
-refused before the weights are loaded (:func:`training_refusal`), and so is ``trl-dllm plan``.
+refused before the weights are loaded (:func:`training_refusal`), by ``trl-dllm plan`` too, which plans the rest
+(:mod:`trl_dllm.planning.encoder_decoder`).
 """
 
 from __future__ import annotations
@@ -96,15 +97,14 @@ TRAINING_REFUSAL = (
     "estimators do not apply: the model has no mask token). Rollouts also work alone: trl_dllm.generate(model, "
     "input_ids, ...) decodes with the model's own generate(). See docs/models.md, 'DiffusionGemma'."
 )
-NOT_PLANNED = "the memory planner (trl-dllm plan) does not model its encoder-decoder passes yet."
 
 
-def training_refusal(model: Any, args: Any = None, **hub_kwargs: Any) -> str | None:
+def training_refusal(model: Any, args: Any, **hub_kwargs: Any) -> str | None:
     """The message refusing ``model`` (a model object, or a Hub id / folder whose ``config.json`` is read without
     loading weights) when it is DiffusionGemma and ``args`` (a ``DiffusionGRPOConfig``) asks for what the trainer
     cannot do with it (:func:`trl_dllm.core.methods.noise_problem`: a masked-diffusion estimator, a TRL or
-    trajectory loss type), or when there is no ``args`` (``trl-dllm plan``, which does not plan this family); else
-    `None`. A name whose config cannot be read is left to the loader, which says why."""
+    trajectory loss type); else `None`. Called by the trainer and ``trl-dllm plan``. A name whose config cannot be
+    read is left to the loader, which says why."""
     name = model
     if isinstance(model, (str, os.PathLike)):
         from ..native import read_config_dict
@@ -120,8 +120,6 @@ def training_refusal(model: Any, args: Any = None, **hub_kwargs: Any) -> str | N
         config = base().config if callable(base) else config
     if not is_diffusion_gemma(config):
         return None
-    if args is None:
-        return TRAINING_REFUSAL.format(name=name, why=NOT_PLANNED)
     estimator = args.estimator
     if getattr(args, "_estimator_defaulted", False):  # the trainer's `fit_estimator` picks the family's own
         estimator = noise_estimator(args.loss_type, DIFFUSION_GEMMA.noise) or estimator
@@ -147,6 +145,37 @@ def denoise_fn(model: Any):
                      use_cache=True, **extra).logits  # fmt: skip
 
     return call
+
+
+# --- The released shape, for the memory planner ---
+
+# google/diffusiongemma-26B-A4B-it's text config: Gemma 4 26B-A4B's text stack (30 layers, five sliding-window layers
+# of 1024 to one full-attention layer with 512-wide heads and 2 KV heads, a dense MLP of 2112 beside 128 experts of
+# 704, top 8, in every layer), vocabulary 262144, canvas 256. transformers' DiffusionGemmaTextConfig defaults are NOT
+# these (hidden 2304, no experts): the values come from public copies of the checkpoint's config.json (read without
+# the Hub), checked against the published sizes: 25.25 B text parameters and 3.84 B active per token, the "26B A4B".
+RELEASED_TEXT_CONFIG = dict(
+    hidden_size=2816, num_hidden_layers=30, num_attention_heads=16, num_key_value_heads=8, num_global_key_value_heads=2,
+    head_dim=256, global_head_dim=512, intermediate_size=2112, moe_intermediate_size=704, num_experts=128,
+    top_k_experts=8, vocab_size=262144, sliding_window=1024,
+)  # fmt: skip
+# Its vision tower (frozen, never run by text-only training: weights only): Gemma 4's 26B-size tower, width 1152,
+# 16 heads of 72; its depth (27) and MLP width (4304) are SigLIP-so400m's and not checked against the checkpoint
+# (0.57 B parameters, 1.1 GB in bf16).
+RELEASED_VISION_CONFIG = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                              num_key_value_heads=16, head_dim=72, standardize=True, use_clipped_linears=False)  # fmt: skip
+RELEASED_CANVAS_LENGTH = 256
+
+
+def released_config() -> dict:
+    """The ``config.json`` of ``google/diffusiongemma-26B-A4B-it`` (:data:`RELEASED_TEXT_CONFIG`,
+    :data:`RELEASED_VISION_CONFIG`, canvas 256): a folder holding it is what ``trl-dllm plan --model_name_or_path``
+    reads; no weights are implied."""
+    from transformers import DiffusionGemmaConfig
+
+    config = DiffusionGemmaConfig(text_config=dict(RELEASED_TEXT_CONFIG), vision_config=dict(RELEASED_VISION_CONFIG),
+                                  canvas_length=RELEASED_CANVAS_LENGTH)  # fmt: skip
+    return {**config.to_dict(), "architectures": [ARCHITECTURE]}
 
 
 # --- Tiny checkpoint for tests ---
