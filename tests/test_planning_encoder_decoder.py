@@ -22,7 +22,8 @@ def released():
     return architecture_from_config(DiffusionGemmaConfig(**config))
 
 
-# recipes/diffusion_gemma/stabledrl_gsm8k_lora.yaml: 16 rows (one group), prompt 256, one canvas of 256, 2 corruptions
+# StableDRL's values on this family (recipes/diffusion_gemma/stabledrl_gsm8k_lora.yaml before it was cut to fit 80 GB):
+# 16 rows (one group), prompt 256, one canvas of 256, 2 corruptions
 RECIPE = Settings(batch=16, prompt_length=256, completion_length=256, generation_rows=64, estimator="uniform_block",
                   mc_samples=2, block_length=256, lora_r=16, lora_targets=dg.LORA_TARGET_MODULES,
                   activation_checkpointing=True, old_pass=True)  # fmt: skip
