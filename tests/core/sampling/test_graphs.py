@@ -96,15 +96,15 @@ def test_cuda_graphs_need_the_cache(tokenizer):
         )  # fmt: skip
 
 
-def test_slot_cache_writes_at_column_tensors_as_at_slices():
+def test_slot_cache_writes_at_its_columns_and_only_inside_a_step():
     key, value = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)
-    sliced, indexed = SlotCache(10), SlotCache(10)
-    sliced.lo, sliced.hi = 6, 10
-    indexed.keys, indexed.values = [torch.zeros(2, 3, 10, 5)], [torch.zeros(2, 3, 10, 5)]
-    indexed.columns = torch.arange(6, 10)
-    for cache in (sliced, indexed):
+    cache = SlotCache(10)
+    with pytest.raises(RuntimeError, match="outside a step"):
         cache.update(key, value, 0)
-    assert torch.equal(sliced.keys[0], indexed.keys[0]) and torch.equal(sliced.values[0], indexed.values[0])
+    cache.columns = torch.arange(6, 10)
+    keys, values = cache.update(key, value, 0)
+    assert keys.shape == (2, 3, 10, 5) and torch.equal(keys[:, :, 6:], key) and torch.equal(values[:, :, 6:], value)
+    assert not keys[:, :, :6].any()
 
 
 def test_a_shape_is_captured_the_second_time_it_is_seen():

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..masks import block_attention, block_causal_mask
-from .graphs import StepGraphs, compiled_forward
+from .graphs import StepGraphs, compiled_forward, static_forward
 
 __all__ = ["GROUPED_SDPA", "BlockCausalKVCache", "SlotCache", "grouped_attention", "grouped_sdpa", "module_dtype"]
 
@@ -90,31 +90,31 @@ def grouped_attention(model):
 class SlotCache:
     """A static, preallocated KV cache that a transformers model fills through its cache interface: per layer, key and
     value buffers `(b, H, N, D)` over the ``N`` canvas columns, allocated on the first forward. A forward writes its
-    keys and values at columns ``[lo, hi)`` (set by the caller before the call) and attends over all ``N`` slots;
-    the caller's 4-D mask hides the slots it must not see. No growth by concatenation, no crop: a noisy block is
-    simply overwritten by the next step, so every step of a block has the same shapes.
+    keys and values at the canvas ``columns`` (a tensor, set by :func:`~.graphs.static_forward` around the call, so
+    that one captured or compiled step serves every block) and attends over all ``N`` slots; the caller's 4-D mask
+    hides the slots it must not see. No growth by concatenation, no crop: a noisy block is simply overwritten by the
+    next step, so every step of a block has the same shapes. ``lo`` is the first forwarded column (what
+    ``get_seq_length`` reports).
 
     It implements what the models of this package call on a cache (``update``, ``get_seq_length``), so this module
     needs no transformers import.
     """
 
     def __init__(self, length: int):
-        self.length, self.lo, self.hi = length, 0, 0
+        self.length, self.lo = length, 0
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
-        self.columns: torch.Tensor | None = None  # set by a captured step (:mod:`.graphs`): write at these columns
+        self.columns: torch.Tensor | None = None  # the columns the forward under way writes
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if self.columns is None:
+            raise RuntimeError("SlotCache.update outside a step: call the model through graphs.static_forward.")
         if layer_idx == len(self.keys):
             batch, heads = key_states.shape[:2]
             self.keys.append(key_states.new_zeros((batch, heads, self.length, key_states.shape[-1])))
             self.values.append(value_states.new_zeros((batch, heads, self.length, value_states.shape[-1])))
-        if self.columns is not None:  # a graph's columns are a device tensor, so one graph serves every block
-            self.keys[layer_idx].index_copy_(2, self.columns, key_states)
-            self.values[layer_idx].index_copy_(2, self.columns, value_states)
-            return self.keys[layer_idx], self.values[layer_idx]
-        self.keys[layer_idx][:, :, self.lo : self.hi] = key_states
-        self.values[layer_idx][:, :, self.lo : self.hi] = value_states
+        self.keys[layer_idx].index_copy_(2, self.columns, key_states)
+        self.values[layer_idx].index_copy_(2, self.columns, value_states)
         return self.keys[layer_idx], self.values[layer_idx]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -235,7 +235,7 @@ class BlockCausalKVCache:
         if self.cache is None:
             self.cache = SlotCache(canvas.shape[1])
         mask, position_ids, columns, where = self._inputs(canvas, lo, hi, rows, step_rows)
-        self.cache.lo, self.cache.hi = lo, hi
+        self.cache.lo = lo
         input_ids = canvas[self.live, lo:hi] if len(self.live) < canvas.shape[0] else canvas[:, lo:hi]
         per_block = (mask, position_ids, columns)
         with grouped_attention(self.model):
@@ -244,17 +244,9 @@ class BlockCausalKVCache:
                 step = self.graphs.step(self.model, self.cache, input_ids, per_block, end - start)
             if step is not None:
                 logits = step(input_ids, per_block)
-            elif self.compiled is not None and self.cache.keys:  # the first call allocates the cache: eager
-                logits = self.compiled(self.model, self.cache, input_ids, mask, position_ids, columns, end - start)
-            else:
-                logits = self.model(
-                    input_ids=input_ids,
-                    attention_mask=mask,
-                    position_ids=position_ids,
-                    past_key_values=self.cache,
-                    use_cache=True,
-                    logits_to_keep=end - start,
-                ).logits
+            else:  # the first call allocates the cache: eager
+                forward = self.compiled if self.compiled is not None and self.cache.keys else static_forward
+                logits = forward(self.model, self.cache, input_ids, mask, position_ids, columns, end - start)
         # the current block is still noisy: the next call rewrites its slots, and only [0, P + start) counts as cached
         self.cached = self.prompt_length + start
         return logits if where is None else logits[where]

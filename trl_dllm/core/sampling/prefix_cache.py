@@ -157,7 +157,7 @@ class BidirectionalKVCache:
         else:
             inputs = self.step_inputs[key]
         pick, bias, position_ids, keep, columns = inputs
-        self.slots.lo, self.slots.hi = lo, hi
+        self.slots.lo = lo
         logits = self.forward(self.model, self.slots, canvas[self.rows, lo:hi], bias, position_ids, columns, keep)
         return logits if pick is None else logits[pick]
 
