@@ -19,7 +19,7 @@ from trl_dllm.core.sampling import CachedOptions, generate_cached, graphs
 from trl_dllm.testing import build_tiny_block_model, build_tiny_model, build_tokenizer
 
 from .conftest import BLOCK
-from .test_graphs import assert_same, run
+from .test_graphs import assert_same, lora_block_model, run
 
 
 def _use_backend(monkeypatch, backend):
@@ -90,11 +90,7 @@ def test_static_buffers_run_the_compiled_step(model, tokenizer, compiled):
 
 @SLOW
 def test_lora_model(tokenizer, compiled):
-    peft = pytest.importorskip("peft")
-    lora = peft.get_peft_model(
-        build_tiny_block_model(tokenizer, block_length=BLOCK, seed=0),
-        peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False),
-    ).eval()
+    lora = lora_block_model(tokenizer)
     reference = run(lora, tokenizer, cuda_graphs=False, temperature=1.0)
     out = run(lora, tokenizer, cuda_graphs=False, compile=True, temperature=1.0)
     assert_same(out, reference)
@@ -162,12 +158,3 @@ def test_inductor_dual_cache(inductor):
     torch.testing.assert_close(out.logprobs, reference.logprobs, rtol=1e-4, atol=1e-4)
     assert inductor
 
-
-def test_compile_needs_the_cache(tokenizer):
-    from trl_dllm.core.sampling import BlockCausalOptions
-
-    with pytest.raises(ValueError, match="compile=True compiles the cached step"):
-        BlockCausalOptions(
-            mask_token_id=tokenizer.mask_token_id, gen_length=8, block_length=4, diffusion_steps=2, use_cache=False,
-            compile=True,
-        )  # fmt: skip

@@ -76,23 +76,30 @@ def test_rows_leaving_the_cache_drop_the_captured_steps(model, tokenizer, replay
     assert replays
 
 
-def test_lora_model(model, tokenizer, replays):
+def lora_block_model(tokenizer):
+    """The tiny block model with LoRA adapters that change its output (PEFT's non-zero init), in eval mode."""
     peft = pytest.importorskip("peft")
-    lora = peft.get_peft_model(
+    return peft.get_peft_model(
         build_tiny_block_model(tokenizer, block_length=BLOCK, seed=0),
         peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False),
     ).eval()
+
+
+def test_lora_model(model, tokenizer, replays):
+    lora = lora_block_model(tokenizer)
     reference = run(lora, tokenizer, cuda_graphs=False, temperature=1.0)
     out = run(lora, tokenizer, cuda_graphs=True, temperature=1.0)
     assert_same(out, reference)
     assert replays
 
 
-def test_cuda_graphs_need_the_cache(tokenizer):
-    with pytest.raises(ValueError, match="cuda_graphs=True replays the cached step"):
+@pytest.mark.parametrize("option, message", [("cuda_graphs", "cuda_graphs=True replays the cached step"),
+                                             ("compile", "compile=True compiles the cached step")])  # fmt: skip
+def test_static_steps_need_the_cache(tokenizer, option, message):
+    with pytest.raises(ValueError, match=message):
         BlockCausalOptions(
             mask_token_id=tokenizer.mask_token_id, gen_length=8, block_length=4, diffusion_steps=2, use_cache=False,
-            cuda_graphs=True,
+            **{option: True},
         )  # fmt: skip
 
 
