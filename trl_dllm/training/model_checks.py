@@ -148,27 +148,28 @@ def check_cuda_graphs(args, spec: ModelSpec, model, device_type: str, sharded: b
         raise ValueError(f"generation_cuda_graphs=True cannot be honoured: {problem}. Set generation_cuda_graphs=False.")
 
 
-def compiled_step_problem(spec: ModelSpec, generation_cache: str) -> str | None:
-    """Why `generation_compile` has no cached denoising step to compile for this family and cache (a clause the
-    message's fix follows), or `None`."""
+def compiled_step_refusal(spec: ModelSpec, generation_cache: str) -> str | None:
+    """The message refusing `generation_compile` when this family and cache have no cached denoising step to compile,
+    or `None`."""
     if spec.noise == "uniform":
-        return f"this model ({spec.family!r} family) decodes through its own generate(), which has none:"
-    if spec.family != "block" and generation_cache == "none":
-        return (f"this model ({spec.family!r} family) decodes the whole canvas at every step: set "
-                "generation_cache='dual' or 'prefix' (Fast-dLLM's approximate caches) to compile their cached steps, "
-                "or")  # fmt: skip
-    return None
+        problem = f"this model ({spec.family!r} family) decodes through its own generate(), which has none:"
+    elif spec.family != "block" and generation_cache == "none":
+        problem = (f"this model ({spec.family!r} family) decodes the whole canvas at every step: set "
+                   "generation_cache='dual' or 'prefix' (Fast-dLLM's approximate caches) to compile their cached "
+                   "steps, or")  # fmt: skip
+    else:
+        return None
+    return f"generation_compile=True compiles the cached denoising step; {problem} set generation_compile=False."
 
 
 def check_compile(args, spec: ModelSpec, sharded: bool) -> None:
-    """`generation_compile` at construction: a cached step to compile (:func:`compiled_step_problem`), and the
+    """`generation_compile` at construction: a cached step to compile (:func:`compiled_step_refusal`), and the
     parameters whole (ZeRO-3 / FSDP gather them through hooks inside each forward, which the compiled step would
     have to trace; untested, so refused)."""
     if not args.generation_compile:
         return
-    if (problem := compiled_step_problem(spec, args.generation_cache)) is not None:
-        raise ValueError(f"generation_compile=True compiles the cached denoising step; {problem} set "
-                         "generation_compile=False.")  # fmt: skip
+    if (refusal := compiled_step_refusal(spec, args.generation_cache)) is not None:
+        raise ValueError(refusal)
     if sharded:
         raise ValueError(
             "generation_compile=True cannot be honoured under DeepSpeed ZeRO-3 / FSDP: their parameters are gathered "

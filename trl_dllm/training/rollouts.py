@@ -23,7 +23,7 @@ from ..core.sampling import (
 )
 from ..models import ModelSpec, model_logits_fn, require_4d_mask
 from .diffusion_gemma_rollouts import diffusion_gemma_options, generate_diffusion_gemma
-from .model_checks import check_block_guidance, check_cache_model, compiled_step_problem
+from .model_checks import check_block_guidance, check_cache_model, compiled_step_refusal
 
 
 def sampling_distribution(args, temperature: float | None = None) -> dict:
@@ -75,9 +75,8 @@ def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
             "family) decodes without that cache: set generation_cuda_graphs=False."
         )
     compile = fields.pop("compile", False)
-    if compile and (problem := compiled_step_problem(spec, fields.get("generation_cache", "none"))) is not None:
-        raise ValueError(f"generation_compile=True compiles the cached denoising step; {problem} set "
-                         "generation_compile=False.")  # fmt: skip
+    if compile and (refusal := compiled_step_refusal(spec, fields.get("generation_cache", "none"))) is not None:
+        raise ValueError(refusal)
     if spec.noise == "uniform":
         fields.setdefault("eos_token_ids", spec.eos_token_ids)
         return DecodingPlan(generate_diffusion_gemma, model, diffusion_gemma_options(model, **fields))
