@@ -64,9 +64,9 @@ ESTIMATES = {
     "device peak": 1, "build": 4, "plain forward": 3, "numerics": 14,
     "rollouts at 32 steps": {"llada": 25, "dream": 15, "sdar": 24, "llada2": 26, "llada_moe": 12},
     "train step": 111, "memory plan": 26, "trl": 34, "launch": 30,
-    # not measured yet: a guess for the budget (two compiled rollouts and the compilation of a 36-layer model); the
-    # first GPU run with --compile replaces it with its `parts_seconds`
-    "compiled rollouts": 180,
+    # not measured yet: a guess for the budget (one compiled setting: the compilation of a 36-layer model, two
+    # rollouts and two at temperature 0); the first GPU run with --compile replaces it with its `parts_seconds`
+    "compiled rollout": 90,
 }  # fmt: skip
 
 
@@ -88,6 +88,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-launch", action="store_true", help="no accelerate launches (ZeRO-2/3, FSDP2)")
     p.add_argument("--plan-batches", type=int, nargs="+", default=None, help="batches tried by the memory plan")
     p.add_argument("--skip-plan", action="store_true", help="no memory plan")
+    p.add_argument("--skip-numerics", action="store_true", help="no bf16 numerics checks (padding, attention, elbo)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (CPU)")
     p.add_argument("--out", default="bench_out", help="directory to write gpu.json into")
     return p.parse_args(argv)
@@ -157,7 +158,8 @@ def rollout_estimate(family: str, recipe, block: int) -> float:
     return ESTIMATES["rollouts at 32 steps"][family] * steps / (64 if family == "sdar" else 32)  # sdar: 64 measured
 
 
-def family_part(parts: Parts, shape, recipe, peak: float, threshold: bool, compile: bool = False) -> dict:
+def family_part(parts: Parts, shape, recipe, peak: float, threshold: bool, compile: bool = False,
+                skip_numerics: bool = False) -> dict:  # fmt: skip
     entry = parts.result["families"][shape.family] = {}
     holder = {}  # the model stays out of the JSON
     built = parts(holder, "model", f"{shape.family}: build", ESTIMATES["build"], gpu_parts.build_model, shape)
@@ -175,9 +177,13 @@ def family_part(parts: Parts, shape, recipe, peak: float, threshold: bool, compi
     if compile and shape.family not in gpu_parts.COMPILED_SETTINGS:
         entry["compiled_rollouts"] = {"skipped": gpu_parts.NOT_COMPILED[shape.family]}
     elif compile and isinstance(entry.get("rollouts"), dict) and "fixed_steps" in entry["rollouts"]:
-        parts(entry, "compiled_rollouts", f"{shape.family}: compiled rollouts", ESTIMATES["compiled rollouts"],
-              gpu_parts.compiled_rollouts, model, tokenizer, shape, recipe, peak, entry["rollouts"])  # fmt: skip
-    if shape.family in gpu_parts.DENSE:
+        compiled = entry["compiled_rollouts"] = {}
+        for name in gpu_parts.COMPILED_SETTINGS[shape.family]:  # one part each: the JSON is written after each
+            parts(compiled, name, f"{shape.family}: compiled rollout {name}", ESTIMATES["compiled rollout"],
+                  gpu_parts.compiled_rollout, model, tokenizer, shape, recipe, peak, entry["rollouts"], name)  # fmt: skip
+    if skip_numerics:
+        entry["numerics"] = {"skipped": "--skip-numerics"}
+    elif shape.family in gpu_parts.DENSE:
         parts(entry, "numerics", f"{shape.family}: numerics", ESTIMATES["numerics"], gpu_numerics.numerics, model,
               tokenizer, shape, recipe)  # fmt: skip
     else:
@@ -253,7 +259,7 @@ def run(args, save=lambda result: None) -> dict:
         for family in names:
             # --quick measures the threshold setting on one family: the same code path for all
             family_part(parts, shapes[family], recipe, peak, args.threshold or (quick and family == "llada"),
-                        args.compile)  # fmt: skip
+                        args.compile, args.skip_numerics)  # fmt: skip
 
     families([f for f in args.families if f in gpu_parts.DENSE])
     if not gpu_parts.installed("trl"):  # the trainer subclasses TRL's: its parts need TRL too

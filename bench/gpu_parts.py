@@ -451,23 +451,30 @@ NOT_COMPILED = {
 
 
 def compiled_rollouts(model, tokenizer, shape: Shape, recipe: Recipe, peak_tflops: float, measured: dict) -> dict:
-    """The rollouts with ``generation_compile`` (``--compile``): each setting of :data:`COMPILED_SETTINGS` timed by
-    :func:`replayed_rollout` against the same decoding uncompiled in ``measured`` (this family's ``rollouts``)."""
+    """The rollouts with ``generation_compile`` (``--compile``): each setting of :data:`COMPILED_SETTINGS`, by
+    :func:`compiled_rollout`."""
     if shape.family not in COMPILED_SETTINGS:
         return {"skipped": NOT_COMPILED.get(shape.family, "no cached step to compile")}
+    return {name: compiled_rollout(model, tokenizer, shape, recipe, peak_tflops, measured, name)
+            for name in COMPILED_SETTINGS[shape.family]}  # fmt: skip
+
+
+def compiled_rollout(model, tokenizer, shape: Shape, recipe: Recipe, peak_tflops: float, measured: dict,
+                     name: str) -> dict:  # fmt: skip
+    """One setting ``name`` of :data:`COMPILED_SETTINGS` timed by :func:`replayed_rollout` against the same decoding
+    uncompiled in ``measured`` (this family's ``rollouts``)."""
+    overrides = COMPILED_SETTINGS[shape.family][name]
+    base = measured.get("generation_cache_dual" if "generation_cache" in overrides else "fixed_steps")
+    if not isinstance(base, dict) or "seconds" not in base:
+        return {"skipped": "the uncompiled setting it is compared with was not measured"}
     ids, mask = prompt_batch(tokenizer, recipe)
     steps = measured["diffusion_steps"]
-    result = {}
-    for name, overrides in COMPILED_SETTINGS[shape.family].items():
-        base = measured.get("generation_cache_dual" if "generation_cache" in overrides else "fixed_steps")
-        if not isinstance(base, dict) or "seconds" not in base:
-            result[name] = {"skipped": "the uncompiled setting it is compared with was not measured"}
-            continue
-        args = rollout_config(recipe, diffusion_steps=steps, **overrides)
-        reset_peak(forget=True)
-        result[name] = replayed_rollout(model, tokenizer, args, ids, mask, base, steps, recipe, peak_tflops)
-    free()
-    return result
+    args = rollout_config(recipe, diffusion_steps=steps, **overrides)
+    reset_peak(forget=True)
+    try:
+        return replayed_rollout(model, tokenizer, args, ids, mask, base, steps, recipe, peak_tflops)
+    finally:
+        free()
 
 
 def plain_forward(model, tokenizer, recipe: Recipe, peak_tflops: float, repeats: int = 3) -> dict:
