@@ -387,9 +387,10 @@ def test_compiled_rollouts_on_the_quick_shapes(monkeypatch):
     from trl_dllm.core.sampling import graphs
 
     torch._dynamo.reset()
-    monkeypatch.setattr(graphs, "_COMPILED", [torch.compile(graphs.static_forward, backend="aot_eager")])
+    monkeypatch.setattr(graphs, "_BACKEND", "aot_eager")
+    monkeypatch.setattr(graphs, "_COMPILED", {})
     recipe = gpu_parts.QUICK_RECIPE
-    for family, settings in (("sdar", {"compile", "cuda_graphs_compile"}), ("llada", {"generation_cache_dual_compile"})):
+    for family, settings in (("sdar", {"compile", "cuda_graphs_compile", "cuda_graphs_compile_model_only"}), ("llada", {"generation_cache_dual_compile"})):
         shape = gpu_parts.QUICK_SHAPES[family]
         tokenizer, model = gpu_parts.build_model(shape)
         measured = gpu_parts.rollouts(model, tokenizer, shape, recipe, 1.0, threshold=False)
@@ -397,6 +398,7 @@ def test_compiled_rollouts_on_the_quick_shapes(monkeypatch):
         assert set(compiled) == settings
         for entry in compiled.values():
             assert entry["tokens_equal_fixed"] is True and entry["generation_compile"] is True
+            assert entry["token_agreement_fixed"] == 1.0
             assert entry["seconds"] > 0 and entry["first_rollout_seconds"] > 0 and entry["forwards"] > 0
     assert "skipped" in gpu_parts.compiled_rollouts(None, None, gpu_parts.QUICK_SHAPES["dream"], recipe, 1.0, {})
     torch._dynamo.reset()

@@ -53,7 +53,8 @@ def test_compiled_samplers_are_timed(monkeypatch):
     from trl_dllm.core.sampling import graphs
 
     torch._dynamo.reset()
-    monkeypatch.setattr(graphs, "_COMPILED", [torch.compile(graphs.static_forward, backend="aot_eager")])
+    monkeypatch.setattr(graphs, "_BACKEND", "aot_eager")
+    monkeypatch.setattr(graphs, "_COMPILED", {})
     result = bench_host_overhead.run(QUICK, repeats=1, samplers=("fixed", "dual_cache"), compile=True)
     assert "fixed_compiled" not in result
     entry = result["dual_cache_compiled"]

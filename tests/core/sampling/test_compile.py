@@ -23,7 +23,8 @@ from .test_graphs import assert_same, lora_block_model, run
 
 
 def _use_backend(monkeypatch, backend):
-    """The process's compiled step, rebuilt with ``backend``, counting its calls; dynamo's caches reset."""
+    """The process's compiled functions, rebuilt with ``backend``; the forward's calls counted; dynamo's caches
+    reset."""
     torch._dynamo.reset()
     calls = []
     compiled = torch.compile(graphs.static_forward, backend=backend, dynamic=None)
@@ -32,7 +33,8 @@ def _use_backend(monkeypatch, backend):
         calls.append(args[2].shape)
         return compiled(*args)
 
-    monkeypatch.setattr(graphs, "_COMPILED", [counted])
+    monkeypatch.setattr(graphs, "_BACKEND", backend)
+    monkeypatch.setattr(graphs, "_COMPILED", {graphs.static_forward: counted})
     return calls
 
 
@@ -158,3 +160,72 @@ def test_inductor_dual_cache(inductor):
     torch.testing.assert_close(out.logprobs, reference.logprobs, rtol=1e-4, atol=1e-4)
     assert inductor
 
+
+
+def _choice_inputs(vocab=40, seed=0):
+    """A step's block logits `(3, 4, V)`, its masked positions (row 1 has two left) and their flat indices."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, 4, vocab, generator=gen) * 3
+    masked = torch.tensor([[1, 1, 1, 1], [0, 1, 0, 1], [1, 1, 1, 0]], dtype=torch.bool)
+    flat = masked.reshape(-1).nonzero().squeeze(1)
+    keys = torch.randint(2**32, (len(flat),), generator=gen)
+    return logits, masked, flat, keys
+
+
+@pytest.mark.parametrize(
+    "decoding, transfer",
+    [
+        (dict(temperature=0.0), [2, 1, 1]),
+        (dict(temperature=1.0, top_k=5), [1, 2, 3]),
+        (dict(temperature=0.7, top_p=0.9, remasking="margin"), [4, 2, 1]),
+        (dict(temperature=1.0, remasking="random"), [1, 1, 1]),
+        (dict(temperature=1.0, confidence_threshold=0.2), None),
+    ],
+)
+def test_compiled_choice_equals_the_eager_one(compiled, decoding, transfer):
+    """The sampler's step compiled (:func:`loop._choose_keyed`: softmax, keyed noise, Gumbel-max, confidence, selection)
+    picks the tokens, positions and log-probs of the eager step, with its vocabulary hashes computed in the kernel."""
+    out, eager = _both_choices(decoding, transfer)
+    for got, want in zip(out, eager):
+        assert torch.equal(got, want)
+    assert eager[1].any()
+
+
+@SLOW
+@pytest.mark.parametrize("decoding, transfer", [(dict(temperature=0.0), [2, 1, 1]), (dict(temperature=1.0), [1, 2, 3])])
+def test_inductor_choice(inductor, decoding, transfer):
+    """Inductor's fused kernels (C++ on CPU): the same tokens and positions; log-probs within fused-kernel rounding."""
+    (tokens, commit, logprobs), eager = _both_choices(decoding, transfer)
+    assert torch.equal(tokens, eager[0]) and torch.equal(commit, eager[1])
+    torch.testing.assert_close(logprobs, eager[2], rtol=1e-5, atol=1e-5)
+
+
+def _both_choices(decoding, transfer):
+    from trl_dllm.core.sampling import loop
+    from trl_dllm.core.sampling.noise import KeyedNoise, RowStreams
+
+    logits, masked, flat, keys = _choice_inputs()
+    opts = loop.DecodingOptions(mask_token_id=3, gen_length=8, block_length=4, diffusion_steps=8, **decoding)
+    chosen = None if transfer is None else torch.tensor(transfer)
+    most = None if transfer is None else max(transfer)
+    streams = RowStreams(None, 3, 8, 4, torch.device("cpu"))  # the eager loop reads the vocabulary's hashes from it
+    eager = loop._choose(logits, masked, chosen, opts, KeyedNoise(keys, streams), index=flat, max_transfer=most)
+    out = graphs.compile_once(loop._choose_keyed)(logits, masked, chosen, opts, keys, flat, most)
+    return out, (eager.tokens, eager.commit, eager.logprobs)
+
+
+@SLOW
+def test_sampler_step_compiled_once_for_every_rollout(model, tokenizer, compiled):
+    """A second rollout with fresh options objects and generators reuses the compiled step and choice: no new graph."""
+    from torch._dynamo.utils import counters
+
+    from trl_dllm.core.sampling import loop
+
+    reference = run(model, tokenizer, cuda_graphs=False, temperature=1.0)
+    first = run(model, tokenizer, cuda_graphs=False, compile=True, temperature=1.0)
+    graphs_after_first = counters["stats"]["unique_graphs"]
+    second = run(model, tokenizer, cuda_graphs=False, compile=True, temperature=1.0)
+    assert counters["stats"]["unique_graphs"] == graphs_after_first
+    assert_same(first, reference)
+    assert_same(second, reference)
+    assert loop._choose_keyed in graphs._COMPILED  # the sampler's step went through the compiler too

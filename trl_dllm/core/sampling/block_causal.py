@@ -112,7 +112,7 @@ def generate_block_causal(
         dtype = module_dtype(model) if isinstance(model, nn.Module) else torch.float32
         source = _uncached_source(as_logits_fn(model), attention_mask, prompt_length, block_length, dtype, layout)
     blocks = None if layout is None else layout[0]
-    decode_blocks(state, source, options, generator, blocks)
+    decode_blocks(state, source, options, generator, blocks, compile=options.compile)
     return state.output(gen_length)
 
 

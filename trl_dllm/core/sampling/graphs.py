@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["StaticStep", "StepGraphs", "compiled_forward", "static_forward"]
+__all__ = ["StaticStep", "StepGraphs", "compile_once", "compiled_forward", "static_forward"]
 
 
 def static_forward(model, cache, input_ids, attention_mask, position_ids, columns, logits_to_keep) -> torch.Tensor:
@@ -50,15 +50,21 @@ def static_forward(model, cache, input_ids, attention_mask, position_ids, column
     return out.logits
 
 
-_COMPILED = []
+_BACKEND = "inductor"
+_COMPILED: dict = {}
+
+
+def compile_once(fn):
+    """``fn`` under ``torch.compile`` (Inductor, ``dynamic=None``), built once per process so that every rollout
+    shares its compiled code (the compiler's cache is keyed by its guards: the model, the shapes, the options)."""
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, backend=_BACKEND, dynamic=None)
+    return _COMPILED[fn]
 
 
 def compiled_forward():
-    """:func:`static_forward` under ``torch.compile`` (Inductor, ``dynamic=None``), built once per process so that
-    every rollout shares its compiled code (the compiler's cache is keyed by its guards: the model, the shapes)."""
-    if not _COMPILED:
-        _COMPILED.append(torch.compile(static_forward, dynamic=None))
-    return _COMPILED[0]
+    """:func:`static_forward` compiled (:func:`compile_once`)."""
+    return compile_once(static_forward)
 
 
 class StaticStep:

@@ -219,6 +219,9 @@ class BlockCausalKVCache:
             position_ids = positions[:, lo:]
         # the slots after hi hold nothing yet or a stale noisy block: hidden
         mask = torch.nn.functional.pad(mask, (0, length - hi), value=float("-inf"))
+        # contiguous, as the static buffers of cuda_graphs are: a compiled step is specialised to its inputs' strides,
+        # and a view's change with the block (or with the graphs' buffers) would compile it again
+        position_ids = position_ids.contiguous()
         where = None
         if not (isinstance(rows, slice) and len(self.live) == canvas.shape[0]):
             where = torch.full((canvas.shape[0],), -1, dtype=torch.long, device=canvas.device)
@@ -236,7 +239,7 @@ class BlockCausalKVCache:
             self.cache = SlotCache(canvas.shape[1])
         mask, position_ids, columns, where = self._inputs(canvas, lo, hi, rows, step_rows)
         self.cache.lo = lo
-        input_ids = canvas[self.live, lo:hi] if len(self.live) < canvas.shape[0] else canvas[:, lo:hi]
+        input_ids = canvas[self.live, lo:hi] if len(self.live) < canvas.shape[0] else canvas[:, lo:hi].contiguous()
         per_block = (mask, position_ids, columns)
         with grouped_attention(self.model):
             step = None

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .graphs import compile_once
 from .noise import KeyedNoise, RowStreams
 from .options import DecodingOptions
 from .remasking import REMASKING, Noise, sample_tokens, sampling_log_probs, select_above, select_top
@@ -132,6 +133,25 @@ def _choose(
         commit=commit,
         logprobs=_scatter(flat_logprobs, index, masked.shape, 0.0),
     )
+
+
+def _choose_keyed(
+    logits: torch.Tensor,
+    masked: torch.Tensor,
+    num_transfer: torch.Tensor | None,
+    opts: DecodingOptions,
+    keys: torch.Tensor | None,
+    index: torch.Tensor,
+    max_transfer: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_choose` over tensors alone — ``keys`` the :class:`~.noise.KeyedNoise`'s entry keys (``None`` when
+    nothing is sampled) — the function that ``compile`` compiles: its softmax, keyed noise, Gumbel-max, confidence and
+    selection over `(n, V)` fuse into a few kernels (eagerly, dozens of elementwise passes over the block's
+    vocabulary-wide rows). The vocabulary's hashes are computed inside the kernel instead of read from the rollout's
+    table: the same values."""
+    result = _choose(logits, masked, num_transfer, opts, None if keys is None else KeyedNoise(keys), index=index,
+                     max_transfer=max_transfer)  # fmt: skip
+    return result.tokens, result.commit, result.logprobs
 
 
 def _scatter(values: torch.Tensor, index: torch.Tensor, shape, fill) -> torch.Tensor:
@@ -309,6 +329,7 @@ def decode_blocks(
     opts: DecodingOptions,
     generator: Noise,
     blocks: torch.Tensor | None = None,
+    compile: bool = False,
 ) -> None:
     """Decode the completion block by block, left to right, until every position is committed.
 
@@ -323,7 +344,8 @@ def decode_blocks(
     its steps know every count from the schedule), so a GPU's queue never drains inside the loop; one per step with
     threshold decoding or EOS early exit (the device decides the counts), which also reads the next window's counts
     for its first step. Host integers go to the device without waiting (:func:`_on_device`). Noise is
-    counter-based (:class:`~.noise.RowStreams`), keyed by each row's own generator.
+    counter-based (:class:`~.noise.RowStreams`), keyed by each row's own generator. ``compile``: each step's sampling
+    and selection run compiled (:func:`_choose_keyed` under :func:`~.graphs.compile_once`).
     """
     check_generators(generator, state.canvas.shape[0])
     block_length, steps_per_block = opts.block_length, opts.steps_per_block
@@ -334,6 +356,7 @@ def decode_blocks(
     sampled = opts.temperature > 0 or opts.remasking == "random"
     noise = RowStreams(generator, batch, length, max_steps, state.canvas.device) if sampled else None
     row_index: dict[tuple[int, ...], Rows] = {}
+    choose = compile_once(_choose_keyed) if compile else None
     windows = decoding_windows(blocks, state.prompt_length, length, block_length)
     planned = None if read_every_step else _scheduled_counts(state, windows)
     following = None  # counts of the next window, read with the last step's (no extra synchronisation)
@@ -365,8 +388,12 @@ def decode_blocks(
                 flat = torch.nonzero_static(row_masked.reshape(-1), size=n).squeeze(1)
                 keys = None if noise is None else noise.keys(rows, start, end, flat)
                 chosen = None if threshold else _on_device([transfer[b] for b in active], masked.device)
-                result = _choose(logits, row_masked, chosen, opts, keys, index=flat,
-                                 max_transfer=None if threshold else max(transfer[b] for b in active))  # fmt: skip
+                most = None if threshold else max(transfer[b] for b in active)
+                if choose is not None:
+                    noise_keys = None if keys is None else keys.keys
+                    result = _StepResult(*choose(logits, row_masked, chosen, opts, noise_keys, flat, most))
+                else:
+                    result = _choose(logits, row_masked, chosen, opts, keys, index=flat, max_transfer=most)
                 step_id = state.num_forwards - 1 if threshold else index * steps_per_block + step
                 state.commit(rows, start, end, result, step_id)
                 state.exit_finished_rows()

@@ -206,5 +206,5 @@ def generate_cached(
     source = BidirectionalKVCache(
         model, input_ids.shape[1], options.generation_cache, attention_mask, options.refresh_every, options.compile
     )
-    decode_blocks(state, source, options, generator)
+    decode_blocks(state, source, options, generator, compile=options.compile)
     return state.output()
