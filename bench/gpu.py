@@ -64,9 +64,10 @@ ESTIMATES = {
     "device peak": 1, "build": 4, "plain forward": 3, "numerics": 14,
     "rollouts at 32 steps": {"llada": 25, "dream": 15, "sdar": 24, "llada2": 26, "llada_moe": 12},
     "train step": 111, "memory plan": 26, "trl": 34, "launch": 30,
-    # not measured yet: a guess for the budget (one compiled setting: the compilation of a 36-layer model, two
-    # rollouts and two at temperature 0); the first GPU run with --compile replaces it with its `parts_seconds`
-    "compiled rollout": 90,
+    # one compiled setting (docs/gpu/2026-11-27-h100/): the family's first pays the compilation (SDAR 103.3 s with two
+    # recompilations at 9087a78, 76.3 s at 2cbff98; LLaDA's dual cache 41.6 s); a later one reuses it (48.2 s, one
+    # recompilation for the graphs' buffers, gone since)
+    "compiled rollout": {"first": 80, "next": 45},
 }  # fmt: skip
 
 
@@ -178,8 +179,10 @@ def family_part(parts: Parts, shape, recipe, peak: float, threshold: bool, compi
         entry["compiled_rollouts"] = {"skipped": gpu_parts.NOT_COMPILED[shape.family]}
     elif compile and isinstance(entry.get("rollouts"), dict) and "fixed_steps" in entry["rollouts"]:
         compiled = entry["compiled_rollouts"] = {}
-        for name in gpu_parts.COMPILED_SETTINGS[shape.family]:  # one part each: the JSON is written after each
-            parts(compiled, name, f"{shape.family}: compiled rollout {name}", ESTIMATES["compiled rollout"],
+        # one part per setting, so that the JSON is written after each
+        for i, name in enumerate(gpu_parts.COMPILED_SETTINGS[shape.family]):
+            estimate = ESTIMATES["compiled rollout"]["next" if i else "first"]
+            parts(compiled, name, f"{shape.family}: compiled rollout {name}", estimate,
                   gpu_parts.compiled_rollout, model, tokenizer, shape, recipe, peak, entry["rollouts"], name)  # fmt: skip
     if skip_numerics:
         entry["numerics"] = {"skipped": "--skip-numerics"}
