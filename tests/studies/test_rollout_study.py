@@ -67,6 +67,7 @@ def test_run_row_counts_collapses_and_keeps_the_instability_signs():
     assert row["reach"]["0.7"]["step"] == 2 and row["reach"]["0.8"]["step"] == 2
 
 
+@pytest.mark.slow  # probes the quick study's checkpoint: three rollout settings, replayed
 def test_probe_replay_is_exact_without_the_cache(quick, tmp_path):
     """The trajectory replay reproduces the rollout's own log-probabilities for fixed and threshold decoding (the
     cache's are approximate: its difference is measured, not asserted)."""

@@ -251,6 +251,7 @@ def test_one_block_equals_elbo_on_the_independent_toy():
             torch.testing.assert_close(getattr(one_block, field), getattr(reference, field))
 
 
+@pytest.mark.slow  # about 10 s each: an average over many Monte Carlo draws
 @pytest.mark.parametrize("options", [{"mc_samples": 1}, {"mc_samples": 3}, {"mc_samples": 1, "antithetic": True}])
 def test_unbiased_for_an_independent_model(options):
     n = 2000
