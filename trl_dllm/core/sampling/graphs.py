@@ -26,9 +26,20 @@ later rollouts of the same shapes reuse it.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
-__all__ = ["StaticStep", "StepGraphs", "compile_once", "compiled_forward", "static_forward"]
+__all__ = ["StaticStep", "StepGraphs", "cache_keyword", "compile_once", "compiled_forward", "static_forward"]
+
+
+def cache_keyword(model) -> str:
+    """The keyword ``model``'s forward takes a KV cache by: ``cache`` where it has that parameter (transformers' own
+    classes since ``past_key_values`` was deprecated in favour of it, to be removed in transformers 5.40), else
+    ``past_key_values`` (older transformers; this package's native LLaDA2 class). A PEFT model is asked for its base
+    model's, which it passes keywords on to."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def static_forward(model, cache, input_ids, attention_mask, position_ids, columns, logits_to_keep) -> torch.Tensor:
@@ -41,9 +52,9 @@ def static_forward(model, cache, input_ids, attention_mask, position_ids, column
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
+            **{cache.keyword: cache},
         )
     finally:
         cache.columns = None

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..masks import block_attention, block_causal_mask
-from .graphs import StepGraphs, compiled_forward, static_forward
+from .graphs import StepGraphs, cache_keyword, compiled_forward, static_forward
 
 __all__ = ["GROUPED_SDPA", "BlockCausalKVCache", "SlotCache", "grouped_attention", "grouped_sdpa", "module_dtype"]
 
@@ -97,11 +97,12 @@ class SlotCache:
     ``get_seq_length`` reports).
 
     It implements what the models of this package call on a cache (``update``, ``get_seq_length``), so this module
-    needs no transformers import.
+    needs no transformers import. ``keyword``: the keyword the model's forward takes it by
+    (:func:`~.graphs.cache_keyword`).
     """
 
-    def __init__(self, length: int):
-        self.length, self.lo = length, 0
+    def __init__(self, length: int, keyword: str = "cache"):
+        self.length, self.lo, self.keyword = length, 0, keyword
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.columns: torch.Tensor | None = None  # the columns the forward under way writes
@@ -236,7 +237,7 @@ class BlockCausalKVCache:
         self._drop_finished_rows(canvas, step_rows)
         lo, hi = self.cached, self.prompt_length + end
         if self.cache is None:
-            self.cache = SlotCache(canvas.shape[1])
+            self.cache = SlotCache(canvas.shape[1], cache_keyword(self.model))
         mask, position_ids, columns, where = self._inputs(canvas, lo, hi, rows, step_rows)
         self.cache.lo = lo
         input_ids = canvas[self.live, lo:hi] if len(self.live) < canvas.shape[0] else canvas[:, lo:hi].contiguous()

@@ -23,10 +23,12 @@ this module imports only torch.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
-from .graphs import compiled_forward, static_forward
+from .graphs import cache_keyword, compiled_forward, static_forward
 from .kv_cache import SlotCache, module_dtype
 from .loop import DecodingState, GenerationOutput, decode_blocks
 from .options import CachedOptions, check_cache
@@ -112,7 +114,7 @@ class BidirectionalKVCache:
             input_ids=canvas[index], use_cache=True, logits_to_keep=torch.arange(lo, hi, device=canvas.device),
             **kwargs,
         )  # fmt: skip
-        past = getattr(out, "past_key_values", None)
+        past = _returned_cache(out)
         if not hasattr(past, "layers") or not all(hasattr(layer, "keys") for layer in past.layers):
             raise TypeError(
                 f"generation_cache={self.mode!r} reads the keys/values from a transformers cache object (a "
@@ -122,7 +124,7 @@ class BidirectionalKVCache:
             )
         # The refresh's K/V of every position, `(b, H, N, D)` per layer, become the static slots: a cached step
         # overwrites the slots it forwards and attends over all N (the positions outside R are its own, fresh).
-        self.slots = SlotCache(canvas.shape[1])
+        self.slots = SlotCache(canvas.shape[1], cache_keyword(self.model))
         self.slots.keys = [layer.keys for layer in past.layers]
         self.slots.values = [layer.values for layer in past.layers]
         self.cache_class = type(past)
@@ -172,6 +174,13 @@ class BidirectionalKVCache:
 
 
 @torch.no_grad()
+def _returned_cache(out):
+    """The KV cache a forward returned: transformers' outputs hold it as ``cache`` (their ``past_key_values`` is a
+    deprecated alias that warns); older ones and remote code as ``past_key_values``."""
+    fields = {field.name for field in dataclasses.fields(out)} if dataclasses.is_dataclass(out) else set()
+    return getattr(out, "cache" if "cache" in fields else "past_key_values", None)
+
+
 def generate_cached(
     model: nn.Module,
     input_ids: torch.Tensor,
