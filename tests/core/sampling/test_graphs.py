@@ -138,3 +138,17 @@ def test_cuda_graphs_give_the_eager_tokens(model, tokenizer, replays, kwargs):
     assert torch.equal(out.unmask_step, reference.unmask_step)
     torch.testing.assert_close(out.logprobs, reference.logprobs, rtol=1e-4, atol=1e-4)
     assert replays
+
+
+def test_cache_keyword_follows_the_forward_signature(model, tokenizer):
+    """transformers' own classes take the cache as `cache` (their `past_key_values` is deprecated, gone in 5.40), also
+    behind PEFT; a forward without that parameter (the native LLaDA2 class, older transformers) gets
+    `past_key_values`."""
+    from trl_dllm.core.sampling.graphs import cache_keyword
+    from trl_dllm.models.families import native_config
+    from trl_dllm.models.families.llada2 import LLaDA2Native
+    from trl_dllm.testing import tiny_original_config
+
+    assert cache_keyword(model) == "cache"
+    assert cache_keyword(lora_block_model(tokenizer)) == "cache"
+    assert cache_keyword(LLaDA2Native(native_config(tiny_original_config("llada2")))) == "past_key_values"
