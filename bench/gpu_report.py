@@ -134,7 +134,9 @@ def table(result: dict) -> str:
     rows = [("device", "matmul TFLOP/s | copy GB/s", f"{_get(result, 'device', 'matmul_tflops')} | "
              f"{_get(result, 'device', 'copy_gb_per_s')}")]  # fmt: skip
     for family, entry in result.get("families", {}).items():
-        for setting, r in (entry.get("rollouts") or {}).items():
+        compiled = entry.get("compiled_rollouts")
+        settings = {**(entry.get("rollouts") or {}), **(compiled if isinstance(compiled, dict) else {})}
+        for setting, r in settings.items():
             if isinstance(r, dict) and "tokens_per_s" in r:
                 rows.append((f"{family} rollout {setting}", "tokens/s | s/forward | MFU",
                              f"{r['tokens_per_s']} | {r['seconds_per_forward']} | {r['mfu']}"))  # fmt: skip
