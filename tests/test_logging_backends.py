@@ -69,6 +69,7 @@ def wandb_records(path: Path):
             yield record
 
 
+@pytest.mark.slow  # a training run logged to W&B offline (about 20 s)
 def test_wandb_offline_run_holds_every_logged_scalar(tiny_model_path, tmp_path):
     pytest.importorskip("wandb")
     steps = train_tiny(tmp_path, tiny_model_path, "wandb", {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
@@ -87,6 +88,7 @@ def test_wandb_offline_run_holds_every_logged_scalar(tiny_model_path, tmp_path):
         assert "completion" in content["columns"] and len(content["data"]) == 4
 
 
+@pytest.mark.slow  # a training run logged to Trackio (about 18 s)
 def test_trackio_local_run_holds_every_logged_scalar(tiny_model_path, tmp_path, monkeypatch):
     sqlite_storage = pytest.importorskip("trackio.sqlite_storage")
     steps = train_tiny(tmp_path, tiny_model_path, "trackio", {"TRACKIO_DIR": str(tmp_path / "trackio")})

@@ -197,6 +197,7 @@ def test_cpu_peaks_every_family():
     assert all(0.85 <= row["planned_over_measured"] <= 1.15 for row in rows), rows
 
 
+@pytest.mark.slow  # a measured training step against the plan (about 19 s)
 def test_cpu_peak_llada():
     """One family, small: LLaDA's update (elbo, 2 views kept) measured on CPU vs planned, within ±15%."""
     from bench.plan_memory import Case, compare

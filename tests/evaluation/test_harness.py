@@ -109,6 +109,7 @@ def test_generate_and_multiple_choice_equal_hand_computation(lm, reference, task
     assert results["results"]["tiny_mc"]["acc,none"] == pytest.approx(expected_acc)
 
 
+@pytest.mark.slow  # lm-eval through the CLI in a subprocess (about 19 s)
 def test_cli_runs_lm_eval_with_the_model_registered(tasks, tmp_path):
     from trl_dllm.cli import main
 

@@ -29,6 +29,8 @@ from trl_dllm.core.objectives import OBJECTIVES
 from trl_dllm.demo.run import DemoConfig
 from trl_dllm.demo.tasks import get_task
 
+COMPARE_RUN = pytest.mark.slow  # the tests that read a `--quick` comparison (its runs take about 50 s): make test-slow
+
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
@@ -44,6 +46,7 @@ def quick_block(tmp_path_factory):
     return out, main(["--quick", "--model", "block", "--tasks", "sort", "--out", str(out)])
 
 
+@COMPARE_RUN
 def test_quick_block_compares_dipo_from_a_block_warm_start(quick_block):
     out, results = quick_block
     assert results["config"]["model"] == "block" and tuple(results["config"]["methods"]) == tuple(BLOCK_METHODS)
@@ -69,6 +72,7 @@ def test_quick_block_compares_dipo_from_a_block_warm_start(quick_block):
     )
 
 
+@COMPARE_RUN
 def test_quick_writes_results_table_and_figure(quick):
     out, results = quick
     assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(results))
@@ -97,6 +101,7 @@ def test_quick_writes_results_table_and_figure(quick):
         )
 
 
+@COMPARE_RUN
 def test_quick_rl_methods_share_one_budget(quick):
     _, results = quick
     rl = [r for r in results["runs"] if r["method"] != SFT]
@@ -105,6 +110,7 @@ def test_quick_rl_methods_share_one_budget(quick):
     assert {r["method"]: r["trainer_fields"] for r in rl} == {m: f for m, f in METHODS.items() if f is not None}
 
 
+@COMPARE_RUN
 def test_quick_sft_row_trains_as_long_as_the_longest_rl_run(quick):
     _, results = quick
     for task in CompareConfig().tasks:
@@ -171,6 +177,7 @@ def _split_by_task(results: dict, tmp_path) -> list[str]:
     return dirs
 
 
+@COMPARE_RUN
 def test_merge_joins_per_task_runs(quick, tmp_path):
     _, results = quick
     dirs = _split_by_task(results, tmp_path)
@@ -187,6 +194,7 @@ def test_merge_joins_per_task_runs(quick, tmp_path):
     assert json.loads((tmp_path / "all" / "results.json").read_text()) == json.loads(json.dumps(merged))
 
 
+@COMPARE_RUN
 def test_merge_refuses_a_run_twice_and_a_missing_directory(quick, tmp_path, capsys):
     _, results = quick
     part = json.loads(json.dumps(results)) | {"source": "a"}
