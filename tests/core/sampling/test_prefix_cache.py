@@ -215,3 +215,13 @@ def test_native_families_are_checked():
         check_cache_model(specs["dream"], "prefix")
     with pytest.raises(ValueError, match="block_kv_cache=True"):
         check_cache_model(specs["sdar"], "dual")
+
+
+def test_generation_builds_no_autograd_graph():
+    """`generate_cached` runs under `torch.no_grad()`: a model with trainable parameters leaves no graph behind."""
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer, seed=0)
+    options = CachedOptions(mask_token_id=tokenizer.mask_token_id, gen_length=8, block_length=4, diffusion_steps=8,
+                            generation_cache="dual", return_trajectory=True)  # fmt: skip
+    out = generate_cached(model, torch.randint(5, 60, (2, 5)), None, options=options)
+    assert not out.logprobs.requires_grad and out.logprobs.grad_fn is None

@@ -78,6 +78,7 @@ class BidirectionalKVCache:
     def __init__(self, model, prompt_length, mode="dual", attention_mask=None, refresh_every=None, compile=False):
         check_cache(mode, refresh_every)
         self.forward = compiled_forward() if compile else static_forward
+        self.keyword = cache_keyword(model)  # read once: every refresh builds a SlotCache
         self.model, self.prompt_length, self.mode = model, prompt_length, mode
         self.attention_mask, self.refresh_every = attention_mask, refresh_every
         self.dtype = module_dtype(model)
@@ -124,7 +125,7 @@ class BidirectionalKVCache:
             )
         # The refresh's K/V of every position, `(b, H, N, D)` per layer, become the static slots: a cached step
         # overwrites the slots it forwards and attends over all N (the positions outside R are its own, fresh).
-        self.slots = SlotCache(canvas.shape[1], cache_keyword(self.model))
+        self.slots = SlotCache(canvas.shape[1], self.keyword)
         self.slots.keys = [layer.keys for layer in past.layers]
         self.slots.values = [layer.values for layer in past.layers]
         self.cache_class = type(past)
@@ -173,7 +174,6 @@ class BidirectionalKVCache:
         return logits
 
 
-@torch.no_grad()
 def _returned_cache(out):
     """The KV cache a forward returned: transformers' outputs hold it as ``cache`` (their ``past_key_values`` is a
     deprecated alias that warns); older ones and remote code as ``past_key_values``."""
@@ -181,6 +181,7 @@ def _returned_cache(out):
     return getattr(out, "cache" if "cache" in fields else "past_key_values", None)
 
 
+@torch.no_grad()
 def generate_cached(
     model: nn.Module,
     input_ids: torch.Tensor,
