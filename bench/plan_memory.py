@@ -183,7 +183,7 @@ def measure_child(case: Case) -> tuple[float, str]:
         if case.lora_r:  # else full fine-tuning, every weight trained
             model = get_peft_model(model, diffusion_gemma.lora_config(r=case.lora_r, lora_alpha=2 * case.lora_r,
                                                                       lora_dropout=case.lora_dropout))  # fmt: skip
-        logits_fn, mask_token_id = diffusion_gemma.denoise_fn(model), None
+        logits_fn, mask_token_id = diffusion_gemma.Denoiser(model), None
         values = {"vocab_size": case.vocab, "canvas_length": config.canvas_length, "fill_token_id": case.vocab - 2,
                   "mc_samples": case.mc_samples, "self_conditioning": False}  # fmt: skip
     else:

@@ -70,6 +70,7 @@ class CompareConfig:
     merge: tuple[str, ...] = ()  # `--merge`: combine these output directories (no training)
     overrides: dict = field(default_factory=dict)  # `--set FIELD=VALUE`: `DiffusionGRPOConfig` fields of every RL run
     model: str = "bidirectional"  # a key of `MODELS`: "block" is the block-diffusion twin (its methods: BLOCK_METHODS)
+    roundoff: int = 0  # `--roundoff K`: round-off replicate K of every RL run (`perturb_weights`); 0: none
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -100,6 +101,24 @@ QUICK_COMPARE = dict(max_steps=2, max_minutes=1.0, seeds=(0,))
 # task, 3 seeds, 300 steps, each run capped at 2 minutes of training (12 runs, ≤ 24 min of training plus evaluations).
 SHORT_COMPARE = dict(methods=("d1", "grpo", "stabledrl", SFT), tasks=("subset",), seeds=(0, 1, 2), max_steps=300,
                      max_minutes=2.0)  # fmt: skip
+
+
+ROUNDOFF_SCALE = 2.0**-23
+"""The relative size of `--roundoff`'s perturbation: one float32 rounding step (the machine epsilon)."""
+
+
+def perturb_weights(model: torch.nn.Module, replicate: int, seed: int) -> None:
+    """Round-off replicate ``replicate`` (≥ 1) of the run with seed ``seed``: every floating-point weight ``w`` of
+    ``model`` becomes ``w · (1 + 2⁻²³ z)``, ``z ~ N(0, 1)`` from a generator seeded with ``(replicate, seed)``, so that
+    about half of them move by one float32 rounding step. Another CPU's kernels, another thread count or another
+    library version round differently by that much; on a chaotic trajectory it decides as much as they do
+    (docs/compare.md, "Round-off as a random factor")."""
+    generator = torch.Generator().manual_seed(1_000_003 * replicate + seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.is_floating_point():
+                noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+                param.mul_((1 + ROUNDOFF_SCALE * noise).to(param.dtype))
 
 
 def _summarise(method, task, seed, prep, callback, steps, seconds, counter, budget, drop) -> dict:
@@ -139,6 +158,8 @@ def _rl_run(cfg: CompareConfig, demo: DemoConfig, prep: dict, method: str, seed:
     callback = TrackedEval(prep, demo.eval_every, demo.max_minutes, progress, label)
     callback.reference = AutoModelForCausalLM.from_pretrained(prep["path"]).eval()
     trainer = make_demo_trainer(prep, args, callback)
+    if cfg.roundoff:
+        perturb_weights(trainer.model, cfg.roundoff, seed)
     callback.counter = counter = ForwardCounter(trainer.model, getattr(trainer, "ref_model", None))
     trainer.train()
     counter.remove()
@@ -151,6 +172,7 @@ def _rl_run(cfg: CompareConfig, demo: DemoConfig, prep: dict, method: str, seed:
     grads = train_log(trainer.state.log_history)["grad_norm"]
     run["non_finite_grad_steps"] = sum(g is not None and not abs(g) < float("inf") for g in grads)
     run["trainer_fields"] = {**cfg.table()[method], **cfg.overrides}
+    run["roundoff"] = cfg.roundoff
     run["log"] = training_log(trainer.state.log_history)
     return run
 
@@ -309,6 +331,13 @@ def parse_args(argv=None) -> CompareConfig:
     parser.add_argument("--eval-every", type=int, default=default.eval_every, help="held-out evaluation interval")
     parser.add_argument("--warmstart-seed", type=int, default=0, help="seed of the model and its warm start")
     parser.add_argument(
+        "--roundoff",
+        type=int,
+        default=0,
+        help="round-off replicate K of every RL run: before training, each weight moved by about one float32 "
+        "rounding step, drawn from (K, seed); 0 (default): none (docs/compare.md)",
+    )
+    parser.add_argument(
         "--set",
         nargs="+",
         metavar="FIELD=VALUE",
@@ -332,6 +361,8 @@ def parse_args(argv=None) -> CompareConfig:
     )
     args = parser.parse_args(argv)
     refuse_non_positive(parser, args, ("max_steps", "max_minutes", "eval_every", "threads"))
+    if args.roundoff < 0:
+        parser.error(f"--roundoff {args.roundoff}: a replicate number, 0 (none) or more")
     for directory in args.merge:
         if not (Path(directory) / "results.json").is_file():
             parser.error(f"--merge {directory}: no results.json there; pass output directories of `trl-dllm compare`")
@@ -341,7 +372,7 @@ def parse_args(argv=None) -> CompareConfig:
     # The presets' methods are the bidirectional model's: with --model block, the block rows unless --methods says.
     cfg = CompareConfig(out_dir=args.out, threads=args.threads, eval_every=args.eval_every,
                         warmstart_seed=args.warmstart_seed, quick=args.quick, merge=tuple(args.merge),
-                        overrides=_overrides(parser, args.set))  # fmt: skip
+                        overrides=_overrides(parser, args.set), roundoff=args.roundoff)  # fmt: skip
     cfg = replace(cfg, **QUICK_COMPARE) if args.quick else replace(cfg, **SHORT_COMPARE) if args.short else cfg
     given = {"methods": args.methods or (tuple(table) if args.model != "bidirectional" else None), "tasks": args.tasks,
              "seeds": args.seeds, "max_steps": args.max_steps, "max_minutes": args.max_minutes}  # fmt: skip

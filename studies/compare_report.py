@@ -32,7 +32,7 @@ def group_runs(results: dict) -> dict[tuple[str, str], list[dict]]:
 def merge_results(parts: list[dict]) -> dict:
     """One comparison from several (e.g. one process per task): runs, warm starts and selections united.
 
-    A (method, task, seed) run found in two parts raises, and so do parts run on different models (`--model`). `date`
+    A (method, task, seed, round-off replicate) run found in two parts raises, and so do parts run on different models (`--model`). `date`
     and `loadavg_start` come from the part that started first, `loadavg_end` from the one that ended last,
     `wall_minutes` spans first start to last end (parallel parts overlap); each part's date, wall time, machine, config
     and `source` are kept in `merged_from`.
@@ -49,7 +49,7 @@ def merge_results(parts: list[dict]) -> dict:
     seen, runs = {}, []
     for part in parts:
         for run in part["runs"]:
-            key = (run["method"], run["task"], run["seed"])
+            key = (run["method"], run["task"], run["seed"], run.get("roundoff", 0))
             if key in seen:
                 raise ValueError(
                     f"run {key} is in both {seen[key]!r} and {part.get('source')!r}: merge disjoint runs."

@@ -9,7 +9,8 @@ of the best-on-val checkpoint and of the last evaluation; each `--set` arm again
 a one-sided Fisher exact p and the held-out reward seed by seed; and per collapsed run the training metrics before
 and after the fall next to the same steps of the runs that did not collapse) and `seeds.png` (one panel per method
 and task, every seed's held-out curve). A collapse is `tracking.collapses`: the held-out test reward more than
-`collapse_drop` (0.2) below its best so far. See docs/compare.md.
+`collapse_drop` (0.2) below its best so far. Runs of one seed made with `trl-dllm compare --roundoff K` are
+further runs of it (round-off as a random factor), named `seed` `rK` (`4r1`); rates count runs. See docs/compare.md.
 """
 
 from __future__ import annotations
@@ -74,6 +75,17 @@ def sign_test(wins: int, losses: int) -> float:
     """
     n, k = wins + losses, max(wins, losses)
     return min(1.0, 2 * sum(math.comb(n, x) for x in range(k, n + 1)) / 2**n) if n else 1.0
+
+
+def run_key(run: dict) -> tuple[int, int]:
+    """(seed, round-off replicate): what tells one run of a method apart from another."""
+    return run["seed"], run.get("roundoff", 0)
+
+
+def run_name(run: dict) -> str:
+    """The seed, with its round-off replicate when it has one: `4`, `4r1`."""
+    seed, replicate = run_key(run)
+    return f"{seed}r{replicate}" if replicate else str(seed)
 
 
 def collapsed(run: dict, drop: float) -> bool:
@@ -189,7 +201,7 @@ def diagnosis(runs: list[dict], drop: float, width: int = 25) -> list[str]:
         points = ", ".join(f"{p['step']}: {p['test_reward']:.2f}" for p in run["curve"])
         acted = guard_replay(run)
         guard = f"would act at step {acted}" if acted is not None else "would not act"
-        lines += [f"Seed {run['seed']}: held-out reward still near its best at step {onset}, fallen more than {drop} "
+        lines += [f"Seed {run_name(run)}: held-out reward still near its best at step {onset}, fallen more than {drop} "
                   f"below it at step {fell} (by evaluation: {points}). The collapse guard with its defaults, "
                   f"replayed on this run's logged metrics, {guard}.", "",
                   "| metric | " + " | ".join(f"{k} ({a}–{b}), this seed · others' median" for k, (a, b) in windows.items())
@@ -216,25 +228,24 @@ def report(results: dict) -> str:
     drop = results["config"].get("collapse_drop", 0.2)
     lines = [f"Runs: {len(results['runs'])}; a collapse: the held-out reward more than {drop} below its best so far.", ""]
     for task in results["config"]["tasks"]:
-        lines += [f"### {task}", "", "| method | seeds | collapsed | rate (95% interval) | held-out after (best val): "
+        lines += [f"### {task}", "", "| method | runs (seeds) | collapsed | rate (95% interval) | held-out after (best val): "
                   "min / median / max (all) | held-out last: min / median / max (all) | steps | guard acts (replayed): "
                   "collapsed · others |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         details = []
         for method in results["config"]["methods"]:
-            runs = sorted((r for r in results["runs"] if r["task"] == task and r["method"] == method),
-                          key=lambda r: r["seed"])  # fmt: skip
+            runs = sorted((r for r in results["runs"] if r["task"] == task and r["method"] == method), key=run_key)
             if not runs:
                 continue
-            fell = [r["seed"] for r in runs if collapsed(r, drop)]
+            fell = [run_name(r) for r in runs if collapsed(r, drop)]
             low, high = wilson(len(fell), len(runs))
             steps = sorted({r["steps"] for r in runs})
             lines.append(
-                f"| {method} | {len(runs)} | {len(fell)} (seeds {', '.join(map(str, fell)) or '–'}) | "
+                f"| {method} | {len(runs)} ({len({r['seed'] for r in runs})}) | {len(fell)} (seeds {', '.join(fell) or '–'}) | "
                 f"{len(fell) / len(runs):.2f} ({low:.2f}–{high:.2f}) | "
                 f"{distribution([r['heldout_after'] for r in runs])} | {distribution([r['heldout_last'] for r in runs])} | "
                 f"{steps[0] if len(steps) == 1 else f'{steps[0]}–{steps[-1]}'} | "
-                f"{sum(guard_replay(r) is not None for r in runs if r['seed'] in fell)}/{len(fell)} · "
-                f"{sum(guard_replay(r) is not None for r in runs if r['seed'] not in fell)}/{len(runs) - len(fell)} |"
+                f"{sum(guard_replay(r) is not None for r in runs if run_name(r) in fell)}/{len(fell)} · "
+                f"{sum(guard_replay(r) is not None for r in runs if run_name(r) not in fell)}/{len(runs) - len(fell)} |"
             )
             if fell:
                 details += [f"#### {method} on {task}", "", *diagnosis(runs, drop)]
@@ -245,11 +256,11 @@ def report(results: dict) -> str:
 def arms(results: dict, task: str, drop: float) -> list[str]:
     """Each `--set` arm (`grpo (beta=0.04)`) against its plain method (`grpo`) on `task`: collapses in each with the
     one-sided Fisher p that the arm's fewer collapses are chance, and the held-out reward after, per seed where both
-    arms ran that seed. Empty when no arm has its plain method beside it."""
+    arms ran that seed (and round-off replicate). Empty when no arm has its plain method beside it."""
     by_method = {}
     for run in results["runs"]:
         if run["task"] == task:
-            by_method.setdefault(run["method"], {})[run["seed"]] = run
+            by_method.setdefault(run["method"], {})[run_key(run)] = run
     rows = []
     for arm, runs in by_method.items():
         base = arm.split(" (")[0]
@@ -289,11 +300,11 @@ def plot_seeds(results: dict, path: Path) -> None:
     fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows), sharey=True, squeeze=False)
     for ax, (task, method) in zip(axes.flat, panels):
         runs = [r for r in results["runs"] if r["task"] == task and r["method"] == method]
-        for run in sorted(runs, key=lambda r: r["seed"]):
+        for run in sorted(runs, key=run_key):
             steps, rewards = [p["step"] for p in run["curve"]], [p["test_reward"] for p in run["curve"]]
             fell = collapsed(run, drop)
             ax.plot(steps, rewards, color="tab:red" if fell else "0.55", lw=1.6 if fell else 0.9,
-                    label=f"seed {run['seed']} (collapsed)" if fell else None, zorder=3 if fell else 2)  # fmt: skip
+                    label=f"seed {run_name(run)} (collapsed)" if fell else None, zorder=3 if fell else 2)  # fmt: skip
         ax.axhline(runs[0]["heldout_before"], color="k", ls=":", lw=0.8, label="warm start")
         n_fell = sum(collapsed(r, drop) for r in runs)
         ax.set_title(f"{method} · {task}: {n_fell}/{len(runs)} collapsed", fontsize=9)

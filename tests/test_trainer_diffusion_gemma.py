@@ -155,7 +155,7 @@ def test_checkpointed_decoder_backpropagates_into_the_encoder_only_without_reent
     completion = torch.randint(107, 170, (1, 40), generator=torch.Generator().manual_seed(1))
 
     def gradients():
-        out = uniform_block(dg.denoise_fn(model), prompt, torch.ones_like(prompt), completion,
+        out = uniform_block(dg.Denoiser(model), prompt, torch.ones_like(prompt), completion,
                             torch.ones_like(completion), seeds=torch.tensor([0]), vocab_size=174, canvas_length=32,
                             fill_token_id=dg.EOS_ID)  # fmt: skip
         out.logps.sum().backward()

@@ -140,7 +140,7 @@ def test_uniform_block_estimate_equals_the_sft_loss_construction_per_block(tiny)
     completion = torch.randint(107, len(tokenizer), (1, 64), generator=torch.Generator().manual_seed(0))
     kwargs = dict(seeds=torch.tensor([3]), vocab_size=len(tokenizer), canvas_length=32, fill_token_id=dg.EOS_ID)
     with torch.no_grad():
-        out = uniform_block(dg.denoise_fn(model), prompt, torch.ones_like(prompt), completion,
+        out = uniform_block(dg.Denoiser(model), prompt, torch.ones_like(prompt), completion,
                             torch.ones_like(completion), **kwargs)  # fmt: skip
         clean = clean_canvases(completion, 32, dg.EOS_ID)
         canvases = corrupt_canvases(clean, kwargs["seeds"], vocab_size=len(tokenizer), mc_samples=1).canvases
@@ -154,7 +154,7 @@ def test_uniform_block_estimate_equals_the_sft_loss_construction_per_block(tiny)
             sft_loss = F.cross_entropy(logits.flatten(0, 1), clean[:, k].flatten())
             assert torch.allclose(out.logps[0, 32 * k : 32 * (k + 1)].sum(), -32 * sft_loss, atol=1e-4)
         padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], dim=1)
-        again = uniform_block(dg.denoise_fn(model), padded, (padded != 0).long(), completion,
+        again = uniform_block(dg.Denoiser(model), padded, (padded != 0).long(), completion,
                               torch.ones_like(completion), **kwargs)  # fmt: skip
     assert torch.allclose(again.logps, out.logps, atol=1e-5)
 
@@ -167,7 +167,7 @@ def test_uniform_block_estimate_is_differentiable_through_lora(tiny_path):
     model = get_peft_model(load_pretrained(tiny_path), dg.lora_config())
     prompt = torch.tensor([[2, 105, 108, 140, 106, 105, 109]])
     completion = torch.randint(107, 170, (1, 40), generator=torch.Generator().manual_seed(1))
-    out = uniform_block(dg.denoise_fn(model), prompt, torch.ones_like(prompt), completion, torch.ones_like(completion),
+    out = uniform_block(dg.Denoiser(model), prompt, torch.ones_like(prompt), completion, torch.ones_like(completion),
                         seeds=torch.tensor([0]), vocab_size=174, canvas_length=32, fill_token_id=dg.EOS_ID,
                         mc_samples=2, self_conditioning=True)  # fmt: skip
     out.logps.sum().backward()

@@ -82,7 +82,7 @@ def test_report_and_figure_from_a_directory(tmp_path):
     (tmp_path / "a" / "results.partial.json").write_text(json.dumps(results(RUNS)))
     text = main([str(tmp_path / "a"), "--out", str(tmp_path / "out")])
     low, high = wilson(1, 3)
-    assert f"| stabledrl | 3 | 1 (seeds 1) | 0.33 ({low:.2f}–{high:.2f}) | {distribution([0.5, 0.6, 0.55])} |" in text
+    assert f"| stabledrl | 3 (3) | 1 (seeds 1) | 0.33 ({low:.2f}–{high:.2f}) | {distribution([0.5, 0.6, 0.55])} |" in text
     assert "| 40 | 0/1 · 0/2 |" in text  # the hand-made logs have no reward_std: the guard never acts
     assert "0.100 / 0.500 / 0.550 (0.10, 0.50, 0.55)" in text  # held-out last
     assert (tmp_path / "out" / "seeds.png").stat().st_size > 10_000

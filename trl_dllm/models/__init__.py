@@ -268,7 +268,7 @@ def model_logits_fn(model: nn.Module, spec: ModelSpec) -> LogitsFn:
         raise NotImplementedError(
             f"The {spec.family} family is a {spec.noise}-noise diffusion model with no mask token: the masked-diffusion "
             "samplers and likelihood estimators do not apply to it; its estimator, 'uniform_block', takes the family's "
-            "denoiser (trl_dllm.models.families.diffusion_gemma.denoise_fn(model)) instead, as DiffusionGRPOTrainer "
+            "denoiser (trl_dllm.models.families.diffusion_gemma.Denoiser(model)) instead, as DiffusionGRPOTrainer "
             "does. Decode it with trl_dllm.generate (its own generate()); see docs/models.md, 'DiffusionGemma'."
         )
     return module_logits_fn(model, shift_logits=spec.shift_logits, logits_to_keep=spec.accepts_logits_to_keep,

@@ -3,18 +3,18 @@
 Pure arithmetic, as :mod:`trl_dllm.planning.phases` (whose notation it shares: ``a``, ``h``, ``I``, ``I_e``, ``k``,
 ``E``, ``V``, ``ℓ``, ``P``, ``L``, ``r``), for the passes the code makes (transformers' ``DiffusionGemmaForBlockDiffusion``;
 the likelihood :func:`trl_dllm.core.likelihood.uniform_block.uniform_block` through
-:func:`trl_dllm.models.families.diffusion_gemma.denoise_fn`; rollouts
+:class:`trl_dllm.models.families.diffusion_gemma.Denoiser`; rollouts
 :func:`trl_dllm.training.diffusion_gemma_rollouts.generate_diffusion_gemma`). Per layer ``i``: ``q_i`` the query
 width, ``kv_i`` the key/value width (the full-attention layers have wider heads and fewer of them), ``S_i`` the keys
 a decoder layer reads from the encoder's cache (``S``, or the window of a sliding layer). ``C`` the canvas, ``B``
 the micro-batch rows, ``S = P + L`` the context.
 
-**The update.** ``uniform_block`` scores each of the ``N = ⌈L / C⌉`` canvases ``K = mc_samples`` times; each call
-runs the encoder on the whole context ``[prompt | completion]`` (``S`` tokens, with grad: its layers carry LoRA
-adapters) and the decoder on one canvas, and every call's graph is kept until the backward of their sum (the
-estimator has no chunked recompute). What autograd keeps per call (checked op by op with saved-tensor hooks on a small
-model with the family's LoRA under bf16 autocast on CPU, 2026-11-26; the sum against the measured peak:
-``bench/plan_memory.py``):
+**The update.** ``uniform_block`` runs the encoder once on the whole context ``[prompt | completion]`` (``S`` tokens,
+with grad: its layers carry LoRA adapters; the encoder is causal, so one pass serves every canvas) and the decoder on
+each of the ``N = ⌈L / C⌉`` canvases ``K = mc_samples`` times, reading the encoder's cache; the encoder's graph and
+every decoder call's graph are kept until the backward of their sum (the estimator has no chunked recompute). What
+autograd keeps (checked op by op with saved-tensor hooks on a small model with the family's LoRA under bf16 autocast
+on CPU, 2026-11-26; the sum against the measured peak: ``bench/plan_memory.py``):
 
 - per layer and token, encoder (``S`` tokens) and decoder (``C`` tokens) alike: eight RMSNorms' float32 inputs
   ``8 · 4h`` and the query/key/value norms' ``4(q_i + 2kv_i)``; the dense MLP's ``3aI``; the routed MLP's
@@ -25,20 +25,20 @@ model with the family's LoRA under bf16 autocast on CPU, 2026-11-26; the sum aga
 - attention (SDPA, flash layout): transformers passes a mask, so keys and values are expanded to the query heads
   (``repeat_kv``) before SDPA keeps them: the encoder ``4a·q_i + 4·heads`` per token; the decoder ``2a·q_i + 4·heads``
   per canvas token and, per row, the keys and values it reads ``2a·q_i(S_i + C)`` (cache and canvas concatenated);
-- per call and row: the masks of each layer type (``a·S²`` encoder, ``a·C(S + C)`` decoder; the CPU's additive
-  masks), the rotary tables (``2a·d·S`` and ``2a·d·C`` per layer type of head dim ``d``), the decoder's final norm
-  ``4hC``, and the head: the softcapped logits are float32 (the model casts them), ``tanh`` keeps its output and
+- per row: the encoder's masks ``a·S²`` and rotary tables ``2a·d·S`` per layer type of head dim ``d`` (once); per
+  decoder call, its masks ``a·C(S + C)`` (the CPU's additive masks), rotary tables ``2a·d·C``, final norm ``4hC``,
+  and the head: the softcapped logits are float32 (the model casts them), ``tanh`` keeps its output and
   ``log_softmax`` its own: ``8CV``.
 
 With activation checkpointing only the decoder's layers are checkpointed (each keeps its input ``ah``; the encoder's
-are not ``GradientCheckpointingLayer``: they write the cache, which a replay would write twice). The peak adds to every
-call's graph the head's transient ``12CV`` per row: in the last call's forward the entropy's ``exp`` and product
+are not ``GradientCheckpointingLayer``: they write the cache, which a replay would write twice). The peak adds to the
+graphs the head's transient ``12CV`` per row: in the last call's forward the entropy's ``exp`` and product
 (``8CV``) and, with ``self_conditioning``, the first pass's logits (``4CV``); in backward the gradients of the
 ``gather``, ``log_softmax`` and ``tanh`` (``12CV``).
 
 **Old / reference scoring** (no grad, ``B`` rows a call): the encoder's KV cache of every layer
-``Σ_i 2a·kv_i·S_i`` and the masks per row, and the larger of the encoder pass (one layer's largest stage on ``S``
-tokens, and the previous call's float32 log-probabilities ``4CV``) and the head's ``12CV`` (the float32 logits, their
+``Σ_i 2a·kv_i·S_i``, held through every decoder call, and the masks per row, and the larger of the encoder pass (one
+layer's largest stage on ``S`` tokens) and the head's ``12CV`` (the float32 logits, their
 log-softmax, ``exp`` and product; ``+ 4CV`` with self-conditioning). Measured on CPU (``bench/plan_memory.py``): within
 2% where the head dominates (as on the released shape), 18% low where the context does.
 
@@ -93,7 +93,7 @@ def encoder_decoder_phase_bytes(arch: Architecture, s: Settings) -> dict[str, fl
     layer_types = {sliding: q // arch.heads for q, _, sliding in arch.attention}
     head_transient = _HEAD_TRANSIENT * C * V
 
-    # Update: every call's graph (encoder on S tokens, decoder on C), kept until backward.
+    # Update: the encoder's graph (S tokens, once) and every decoder call's graph (C tokens), kept until backward.
     encoder = decoder = kv_read = 0.0
     largest_layer = 0.0
     for q, kv, sliding in arch.attention:
@@ -105,19 +105,18 @@ def encoder_decoder_phase_bytes(arch: Architecture, s: Settings) -> dict[str, fl
         else:
             decoder += C * (layer["saved"] + 2 * a * q)
             kv_read += 2 * a * q * (_keys(arch, S, sliding) + C)
-    tables = sum(a * S * S + a * C * (S + C) + 2 * a * d * (S + C) for d in layer_types.values())
-    graph = B * (encoder + decoder + kv_read + tables + 4 * arch.hidden * C + _HEAD_SAVED * C * V)
+    encoder += sum(a * S * S + 2 * a * d * S for d in layer_types.values())
+    call = decoder + kv_read + sum(a * C * (S + C) + 2 * a * d * C for d in layer_types.values())
+    call += 4 * arch.hidden * C + _HEAD_SAVED * C * V
     logits = calls * B * _HEAD_SAVED * C * V + B * head_transient
-    update = calls * graph + B * max(head_transient, largest_layer)
+    update = B * (encoder + calls * call) + B * max(head_transient, largest_layer)
 
-    # Old / reference scoring: one call of B rows at a time, no grad; the previous call's log-probs live on into the
-    # next call's encoder pass.
+    # Old / reference scoring: B rows at a time, no grad; the encoder's cache, then one decoder call at a time.
     cache = sum(2 * a * kv * _keys(arch, S, sliding) for _, kv, sliding in arch.attention)
     transient = max(layer_bytes(arch, s, q, kv)["transient"] for q, kv, _ in arch.attention)
     masks = len(layer_types) * a * (S * S + C * (S + C))
     scoring_head = head_transient + (4 * C * V if s.self_conditioning else 0)
-    previous = 4 * C * V if calls > 1 else 0
-    scoring = B * (cache + masks + max(S * transient + previous, scoring_head))
+    scoring = B * (cache + masks + max(S * transient, scoring_head))
 
     # Rollout: one row per generate(); the cache of the prompt and every decoded canvas.
     rollout = cache + max(s.prompt_length * transient, _ROLLOUT_STEP * C * V)

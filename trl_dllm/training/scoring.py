@@ -21,7 +21,7 @@ from ..core.likelihood import ESTIMATORS, LikelihoodOutput, estimate
 from ..core.objectives import OBJECTIVES
 from ..core.options import option_sources
 from ..models import ModelSpec, model_logits_fn
-from ..models.families.diffusion_gemma import denoise_fn
+from ..models.families.diffusion_gemma import Denoiser
 from ..seeding import sample_seed
 from .rollouts import sampling_distribution
 
@@ -154,7 +154,7 @@ class Scoring:
         output and, with `aux_loss`, the mean MoE router loss of its forwards."""
         router = RouterLoss(model) if aux_loss else None
         if self.spec.noise == "uniform":  # no mask token: the family's denoiser (encoder on the context, decoder on a canvas)
-            logits_fn = denoise_fn(router or model)
+            logits_fn = Denoiser(router or model)
         else:
             logits_fn = model_logits_fn(router or model, self.spec)
         options = self.estimator_options(current=current)

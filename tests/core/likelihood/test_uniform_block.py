@@ -13,18 +13,28 @@ from trl_dllm.core.likelihood.uniform_block import EPS, clean_canvases, corrupt_
 V, C = 3, 2
 
 
-def toy_denoiser(seed=0):
+class ToyDenoiser:
     """Context-free: the logits at canvas position i are ``A[x̃_i] + B[x̃_{1-i}]`` (tables of shape `(V, V)`), so a
-    block's scores depend on its own corrupted canvas only."""
+    block's scores depend on its own corrupted canvas only. Records the encoder passes and each call's
+    self-conditioning input."""
+
+    def __init__(self, a, b):
+        self.a, self.b, self.encoded, self.calls = a, b, [], []
+
+    def encode(self, context_ids, context_mask, context_positions):
+        self.encoded.append(context_ids)
+        return len(self.encoded)
+
+    def __call__(self, encoded, visible, canvas_ids, canvas_positions, self_conditioning=None):
+        self.calls.append(self_conditioning)
+        return self.a[canvas_ids] + self.b[canvas_ids.flip(-1)]
+
+
+def toy_denoiser(seed=0):
     g = torch.Generator().manual_seed(seed)
     a, b = torch.randn(V, V, generator=g), torch.randn(V, V, generator=g)
-    calls = []
-
-    def fn(context_ids, context_mask, context_positions, canvas_ids, canvas_positions, self_conditioning=None):
-        calls.append(self_conditioning)
-        return a[canvas_ids] + b[canvas_ids.flip(-1)]
-
-    return fn, a, b, calls
+    fn = ToyDenoiser(a, b)
+    return fn, a, b, fn.calls
 
 
 def exact_block(a, b, clean, scored):
@@ -88,6 +98,7 @@ def test_self_conditioning_conditions_the_scoring_pass_on_a_first_no_grad_pass()
     uniform_block(fn, prompt, torch.ones_like(prompt), completion, torch.ones_like(completion), seeds=torch.tensor([0]),
                   vocab_size=V, canvas_length=C, fill_token_id=2, self_conditioning=True)  # fmt: skip
     assert calls[0] is None and calls[1] is not None and not calls[1].requires_grad
+    assert len(fn.encoded) == 1  # the context is encoded once, whatever the number of canvases and passes
     with pytest.raises(ValueError, match="mc_samples=0"):
         uniform_block(fn, prompt, torch.ones_like(prompt), completion, torch.ones_like(completion),
                       seeds=torch.tensor([0]), vocab_size=V, canvas_length=C, fill_token_id=2, mc_samples=0)

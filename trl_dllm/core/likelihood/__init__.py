@@ -110,7 +110,7 @@ class Estimator:
             any estimator but the ``step_logprobs`` ones.
         noise (`str`, *optional*, defaults to `"mask"`): the forward process it scores, which must be the model
             family's (``ModelSpec.noise``): ``"mask"`` (called with ``model_logits_fn``) or ``"uniform"`` (called with
-            the family's denoiser, ``denoise_fn(model)``; no mask token).
+            the family's denoiser, ``Denoiser(model)``; no mask token).
     """
 
     fn: Callable[..., LikelihoodOutput]

@@ -23,18 +23,24 @@ Mechanisms for Discrete Diffusion Models", arXiv 2412.10193; Duo: Sahoo et al., 
 arXiv 2506.10892) weights its terms by the noise schedule and compares the model's posterior with the true one.
 Treat it as the training objective's surrogate of ``log π(x)`` until that is settled and tested.
 
-``logits_fn`` is the family's denoiser (``trl_dllm.models.families.diffusion_gemma.denoise_fn(model)``, which the
-trainer passes instead of the masked families' ``model_logits_fn``), called as ``logits_fn(context_ids, context_mask, context_positions, canvas_ids, canvas_positions, self_conditioning=None) ->
-logits (N, C, V)`` is the model: ``context_ids`` `(N, S)` is ``[prompt | x]`` (the whole clean sequence), of which
-only the positions where ``context_mask`` is 1 (the real prompt tokens and ``x_<k``) may be read; positions count from
-each row's first real token. ``self_conditioning`` is ``None`` or the logits `(N, C, V)` of a first no-grad pass
-(``self_conditioning=True``: the family's two-pass self-conditioning, always on; ``False``: never, the zero signal).
+``logits_fn`` is the family's denoiser (``trl_dllm.models.families.diffusion_gemma.Denoiser(model)``, which the
+trainer passes instead of the masked families' ``model_logits_fn``), used in two calls (:class:`Denoiser`):
 
-Cost, as written (the first version, checked on tiny models only): ``N · K`` calls of ``logits_fn`` of ``B`` rows
-(``2 N K`` with self-conditioning), each re-encoding the whole context (a causal encoder's cache of ``[prompt | x]``
-could serve every block), and a float32 log-softmax over the whole vocabulary at every canvas position (`(B, C, V)`,
-about 270 MB per row at ``C = 256``, ``V = 262144``); entropies are detached. Wiring it into training should share the
-encoder pass and score through a chunked LM head as the other estimators do.
+- ``logits_fn.encode(context_ids, context_mask, context_positions) -> encoded`` reads the whole clean context
+  ``[prompt | x]`` `(N, S)` once (``context_mask`` 1 on the real prompt tokens and every completion token; positions
+  count from each row's first real token). The encoder is causal: the keys and values of position ``p`` depend on
+  positions ``≤ p`` only, so this one pass holds, for every block ``k``, exactly what encoding ``[prompt | x_<k]``
+  alone would (TRL's SFT example builds its loss the same way: the encoder on the whole sequence, the decoder's
+  cache cut at the block);
+- ``logits_fn(encoded, visible, canvas_ids, canvas_positions, self_conditioning=None) -> logits (N, C, V)`` decodes
+  one canvas reading only the context positions where ``visible`` `(N, S)` is 1 (the prompt and ``x_<k``).
+  ``self_conditioning`` is ``None`` or the logits `(N, C, V)` of a first no-grad pass (``self_conditioning=True``:
+  the family's two-pass self-conditioning, always on; ``False``: never, the zero signal).
+
+Cost: one encoder pass over ``[prompt | x]`` (with grad when training: every decoder call backpropagates into it) and
+``N · K`` decoder calls of ``B`` rows (``2 N K`` with self-conditioning), each a float32 log-softmax over the whole
+vocabulary at every canvas position (`(B, C, V)`, about 270 MB per row at ``C = 256``, ``V = 262144``); entropies are
+detached. The LM head is not chunked: the model applies it and its softcap inside its forward.
 
 Randomness: row ``b`` draws every ``u``, corruption and random token from a CPU generator seeded with
 ``int(seeds[b])``, block by block, so the old, reference and current policies given the same seeds score the same
@@ -43,8 +49,8 @@ canvases (common random numbers), and a row's result does not depend on its batc
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -53,7 +59,7 @@ from ..options import Option
 from ._options import MC_SAMPLES
 from ._views import LikelihoodOutput
 
-__all__ = ["UNIFORM_BLOCK_OPTIONS", "Corruption", "corrupt_canvases", "uniform_block", "uniform_block_views"]
+__all__ = ["UNIFORM_BLOCK_OPTIONS", "Corruption", "Denoiser", "corrupt_canvases", "uniform_block", "uniform_block_views"]
 
 EPS = 1e-4
 """Safety margin on ``t`` (TRL's example, after the reference ``SafeSpan(safety_epsilon=1e-4)``)."""
@@ -82,6 +88,17 @@ def uniform_block_views(s) -> tuple[int, float]:
     blocks = -(-s.completion_length // s.block_length)
     return blocks * s.mc_samples * (2 if getattr(s, "self_conditioning", False) else 1), min(s.block_length,
                                                                                              s.completion_length)
+
+
+class Denoiser(Protocol):
+    """An encoder-decoder block-diffusion model as :func:`uniform_block` calls it (module docstring)."""
+
+    def encode(self, context_ids: torch.Tensor, context_mask: torch.Tensor, context_positions: torch.Tensor) -> Any:
+        """The clean context read once: whatever the decoder calls need (the encoder's KV cache)."""
+
+    def __call__(self, encoded: Any, visible: torch.Tensor, canvas_ids: torch.Tensor, canvas_positions: torch.Tensor,
+                 self_conditioning: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """Logits `(N, C, V)` of one canvas, reading the context positions where ``visible`` is 1."""
 
 
 @dataclass
@@ -130,7 +147,7 @@ def corrupt_canvases(clean: torch.Tensor, seeds: torch.Tensor, *, vocab_size: in
 
 
 def uniform_block(
-    logits_fn: Callable[..., torch.Tensor],
+    logits_fn: Denoiser,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,
@@ -146,10 +163,11 @@ def uniform_block(
     eps: float = EPS,
 ) -> LikelihoodOutput:
     """Per-token contributions ``ĉ`` (module docstring) of the completions under a uniform-noise encoder-decoder
-    block-diffusion model, one ``logits_fn`` call of ``B`` rows per block and sample (two with ``self_conditioning``).
+    block-diffusion model: one encoder pass over the whole context, then one decoder call of ``B`` rows per block and
+    sample (two with ``self_conditioning``).
 
     Args:
-        logits_fn (`Callable`): the family's denoiser (module docstring).
+        logits_fn ([`Denoiser`]): the family's denoiser (module docstring).
         prompt_ids (`torch.LongTensor` of shape `(B, P)`), prompt_mask (`torch.Tensor` of shape `(B, P)`):
             left-padded prompts and their mask (1 = real token).
         completion_ids (`torch.LongTensor` of shape `(B, L)`): the completions.
@@ -187,14 +205,15 @@ def uniform_block(
     scored = scored.view_as(clean)
     logps = torch.zeros(batch, clean.size(1), canvas_length, device=completion_ids.device)
     entropies, samples = torch.zeros_like(logps), []
+    encoded = logits_fn.encode(context_ids, real, context_positions)  # one pass serves every block (causal encoder)
     for k in range(clean.size(1)):
-        context_mask = real.clone()
-        context_mask[:, prompt_ids.size(1) + k * canvas_length :] = 0  # the prompt and the clean blocks before k
+        visible = real.clone()
+        visible[:, prompt_ids.size(1) + k * canvas_length :] = 0  # the prompt and the clean blocks before k
         canvas_positions = prompt_lengths + k * canvas_length + offsets
         block_samples = []
         for j in range(mc_samples):
             canvas = corruption.canvases[:, k, j]
-            args = (context_ids, context_mask, context_positions, canvas, canvas_positions)
+            args = (encoded, visible, canvas, canvas_positions)
             first = None
             if self_conditioning:
                 with torch.no_grad():

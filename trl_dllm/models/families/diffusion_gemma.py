@@ -13,7 +13,7 @@ resolve the class from ``config.architectures``, and ``AutoTokenizer`` reads the
 Rollouts go through the model's own ``generate()`` (:mod:`trl_dllm.training.diffusion_gemma_rollouts`).
 
 Training: ``DiffusionGRPOTrainer`` trains it with ``loss_type="stabledrl"`` or ``"espo"`` on the ``"uniform_block"``
-estimator (``trl_dllm.core.likelihood.uniform_block``, called with :func:`denoise_fn`); every other combination is
+estimator (``trl_dllm.core.likelihood.uniform_block``, called with :class:`Denoiser`); every other combination is
 refused before the weights are loaded (:func:`training_refusal`), by ``trl-dllm plan`` too, which plans the rest
 (:mod:`trl_dllm.planning.encoder_decoder`).
 """
@@ -127,24 +127,31 @@ def training_refusal(model: Any, args: Any, **hub_kwargs: Any) -> str | None:
     return None if problem is None else TRAINING_REFUSAL.format(name=name, why=problem)
 
 
-def denoise_fn(model: Any):
-    """``model`` as the ``logits_fn`` of :func:`trl_dllm.core.likelihood.uniform_block.uniform_block`: the encoder
-    reads the clean context (its attention and, through ``decoder_attention_mask``, the decoder's cross-attention
-    restricted to ``context_mask``: the prompt and the committed blocks), the decoder the canvas at its positions;
-    returns the decoder's softcapped logits `(N, C, V)`. ``self_conditioning`` logits are given to every row."""
+class Denoiser:
+    """``model`` as the :class:`~trl_dllm.core.likelihood.uniform_block.Denoiser` of
+    :func:`~trl_dllm.core.likelihood.uniform_block.uniform_block`: ``encode`` runs the encoder once on the whole clean
+    context (its KV cache, which the decoder only reads), and each call runs the decoder on one canvas at its
+    positions, its cross-attention restricted by ``decoder_attention_mask`` to the ``visible`` context (the prompt
+    and the committed blocks); returns the softcapped logits `(N, C, V)`. ``self_conditioning`` logits are given to
+    every row."""
 
-    def call(context_ids, context_mask, context_positions, canvas_ids, canvas_positions, self_conditioning=None):
-        visible = torch.cat([context_mask, torch.ones_like(canvas_ids)], dim=1).bool()
+    def __init__(self, model: Any):
+        self.model = model
+
+    def encode(self, context_ids, context_mask, context_positions):
+        encoder = self.model.get_encoder()
+        return encoder(input_ids=context_ids, attention_mask=context_mask, position_ids=context_positions,
+                       use_cache=True).cache  # fmt: skip
+
+    def __call__(self, cache, visible, canvas_ids, canvas_positions, self_conditioning=None):
         extra = {}
         if self_conditioning is not None:
-            dtype = next(model.parameters()).dtype
+            dtype = next(self.model.parameters()).dtype
             extra = {"self_conditioning_logits": self_conditioning.to(dtype),
                      "self_conditioning_mask": torch.ones(canvas_ids.size(0), dtype=torch.bool, device=canvas_ids.device)}  # fmt: skip
-        return model(input_ids=context_ids, attention_mask=context_mask, position_ids=context_positions,
-                     decoder_input_ids=canvas_ids, decoder_attention_mask=visible, decoder_position_ids=canvas_positions,
-                     use_cache=True, **extra).logits  # fmt: skip
-
-    return call
+        mask = torch.cat([visible, torch.ones_like(canvas_ids)], dim=1).bool()
+        return self.model(cache=cache, decoder_input_ids=canvas_ids, decoder_attention_mask=mask,
+                          decoder_position_ids=canvas_positions, **extra).logits  # fmt: skip
 
 
 # --- The released shape, for the memory planner ---
