@@ -205,13 +205,13 @@ def test_cli_md_quotes_the_diffusion_gemma_plan(tmp_path, monkeypatch, capsys):
     argv = [command[0], recipe, *command[2:]]
     status, out, _ = run(capsys, *argv)
     assert status == 0 and out.strip() == quoted.strip()
-    variants = re.search(r"--mc_samples 2`\) the same command plans (.*?) GB \(largest batch (\d+): does not fit\); "
-                         r"with groups of 16 and one corruption, (.*?) GB \(largest batch (\d+)\); with groups of 8 "
-                         r"and two corruptions \(`--mc_samples 2`\), (.*?) GB \(largest batch (\d+)\); with "
-                         r"`--activation_checkpointing false`, (.*?) GB \(largest batch (\d+)\)", " ".join(section.split()))
+    variants = re.search(r"--per_device_train_batch_size 16`\) the same command plans (.*?) GB \(largest batch (\d+): "
+                         r"does not fit\); with one corruption per canvas \(`--mc_samples 1`\), (.*?) GB \(largest batch "
+                         r"(\d+)\); with `--activation_checkpointing false`, (.*?) GB \(largest batch (\d+): does not "
+                         r"fit\)", " ".join(section.split()))  # fmt: skip
     group_16 = ["--num_generations", "16", "--per_device_train_batch_size", "16"]
-    for extra, total, largest in (([*group_16, "--mc_samples", "2"], 1, 2), (group_16, 3, 4), (["--mc_samples", "2"], 5, 6),
-                                  (["--activation_checkpointing", "false"], 7, 8)):  # fmt: skip
+    for extra, total, largest, fits in ((group_16, 1, 2, False), (["--mc_samples", "1"], 3, 4, True),
+                                        (["--activation_checkpointing", "false"], 5, 6, False)):  # fmt: skip
         report = json.loads(run(capsys, *argv, *extra, "--json")[1])
         assert report["total_gb"] == float(variants.group(total)), extra
-        assert report["largest_batch"] == int(variants.group(largest)) and not report["fits"], extra
+        assert report["largest_batch"] == int(variants.group(largest)) and report["fits"] == fits, extra

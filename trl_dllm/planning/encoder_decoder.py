@@ -40,7 +40,7 @@ graphs the head's transient ``12CV`` per row: in the last call's forward the ent
 ``Σ_i 2a·kv_i·S_i``, held through every decoder call, and the masks per row, and the larger of the encoder pass (one
 layer's largest stage on ``S`` tokens) and the head's ``12CV`` (the float32 logits, their
 log-softmax, ``exp`` and product; ``+ 4CV`` with self-conditioning). Measured on CPU (``bench/plan_memory.py``): within
-2% where the head dominates (as on the released shape), 18% low where the context does.
+1% where the head dominates (as on the released shape), about 10% low where the context does.
 
 **Rollout** (no grad, one row per ``generate()`` call): the encoder's KV cache of the prompt and the decoded canvases
 (``S = P + L`` at the last canvas), and the larger of one layer's prefill transient on ``P`` tokens and a denoising
