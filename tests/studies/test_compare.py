@@ -8,6 +8,7 @@ import sys
 import types
 
 import pytest
+import torch
 from transformers import AutoConfig
 
 from studies.compare import (
@@ -22,6 +23,7 @@ from studies.compare import (
     main,
     merge_compare,
     parse_args,
+    perturb_weights,
 )
 from studies.compare_report import mean_std, merge_results, table_markdown
 from trl_dllm import DiffusionGRPOConfig, cli
@@ -152,6 +154,30 @@ def test_parse_args_selection():
         CompareConfig(model="block")  # the default methods are the bidirectional model's
 
 
+def test_roundoff_moves_weights_by_about_one_rounding_step():
+    """`--roundoff K`: each weight times (1 + 2⁻²³ z): about half of a float32 model's weights move, each by at most a
+    few rounding steps; the same (K, seed) moves them the same way, another K otherwise; 0 means none."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    base = [p.detach().clone() for p in model.parameters()]
+
+    def perturbed(replicate, seed):
+        copy = torch.nn.Linear(64, 64)
+        copy.load_state_dict(model.state_dict())
+        perturb_weights(copy, replicate, seed)
+        return [p.detach() for p in copy.parameters()]
+
+    once, again, other = perturbed(1, 4), perturbed(1, 4), perturbed(2, 4)
+    moved = sum(int((a != b).sum()) for a, b in zip(once, base)) / sum(b.numel() for b in base)
+    assert 0.3 < moved < 0.8
+    for a, b in zip(once, base):
+        ulp = torch.finfo(torch.float32).eps * b.abs()
+        assert ((a - b).abs() <= 8 * ulp).all()
+    assert all(torch.equal(a, b) for a, b in zip(once, again))
+    assert not all(torch.equal(a, b) for a, b in zip(once, other))
+    assert parse_args(["--roundoff", "2"]).roundoff == 2 and parse_args([]).roundoff == 0
+
+
 def test_step_budget_is_per_task_unless_given():
     full = CompareConfig()
     assert (full.steps("sort"), full.steps("subset")) == (300, TASK_STEPS["subset"]) == (300, 600)
@@ -219,6 +245,7 @@ def test_merge_refuses_a_run_twice_and_a_missing_directory(quick, tmp_path, caps
         (["--merge", "a", "--quick"], "not allowed with argument"),
         (["--model", "block", "--methods", "d1", "dipo"], "--methods d1: not a method of --model block"),
         (["--methods", "dipo"], "--methods dipo: not a method of --model bidirectional"),
+        (["--roundoff", "-1"], "--roundoff -1: a replicate number"),
     ],
 )
 def test_parse_args_refuses(capsys, argv, message):
