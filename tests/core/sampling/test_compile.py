@@ -168,8 +168,7 @@ def _choice_inputs(vocab=40, seed=0):
     logits = torch.randn(3, 4, vocab, generator=gen) * 3
     masked = torch.tensor([[1, 1, 1, 1], [0, 1, 0, 1], [1, 1, 1, 0]], dtype=torch.bool)
     flat = masked.reshape(-1).nonzero().squeeze(1)
-    keys = torch.randint(2**32, (len(flat),), generator=gen)
-    return logits, masked, flat, keys
+    return logits, masked, flat
 
 
 @pytest.mark.parametrize(
@@ -202,15 +201,23 @@ def test_inductor_choice(inductor, decoding, transfer):
 
 def _both_choices(decoding, transfer):
     from trl_dllm.core.sampling import loop
-    from trl_dllm.core.sampling.noise import KeyedNoise, RowStreams
+    from trl_dllm.core.sampling.noise import RowStreams
 
-    logits, masked, flat, keys = _choice_inputs()
+    logits, masked, flat = _choice_inputs()
     opts = loop.DecodingOptions(mask_token_id=3, gen_length=8, block_length=4, diffusion_steps=8, **decoding)
     chosen = None if transfer is None else torch.tensor(transfer)
     most = None if transfer is None else max(transfer)
-    streams = RowStreams(None, 3, 8, 4, torch.device("cpu"))  # the eager loop reads the vocabulary's hashes from it
-    eager = loop._choose(logits, masked, chosen, opts, KeyedNoise(keys, streams), index=flat, max_transfer=most)
-    out = graphs.compile_once(loop._choose_keyed)(logits, masked, chosen, opts, keys, flat, most)
+    # two rollouts' streams at the same point (window 4–8, second step): the eager loop's keys, and the step state the
+    # compiled step computes them from (the eager loop also reads the vocabulary's hashes from its streams)
+    eager_streams, compiled_streams = (RowStreams(torch.Generator().manual_seed(5), 3, 8, 4, torch.device("cpu"))
+                                       for _ in range(2))  # fmt: skip
+    for streams in (eager_streams, compiled_streams):
+        streams.row_step += 1
+    keys = eager_streams.keys(slice(None), 4, 8, flat)
+    eager = loop._choose(logits, masked, chosen, opts, keys, index=flat, max_transfer=most)
+    state = compiled_streams.step_state(slice(None), 4, 8)
+    out = graphs.compile_once(loop._choose_keyed)(logits, masked, chosen, opts, state, flat, most)
+    assert torch.equal(eager_streams.row_step, compiled_streams.row_step)  # both advanced the rows' steps
     return out, (eager.tokens, eager.commit, eager.logprobs)
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from .graphs import compile_once
-from .noise import KeyedNoise, RowStreams
+from .noise import KeyedNoise, RowStreams, entry_keys
 from .options import DecodingOptions
 from .remasking import REMASKING, Noise, sample_tokens, sampling_log_probs, select_above, select_top
 
@@ -140,17 +140,17 @@ def _choose_keyed(
     masked: torch.Tensor,
     num_transfer: torch.Tensor | None,
     opts: DecodingOptions,
-    keys: torch.Tensor | None,
+    streams: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
     index: torch.Tensor,
     max_transfer: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`_choose` over tensors alone — ``keys`` the :class:`~.noise.KeyedNoise`'s entry keys (``None`` when
-    nothing is sampled) — the function that ``compile`` compiles: its softmax, keyed noise, Gumbel-max, confidence and
-    selection over `(n, V)` fuse into a few kernels (eagerly, dozens of elementwise passes over the block's
-    vocabulary-wide rows). The vocabulary's hashes are computed inside the kernel instead of read from the rollout's
-    table: the same values."""
-    result = _choose(logits, masked, num_transfer, opts, None if keys is None else KeyedNoise(keys), index=index,
-                     max_transfer=max_transfer)  # fmt: skip
+    """:func:`_choose` over tensors alone — ``streams`` what :func:`~.noise.entry_keys` reads
+    (:meth:`~.noise.RowStreams.step_state`; ``None`` when nothing is sampled) — the function that ``compile``
+    compiles: the entries' keys, softmax, keyed noise, Gumbel-max, confidence and selection over `(n, V)` fuse into a
+    few kernels (eagerly, dozens of elementwise passes over the block's vocabulary-wide rows). The vocabulary's hashes
+    are computed inside the kernel instead of read from the rollout's table: the same values."""
+    noise = None if streams is None else KeyedNoise(entry_keys(*streams, index))
+    result = _choose(logits, masked, num_transfer, opts, noise, index=index, max_transfer=max_transfer)
     return result.tokens, result.commit, result.logprobs
 
 
@@ -386,13 +386,13 @@ def decode_blocks(
                 row_masked = masked[rows]
                 n = sum(counts.window[b] for b in active)
                 flat = torch.nonzero_static(row_masked.reshape(-1), size=n).squeeze(1)
-                keys = None if noise is None else noise.keys(rows, start, end, flat)
                 chosen = None if threshold else _on_device([transfer[b] for b in active], masked.device)
                 most = None if threshold else max(transfer[b] for b in active)
-                if choose is not None:
-                    noise_keys = None if keys is None else keys.keys
-                    result = _StepResult(*choose(logits, row_masked, chosen, opts, noise_keys, flat, most))
+                if choose is not None:  # the entries' keys are computed inside the compiled step
+                    streams = None if noise is None else noise.step_state(rows, start, end)
+                    result = _StepResult(*choose(logits, row_masked, chosen, opts, streams, flat, most))
                 else:
+                    keys = None if noise is None else noise.keys(rows, start, end, flat)
                     result = _choose(logits, row_masked, chosen, opts, keys, index=flat, max_transfer=most)
                 step_id = state.num_forwards - 1 if threshold else index * steps_per_block + step
                 state.commit(rows, start, end, result, step_id)

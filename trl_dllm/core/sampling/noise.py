@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["KeyedNoise", "RowStreams", "hash32", "keyed_uniform", "row_keys"]
+__all__ = ["KeyedNoise", "RowStreams", "entry_keys", "hash32", "keyed_uniform", "row_keys"]
 
 _WORD = 0xFFFF_FFFF
 _MULTIPLIER = 0x045D_9F3B  # below 2**31: a 32-bit word times it stays below 2**63 (no int64 overflow)
@@ -50,6 +50,14 @@ def row_keys(generator, batch: int, device: torch.device) -> torch.Tensor:
         words = torch.cat([torch.randint(high, (1,), generator=g, device=g.device).to(device) for g in generator])
     words = words.to(device)
     return hash32(hash32(words >> 32 & _WORD) ^ (words & _WORD))
+
+
+def entry_keys(step_keys: torch.Tensor, step: torch.Tensor, window: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """`(n,)` keys of the entries ``flat`` (flat indices into `(b, K)`) of a window: ``hash32(step key ^ position
+    key)`` with ``step_keys`` `(b, max_steps)` the rows' step-key tables, ``step`` `(b, 1)` their current steps and
+    ``window`` `(1, K)` the window's position keys (:meth:`RowStreams.step_state`). Tensors alone, so that a compiled
+    step computes it inside its kernels."""
+    return hash32(step_keys.gather(1, step) ^ window).view(-1).index_select(0, flat)
 
 
 @dataclass(frozen=True)
@@ -95,13 +103,19 @@ class RowStreams:
             self.window_keys[(start, end)] = hash32(positions * _GOLDEN & _WORD)[None, :]
         return self.window_keys[(start, end)]
 
+    def step_state(self, rows, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What :func:`entry_keys` reads for window ``[start, end)`` of ``rows`` at their current step: their step-key
+        tables, steps and the window's position keys; then advances those rows' step counters."""
+        step = self.row_step[rows]
+        if isinstance(rows, slice):  # `step` is a view of the counters: advance a new tensor, keep it as read
+            self.row_step = self.row_step.clone()
+        self.row_step[rows] = step + 1
+        return self.step_keys[rows], step, self._window(start, end)
+
     def keys(self, rows, start: int, end: int, flat: torch.Tensor) -> KeyedNoise:
         """The :class:`KeyedNoise` of the entries ``flat`` `(n,)` (flat indices into `(len(rows), end - start)`) of
         window ``[start, end)`` of ``rows`` at their current step; then advances those rows' step counters."""
-        step = self.row_step[rows]
-        block = hash32(self.step_keys[rows].gather(1, step) ^ self._window(start, end))  # (b, K)
-        self.row_step[rows] = step + 1
-        return KeyedNoise(block.view(-1).index_select(0, flat), self)
+        return KeyedNoise(entry_keys(*self.step_state(rows, start, end), flat), self)
 
     def vocabulary_keys(self, vocab: int) -> torch.Tensor:
         if self.vocabulary is None or self.vocabulary.numel() != vocab:
