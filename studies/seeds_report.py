@@ -10,7 +10,9 @@ a one-sided Fisher exact p and the held-out reward seed by seed; and per collaps
 and after the fall next to the same steps of the runs that did not collapse) and `seeds.png` (one panel per method
 and task, every seed's held-out curve). A collapse is `tracking.collapses`: the held-out test reward more than
 `collapse_drop` (0.2) below its best so far. Runs of one seed made with `trl-dllm compare --roundoff K` are
-further runs of it (round-off as a random factor), named `seed` `rK` (`4r1`); rates count runs. See docs/compare.md.
+further runs of it (round-off as a random factor), named `seed` `rK` (`4r1`); rates count distinct trajectories: a
+replicate whose every evaluation and logged reward equal another run's of its seed (the perturbation never changed a
+sampled token) is the same trajectory, counted once. See docs/compare.md.
 """
 
 from __future__ import annotations
@@ -86,6 +88,21 @@ def run_name(run: dict) -> str:
     """The seed, with its round-off replicate when it has one: `4`, `4r1`."""
     seed, replicate = run_key(run)
     return f"{seed}r{replicate}" if replicate else str(seed)
+
+
+def distinct(runs: list[dict]) -> list[dict]:
+    """``runs`` (sorted by :func:`run_key`) less the round-off replicates that retraced an earlier run of their seed:
+    the same held-out evaluations and the same logged training rewards at every step."""
+    def trace(run):
+        return run["seed"], [p["test_reward"] for p in run["curve"]], (run.get("log") or {}).get("reward")
+
+    kept, seen = [], set()
+    for run in runs:
+        key = repr(trace(run))
+        if key not in seen:
+            seen.add(key)
+            kept.append(run)
+    return kept
 
 
 def collapsed(run: dict, drop: float) -> bool:
@@ -228,19 +245,22 @@ def report(results: dict) -> str:
     drop = results["config"].get("collapse_drop", 0.2)
     lines = [f"Runs: {len(results['runs'])}; a collapse: the held-out reward more than {drop} below its best so far.", ""]
     for task in results["config"]["tasks"]:
-        lines += [f"### {task}", "", "| method | runs (seeds) | collapsed | rate (95% interval) | held-out after (best val): "
+        lines += [f"### {task}", "", "| method | runs (seeds; retraced replicates) | collapsed | rate (95% interval) | held-out after (best val): "
                   "min / median / max (all) | held-out last: min / median / max (all) | steps | guard acts (replayed): "
                   "collapsed · others |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         details = []
         for method in results["config"]["methods"]:
-            runs = sorted((r for r in results["runs"] if r["task"] == task and r["method"] == method), key=run_key)
-            if not runs:
+            every = sorted((r for r in results["runs"] if r["task"] == task and r["method"] == method), key=run_key)
+            if not every:
                 continue
+            runs = distinct(every)
+            retraced = [run_name(r) for r in every if r not in runs]
             fell = [run_name(r) for r in runs if collapsed(r, drop)]
             low, high = wilson(len(fell), len(runs))
             steps = sorted({r["steps"] for r in runs})
             lines.append(
-                f"| {method} | {len(runs)} ({len({r['seed'] for r in runs})}) | {len(fell)} (seeds {', '.join(fell) or '–'}) | "
+                f"| {method} | {len(runs)} ({len({r['seed'] for r in runs})}{'; ' + ', '.join(retraced) if retraced else ''}) | "
+                f"{len(fell)} (seeds {', '.join(fell) or '–'}) | "
                 f"{len(fell) / len(runs):.2f} ({low:.2f}–{high:.2f}) | "
                 f"{distribution([r['heldout_after'] for r in runs])} | {distribution([r['heldout_last'] for r in runs])} | "
                 f"{steps[0] if len(steps) == 1 else f'{steps[0]}–{steps[-1]}'} | "

@@ -120,13 +120,15 @@ def test_arms_against_their_plain_method(tmp_path):
 
 def test_roundoff_replicates_are_further_runs_of_their_seed(tmp_path):
     """`compare --roundoff 1` runs of the same seeds: counted as runs beside the plain ones (rate over runs, the seeds
-    counted once), named `1r1`; a directory holding them merges with the plain one instead of clashing."""
+    counted once), named `0r1`, except a replicate that retraced its seed's run; a directory holding them merges with
+    the plain one instead of clashing."""
     replicates = [run(0, [0.3, 0.5, 0.6, 0.2, 0.1], lambda s: 1.0) | {"roundoff": 1},
-                  run(1, [0.3, 0.4, 0.5, 0.5, 0.5], lambda s: 1.0) | {"roundoff": 1}]  # fmt: skip
+                  run(1, [0.3, 0.4, 0.5, 0.5, 0.5], lambda s: 1.0) | {"roundoff": 1},
+                  RUNS[2] | {"roundoff": 1}]  # retraced seed 2: the same trajectory, counted once  # fmt: skip
     for name, runs in (("plain", RUNS), ("r1", replicates)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.json").write_text(json.dumps(results(runs)))
     text = main([str(tmp_path / "plain"), str(tmp_path / "r1"), "--out", str(tmp_path / "out")])
     low, high = wilson(2, 5)
-    assert f"| stabledrl | 5 (3) | 2 (seeds 0r1, 1) | 0.40 ({low:.2f}–{high:.2f}) |" in text
+    assert f"| stabledrl | 5 (3; 2r1) | 2 (seeds 0r1, 1) | 0.40 ({low:.2f}–{high:.2f}) |" in text
     assert "Seed 0r1: held-out reward still near its best" in text
