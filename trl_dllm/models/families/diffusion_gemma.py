@@ -124,7 +124,15 @@ def training_refusal(model: Any, args: Any, **hub_kwargs: Any) -> str | None:
     if getattr(args, "_estimator_defaulted", False):  # the trainer's `fit_estimator` picks the family's own
         estimator = noise_estimator(args.loss_type, DIFFUSION_GEMMA.noise) or estimator
     problem = noise_problem(estimator, args.loss_type, DIFFUSION_GEMMA.noise, DIFFUSION_GEMMA.family)
+    if problem is None and _get(config, "output_router_logits"):  # TRL would add the router loss its output lacks
+        problem = ("its config sets output_router_logits=True, which asks TRL for an MoE router loss, and "
+                   "DiffusionGemmaForBlockDiffusion returns none (no aux_loss in its output): set it to False.")
     return None if problem is None else TRAINING_REFUSAL.format(name=name, why=problem)
+
+
+def _get(config: Any, name: str) -> Any:
+    """``name`` of a config object or a ``config.json`` dict."""
+    return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
 
 
 class Denoiser:
