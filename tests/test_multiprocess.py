@@ -166,6 +166,21 @@ def test_deepspeed_zero3_diffusion_gemma_lora(tmp_path):
     assert lora_b and any(v.abs().sum() > 0 for v in lora_b)  # lora_B starts at zero: the adapters trained
 
 
+def test_ddp_diffusion_gemma_lora(tmp_path):
+    """The DiffusionGemma recipe under DDP (torchrun, two CPU processes): `uniform_block` encodes the context once through
+    the model inside DDP's wrapper (which forwards no attributes) and decodes through the wrapper; trains 2 steps with
+    finite losses and the adapters move."""
+    from trl_dllm.models.families import diffusion_gemma
+
+    path = diffusion_gemma.save_tiny(str(tmp_path / "tiny-diffusion-gemma"))
+    output = tmp_path / "out"
+    launch(torchrun(2), "../diffusion_gemma/stabledrl_gsm8k_lora.yaml", path, output, "--model_name_or_path", path,
+           *DIFFUSION_GEMMA_FLAGS)  # fmt: skip
+    assert_trained(output)
+    lora_b = [v for k, v in load_file(output / "adapter_model.safetensors").items() if "lora_B" in k]
+    assert lora_b and any(v.abs().sum() > 0 for v in lora_b)
+
+
 def test_deepspeed_zero3_diffusion_gemma_from_an_sft_adapter(tmp_path):
     """docs/quickstart.md's SFT -> RL (step 3) under ZeRO-3 on two CPU processes: the DiffusionGemma recipe with an SFT
     LoRA adapter folder as `model_name_or_path` trains that adapter on, from its saved values."""

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedTokenizerFast
 
 from ...core.methods import noise_estimator, noise_problem
@@ -147,7 +148,8 @@ class Denoiser:
         self.model = model
 
     def encode(self, context_ids, context_mask, context_positions):
-        encoder = self.model.get_encoder()
+        model = self.model.module if isinstance(self.model, DistributedDataParallel) else self.model  # no getattr there
+        encoder = model.get_encoder()
         return encoder(input_ids=context_ids, attention_mask=context_mask, position_ids=context_positions,
                        use_cache=True).cache  # fmt: skip
 
