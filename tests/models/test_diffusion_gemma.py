@@ -167,6 +167,28 @@ def test_uniform_block_estimate_equals_the_sft_loss_construction_per_block(tiny)
     assert torch.allclose(again.logps, out.logps, atol=1e-5)
 
 
+def test_uniform_block_encodes_the_context_once(tiny):
+    """One encoder pass serves every canvas, corruption and self-conditioning pass: 2 canvases × 2 corruptions × 2
+    passes are 8 decoder calls and 1 encoder call."""
+    from trl_dllm.core.likelihood.uniform_block import uniform_block
+
+    model, _ = tiny
+    calls = {"encoder": 0, "decoder": 0}
+    hooks = [model.get_encoder().register_forward_hook(lambda *_: calls.__setitem__("encoder", calls["encoder"] + 1)),
+             model.get_decoder().register_forward_hook(lambda *_: calls.__setitem__("decoder", calls["decoder"] + 1))]
+    prompt = torch.tensor([[2, 105, 108, 140, 106]])
+    completion = torch.randint(107, 170, (1, 40), generator=torch.Generator().manual_seed(2))
+    try:
+        with torch.no_grad():
+            uniform_block(dg.Denoiser(model), prompt, torch.ones_like(prompt), completion, torch.ones_like(completion),
+                          seeds=torch.tensor([0]), vocab_size=174, canvas_length=32, fill_token_id=dg.EOS_ID,
+                          mc_samples=2, self_conditioning=True)  # fmt: skip
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert calls == {"encoder": 1, "decoder": 8}
+
+
 def test_uniform_block_estimate_is_differentiable_through_lora(tiny_path):
     from peft import get_peft_model
 
