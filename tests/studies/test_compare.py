@@ -224,7 +224,7 @@ def test_merge_joins_per_task_runs(quick, tmp_path):
 def test_merge_refuses_a_run_twice_and_a_missing_directory(quick, tmp_path, capsys):
     _, results = quick
     part = json.loads(json.dumps(results)) | {"source": "a"}
-    with pytest.raises(ValueError, match=r"\('d1', 'sort', 0\) is in both 'a' and 'b'"):
+    with pytest.raises(ValueError, match=r"\('d1', 'sort', 0, 0\) is in both 'a' and 'b'"):
         merge_results([part, part | {"source": "b"}])
     block = part | {"source": "b", "config": part["config"] | {"model": "block"}, "runs": []}
     with pytest.raises(ValueError, match="different models .*merge runs of one --model only"):
