@@ -70,8 +70,11 @@ def test_head_bytes_by_hand():
     # the context's share)
     cache = 512 * (25 * 2 * 2 * 2048 + 5 * 2 * 2 * 1024)
     masks = 2 * 2 * (512 * 512 + 256 * 768)
-    assert phases["kv_cache"] == cache
     assert phases["scoring"] == 16 * (cache + masks + 12 * CV)
+    # rollout: the sampler's 64 rows in one batch, each with its cache, masks and a denoising step's 26·CV (raw and
+    # processed logits, probabilities, the bf16 self-conditioning copy, the entropy-bound sampler's Categorical)
+    assert phases["kv_cache"] == 64 * cache
+    assert phases["rollout"] == 64 * (cache + masks + 26 * CV)
     with_self_conditioning = phase_bytes(released(), replace(RECIPE, self_conditioning=True))
     assert with_self_conditioning["scoring"] == 16 * (cache + masks + 16 * CV)
 
@@ -96,11 +99,11 @@ def test_one_encoder_pass_then_a_graph_per_decoder_call_and_checkpointing():
 
 def test_recipe_fits_80gb_with_groups_of_8():
     """StableDRL's whole group of 16 rows with 2 corruptions needs about 114 GB per GPU under ZeRO-3 on 8 GPUs;
-    groups of 8 (the recipe) fit."""
+    groups of 8 (the recipe) fit; both decode 8 rows at a time (the recipe's generation_chunk_size)."""
     arch = released()
-    at16 = plan(arch, RECIPE, strategy="zero3", num_processes=8, gpu_memory_gb=80)
+    at16 = plan(arch, replace(RECIPE, generation_rows=8), strategy="zero3", num_processes=8, gpu_memory_gb=80)
     assert not at16.fits and at16.peak_phase == "update" and 100 < at16.total_gb < 130
-    assert plan(arch, replace(RECIPE, batch=8), strategy="zero3", num_processes=8, gpu_memory_gb=80).fits
+    assert plan(arch, replace(RECIPE, batch=8, generation_rows=8), strategy="zero3", num_processes=8, gpu_memory_gb=80).fits
 
 
 def test_decoder_only_formulas_refuse_an_encoder_decoder_model():

@@ -45,15 +45,53 @@ def test_rollout_equals_generate_at_the_same_seed(model, prompts):
     ids, mask = prompts
     options = diffusion_gemma_options(model, gen_length=40, diffusion_steps=8, eos_token_ids=EOS)
     out = generate_diffusion_gemma(model, ids, mask, options=options, generator=gens(11, 12))
-    for b, seed in enumerate((11, 12)):
-        prompt = ids[b][mask[b].bool()][None]
-        torch.manual_seed(seed)  # generate() draws from the global RNG
-        reference = model.generate(prompt, **generate_kwargs(model, options)).sequences[0, prompt.size(1) :]
-        n = min(40, reference.numel())
-        assert torch.equal(out.completion_ids[b, :n], reference[:n])
-        assert (out.completion_ids[b, n:] == EOS[0]).all()  # generate() stopped early: EOS fill
+    calls = []
+    hook = model.model.decoder.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        for b, seed in enumerate((11, 12)):
+            prompt = ids[b][mask[b].bool()][None]
+            torch.manual_seed(seed)  # generate() draws from the global RNG
+            reference = model.generate(prompt, **generate_kwargs(model, options)).sequences[0, prompt.size(1) :]
+            n = min(40, reference.numel())
+            assert torch.equal(out.completion_ids[b, :n], reference[:n])
+            assert (out.completion_ids[b, n:] == EOS[0]).all()  # generate() stopped early: EOS fill
+    finally:
+        hook.remove()
     assert out.completion_ids.shape == (2, 40) and torch.equal(out.sequences[:, : ids.size(1)], ids)
-    assert out.num_forwards == out.num_row_forwards > 0 and out.unmask_step is None
+    # One batched forward per step (2 canvases of 4 steps); each row counts the forwards its generate() made alone.
+    assert out.num_forwards == 8 and out.num_row_forwards == len(calls) and out.unmask_step is None
+
+
+def test_rows_stopping_at_different_steps_and_canvases_still_equal_generate(prompts):
+    """One batch in which rows stop denoising at different steps (the family's adaptive stopping: the tied embeddings
+    scaled by 30 make the tiny model's predictions peaked enough to cross a confidence threshold of 2 nats at
+    different steps per row) and end at different canvases (EOS): each row still equals generate() of that row
+    alone, and draws nothing after it stopped."""
+    model = dg.build_tiny_model()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)
+    model.generation_config.stability_threshold, model.generation_config.confidence_threshold = 0, 2.0
+    tokenizer = dg.build_tokenizer()
+    rows = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                          return_dict=False) for text in ("sum 2 3", "what is the sum of 4 and 5 ?", "one")]  # fmt: skip
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = (ids != 0).long()
+    options = diffusion_gemma_options(model, gen_length=96, diffusion_steps=48, eos_token_ids=EOS)
+    out = generate_diffusion_gemma(model, ids, mask, options=options, generator=gens(1, 2, 3))
+    counts = []
+    hook = model.model.decoder.register_forward_pre_hook(lambda *_: counts.__setitem__(-1, counts[-1] + 1))
+    try:
+        for b, seed in enumerate((1, 2, 3)):
+            counts.append(0)
+            prompt = ids[b][mask[b].bool()][None]
+            torch.manual_seed(seed)
+            reference = model.generate(prompt, **generate_kwargs(model, options)).sequences[0, prompt.size(1) :]
+            n = min(96, reference.numel())
+            assert torch.equal(out.completion_ids[b, :n], reference[:n]) and (out.completion_ids[b, n:] == EOS[0]).all()
+    finally:
+        hook.remove()
+    assert len(set(counts)) == 3 and out.num_row_forwards == sum(counts) < 3 * out.num_forwards < 3 * 48
 
 
 def test_a_row_does_not_depend_on_its_companions_and_the_global_rng_is_untouched(model, prompts):

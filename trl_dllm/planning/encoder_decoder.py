@@ -42,12 +42,13 @@ layer's largest stage on ``S`` tokens) and the head's ``12CV`` (the float32 logi
 log-softmax, ``exp`` and product; ``+ 4CV`` with self-conditioning). Measured on CPU (``bench/plan_memory.py``): within
 1% where the head dominates (as on the released shape), about 10% low where the context does.
 
-**Rollout** (no grad, one row per ``generate()`` call): the encoder's KV cache of the prompt and the decoded canvases
-(``S = P + L`` at the last canvas), and the larger of one layer's prefill transient on ``P`` tokens and a denoising
-step's ``26CV`` (``_denoising_step`` of transformers' ``generation_diffusion_gemma.py``, read, not measured): the raw
-and the temperature-processed float32 logits, the float32 sampling probabilities, the previous step's logits kept in
-bf16 for self-conditioning, and the entropy-bound sampler's ``Categorical``: its normalised logits, probabilities and
-their product.
+**Rollout** (no grad, the sampler's ``generation_rows`` in one batch), per row: the encoder's KV cache of the prompt
+and the decoded canvases (``S = P + L`` at the last canvas), the masks as in scoring, and the larger of one layer's
+prefill transient on ``P`` tokens and a denoising step's ``26CV`` (the step of transformers'
+``generation_diffusion_gemma.py``, which the rollout reproduces; read, not measured): the raw and the
+temperature-processed float32 logits, the float32 sampling probabilities, the previous step's logits kept in bf16 for
+self-conditioning, and the entropy-bound sampler's ``Categorical``: its normalised logits, probabilities and their
+product.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def encoder_decoder_phase_bytes(arch: Architecture, s: Settings) -> dict[str, fl
     scoring_head = head_transient + (4 * C * V if s.self_conditioning else 0)
     scoring = B * (cache + masks + max(S * transient, scoring_head))
 
-    # Rollout: one row per generate(); the cache of the prompt and every decoded canvas.
-    rollout = cache + max(s.prompt_length * transient, _ROLLOUT_STEP * C * V)
-    return phases_of(s, rollout=rollout, kv_cache=cache, scoring=scoring, update=update, logits=logits)
+    # Rollout: the sampler's rows in one batch; per row the cache of the prompt and every decoded canvas.
+    rollout = s.generation_rows * (cache + masks + max(s.prompt_length * transient, _ROLLOUT_STEP * C * V))
+    return phases_of(s, rollout=rollout, kv_cache=s.generation_rows * cache, scoring=scoring, update=update,
+                     logits=logits)

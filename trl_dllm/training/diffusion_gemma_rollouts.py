@@ -31,19 +31,19 @@ trajectory (AGRPO, DiPO)   refused: ``generate()`` records no per-token reveal s
 Everything else ``generate()`` reads (``sampler_config``, ``stability_threshold``, its adaptive-stopping
 ``confidence_threshold``, ``cache_implementation``) comes from ``model.generation_config``, else the family's defaults.
 
-**Seeding.** ``generate()`` draws from the global RNG (``torch.randint``, ``torch.multinomial``) and takes no
-generator, so one call cannot give each row its own noise. :func:`generate_diffusion_gemma` therefore decodes **row by
-row**: row ``b`` without its left padding, with the global RNG of the model's device set to ``generators[b]``'s state
-inside ``torch.random.fork_rng`` (the caller's global RNG is restored afterwards) and ``generators[b]`` advanced by
-what the row drew. A row's completion is then exactly ``torch.manual_seed(s); model.generate(prompt_b, ...)`` for a
-generator seeded with ``s``, whatever its batch companions. The cost is one ``generate()`` call per row (no batching
-across rows); a batched call would tie every row's noise to the batch's layout, and would also shift left-padded
-prompts' positions (``generate()`` numbers positions from 0 whatever the padding).
+**Batched, seeded per row.** :func:`generate_diffusion_gemma` decodes all rows in one batch (left padding included:
+each row's positions count from its first prompt token, the encoder's cache is extended canvas by canvas as
+``generate()`` extends it) with transformers' own sampler, schedule and stopping rule (:class:`_Sampler`).
+``generate()`` draws from the global RNG (``torch.randint``, ``torch.multinomial``) and takes no generator, and in a
+batch it keeps drawing for rows that have stopped; here row ``b`` draws from ``generators[b]`` exactly what
+``generate()`` of that row alone draws from the global RNG, in the same order and shapes, and nothing once it stopped.
+A row's completion is then exactly ``torch.manual_seed(s); model.generate(prompt_b, ...)`` for a generator seeded with
+``s``, whatever its batch companions; the caller's global RNG is not touched. A denoising step holds several float32
+`(B, C, V)` tensors (about 1.7 GB per row on the released shape): ``generation_chunk_size`` bounds the rows per call.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core.sampling import GenerationOutput
+from ..models.families.diffusion_gemma import Denoiser
 
 
 @dataclass(frozen=True)
@@ -171,33 +172,20 @@ def generate_kwargs(model, options: DiffusionGemmaOptions) -> dict:
     return kwargs
 
 
-@contextlib.contextmanager
-def drawing_from(generator: torch.Generator):
-    """Inside, the global RNG of ``generator``'s device is ``generator``'s state; afterwards the global RNG is
-    restored and ``generator`` has advanced by what was drawn (for samplers, like ``generate()``, that take none)."""
-    device = generator.device
-    cuda = device.type == "cuda"
-    index = device.index if device.index is not None else (torch.cuda.current_device() if cuda else None)
-    with torch.random.fork_rng(devices=[index] if cuda else [], device_type="cuda"):
-        default = torch.cuda.default_generators[index] if cuda else torch.default_generator
-        default.set_state(generator.get_state())
-        yield
-        generator.set_state(default.get_state())
-
-
 def generate_diffusion_gemma(
     model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *, options: DiffusionGemmaOptions, generator
 ) -> GenerationOutput:
-    """Decode left-padded prompts `(B, P)` with ``model.generate()``, row by row, row `b` drawing from
+    """Decode left-padded prompts `(B, P)` as ``model.generate()`` does, all rows in one batch, row `b` drawing from
     ``generator[b]`` (see the module docstring). A sampler with the signature of
-    :func:`~trl_dllm.core.sampling.generate` (``attention_mask=None``: no padding). ``generator`` is a list of one `torch.Generator` per row (each row's
-    completion then depends on its prompt and generator alone), one generator for all rows (drawn from in row
-    order), or `None` (the global RNG, in row order).
+    :func:`~trl_dllm.core.sampling.generate` (``attention_mask=None``: no padding). ``generator`` is a list of one
+    `torch.Generator` per row (each row's completion then depends on its prompt and generator alone), one generator
+    for all rows, or `None` (the global RNG).
 
     Returns:
         :class:`~trl_dllm.core.sampling.GenerationOutput`: ``completion_ids`` `(B, gen_length)`, EOS-filled after
-        the first EOS with ``eos_early_exit`` (also when ``generate()`` stopped early); ``num_forwards`` and
-        ``num_row_forwards`` count the decoder's denoising forwards (one row each); no trajectory.
+        the first EOS with ``eos_early_exit`` (also when a row stopped early); ``num_forwards`` counts the decoder's
+        batched denoising forwards and ``num_row_forwards`` the rows each of them decoded for a row still running
+        (what ``generate()`` of each row alone would count); no trajectory.
     """
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     generators = generator if isinstance(generator, (list, tuple)) else [generator] * input_ids.size(0)
@@ -206,24 +194,107 @@ def generate_diffusion_gemma(
                          "row (or one for all, or None).")  # fmt: skip
     device = input_ids.device
     if any(g is not None and g.device.type != device.type for g in generators):
-        raise ValueError(f"The generators must be on the prompts' device ({device.type}): generate() draws from that "
-                         "device's global RNG, which a generator on another device would not seed.")  # fmt: skip
-    kwargs = generate_kwargs(model, options)
-    calls = [0]
-    hook = _decoder(model).register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-    rows = []
-    try:
-        for b in range(input_ids.size(0)):
-            prompt = input_ids[b][attention_mask[b].bool()].unsqueeze(0)
-            with drawing_from(generators[b]) if generators[b] is not None else contextlib.nullcontext():
-                sequence = model.generate(prompt, **kwargs).sequences[0, prompt.size(1) :]
-            rows.append(_fit(sequence, options))
-    finally:
-        hook.remove()
-    completion = torch.stack(rows)
+        raise ValueError(f"The generators must be on the prompts' device ({device.type}): each row's noise is drawn "
+                         "there.")  # fmt: skip
+    sampler = _Sampler(model, options)
+    denoiser = Denoiser(model)
+    canvas, rows = sampler.canvas_length, input_ids.size(0)
+    context_mask = attention_mask.bool()
+    lengths = context_mask.sum(dim=1, keepdim=True)  # each row's positions count from its first prompt token
+    offsets = torch.arange(canvas, device=device)
+    eos = torch.tensor(options.eos_token_ids, device=device)
+    cache = denoiser.encode(input_ids, context_mask, (context_mask.long().cumsum(dim=1) - 1).clamp(min=0))
+    running = torch.ones(rows, dtype=torch.bool, device=device)  # not yet ended by an EOS canvas
+    canvases, forwards, row_forwards = [], 0, 0
+    count = math.ceil(options.gen_length / canvas)
+    for k in range(count):
+        positions = lengths + k * canvas + offsets
+        argmax, row_steps = sampler.denoise(denoiser, cache, context_mask, positions, running, generators)
+        canvases.append(argmax)
+        forwards += int(row_steps.amax())
+        row_forwards += int(row_steps.sum())
+        if options.eos_early_exit:  # generate() ends a row after the canvas holding its first EOS
+            running &= ~torch.isin(argmax, eos).any(dim=1)
+        if k + 1 == count or not running.any():
+            break
+        context_mask = torch.cat([context_mask, torch.ones_like(argmax, dtype=torch.bool)], dim=1)
+        cache = denoiser.encode(argmax, context_mask, positions, cache=cache)
+    completion = torch.stack([_fit(row, options) for row in torch.cat(canvases, dim=1)])
     return GenerationOutput(sequences=torch.cat([input_ids, completion], dim=1), completion_ids=completion,
-                            unmask_step=None, logprobs=None, num_forwards=calls[0],
-                            num_row_forwards=calls[0])  # fmt: skip
+                            unmask_step=None, logprobs=None, num_forwards=forwards,
+                            num_row_forwards=row_forwards)  # fmt: skip
+
+
+class _Sampler:
+    """The denoising loop of one canvas as ``DiffusionGemmaGenerationMixin.generate()`` runs it, with transformers'
+    own parts resolved from the model's generation config as ``generate()`` resolves them: the
+    ``LinearTemperatureScheduleLogitsProcessor``, the ``EntropyBoundSampler``'s acceptance and the
+    ``StableAndConfidentStoppingCriteria``. Only the noise differs in where it comes from: each row draws its random
+    canvas, its token samples and its renoising from its own generator, in the order and shapes ``generate()`` draws
+    them for that row alone from the global RNG (``randint`` of `(1, C)`, ``multinomial`` of `(C, V)`, ``randint`` of
+    `(1, C)`), and draws nothing once it stopped; which is why a row equals ``generate()`` of that row alone."""
+
+    def __init__(self, model, options: DiffusionGemmaOptions):
+        from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
+            EntropyBoundSampler,
+            LinearTemperatureScheduleLogitsProcessor,
+            StableAndConfidentStoppingCriteria,
+        )
+
+        from ..models import base_model
+
+        inner = base_model(model)
+        config, _ = inner._prepare_generation_config(None, **generate_kwargs(model, options))
+        self.canvas_length, self.vocab_size = inner.config.canvas_length, inner.config.text_config.vocab_size
+        self.steps = config.max_denoising_steps
+        self.accept = EntropyBoundSampler(config.sampler_config, self.canvas_length, self.vocab_size, self.steps)
+        self.schedule = None
+        if config.t_min is not None and config.t_max is not None:
+            self.schedule = LinearTemperatureScheduleLogitsProcessor(config.t_min, config.t_max, self.steps)
+        self.stopping = None
+        if config.stability_threshold is not None and config.confidence_threshold is not None:
+            self.stopping = StableAndConfidentStoppingCriteria(config.stability_threshold, config.confidence_threshold)
+
+    def _noise(self, rows: torch.Tensor, generators) -> torch.Tensor:
+        """A uniformly random canvas `(B, C)`; rows not in ``rows`` are zeros and draw nothing."""
+        out = torch.zeros(rows.size(0), self.canvas_length, dtype=torch.long, device=rows.device)
+        for b in rows.nonzero().flatten().tolist():
+            out[b] = torch.randint(0, self.vocab_size, (1, self.canvas_length), generator=generators[b],
+                                   device=rows.device)[0]  # fmt: skip
+        return out
+
+    def denoise(self, denoiser, cache, visible, positions, running, generators):
+        """One canvas at ``positions`` `(B, C)` for the ``running`` rows (the others' output is ignored). Returns the
+        argmax canvas `(B, C)` (what ``generate()`` commits) and the decoder forwards each row took `(B,)`."""
+        current = self._noise(running, generators)
+        argmax, conditioning = current, None
+        done = ~running
+        taken = torch.zeros_like(running, dtype=torch.long)
+        if self.stopping is not None:
+            self.stopping.reset()
+        for step in reversed(range(1, self.steps + 1)):
+            taken += ~done
+            logits = denoiser(cache, visible, current, positions, conditioning)
+            if self.schedule is not None:
+                logits = self.schedule(None, logits, cur_step=torch.tensor(step, dtype=torch.int32,
+                                                                             device=logits.device))  # fmt: skip
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+            sampled = torch.zeros_like(current)
+            live = (~done).nonzero().flatten().tolist()
+            for b in live:
+                sampled[b] = torch.multinomial(probs[b], num_samples=1, generator=generators[b])[:, 0]
+            new_argmax = logits.argmax(dim=-1)
+            accepted = self.accept.accept_canvas(current, sampled, logits, step)
+            fresh = self._noise(~done, generators)
+            new_current = torch.where(self.accept.accepted_token_mask, accepted, fresh)
+            argmax = torch.where(done[:, None], argmax, new_argmax)  # a row that stopped keeps its canvas
+            if self.stopping is not None:  # (what it feeds the stopping rule and the decoder after that is unread)
+                done = done | self.stopping(argmax, logits)
+            current = new_current
+            conditioning = logits.to(denoiser.dtype)  # generate()'s self-conditioning input, in the embeddings' dtype
+            if bool(done.all()):
+                break
+        return argmax, taken
 
 
 def _decoder(model):

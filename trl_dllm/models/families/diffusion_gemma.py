@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedTokenizerFast
 
 from ...core.methods import noise_estimator, noise_problem
@@ -87,9 +86,7 @@ def lora_config(r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.0, **
 
 def is_diffusion_gemma(config: Any) -> bool:
     """Whether ``config`` (a transformers config, a ``config.json`` dict, or a model) is DiffusionGemma's."""
-    config = getattr(config, "config", config)
-    model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
-    return model_type == MODEL_TYPE
+    return _get(getattr(config, "config", config), "model_type") == MODEL_TYPE
 
 
 TRAINING_REFUSAL = (
@@ -145,19 +142,24 @@ class Denoiser:
     every row."""
 
     def __init__(self, model: Any):
-        self.model = model
+        from .. import base_model
 
-    def encode(self, context_ids, context_mask, context_positions):
-        model = self.model.module if isinstance(self.model, DistributedDataParallel) else self.model  # no getattr there
-        encoder = model.get_encoder()
-        return encoder(input_ids=context_ids, attention_mask=context_mask, position_ids=context_positions,
-                       use_cache=True).cache  # fmt: skip
+        self.model = model
+        inner = base_model(model)  # through PEFT, DDP and DeepSpeed: the encoder is not reached through their wrappers
+        self.encoder = inner.get_encoder()
+        self.dtype = inner.model.decoder.embed_tokens.weight.dtype  # generate()'s self-conditioning dtype
+
+    def encode(self, context_ids, context_mask, context_positions, cache=None):
+        """The encoder's KV cache of ``context_ids`` `(N, L)` at ``context_positions``; with ``cache``, of the
+        context it holds followed by ``context_ids`` (``context_mask`` then covers both), as ``generate()`` extends
+        it canvas by canvas."""
+        return self.encoder(input_ids=context_ids, attention_mask=context_mask, position_ids=context_positions,
+                            cache=cache, use_cache=True).cache  # fmt: skip
 
     def __call__(self, cache, visible, canvas_ids, canvas_positions, self_conditioning=None):
         extra = {}
         if self_conditioning is not None:
-            dtype = next(self.model.parameters()).dtype
-            extra = {"self_conditioning_logits": self_conditioning.to(dtype),
+            extra = {"self_conditioning_logits": self_conditioning.to(self.dtype),
                      "self_conditioning_mask": torch.ones(canvas_ids.size(0), dtype=torch.bool, device=canvas_ids.device)}  # fmt: skip
         mask = torch.cat([visible, torch.ones_like(canvas_ids)], dim=1).bool()
         return self.model(cache=cache, decoder_input_ids=canvas_ids, decoder_attention_mask=mask,
