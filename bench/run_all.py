@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from bench import (
+    bench_diffusion_gemma,
     bench_generation,
     bench_host_overhead,
     bench_likelihood,
@@ -27,6 +28,7 @@ BENCHMARKS = {
     "update_memory": bench_update_memory.run,
     "rollout": bench_rollout_tradeoff.run,  # also writes rollout_tradeoff.json (the rows)
     "host_overhead": bench_host_overhead.run,
+    "diffusion_gemma": bench_diffusion_gemma.run,
 }
 
 
@@ -44,6 +46,8 @@ def main(argv=None) -> dict:
         if args.quick and name in ("generation", "likelihood"):
             options["vocabs"] = (2 * size.vocab,)  # not the realistic 32k / 126k vocabularies in a smoke run
         options = {"out": args.out} if name == "rollout" else options
+        if args.quick and name == "diffusion_gemma":
+            options = dict(rows=4, gen_length=32, diffusion_steps=4)
         if name == "update_memory":
             options = {"configs": bench_update_memory.QUICK_CONFIGS if args.quick else bench_update_memory.CONFIGS}
         results[name] = BENCHMARKS[name](size, repeats=repeats, **options)

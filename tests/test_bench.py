@@ -104,6 +104,13 @@ def test_update_memory_is_measured_inside_train_with_checkpointing_on(results):
     assert set(result["ratios"]) == {"mc4_over_mc1_checkpointing"}
 
 
+def test_diffusion_gemma_rollouts_batched_and_row_by_row_agree(results):
+    result = results["diffusion_gemma"]
+    assert result["identical"] is True and result["rows"] == 4
+    assert result["forwards"]["row_forwards"] == 4 * result["forwards"]["batched"]  # no early stop: every row runs
+    assert math.isfinite(result["batched_over_row_by_row"]) and result["batched_over_row_by_row"] > 0
+
+
 @pytest.mark.parametrize("name", sorted(run_all.BENCHMARKS))
 def test_every_benchmark_states_its_targets(results, name):
     """Next to each ratio with a target: the target and whether the measured value meets it."""

@@ -29,7 +29,8 @@ trajectory (AGRPO, DiPO)   refused: ``generate()`` records no per-token reveal s
 =========================  ==========================================================================================
 
 Everything else ``generate()`` reads (``sampler_config``, ``stability_threshold``, its adaptive-stopping
-``confidence_threshold``, ``cache_implementation``) comes from ``model.generation_config``, else the family's defaults.
+``confidence_threshold``) comes from ``model.generation_config``, else the family's defaults; its
+``cache_implementation`` is not read (the encoder's cache here is transformers' dynamic cache, with the same values).
 
 **Batched, seeded per row.** :func:`generate_diffusion_gemma` decodes all rows in one batch (left padding included:
 each row's positions count from its first prompt token, the encoder's cache is extended canvas by canvas as
@@ -209,10 +210,9 @@ def generate_diffusion_gemma(
     count = math.ceil(options.gen_length / canvas)
     for k in range(count):
         positions = lengths + k * canvas + offsets
-        argmax, row_steps = sampler.denoise(denoiser, cache, context_mask, positions, running, generators)
+        argmax, steps, decoded = sampler.denoise(denoiser, cache, context_mask, positions, running, generators)
         canvases.append(argmax)
-        forwards += int(row_steps.amax())
-        row_forwards += int(row_steps.sum())
+        forwards, row_forwards = forwards + steps, row_forwards + decoded
         if options.eos_early_exit:  # generate() ends a row after the canvas holding its first EOS
             running &= ~torch.isin(argmax, eos).any(dim=1)
         if k + 1 == count or not running.any():
@@ -255,46 +255,50 @@ class _Sampler:
         if config.stability_threshold is not None and config.confidence_threshold is not None:
             self.stopping = StableAndConfidentStoppingCriteria(config.stability_threshold, config.confidence_threshold)
 
-    def _noise(self, rows: torch.Tensor, generators) -> torch.Tensor:
-        """A uniformly random canvas `(B, C)`; rows not in ``rows`` are zeros and draw nothing."""
-        out = torch.zeros(rows.size(0), self.canvas_length, dtype=torch.long, device=rows.device)
-        for b in rows.nonzero().flatten().tolist():
+    def _noise(self, live: list[int], generators, device) -> torch.Tensor:
+        """A uniformly random canvas `(B, C)` for the rows ``live``; the others are zeros and draw nothing."""
+        out = torch.zeros(len(generators), self.canvas_length, dtype=torch.long, device=device)
+        for b in live:
             out[b] = torch.randint(0, self.vocab_size, (1, self.canvas_length), generator=generators[b],
-                                   device=rows.device)[0]  # fmt: skip
+                                   device=device)[0]  # fmt: skip
         return out
 
     def denoise(self, denoiser, cache, visible, positions, running, generators):
         """One canvas at ``positions`` `(B, C)` for the ``running`` rows (the others' output is ignored). Returns the
-        argmax canvas `(B, C)` (what ``generate()`` commits) and the decoder forwards each row took `(B,)`."""
-        current = self._noise(running, generators)
+        argmax canvas `(B, C)` (what ``generate()`` commits), the batched decoder forwards made, and the rows they
+        decoded for a row still denoising (a host count: the loop reads which rows denoise once per step)."""
+        device = running.device
+        live = running.nonzero().flatten().tolist()
+        current = self._noise(live, generators, device)
         argmax, conditioning = current, None
         done = ~running
-        taken = torch.zeros_like(running, dtype=torch.long)
+        forwards = row_forwards = 0
         if self.stopping is not None:
             self.stopping.reset()
         for step in reversed(range(1, self.steps + 1)):
-            taken += ~done
+            if step < self.steps:  # the step's one synchronisation: which rows still denoise
+                live = (~done).nonzero().flatten().tolist()
+            if not live:
+                break
+            forwards, row_forwards = forwards + 1, row_forwards + len(live)
             logits = denoiser(cache, visible, current, positions, conditioning)
             if self.schedule is not None:
                 logits = self.schedule(None, logits, cur_step=torch.tensor(step, dtype=torch.int32,
                                                                              device=logits.device))  # fmt: skip
             probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
             sampled = torch.zeros_like(current)
-            live = (~done).nonzero().flatten().tolist()
             for b in live:
                 sampled[b] = torch.multinomial(probs[b], num_samples=1, generator=generators[b])[:, 0]
             new_argmax = logits.argmax(dim=-1)
             accepted = self.accept.accept_canvas(current, sampled, logits, step)
-            fresh = self._noise(~done, generators)
+            fresh = self._noise(live, generators, device)
             new_current = torch.where(self.accept.accepted_token_mask, accepted, fresh)
             argmax = torch.where(done[:, None], argmax, new_argmax)  # a row that stopped keeps its canvas
             if self.stopping is not None:  # (what it feeds the stopping rule and the decoder after that is unread)
                 done = done | self.stopping(argmax, logits)
             current = new_current
             conditioning = logits.to(denoiser.dtype)  # generate()'s self-conditioning input, in the embeddings' dtype
-            if bool(done.all()):
-                break
-        return argmax, taken
+        return argmax, forwards, row_forwards
 
 
 def _decoder(model):
