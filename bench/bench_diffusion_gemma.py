@@ -30,8 +30,8 @@ QUESTIONS = ("sum 2 3", "what is the sum of 4 and 5 ?", "one", "what is 7 times 
 def prompts(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``rows`` chat prompts of the tiny tokenizer, left padded with its pad id 0, and their mask."""
     tokenizer = dg.build_tokenizer()
-    encoded = [tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-                                             add_generation_prompt=True, return_dict=False) for i in range(rows)]  # fmt: skip
+    chats = [[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}] for i in range(rows)]
+    encoded = [tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=False) for chat in chats]
     width = max(map(len, encoded))
     ids = torch.tensor([[0] * (width - len(row)) + row for row in encoded])
     return ids, (ids != 0).long()

@@ -301,13 +301,6 @@ class _Sampler:
         return argmax, forwards, row_forwards
 
 
-def _decoder(model):
-    """The decoder module of ``model`` (through PEFT / DDP wrappers), whose forwards are the denoising steps."""
-    from ..models import base_model
-
-    return base_model(model).model.decoder
-
-
 def _fit(sequence: torch.Tensor, options: DiffusionGemmaOptions) -> torch.Tensor:
     """One row's generated tokens `(n,)` as `(gen_length,)`: cut (``generate()`` decodes whole canvases) or, when it
     stopped early, filled with the first EOS id; with ``eos_early_exit`` everything after the first EOS is filled."""

@@ -63,8 +63,8 @@ def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
       approximate cache.
     - A bidirectional model with `generation_cache` (Fast-dLLM's approximate cache) is called on the module; no
       guidance.
-    - DiffusionGemma (uniform noise) decodes as its own `generate()` does, all rows in one batch; the fields it cannot honour are
-      refused (`training.diffusion_gemma_rollouts`).
+    - DiffusionGemma (uniform noise) decodes as its own `generate()` does, all rows in one batch; the fields it
+      cannot honour are refused (`training.diffusion_gemma_rollouts`).
     - Any other decodes on the full canvas through its logits function (Dream's shift undone, `logits_to_keep` where
       the model takes it).
     """
