@@ -177,6 +177,8 @@ def test_trainer_decoding_plan_and_api_use_generate(model, prompts):
         decoding_plan(model, spec, args, eos_token_ids=EOS, return_trajectory=True)
     with pytest.raises(ValueError, match="top_k=4 does not apply"):
         decoding_plan(model, spec, DiffusionGRPOConfig(**fields, top_k=4), eos_token_ids=EOS)
+    with pytest.raises(ValueError, match=r"generation_compile=True .*its own generate\(\)'s sampler.*=False"):
+        decoding_plan(model, spec, DiffusionGRPOConfig(**fields, generation_compile=True), eos_token_ids=EOS)
 
 
 def test_trl_dllm_eval_decodes_it_and_grpo_and_plan_refuse_it(tmp_path, monkeypatch, capsys):

@@ -152,7 +152,8 @@ def compiled_step_refusal(spec: ModelSpec, generation_cache: str) -> str | None:
     """The message refusing `generation_compile` when this family and cache have no cached denoising step to compile,
     or `None`."""
     if spec.noise == "uniform":
-        problem = f"this model ({spec.family!r} family) decodes through its own generate(), which has none:"
+        problem = (f"this model ({spec.family!r} family) decodes with its own generate()'s sampler, which is not "
+                   "compiled here:")
     elif spec.family != "block" and generation_cache == "none":
         problem = (f"this model ({spec.family!r} family) decodes the whole canvas at every step: set "
                    "generation_cache='dual' or 'prefix' (Fast-dLLM's approximate caches) to compile their cached "
