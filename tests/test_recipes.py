@@ -140,9 +140,7 @@ def test_stabledrl_crn_differs_from_the_released_recipe_only_in_its_noise():
 @pytest.mark.parametrize("path", [p for p in PAPER_RECIPES if p.name.startswith("stabledrl")], ids=rel)
 def test_stabledrl_hyperparameters(path):
     _, args, model_args = parse(path)
-    # DiffusionGemma's groups of 8 (not 16) fit 80 GB GPUs (its header, docs/cli.md#diffusiongemma)
-    group = 8 if path.parent.name == "diffusion_gemma" else 16
-    assert (args.loss_type, args.stabledrl_clip_high, args.num_generations) == ("stabledrl", 5.0, group)
+    assert (args.loss_type, args.stabledrl_clip_high, args.num_generations) == ("stabledrl", 5.0, 16)
     assert args.learning_rate in (1e-6, 2e-6)
     # DiffusionGemma samples with its own temperature schedule (1.0 keeps it), in one canvas of 256
     assert args.temperature == (1.0 if path.parent.name == "diffusion_gemma" else 0.9)

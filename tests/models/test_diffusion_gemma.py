@@ -207,3 +207,49 @@ def test_uniform_block_estimate_is_differentiable_through_lora(tiny_path):
     unused = {n for n, g in grads.items() if g is None}
     assert unused and all(".encoder.language_model.layers.1." in n and "k_proj" not in n for n in unused)
     assert all(float(g.abs().sum()) > 0 for n, g in grads.items() if "lora_B" in n and n not in unused)
+
+
+def test_activation_checkpointing_checkpoints_the_encoder_row_by_row(tiny_path):
+    """Under activation checkpointing the encoder runs one row at a time under torch.utils.checkpoint (transformers
+    checkpoints the decoder only): the same log-probabilities and LoRA gradients as the batched pass, left padding
+    included, and the backward re-runs the encoder once per row."""
+    from peft import get_peft_model
+
+    from trl_dllm.core.likelihood.uniform_block import uniform_block
+
+    base = load_pretrained(tiny_path)
+    model = get_peft_model(base, dg.lora_config())
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:  # non-zero adapters: their gradients reach the encoder's whole graph
+                param.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
+    model.train()
+    prompt = torch.tensor([[0, 0, 2, 105, 108, 140, 106], [2, 105, 108, 140, 106, 105, 109]])
+    completion = torch.randint(107, 170, (2, 40), generator=torch.Generator().manual_seed(1))
+    calls = []
+    hook = model.get_encoder().register_forward_pre_hook(lambda *_: calls.append(1))  # a recompute stops early
+
+    def scored():
+        model.zero_grad()
+        calls.clear()
+        out = uniform_block(dg.Denoiser(model), prompt, (prompt != 0).long(), completion, torch.ones_like(completion),
+                            seeds=torch.tensor([0, 1]), vocab_size=174, canvas_length=32, fill_token_id=dg.EOS_ID,
+                            mc_samples=2)  # fmt: skip
+        forward_calls = len(calls)
+        out.logps.sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return out.logps.detach(), grads, (forward_calls, len(calls) - forward_calls)
+
+    try:
+        batched, batched_grads, batched_calls = scored()
+        assert not dg.Denoiser(model).checkpointed()
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        assert dg.Denoiser(model).checkpointed()
+        rows, rows_grads, rows_calls = scored()
+    finally:
+        hook.remove()
+    assert batched_calls == (1, 0) and rows_calls == (2, 2)  # one encoder pass per row, re-run per row in backward
+    assert torch.allclose(rows, batched, atol=1e-6)
+    assert batched_grads.keys() == rows_grads.keys() and len(batched_grads) > 0
+    for name, grad in batched_grads.items():
+        assert torch.allclose(rows_grads[name], grad, atol=1e-5), name

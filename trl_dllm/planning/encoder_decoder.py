@@ -30,8 +30,11 @@ on CPU, 2026-11-26; the sum against the measured peak: ``bench/plan_memory.py``)
   and the head: the softcapped logits are float32 (the model casts them), ``tanh`` keeps its output and
   ``log_softmax`` its own: ``8CV``.
 
-With activation checkpointing only the decoder's layers are checkpointed (each keeps its input ``ah``; the encoder's
-are not ``GradientCheckpointingLayer``: they write the cache, which a replay would write twice). The peak adds to the
+With activation checkpointing transformers checkpoints the decoder's layers (each keeps its input ``ah``); the
+encoder's are not ``GradientCheckpointingLayer`` (they write the cache, which a replay would write twice), so
+:class:`~trl_dllm.models.families.diffusion_gemma.Denoiser` checkpoints the encoder pass **row by row** itself: per
+row the forward keeps only its cache ``Σ_i 2a·kv_i·S_i``, and the backward rebuilds one row's encoder graph at a time
+(counted once, beside the decoder's graphs: an upper bound, as those are freed by then). The peak adds to the
 graphs the head's transient ``12CV`` per row: in the last call's forward the entropy's ``exp`` and product
 (``8CV``) and, with ``self_conditioning``, the first pass's logits (``4CV``); in backward the gradients of the
 ``gather``, ``log_softmax`` and ``tanh`` (``12CV``).
@@ -110,10 +113,13 @@ def encoder_decoder_phase_bytes(arch: Architecture, s: Settings) -> dict[str, fl
     call = decoder + kv_read + sum(a * C * (S + C) + 2 * a * d * C for d in layer_types.values())
     call += 4 * arch.hidden * C + _HEAD_SAVED * C * V
     logits = calls * B * _HEAD_SAVED * C * V + B * head_transient
-    update = B * (encoder + calls * call) + B * max(head_transient, largest_layer)
+    cache = sum(2 * a * kv * _keys(arch, S, sliding) for _, kv, sliding in arch.attention)
+    if s.activation_checkpointing:  # each row's encoder checkpointed: its cache kept, one row's graph in backward
+        update = B * (cache + calls * call) + max(B * max(head_transient, largest_layer), encoder)
+    else:
+        update = B * (encoder + calls * call) + B * max(head_transient, largest_layer)
 
     # Old / reference scoring: B rows at a time, no grad; the encoder's cache, then one decoder call at a time.
-    cache = sum(2 * a * kv * _keys(arch, S, sliding) for _, kv, sliding in arch.attention)
     transient = max(layer_bytes(arch, s, q, kv)["transient"] for q, kv, _ in arch.attention)
     masks = len(layer_types) * a * (S * S + C * (S + C))
     scoring_head = head_transient + (4 * C * V if s.self_conditioning else 0)

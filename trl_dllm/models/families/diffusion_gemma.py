@@ -139,22 +139,55 @@ class Denoiser:
     context (its KV cache, which the decoder only reads), and each call runs the decoder on one canvas at its
     positions, its cross-attention restricted by ``decoder_attention_mask`` to the ``visible`` context (the prompt
     and the committed blocks); returns the softcapped logits `(N, C, V)`. ``self_conditioning`` logits are given to
-    every row."""
+    every row.
+
+    **Activation checkpointing of the encoder.** transformers checkpoints the decoder's layers only: the encoder's
+    layers write the KV cache, so they are not ``GradientCheckpointingLayer`` and their activations (the encoder pass
+    over the whole ``[prompt | completion]``, with grad: most of the update's memory on the released shape) stay.
+    When the model is in training mode with activation checkpointing on and grad is enabled, ``encode`` therefore
+    runs the encoder **one row at a time, each under** ``torch.utils.checkpoint`` (non-reentrant): the forward keeps
+    only each row's keys and values (the cache the decoder reads); the backward re-runs one row's encoder at a time,
+    in a fresh cache, to rebuild its activations. The rows' caches are then joined along the batch (they have the
+    same length, so the same layout). The values and gradients are those of the batched pass
+    (``tests/models/test_diffusion_gemma.py``)."""
 
     def __init__(self, model: Any):
         from .. import base_model
 
         self.model = model
-        inner = base_model(model)  # through PEFT, DDP and DeepSpeed: the encoder is not reached through their wrappers
-        self.encoder = inner.get_encoder()
-        self.dtype = inner.model.decoder.embed_tokens.weight.dtype  # generate()'s self-conditioning dtype
+        self.inner = base_model(model)  # through PEFT, DDP and DeepSpeed: the encoder is not reached through them
+        self.encoder = self.inner.get_encoder()
+        self.dtype = self.inner.model.decoder.embed_tokens.weight.dtype  # generate()'s self-conditioning dtype
 
     def encode(self, context_ids, context_mask, context_positions, cache=None):
         """The encoder's KV cache of ``context_ids`` `(N, L)` at ``context_positions``; with ``cache``, of the
         context it holds followed by ``context_ids`` (``context_mask`` then covers both), as ``generate()`` extends
-        it canvas by canvas."""
+        it canvas by canvas. Checkpointed row by row under activation checkpointing (the class docstring)."""
+        if cache is None and self.checkpointed():
+            return self._encode_rows(context_ids, context_mask, context_positions)
+        return self._encode(context_ids, context_mask, context_positions, cache)
+
+    def checkpointed(self) -> bool:
+        """Whether :meth:`encode` checkpoints the encoder: training mode, activation checkpointing on, grad enabled."""
+        inner = self.inner
+        on = inner.is_activation_checkpointing if hasattr(type(inner), "is_activation_checkpointing") else getattr(
+            inner, "is_gradient_checkpointing", False)  # fmt: skip
+        return bool(on) and inner.training and torch.is_grad_enabled()
+
+    def _encode(self, context_ids, context_mask, context_positions, cache=None):
         return self.encoder(input_ids=context_ids, attention_mask=context_mask, position_ids=context_positions,
                             cache=cache, use_cache=True).cache  # fmt: skip
+
+    def _encode_rows(self, context_ids, context_mask, context_positions):
+        from torch.utils.checkpoint import checkpoint
+
+        caches = [checkpoint(self._encode, context_ids[r : r + 1], context_mask[r : r + 1],
+                             context_positions[r : r + 1], use_reentrant=False) for r in range(context_ids.size(0))]  # fmt: skip
+        joined = caches[0]
+        for i, layer in enumerate(joined.layers):
+            layer.keys = torch.cat([c.layers[i].keys for c in caches])
+            layer.values = torch.cat([c.layers[i].values for c in caches])
+        return joined
 
     def __call__(self, cache, visible, canvas_ids, canvas_positions, self_conditioning=None):
         extra = {}
