@@ -190,10 +190,14 @@ def test_every_8b_recipe_plan_fits_80gb_with_checkpointing():
 
 @pytest.mark.slow
 def test_cpu_peaks_every_family():
-    """The planner within ±15% of the peak measured on CPU (bench/plan_memory.py) for a small model of each family."""
+    """The planner within ±15% of the peak measured on CPU (bench/plan_memory.py) for a small model of each family.
+    DiffusionGemma's checkpointed update is measured in a process of its own (its test in
+    test_planning_encoder_decoder.py): it runs the encoder one row at a time, on tensors below the 64 KiB mmap
+    threshold, so the heap left by earlier cases moved its peak from 33.6 to 40.5-43.4 MB (2026-11-27)."""
     from bench.plan_memory import CASES, compare
 
-    rows = compare([case for case in CASES.values() if case.grad])  # the no-grad passes: their own tests
+    cases = [case for name, case in CASES.items() if case.grad and name != "diffusion_gemma_checkpointing"]
+    rows = compare(cases)  # the no-grad passes: their own tests
     assert all(0.85 <= row["planned_over_measured"] <= 1.15 for row in rows), rows
 
 
