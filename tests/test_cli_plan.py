@@ -180,6 +180,24 @@ def test_plan_diffusion_gemma_recipe(diffusion_gemma_folders, capsys):
     assert status == 0 and not off["fits"] and off["peak_phase"] == "update"
 
 
+def test_a_rollout_chunk_too_large_for_any_batch_is_named_and_bounded(diffusion_gemma_folders, capsys):
+    """The recipe with rollouts of 16 rows at a time: no batch fits, and the plan says it is the rollout of that chunk
+    (not "largest batch 0") and proposes the smaller chunk that fits; it proposes nothing worse than the plan itself
+    (ZeRO-2 plans more than ZeRO-3 here)."""
+    argv = ["--config", DIFFUSION_GEMMA_RECIPE, "--model_name_or_path", diffusion_gemma_folders[0], "--num_processes",
+            "8", "--strategy", "zero3", "--generation_chunk_size", "16"]  # fmt: skip
+    status, out, _ = run(capsys, *argv, "--json")
+    report = json.loads(out)
+    assert status == 0 and not report["fits"] and report["largest_batch"] == 0
+    assert report["batch_one"]["peak_phase"] == "rollout" and report["batch_one"]["total_gb"] > report["usable_gb"]
+    assert all(fix["fits"] or fix["total_gb"] < report["total_gb"] for fix in report["suggestions"])
+    assert {"change": {"generation_chunk_size": 8}, "total_gb": 66.69, "fits": True} in report["suggestions"]
+    status, out, _ = run(capsys, *argv)
+    assert status == 0 and "largest batch 0" not in out and "zero3 81.59 GB (no batch fits)" in out
+    assert "no batch fits: batch 1 needs 81.59 GB, at its rollout of 16 rows at a time (generation_chunk_size=16)" in out
+    assert "to fit: generation_chunk_size=8 -> 66.69 GB (fits)" in out
+
+
 def test_plan_tiny_diffusion_gemma_prints_a_table(diffusion_gemma_folders, capsys):
     status, out, _ = run(capsys, "--config", DIFFUSION_GEMMA_RECIPE, "--model_name_or_path", diffusion_gemma_folders[1])
     assert status == 0 and "peak (update)" in out and "fits in 72.0 GB usable" in out

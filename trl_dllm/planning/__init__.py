@@ -192,14 +192,18 @@ def suggestions(arch: Architecture, s: Settings, *, gradient_accumulation_steps:
     the combinations that come closest.
 
     ``steps_per_generation`` ``None`` (TRL's default) follows ``gradient_accumulation_steps``: a smaller batch with more
-    accumulation steps then generates as many rows per rollout as before, which a chunk size bounds instead."""
+    accumulation steps then generates as many rows per rollout as before, which a chunk size bounds instead. A
+    ``generation_chunk_size`` already set is bounded further (a smaller divisor) where its rollout is the peak.
+    Combinations that fit neither the GPU nor better than the plan as it stands are left out."""
     strategies = [strategy] + [x for x in ("zero2", "zero3") if x != strategy and num_processes > 1]
     product = s.batch * gradient_accumulation_steps
+    current = plan(arch, s, gradient_accumulation_steps=gradient_accumulation_steps, strategy=strategy,
+                   num_processes=num_processes, **kwargs).total_gb  # fmt: skip
     rows = []
 
     def planned(settings: Settings, change: dict, accumulation: int, **common) -> dict:
         result = plan(arch, settings, gradient_accumulation_steps=accumulation, **common)
-        if not result.fits and result.peak_phase == "rollout" and not generation_chunk_size:
+        if not result.fits and result.peak_phase == "rollout":
             chunk = largest_chunk(arch, settings, gradient_accumulation_steps=accumulation, **common)
             if chunk:
                 change = {**change, "generation_chunk_size": chunk}
@@ -230,6 +234,7 @@ def suggestions(arch: Architecture, s: Settings, *, gradient_accumulation_steps:
                 change = {**change, "per_device_train_batch_size": smaller, "gradient_accumulation_steps": accumulation}
                 rows.append(planned(replace(settings, batch=smaller, generation_rows=rollout_rows), change,
                                     accumulation, **common))  # fmt: skip
+    rows = [row for row in rows if row["fits"] or row["total_gb"] < current]
     rows.sort(key=lambda row: (not row["fits"], len(row["change"]), row["total_gb"]))
     return rows[:4]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .parsing import ScriptParser, UsageError, exit_on_bad_input
 
@@ -106,6 +106,12 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
                                 "largest_batch": planning.largest_batch(arch, settings, strategy=strategy,
                                                                         **rollout_rows, **common)}  # fmt: skip
     head = planning.plan(arch, settings, strategy=options.strategy, **common)
+    batch_one = None
+    if not strategies[options.strategy]["largest_batch"]:  # not even batch 1 fits: say where its peak is
+        one = planning.plan(arch, replace(settings, batch=1, generation_rows=training_args.generation_chunk_size
+                                          or rollout_rows["steps_per_generation"]), strategy=options.strategy,
+                            **common)  # fmt: skip
+        batch_one = {"total_gb": one.total_gb, "peak_phase": one.peak_phase}
     rest = {k: v for k, v in common.items() if k != "gradient_accumulation_steps"}
     # TRL fills steps_per_generation with gradient_accumulation_steps when unset: a suggested change of the
     # accumulation then changes it too
@@ -124,7 +130,8 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
         "activation_checkpointing": settings.activation_checkpointing,
         "logits": "full" if arch.canvas_length else settings.logits,  # the encoder-decoder head is never chunked
         "total_gb": head.total_gb, "peak_phase": head.peak_phase, "phases": head.phases, "fits": head.fits,
-        "largest_batch": strategies[options.strategy]["largest_batch"], "strategies": strategies, "suggestions": fixes,
+        "largest_batch": strategies[options.strategy]["largest_batch"], "batch_one": batch_one,
+        "generation_chunk_size": training_args.generation_chunk_size, "strategies": strategies, "suggestions": fixes,
     }  # fmt: skip
 
 
@@ -134,6 +141,20 @@ _PHASE_LABELS = {
     "rollout": "rollout (above the weights)", "kv_cache": "  of which KV cache", "scoring": "old/ref scoring",
     "update_activations": "update activations", "logits": "update log-probs (logits)",
 }  # fmt: skip
+
+
+def _batches(largest: int) -> str:
+    return f"largest batch {largest}" if largest else "no batch fits"
+
+
+def _largest(report: dict) -> str:
+    """The largest batch that fits, or, when none does, where batch 1's peak lies."""
+    if report["largest_batch"]:
+        return _batches(report["largest_batch"])
+    one, chunk = report["batch_one"], report["generation_chunk_size"]
+    rollout_chunk = one["peak_phase"] == "rollout" and chunk
+    rows = f" of {chunk} rows at a time (generation_chunk_size={chunk})" if rollout_chunk else ""
+    return f"no batch fits: batch 1 needs {one['total_gb']} GB, at its {one['peak_phase']}{rows}"
 
 
 def render(report: dict) -> str:
@@ -146,8 +167,8 @@ def render(report: dict) -> str:
     lines += [f"  {_PHASE_LABELS[name]:<36} {value:8.2f}" for name, value in report["phases"].items() if value]
     lines.append(f"  {'peak (' + report['peak_phase'] + ')':<36} {report['total_gb']:8.2f}   "
                  f"{'fits' if report['fits'] else 'does NOT fit'} in "
-                 f"{report['usable_gb']} GB usable of {report['gpu_memory_gb']}; largest batch {report['largest_batch']}")
-    lines.append("strategies: " + "; ".join(f"{name} {row['total_gb']} GB (largest batch {row['largest_batch']})"
+                 f"{report['usable_gb']} GB usable of {report['gpu_memory_gb']}; {_largest(report)}")
+    lines.append("strategies: " + "; ".join(f"{name} {row['total_gb']} GB ({_batches(row['largest_batch'])})"
                                              for name, row in report["strategies"].items()))  # fmt: skip
     for fix in report["suggestions"]:
         change = ", ".join(f"{k}={v}" for k, v in fix["change"].items())
