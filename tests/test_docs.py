@@ -121,3 +121,36 @@ def test_docs_cite_only_files_in_the_repository():
         if re.search(r"DESIGN(\.md| ?§)", text):
             missing.append(f"{rel(page)}: DESIGN (not in the repository)")
     assert not missing, missing
+
+
+_ANCHOR_LINK = re.compile(r"\]\(([^)#\s]*)#([^)\s]+)\)")
+_FENCE = re.compile(r"^[ \t]*```.*?^[ \t]*```", re.M | re.S)
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors a Markdown renderer (GitHub's rule) gives the headings of ``text``: lower case, every character but
+    letters, digits, ``_``, ``-`` and spaces dropped, spaces made ``-``; a repeated heading gets ``-1``, ``-2``, ..."""
+    seen, anchors = {}, set()
+    for heading in re.findall(r"^#{1,6}[ \t]+(.+?)[ \t]*$", _FENCE.sub("", text), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
+def test_heading_anchors_follow_githubs_rule():
+    assert heading_anchors("# A `b` (c, d)\n```\n# not a heading\n```\n## A `b` (c, d)\n") == {"a-b-c-d", "a-b-c-d-1"}
+
+
+def test_docs_links_to_headings_resolve():
+    """Every `[...](page.md#anchor)` and `[...](#anchor)` of README.md and docs/ names a heading of its page."""
+    anchors = {page.resolve(): heading_anchors(page.read_text()) for page in PAGES}
+    broken = []
+    for page in PAGES:
+        text = page.read_text()
+        for match in _ANCHOR_LINK.finditer(text):
+            target = (page.parent / match.group(1)).resolve() if match.group(1) else page.resolve()
+            if target in anchors and match.group(2) not in anchors[target]:
+                broken.append(f"{rel(page)}:{text.count(chr(10), 0, match.start()) + 1}: {match.group(0)}")
+    assert not broken, broken

@@ -364,6 +364,28 @@ def test_eos_early_exit_equals_full_run_with_fewer_forwards(threshold):
     assert all(ids.shape[0] == 2 for ids, _, _ in fn.calls[4:])  # row 0 is no longer forwarded
 
 
+@pytest.mark.parametrize("threshold", [None, 0.9])
+def test_eos_early_exit_at_temperature_keeps_every_rows_draws(threshold):
+    """At T > 0 with per-row generators, dropping the finished rows changes no draw of the others: every position that
+    is not filled holds the token, step and log-probability of the run without early exit (the noise is keyed by each
+    row's own generator and steps, not drawn for the rows forwarded)."""
+    ids, attention_mask = eos_prompts(), torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1]])
+    kw = dict(gen_length=12, block_length=4, diffusion_steps=12, confidence_threshold=threshold, temperature=3.0)
+
+    def generators():
+        return [torch.Generator().manual_seed(7 + b) for b in range(3)]
+
+    full = run(EosToy(), ids, attention_mask, generators(), **kw)
+    fast = run(EosToy(), ids, attention_mask, generators(), eos_token_ids=[EOS, OTHER_EOS], eos_early_exit=True, **kw)
+    kept = fast.unmask_step >= 0
+    assert (~kept).any() and kept.any()
+    assert torch.equal(fast.completion_ids[kept], full.completion_ids[kept])
+    assert torch.equal(fast.unmask_step[kept], full.unmask_step[kept])
+    assert torch.equal(fast.logprobs[kept], full.logprobs[kept])
+    assert not torch.equal(run(EosToy(), ids, attention_mask, generators(), **{**kw, "temperature": 1.0}).completion_ids,
+                           full.completion_ids)  # the draws matter: another temperature samples other tokens  # fmt: skip
+
+
 def test_eos_early_exit_fills_with_the_first_eos_id_and_waits_for_the_prefix():
     # EOS committed at index 2 while index 0 or 1 is still masked does not finish the row.
     ids = eos_prompts((2,))
