@@ -206,16 +206,18 @@ def generate_diffusion_gemma(
     eos = torch.tensor(options.eos_token_ids, device=device)
     cache = denoiser.encode(input_ids, context_mask, (context_mask.long().cumsum(dim=1) - 1).clamp(min=0))
     running = torch.ones(rows, dtype=torch.bool, device=device)  # not yet ended by an EOS canvas
+    live = list(range(rows))  # the same on the host, read once per canvas
     canvases, forwards, row_forwards = [], 0, 0
     count = math.ceil(options.gen_length / canvas)
     for k in range(count):
         positions = lengths + k * canvas + offsets
-        argmax, steps, decoded = sampler.denoise(denoiser, cache, context_mask, positions, running, generators)
+        argmax, steps, decoded = sampler.denoise(denoiser, cache, context_mask, positions, running, live, generators)
         canvases.append(argmax)
         forwards, row_forwards = forwards + steps, row_forwards + decoded
         if options.eos_early_exit:  # generate() ends a row after the canvas holding its first EOS
             running &= ~torch.isin(argmax, eos).any(dim=1)
-        if k + 1 == count or not running.any():
+            live = running.nonzero().flatten().tolist()  # the canvas's one synchronisation
+        if k + 1 == count or not live:
             break
         context_mask = torch.cat([context_mask, torch.ones_like(argmax, dtype=torch.bool)], dim=1)
         cache = denoiser.encode(argmax, context_mask, positions, cache=cache)
@@ -263,12 +265,12 @@ class _Sampler:
                                    device=device)[0]  # fmt: skip
         return out
 
-    def denoise(self, denoiser, cache, visible, positions, running, generators):
-        """One canvas at ``positions`` `(B, C)` for the ``running`` rows (the others' output is ignored). Returns the
-        argmax canvas `(B, C)` (what ``generate()`` commits), the batched decoder forwards made, and the rows they
-        decoded for a row still denoising (a host count: the loop reads which rows denoise once per step)."""
+    def denoise(self, denoiser, cache, visible, positions, running, live, generators):
+        """One canvas at ``positions`` `(B, C)` for the ``running`` rows (``live``: their indices, on the host; the
+        others' output is ignored). Returns the argmax canvas `(B, C)` (what ``generate()`` commits), the batched
+        decoder forwards made, and the rows they decoded for a row still denoising (a host count: the loop reads which
+        rows denoise once per step)."""
         device = running.device
-        live = running.nonzero().flatten().tolist()
         current = self._noise(live, generators, device)
         argmax, conditioning = current, None
         done = ~running
