@@ -108,6 +108,34 @@ def test_refuses_every_other_combination_before_loading(tmp_path, tiny_path, ove
     assert dg.training_refusal("/no/such/folder", args) is None  # left to the loader, which says why
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(temperature=0.0), "temperature=0.0 does not apply to DiffusionGemma"),
+        (dict(top_k=5), "top_k=5 does not apply"),
+        (dict(remasking="random"), "remasking='random' does not apply"),
+        (dict(confidence_threshold=0.9), "confidence_threshold=0.9 does not apply"),
+        (dict(cfg_scale=1.0), "cfg_scale=1.0 does not apply"),
+        (dict(block_kv_cache=False), "block_kv_cache=False does not apply"),
+        (dict(generation_cache="dual"), "generation_cache='dual' does not apply to DiffusionGemma"),
+        (dict(block_length=8), r"block_length=8 does not apply to this model.*canvas_length=32.*Leave block_length unset"),
+    ],
+)
+def test_rollout_fields_its_sampler_refuses_stop_at_construction(tmp_path, tiny_path, overrides, message):
+    """What the first rollout would refuse is refused when the trainer is built, before any training step."""
+    with pytest.raises(ValueError, match=message):
+        DiffusionGRPOTrainer(tiny_path, reward_funcs=checksum_reward, args=make_args(tmp_path, loss_type="stabledrl", **overrides),
+                             train_dataset=dataset())  # fmt: skip
+
+
+def test_a_defaulted_block_length_is_not_read(tmp_path, tiny_path):
+    """`block_length` left unset is filled by the config (16 for 16 tokens) and not read: the canvas (32) is used; the
+    same value set by the user is refused (above)."""
+    args = make_args(tmp_path, loss_type="stabledrl", max_completion_length=16, diffusion_steps=2)
+    trainer = DiffusionGRPOTrainer(tiny_path, reward_funcs=checksum_reward, args=args, train_dataset=dataset())
+    assert args.block_length == 16 and trainer.scoring is not None and trainer.model_spec.block_length == 32
+
+
 def test_model_object_refused_too_and_uniform_block_refused_on_a_masked_model(tmp_path, tiny_path, tiny_model_path):
     model = dg.build_tiny_model()
     with pytest.raises(NotImplementedError, match="TRL's token-level loss types"):

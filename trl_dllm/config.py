@@ -411,6 +411,9 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
         """`block_length=None`: :func:`default_block_length`; `diffusion_steps=None`: two tokens per step, rounded up to
         a multiple of the number of blocks."""
         gen_length = self.max_completion_length
+        # Whether `block_length` was left to its default: a family with blocks of its own (DiffusionGemma's canvas)
+        # then uses them, and refuses only a value the user set (`training.rollouts.check_uniform_decoding`).
+        self._block_length_defaulted = self.block_length is None
         if self.block_length is None:
             self.block_length = default_block_length(gen_length)
         if self.diffusion_steps is None and self.block_length >= 1 and gen_length % self.block_length == 0:

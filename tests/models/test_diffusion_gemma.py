@@ -90,7 +90,7 @@ def test_lora_targets_attention_and_dense_mlp_of_encoder_and_decoder_only(tiny):
     assert (config.r, config.lora_alpha, config.target_modules) == (16, 32, dg.LORA_TARGET_MODULES)
 
 
-def test_lora_adapter_save_load_round_trip(tiny_path, tmp_path):
+def test_lora_adapter_save_load_round_trip(tiny_path, tmp_path, capsys):
     from peft import get_peft_model
 
     model = get_peft_model(load_pretrained(tiny_path), dg.lora_config())
@@ -114,6 +114,10 @@ def test_lora_adapter_save_load_round_trip(tiny_path, tmp_path):
     assert torch.allclose(expected, got) and not torch.allclose(expected, base)
     with pytest.raises(UsageError, match="a merge would fold both deltas"):
         merge(str(tmp_path), str(tmp_path / "merged"))
+    from trl_dllm.scripts import merge as merge_script
+
+    assert merge_script.main(["--model_name_or_path", str(tmp_path), "--output_dir", str(tmp_path / "m")]) == 2
+    assert "trl-dllm merge: error:" in capsys.readouterr().err and not (tmp_path / "m").exists()
 
 
 def test_trainer_refuses_before_loading(tiny_path, tiny):

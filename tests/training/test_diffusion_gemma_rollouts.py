@@ -203,3 +203,20 @@ def test_trl_dllm_eval_decodes_it_and_grpo_and_plan_refuse_it(tmp_path, monkeypa
     with pytest.raises(SystemExit):
         plan.main(["--model_name_or_path", path])
     assert "There is no training run to plan" in capsys.readouterr().err
+    # what its sampler refuses stops before anything is decoded, naming the field the user gave (eval's own included)
+    with pytest.raises(SystemExit) as exit_info:
+        eval_script.main([*options, "--report_file", str(tmp_path / "r0.json")])  # eval_temperature left at 0
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "eval_temperature=0.0" in err and "--eval_temperature 1.0" in err
+    with pytest.raises(SystemExit) as exit_info:
+        eval_script.main([*options, "--eval_temperature", "1.0", "--top_k", "5", "--report_file", str(tmp_path / "r1.json")])
+    assert exit_info.value.code == 2 and "top_k=5 does not apply to DiffusionGemma" in capsys.readouterr().err
+    assert not (tmp_path / "r0.json").exists() and not (tmp_path / "r1.json").exists()
+    recipe = ["--config", "recipes/diffusion_gemma/stabledrl_gsm8k_lora.yaml", "--model_name_or_path", path]
+    for flag, value, message in (("--top_k", "5", "top_k=5 does not apply"),
+                                 ("--block_length", "8", "block_length=8 does not apply to this model")):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_info:
+            plan.main([*recipe, flag, value])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert plan.main([*recipe, "--max_completion_length", "16"]) == 0  # the recipe leaves block_length to the canvas
+    assert "0.39 M parameters (0.38 M active), 18.4 K trainable" in capsys.readouterr().out

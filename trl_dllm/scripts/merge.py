@@ -30,6 +30,7 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     import os
 
+    from ..errors import UsageError
     from ..evaluation.merge import MergeCheckError, merge, push_to_hub
 
     args = make_parser().parse_args(sys.argv[1:] if argv is None else argv)
@@ -40,7 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         report = merge(args.model_name_or_path, args.output_dir, dtype=args.dtype, tolerance=args.tolerance,
                        trust_remote_code=args.trust_remote_code)  # fmt: skip
-    except (MergeCheckError, ValueError) as err:
+    except (UsageError, ValueError) as err:  # bad input: nothing was written
+        print(f"trl-dllm merge: error: {err}", file=sys.stderr)
+        return 2
+    except MergeCheckError as err:  # the merged model does not reproduce base + adapter
         print(f"trl-dllm merge: error: {err}", file=sys.stderr)
         return 1
     what = f"{report.adapter} merged into {report.base}" if report.adapter else report.base

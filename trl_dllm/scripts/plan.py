@@ -88,6 +88,8 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
     if refusal is not None:  # DiffusionGemma with a run the trainer refuses: nothing to plan
         raise UsageError(f"{refusal} There is no training run to plan.")
     arch = planning.read_architecture(model_args.model_name_or_path, revision=model_args.model_revision)
+    if arch.canvas_length:  # DiffusionGemma: the generation fields its sampler refuses, refused as the trainer does
+        _check_uniform_decoding(arch.canvas_length, training_args)
     # `estimator` not set: the one the trainer would pick (an encoder-decoder model's noise is uniform)
     fit_estimator(training_args, arch.block_causal, "uniform" if arch.canvas_length else "mask")
     settings = planning.settings_from_args(training_args, model_args, prompt_length=options.prompt_length,
@@ -135,12 +137,32 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
     }  # fmt: skip
 
 
+def _check_uniform_decoding(canvas_length: int, training_args) -> None:
+    """`training.rollouts.check_uniform_decoding` without the weights: its options read the model's
+    `config.canvas_length` alone, so a stand-in holding it takes the model's place."""
+    from types import SimpleNamespace
+
+    from ..models.families.diffusion_gemma import DIFFUSION_GEMMA
+    from ..training.rollouts import check_uniform_decoding
+
+    spec = replace(DIFFUSION_GEMMA, block_length=canvas_length)
+    stand_in = SimpleNamespace(config=SimpleNamespace(canvas_length=canvas_length))
+    check_uniform_decoding(stand_in, spec, training_args, spec.eos_token_ids)
+
+
 _PHASE_LABELS = {
     "weights": "weights (adapters included)", "reference_weights": "reference model", "gradients": "gradients",
     "optimizer": "optimizer state", "rollout_gathered_weights": "weights gathered for the rollout",
     "rollout": "rollout (above the weights)", "kv_cache": "  of which KV cache", "scoring": "old/ref scoring",
     "update_activations": "update activations", "logits": "update log-probs (logits)",
 }  # fmt: skip
+
+
+def _count(n: int, small: bool = False) -> str:
+    """``n`` parameters in B (M for a tiny model), or, with ``small`` (adapters), in M (K for a tiny one)."""
+    if small:
+        return f"{n / 1e6:.1f} M" if n >= 1e5 else f"{n / 1e3:.1f} K"
+    return f"{n / 1e9:.2f} B" if n >= 1e7 else f"{n / 1e6:.2f} M"
 
 
 def _batches(largest: int) -> str:
@@ -159,9 +181,9 @@ def _largest(report: dict) -> str:
 
 def render(report: dict) -> str:
     """The report as a plain-text table: phases, the peak and its verdict, every strategy, the changes that fit."""
-    lines = [f"{report['model']['name_or_path']}: {report['model']['parameters'] / 1e9:.2f} B parameters "
-             f"({report['model']['active_parameters'] / 1e9:.2f} B active), {report['model']['trainable'] / 1e6:.1f} M "
-             f"trainable; batch {report['per_device_train_batch_size']}, activation checkpointing "
+    model = report["model"]
+    lines = [f"{model['name_or_path']}: {_count(model['parameters'])} parameters ({_count(model['active_parameters'])} "
+             f"active), {_count(model['trainable'], small=True)} trainable; batch {report['per_device_train_batch_size']}, activation checkpointing "
              f"{'on' if report['activation_checkpointing'] else 'off'}, logits {report['logits']}",
              f"per GPU under {report['strategy']} on {report['num_processes']} GPU(s) (GB):"]  # fmt: skip
     lines += [f"  {_PHASE_LABELS[name]:<36} {value:8.2f}" for name, value in report["phases"].items() if value]

@@ -138,6 +138,22 @@ def decoding_plan(
     return plan_decoding(model, spec, fields)
 
 
+def check_uniform_decoding(model, spec: ModelSpec, args, eos_token_ids: Sequence[int]) -> None:
+    """Before training, on a uniform-noise family (DiffusionGemma): the rollouts' own checks of the generation fields
+    (:func:`~.diffusion_gemma_rollouts.diffusion_gemma_options`, through :func:`decoding_plan` as each rollout builds
+    it), so that a field its sampler cannot honour stops the run at construction, not at the first rollout; and a
+    ``block_length`` the user set must be its canvas (a defaulted one is not read). Other families: nothing."""
+    if spec.noise != "uniform":
+        return
+    canvas = spec.block_length
+    if not getattr(args, "_block_length_defaulted", True) and args.block_length != canvas:
+        raise ValueError(
+            f"block_length={args.block_length} does not apply to this model: DiffusionGemma decodes and scores canvases "
+            f"of its own config.canvas_length={canvas}. Leave block_length unset (or set it to {canvas})."
+        )
+    decoding_plan(model, spec, args, eos_token_ids=eos_token_ids, return_trajectory=args.records_trajectory)
+
+
 @dataclass
 class Rollout:
     """The sampler's output for a generation batch: the full canvas (EOS filler included), the step that revealed each
