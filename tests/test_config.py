@@ -103,6 +103,21 @@ def test_bad_input_raises_clear_error(kwargs, pattern):
         make(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs, fix",
+    [
+        (dict(per_device_train_batch_size=3, num_generations=2), "per_device_train_batch_size=4"),
+        (dict(per_device_train_batch_size=4, num_generations=3, steps_per_generation=2), "per_device_train_batch_size=6"),
+    ],
+)
+def test_a_batch_of_partial_groups_names_the_batch_size_and_the_fix(kwargs, fix):
+    """TRL's own message names generation_batch_size, which the user did not set."""
+    with pytest.raises(ValueError, match=rf"^per_device_train_batch_size={kwargs['per_device_train_batch_size']} x 1 "
+                       rf"process\(es\) x steps_per_generation=\d+ = \d+ completions per generation, not a whole "
+                       rf"number of groups of num_generations={kwargs['num_generations']}: set {fix}"):  # fmt: skip
+        make(**kwargs)
+
+
 def test_num_generations_below_two_is_rejected():
     with pytest.raises(ValueError, match="num_generations"):
         make(num_generations=1, per_device_train_batch_size=1)

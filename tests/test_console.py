@@ -73,6 +73,8 @@ def test_startup_lines_say_the_cost_of_a_rollout():
     assert "each rollout batch takes 256 denoising forwards" in lines[-1] and "block_length=32" in lines[-1]
     guided = startup_lines(make(max_completion_length=16, cfg_scale=1.0, confidence_threshold=0.9), block_length=4)
     assert "at most 16 denoising forwards (x2 for cfg_scale)" in guided[-1] and "block_length=4" in guided[-1]
+    own = startup_lines(make(max_completion_length=32, eos_early_exit=False), block_length=32, adaptive=True)[-1]
+    assert "at most 16 denoising forwards" in own and "Fewer steps make" in own and "confidence_threshold" not in own
     if args._device_choices:  # no bf16 GPU here: the choice is said
         assert lines[0].startswith("trl_dllm: no bf16-capable GPU") and "bf16=False" in lines[0]
 

@@ -142,11 +142,12 @@ def test_stabledrl_hyperparameters(path):
     _, args, model_args = parse(path)
     assert (args.loss_type, args.stabledrl_clip_high, args.num_generations) == ("stabledrl", 5.0, 16)
     assert args.learning_rate in (1e-6, 2e-6)
-    # DiffusionGemma samples with its own temperature schedule (1.0 keeps it), in one canvas of 256
+    # DiffusionGemma samples with its own temperature schedule (1.0 keeps it), in one canvas of 256 (its canvas_length:
+    # block_length is left unset, so the config's filled-in default is not read)
     assert args.temperature == (1.0 if path.parent.name == "diffusion_gemma" else 0.9)
     assert args.max_completion_length == 256
     if path.parent.name == "diffusion_gemma":
-        assert (args.block_length, args.diffusion_steps, args.estimator) == (256, 128, "uniform_block")
+        assert (args._block_length_defaulted, args.diffusion_steps, args.estimator) == (True, 128, "uniform_block")
     elif path.parent.name != "sdar":  # SDAR decodes in its native blocks of 4
         assert (args.block_length, args.diffusion_steps) == (32, 128)
     assert model_args.use_peft == path.stem.removesuffix("_fast").endswith("_lora")

@@ -396,7 +396,13 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
         checks.check_num_generations(self)
         announce_deepspeed_cpu_build()  # before TRL / transformers set up the devices, which starts the build
         self._device_choices = choose_for_device(self)
-        super().__post_init__()
+        try:
+            super().__post_init__()
+        except ValueError as err:  # TRL's message for a batch of partial groups names a field nobody set
+            clearer = checks.partial_groups_problem(self, str(err))
+            if clearer is None:
+                raise
+            raise ValueError(clearer) from None
         checks.check_completion_length(self)
         self._fill_decoding_defaults()
         # Whether `estimator` was left to its default: the trainer fits it to the model's family (`fit_estimator`).

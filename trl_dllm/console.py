@@ -121,7 +121,9 @@ def quiet_ddp_buffers() -> Iterator[None]:
         yield
 
 
-def startup_lines(args, block_length: int | None = None, estimator_line: str | None = None) -> list[str]:
+def startup_lines(
+    args, block_length: int | None = None, estimator_line: str | None = None, adaptive: bool = False
+) -> list[str]:
     """The lines the trainer prints once when it starts: device choices, the estimator picked when `estimator` was
     not set, and forwards per rollout (last).
 
@@ -130,6 +132,8 @@ def startup_lines(args, block_length: int | None = None, estimator_line: str | N
         block_length (`int` or `None`): the block length generation uses, when it is not `args.block_length` (a
             block-diffusion model decodes in its native blocks).
         estimator_line (`str` or `None`): the line `trl_dllm.training.checks.fit_estimator` returned.
+        adaptive (`bool`): the family decodes with its own sampler, which stops a canvas by its own thresholds
+            (DiffusionGemma): `diffusion_steps` is a maximum, and `confidence_threshold` does not apply.
     """
     lines = []
     choices = getattr(args, "_device_choices", ())
@@ -142,12 +146,12 @@ def startup_lines(args, block_length: int | None = None, estimator_line: str | N
         lines.append(estimator_line)
     per_step = 2 if args.cfg_scale > 0 else 1
     forwards = args.diffusion_steps * per_step
-    bound = "at most " if args.confidence_threshold is not None or args.eos_early_exit else ""
+    bound = "at most " if args.confidence_threshold is not None or args.eos_early_exit or adaptive else ""
+    faster = "Fewer steps make" if adaptive else "Fewer steps or confidence_threshold make"
     guidance = " (x2 for cfg_scale)" if per_step == 2 else ""
     lines.append(
         f"trl_dllm: each rollout batch takes {bound}{forwards} denoising forwards{guidance}: "
         f"max_completion_length={args.max_completion_length}, block_length={block_length or args.block_length}, "
-        f"diffusion_steps={args.diffusion_steps}. Fewer steps or confidence_threshold make rollouts faster "
-        "(docs/generation.md)."
+        f"diffusion_steps={args.diffusion_steps}. {faster} rollouts faster (docs/generation.md)."
     )
     return lines

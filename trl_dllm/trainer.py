@@ -99,7 +99,9 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         checks.check_rollback_backend(args, self.is_deepspeed_enabled or self.is_fsdp_enabled)
         model_checks.check_merge_adapters(unwrapped, args, self._shards_parameters)
         self.reward_funcs = inputs.checked_reward_functions(self.reward_funcs, self.reward_func_names)
-        notices = [*startup_lines(args, block_length, picked), *model_setup.dropout_notice(unwrapped, args), *reentry]
+        adaptive = self.model_spec.noise == "uniform"  # DiffusionGemma's own sampler stops canvases by itself
+        notices = [*startup_lines(args, block_length, picked, adaptive), *model_setup.dropout_notice(unwrapped, args),
+                   *reentry]  # fmt: skip
         for line in unsaid(notices):  # once per `once_per_run()` block
             self.accelerator.print(line)
         self.scoring = Scoring(args, self.model_spec, block_length, self._entropy_bonus_enabled,

@@ -1,4 +1,4 @@
-"""docs/troubleshooting.md rows 28-42 (reliability refusals): each quotes text the code really produces. For every row,
+"""docs/troubleshooting.md rows 28-52 (reliability refusals): each quotes text the code really produces. For every row,
 the literal parts of its message (split where the code interpolates a value) are found in the row and in the source
 of the module that raises it."""
 
@@ -50,6 +50,9 @@ ROWS = {
     50: ("trl_dllm/training/state.py", ["holds a LoRA adapter only (adapter_config.json, no full weights), but this",
                                        "add --use_peft true with the LoRA fields of the run that wrote it",
                                        "was saved from another model (", "resume with the model_name_or_path that run"]),
+    51: ("trl_dllm/training/checks.py", [" process(es) x steps_per_generation=", " completions per generation, not a whole",
+                                        "number of groups of num_generations=", ": set per_device_train_batch_size="]),
+    52: ("trl_dllm/training/diffusion_gemma_rollouts.py", ["does not apply to DiffusionGemma: "]),
 }  # fmt: skip
 
 

@@ -133,6 +133,23 @@ def check_num_generations(args) -> None:
         )
 
 
+def partial_groups_problem(args, message: str) -> str | None:
+    """TRL's "generation_batch_size (n) must be divisible by num_generations (g)" in the fields a user sets:
+    ``per_device_train_batch_size`` × processes × ``steps_per_generation`` completions per generation, with the
+    smallest per-device batch that makes whole groups; `None` for any other message."""
+    if not message.startswith("generation_batch_size (") or "divisible by num_generations" not in message:
+        return None
+    batch, group, steps = args.per_device_train_batch_size, args.num_generations, args.steps_per_generation
+    processes = max(1, args.world_size)
+    whole = next(b for b in range(batch + 1, batch + group + 1) if b * processes * steps % group == 0)
+    return (
+        f"per_device_train_batch_size={batch} x {processes} process(es) x steps_per_generation={steps} = "
+        f"{args.generation_batch_size} completions per generation, not a whole number of groups of "
+        f"num_generations={group}: set per_device_train_batch_size={whole} (or num_generations to a divisor of "
+        f"{args.generation_batch_size}), or generation_batch_size to a multiple of {group}."
+    )
+
+
 def check_completion_length(args) -> None:
     """Before the decoding defaults are derived from it."""
     if args.max_completion_length is None or args.max_completion_length < 1:
