@@ -74,6 +74,8 @@ def test_plan_suggests_changes_when_it_does_not_fit(config_folders, capsys):
         (["--strategy", "zero4"], "strategy: 'zero4' is not one of ddp, zero2, zero3, fsdp2"),
         (["--logits", "some"], "logits: 'some' must be chunked or full"),
         (["--model_name_or_path", "nobody/no-such-model"], "only its config.json"),
+        (["--model_name_or_path", "/no/such/folder"], "model_name_or_path: no such directory: /no/such/folder"),
+        (["--usable_fraction", "1.5"], "usable_fraction: 1.5 must be at most 1"),
     ],
 )
 def test_plan_bad_input_exits_2(argv, message, config_folders, capsys):
@@ -87,6 +89,14 @@ def test_plan_folder_without_config(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["plan", "--config", RECIPES["llada"], "--model_name_or_path", str(tmp_path)])
     assert exit_info.value.code == 2 and "has no config.json" in capsys.readouterr().err
+
+
+def test_plan_an_adapter_folder_names_its_base(tmp_path, capsys):
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/models/base", "r": 8}))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--config", RECIPES["llada"], "--model_name_or_path", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "is a LoRA adapter" in err and "--model_name_or_path /models/base" in err
 
 
 def test_choosing_md_quotes_the_planner(capsys):

@@ -9,6 +9,7 @@ the numbers are the real model's, experts included (an MoE holds every expert; a
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -215,11 +216,23 @@ def read_architecture(name_or_path: str, **hub_kwargs) -> Architecture:
             the fix (a local folder holding only its ``config.json``).
     """
     from ..models.families import native_config, native_layout
+    from ..models.loading import HUB_ID
     from ..models.native import read_config_dict
 
     path = os.path.expanduser(name_or_path)
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        adapter = os.path.join(path, "adapter_config.json")
+        if os.path.isfile(adapter):  # an adapter folder: its base holds the architecture
+            with open(adapter) as f:
+                base = json.load(f).get("base_model_name_or_path")
+            raise FileNotFoundError(
+                f"model_name_or_path: {name_or_path} is a LoRA adapter (adapter_config.json, no config.json): plan its "
+                f"base model instead, --model_name_or_path {base or '<its base model>'} with --use_peft true and the "
+                "adapter's lora_r / lora_target_modules"
+            )
         raise FileNotFoundError(f"model_name_or_path: {name_or_path} has no config.json")
+    if not os.path.exists(path) and not HUB_ID.match(name_or_path):
+        raise FileNotFoundError(f"model_name_or_path: no such directory: {name_or_path}")
     try:
         original = read_config_dict(path if os.path.isdir(path) else name_or_path, **hub_kwargs)
     except OSError as err:

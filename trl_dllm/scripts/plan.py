@@ -74,6 +74,9 @@ def check_plan_arguments(options: PlanArguments) -> None:
     for name in (n for n in ("gpu_memory_gb", "num_processes", "prompt_length", "usable_fraction")
                  if getattr(options, n) <= 0):  # fmt: skip
         raise UsageError(f"{name}: {getattr(options, name)} must be > 0")
+    if options.usable_fraction > 1:
+        raise UsageError(f"usable_fraction: {options.usable_fraction} must be at most 1 (the share of each GPU's memory "
+                         "a run may use; 0.9 leaves room for the CUDA context and the allocator)")  # fmt: skip
 
 
 def build_report(options: PlanArguments, training_args, model_args) -> dict:
