@@ -100,8 +100,8 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
             (LLaDA 126336, Dream 151666), the tokenizer's `mask_token`.
         native_loading (`bool`, *optional*, defaults to `True`):
             Load LLaDA, Dream and SDAR / TraDo checkpoints given by name into transformers' own Llama / Qwen2 / Qwen3
-            classes, LLaDA2 and LLaDA-MoE into classes built on transformers' components (no remote code; sdpa / flash attention, gradient checkpointing, `logits_to_keep`, standard LoRA
-            names). `False` keeps the checkpoint's own remote code (with `trust_remote_code=True`).
+            classes, LLaDA2 and LLaDA-MoE into classes built on transformers' components (no remote code; sdpa / flash
+            attention, gradient checkpointing, `logits_to_keep`, standard LoRA names). `False` keeps the checkpoint's own remote code (with `trust_remote_code=True`).
         diffusion_steps (`int` or `None`, *optional*, defaults to `None`):
             Number of denoising steps over the whole completion (`steps` in LLaDA's code), i.e. model forwards per
             rollout (twice that with `cfg_scale`). Must be a multiple of the number of blocks. `None` means
@@ -265,7 +265,9 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
     )
     native_loading: bool = field(
         default=True,
-        metadata={"help": "Load LLaDA / Dream / SDAR / LLaDA2 / LLaDA-MoE natively (no remote code). False: their remote code."},
+        metadata={
+            "help": "Load LLaDA / Dream / SDAR / LLaDA2 / LLaDA-MoE natively (no remote code). False: their remote code."
+        },
     )
     diffusion_steps: int | None = field(
         default=None,

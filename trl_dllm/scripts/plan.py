@@ -186,7 +186,8 @@ def render(report: dict) -> str:
     """The report as a plain-text table: phases, the peak and its verdict, every strategy, the changes that fit."""
     model = report["model"]
     lines = [f"{model['name_or_path']}: {_count(model['parameters'])} parameters ({_count(model['active_parameters'])} "
-             f"active), {_count(model['trainable'], small=True)} trainable; batch {report['per_device_train_batch_size']}, activation checkpointing "
+             f"active), {_count(model['trainable'], small=True)} trainable; batch "
+             f"{report['per_device_train_batch_size']}, activation checkpointing "
              f"{'on' if report['activation_checkpointing'] else 'off'}, logits {report['logits']}",
              f"per GPU under {report['strategy']} on {report['num_processes']} GPU(s) (GB):"]  # fmt: skip
     lines += [f"  {_PHASE_LABELS[name]:<36} {value:8.2f}" for name, value in report["phases"].items() if value]
