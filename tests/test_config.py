@@ -73,6 +73,8 @@ def test_trl_gradient_checkpointing_name_reaches_transformers_without_deprecatio
         (dict(p_mask_prompt=1.0), r"p_mask_prompt=1.0 must be in \[0, 1\)"),
         (dict(max_completion_length=None), r"max_completion_length=None"),
         (dict(loss_type="agrpo", estimator="elbo"), r"loss_type='agrpo' cannot use estimator='elbo'"),
+        (dict(loss_type="agrpo", estimator="uniform_block"),
+         r"the estimator of uniform-noise models \(DiffusionGemma\), which train with loss_type 'espo' or 'stabledrl'"),
         (dict(loss_type="stabledrl", estimator="trajectory"), r"estimator='trajectory' .* loss_type='agrpo'"),
         (dict(loss_type="bnpo", estimator="trajectory"), r"estimator='trajectory' .* loss_type='agrpo'"),
         (dict(confidence_threshold=0.0), r"confidence_threshold=0.0 must be in \(0, 1\]"),

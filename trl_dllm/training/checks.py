@@ -416,6 +416,14 @@ def _check_estimation(args):
         )
     if objective is not None:
         allowed = accepted_estimators(args.loss_type)
+        if args.estimator not in allowed and estimator.noise != "mask":  # a family's own estimator (DiffusionGemma's)
+            users = [name for name in OBJECTIVES if args.estimator in accepted_estimators(name)]
+            raise ValueError(
+                f"loss_type={args.loss_type!r} cannot use estimator={args.estimator!r}, the estimator of "
+                f"{estimator.noise}-noise models (DiffusionGemma), which train with loss_type "
+                f"{' or '.join(map(repr, users))} only. Set loss_type={users[0]!r} for such a model; for another, "
+                f"set estimator={allowed[0]!r}."
+            )
         if args.estimator not in allowed:
             raise ValueError(
                 f"loss_type={args.loss_type!r} cannot use estimator={args.estimator!r}: it needs one of "
