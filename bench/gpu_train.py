@@ -133,13 +133,16 @@ def _lora_shape(model) -> gpu_flops.Lora | None:
     return None if config is None else gpu_flops.Lora(config.r, tuple(sorted(config.target_modules)))
 
 
-def measure_step(trainer, rows: list[dict], peak_tflops: float, inputs=None, warm_rollout: bool = False):
+def measure_step(trainer, rows: list[dict], peak_tflops: float, inputs=None, warm_rollout: bool = False,
+                 count_flops: bool = True):
     """One micro-step of ``trainer``: ``(result, inputs)``. Activation checkpointing is enabled as ``train()`` does
     (:func:`enable_checkpointing_as_train`). Rollout and scoring run once (unless ``inputs`` is given; twice with
     ``warm_rollout``, the second timed: the first compiles kernels and fills caches); the update runs twice, the first
     time under the FLOP counter (the warm-up, which also creates the optimizer state), the second timed and measured
     phase by phase: ``phases`` {rollout, old_and_ref, loss_forward, backward, optimizer} with seconds and, on a GPU, the
-    memory allocated at the start, the peak inside and what is left (GB)."""
+    memory allocated at the start, the peak inside and what is left (GB). ``count_flops=False``: the warm-up update
+    runs without the counter (for a model :mod:`bench.gpu_flops` has no formulas for) and no FLOPs or MFU are
+    reported."""
     phases: dict = {}
     model = trainer.model
     requested = enable_checkpointing_as_train(trainer)
@@ -168,12 +171,16 @@ def measure_step(trainer, rows: list[dict], peak_tflops: float, inputs=None, war
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    dims, lora = gpu_flops.dims(model.config), _lora_shape(model)
     before_count = memory()  # the rollout's and the scoring's peaks
     reset_peak(forget=True)
-    with gpu_flops.ShapeRecorder(model) as recorder:
-        flops = gpu_flops.count(lambda: trainer.accelerator.backward(loss()), recorder,
-                                lambda r: gpu_flops.update_flops(dims, r, lora, seen["checkpointed_layers"] > 0))
+    flops = {}
+    if count_flops:
+        dims, lora = gpu_flops.dims(model.config), _lora_shape(model)
+        with gpu_flops.ShapeRecorder(model) as recorder:
+            flops = gpu_flops.count(lambda: trainer.accelerator.backward(loss()), recorder,
+                                    lambda r: gpu_flops.update_flops(dims, r, lora, seen["checkpointed_layers"] > 0))
+    else:
+        trainer.accelerator.backward(loss())
     step()
     if before_count:  # the counted warm-up is not part of the step: its peak is reported apart, not in the step's
         result["flop_count_peak_gb"] = memory()["max_allocated_gb"]
@@ -195,8 +202,9 @@ def measure_step(trainer, rows: list[dict], peak_tflops: float, inputs=None, war
     result["loss_backward"] = round(seconds["loss_forward"] + seconds["backward"], 4)
     result["optimizer"] = seconds["optimizer"]
     result["update_seconds"] = round(result["loss_backward"] + result["optimizer"], 4)
-    result["update_tflops"] = sig(flops["flops"] / result["loss_backward"] / 1e12)
-    result["update_mfu"] = sig(flops["flops"] / result["loss_backward"] / 1e12 / peak_tflops)
+    if flops:
+        result["update_tflops"] = sig(flops["flops"] / result["loss_backward"] / 1e12)
+        result["update_mfu"] = sig(flops["flops"] / result["loss_backward"] / 1e12 / peak_tflops)
     result["phases"] = phases
     after = memory()
     peaks = {key: max(before_count.get(key, 0.0), value) for key, value in after.items()}  # rollout .. optimizer
