@@ -24,6 +24,7 @@ import contextlib
 import copy
 
 import torch
+from accelerate.utils import is_peft_model
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import pad, split_tensor_dict, use_adapter
@@ -87,6 +88,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         rollouts.check_uniform_decoding(unwrapped, self.model_spec, args, self.eos_token_ids)  # DiffusionGemma's sampler
         reentry = model_checks.checkpoint_without_reentry(args, self.model_spec)  # DiffusionGemma's cache reads
         model_checks.check_block_layout(args, self.model_spec)
+        model_checks.check_reentrant_forwards(args, self.model_spec, is_peft_model(unwrapped), self._zero3)
         block_length = self.model_spec.decoding_block_length(args.block_length)
         model_setup.probe_remote_code(unwrapped, self.model_spec, self._shards_parameters)
         model_checks.check_model(unwrapped, args, self.processing_class, self._tokenizer, self.train_dataset,
@@ -125,6 +127,11 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         partitioned (empty) parameters, so `mc_checkpointing` is off there (tests/test_multiprocess.py)."""
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
         return self.is_fsdp_enabled or (self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3)
+
+    @property
+    def _zero3(self) -> bool:
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        return self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3
 
     @property
     def _mode(self) -> str:

@@ -134,3 +134,32 @@ def test_generation_compile_refused_under_sharding_and_without_a_cached_step():
         check_compile(args, LLADA_NATIVE, sharded=False)
     check_compile(make(generation_compile=True, generation_cache="dual"), LLADA_NATIVE, sharded=False)
     check_compile(make(), LLADA_NATIVE, sharded=True)  # off: nothing to check
+
+
+@pytest.mark.parametrize(
+    "fields,pattern",
+    [
+        # the README LoRA recipe's estimator: 2 views, one per forward
+        (dict(estimator="spg", mc_samples=2), r"estimator='spg' scores each row in 2 forwards .* Set mc_batch_size=2 "),
+        (dict(estimator="elbo", mc_samples=2, antithetic=True), r"in 4 forwards .* Set mc_batch_size=4 "),
+        (dict(estimator="spg", mc_samples=2, mc_batch_size=2), None),  # one forward: trains
+        (dict(estimator="mean_field"), None),
+    ],
+)
+def test_several_forwards_refused_under_zero3_lora_reentrant_checkpointing(fields, pattern):
+    """Measured on one H200 and on CPU (2026-11-27): the LoRA recipe under recipes/accelerate/zero3.yaml fails in
+    ZeRO-3's gradient reduction with 2 forwards per micro-batch, and trains with mc_batch_size=2 or mc_samples=1."""
+    from trl_dllm.models.families.llada import LLADA_NATIVE
+    from trl_dllm.training.model_checks import check_reentrant_forwards
+
+    args = make(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": True}, **fields)
+    if pattern is None:
+        check_reentrant_forwards(args, LLADA_NATIVE, peft=True, zero3=True)
+    else:
+        with pytest.raises(ValueError, match=pattern + r"\(all \d views in one forward.*recipes/accelerate/zero2.yaml"):
+            check_reentrant_forwards(args, LLADA_NATIVE, peft=True, zero3=True)
+    # not concerned: no LoRA, not ZeRO-3, or non-reentrant checkpointing
+    check_reentrant_forwards(args, LLADA_NATIVE, peft=False, zero3=True)
+    check_reentrant_forwards(args, LLADA_NATIVE, peft=True, zero3=False)
+    args.gradient_checkpointing_kwargs = {"use_reentrant": False}
+    check_reentrant_forwards(args, LLADA_NATIVE, peft=True, zero3=True)

@@ -1,4 +1,4 @@
-"""docs/troubleshooting.md rows 28-52 (reliability refusals): each quotes text the code really produces. For every row,
+"""docs/troubleshooting.md rows 28-53 (reliability refusals): each quotes text the code really produces. For every row,
 the literal parts of its message (split where the code interpolates a value) are found in the row and in the source
 of the module that raises it."""
 
@@ -53,6 +53,8 @@ ROWS = {
     51: ("trl_dllm/training/checks.py", [" process(es) x steps_per_generation=", " completions per generation, not a whole",
                                         "number of groups of num_generations=", ": set per_device_train_batch_size="]),
     52: ("trl_dllm/training/diffusion_gemma_rollouts.py", ["does not apply to DiffusionGemma: "]),
+    53: ("trl_dllm/training/model_checks.py", [" scores each row in ", "), which DeepSpeed ZeRO-3 cannot train with LoRA",
+                                             "and activation checkpointing: "]),
 }  # fmt: skip
 
 

@@ -214,6 +214,40 @@ def checkpoint_without_reentry(args, spec: ModelSpec) -> list[str]:
             "cannot backpropagate through (docs/models.md, DiffusionGemma)."]  # fmt: skip
 
 
+def check_reentrant_forwards(args, spec: ModelSpec, peft: bool, zero3: bool) -> None:
+    """Refuse an estimate of several forwards per micro-batch under reentrant activation checkpointing on DeepSpeed
+    ZeRO-3 with LoRA, naming the fix.
+
+    TRL makes checkpointing reentrant for a PEFT model under ZeRO-3 (non-reentrant recomputation sees ZeRO-3's
+    partitioned frozen weights). Reentrant recomputation backpropagates each checkpointed layer on its own, so a weight
+    used by several forwards of one micro-batch hands DeepSpeed a gradient once per forward, and ZeRO-3, which reduces
+    each gradient once per backward, fails (`AssertionError` in `__reduce_and_partition_ipg_grads`; the README's LoRA
+    recipe, `spg` with `mc_samples: 2`, under `recipes/accelerate/zero3.yaml`: on one H200 and on CPU, 2026-11-27). One
+    forward per micro-batch trains: under ZeRO-3 the views' activations are held until the backward either way
+    (`mc_checkpointing` is off there), so stacking them costs no activation memory. DiffusionGemma's checkpointing is
+    made non-reentrant (:func:`checkpoint_without_reentry`) and is not concerned."""
+    reentrant = bool((args.gradient_checkpointing_kwargs or {}).get("use_reentrant"))
+    if not (zero3 and peft and args.gradient_checkpointing and reentrant) or spec.noise != "mask":
+        return
+    from ..planning import settings_from_args
+    from ..planning.phases import views_of
+
+    views = views_of(settings_from_args(args))
+    if views.chunks <= 1:
+        return
+    stack = (f"mc_batch_size={views.count} (all {views.count} views in one forward; under ZeRO-3 their activations are "
+             "held until the backward either way), " if "mc_batch_size" in ESTIMATORS[args.estimator].option_names
+             else "")  # fmt: skip
+    raise ValueError(
+        f"estimator={args.estimator!r} scores each row in {views.chunks} forwards (mc_batch_size="
+        f"{args.mc_batch_size}), which DeepSpeed ZeRO-3 cannot train with LoRA and activation checkpointing: TRL makes "
+        "checkpointing reentrant there, and reentrant recomputation hands ZeRO-3 each LoRA gradient once per forward "
+        f"(an AssertionError in its gradient reduction). Set {stack}launch with recipes/accelerate/zero2.yaml (the LoRA "
+        "recipes' launcher: ZeRO-2 shards the small LoRA optimizer state just as well), or set "
+        "activation_checkpointing=false."
+    )
+
+
 def check_block_layout(args, spec: ModelSpec) -> None:
     """The config against the model's layout (the block length rollouts and estimates then use is
     ``spec.decoding_block_length(args.block_length)``). The config is never changed."""
