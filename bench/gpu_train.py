@@ -160,6 +160,10 @@ def measure_step(trainer, rows: list[dict], peak_tflops: float, inputs=None, war
             start = clock()
             inputs = trainer._generate_and_score_completions(rows)
             generate_and_score = clock() - start
+        # unwrapped again: later rollouts of this trainer (`rollout_overhead`) must not add to this step's phases
+        del trainer._generate_single_turn
+        if hasattr(trainer, "scoring"):
+            del trainer.scoring.old_and_ref
     optimizer = trainer.create_optimizer()
     seen = {}
 

@@ -121,6 +121,8 @@ def test_train_step_is_split_into_its_phases(result):
         assert ours[key] > 0, key
     assert list(ours["phases"]) == ["rollout", "old_and_ref", "loss_forward", "backward", "optimizer"]
     assert all(p["seconds"] > 0 for p in ours["phases"].values())
+    # the step's own rollout: `rollout_overhead`'s later rollouts of the same trainer are not added to it
+    assert ours["phases"]["rollout"]["seconds"] == ours["rollout"] and "rollout_overhead" in ours
     assert "rollout" not in other  # the same prepared batch: only the update is timed again
     assert ours["trainable"] < ours["parameters"] == other["parameters"]
     assert full["trainable"] == full["parameters"]
