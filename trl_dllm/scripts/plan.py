@@ -10,6 +10,7 @@ The recipe and flags are parsed as `trl-dllm grpo` parses them; the model is rea
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from collections.abc import Sequence
@@ -97,6 +98,8 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
     fit_estimator(training_args, arch.block_causal, "uniform" if arch.canvas_length else "mask")
     settings = planning.settings_from_args(training_args, model_args, prompt_length=options.prompt_length,
                                            logits=options.logits, auto_kept_chunks=options.auto_kept_chunks)  # fmt: skip
+    if options.strategy == "zero3" and not arch.canvas_length:  # refused by the trainer: LoRA, reentrant checkpointing
+        _check_reentrant_forwards(training_args, bool(model_args.use_peft))
     weight_bytes = planning.dtype_bytes(model_args.dtype)
     common = dict(num_processes=options.num_processes, weight_bytes=weight_bytes,
                   gradient_accumulation_steps=training_args.gradient_accumulation_steps,
@@ -138,6 +141,21 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
         "largest_batch": strategies[options.strategy]["largest_batch"], "batch_one": batch_one,
         "generation_chunk_size": training_args.generation_chunk_size, "strategies": strategies, "suggestions": fixes,
     }  # fmt: skip
+
+
+def _check_reentrant_forwards(training_args, peft: bool) -> None:
+    """The trainer's refusal of several forwards per micro-batch under ZeRO-3 with LoRA and activation checkpointing,
+    which TRL makes reentrant there (:func:`trl_dllm.training.model_checks.check_reentrant_forwards`)."""
+    from types import SimpleNamespace
+
+    from ..training.model_checks import check_reentrant_forwards
+
+    args = copy.copy(training_args)
+    args.gradient_checkpointing_kwargs = {**(training_args.gradient_checkpointing_kwargs or {}), "use_reentrant": True}
+    try:
+        check_reentrant_forwards(args, SimpleNamespace(noise="mask"), peft=peft, zero3=True)
+    except ValueError as error:
+        raise UsageError(f"{error} There is no training run to plan.") from None
 
 
 def _check_uniform_decoding(canvas_length: int, training_args) -> None:

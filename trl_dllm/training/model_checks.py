@@ -227,7 +227,8 @@ def check_reentrant_forwards(args, spec: ModelSpec, peft: bool, zero3: bool) -> 
     (`mc_checkpointing` is off there), so stacking them costs no activation memory. DiffusionGemma's checkpointing is
     made non-reentrant (:func:`checkpoint_without_reentry`) and is not concerned."""
     reentrant = bool((args.gradient_checkpointing_kwargs or {}).get("use_reentrant"))
-    if not (zero3 and peft and args.gradient_checkpointing and reentrant) or spec.noise != "mask":
+    checkpointing = getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing
+    if not (zero3 and peft and checkpointing and reentrant) or spec.noise != "mask":
         return
     from ..planning import settings_from_args
     from ..planning.phases import views_of
