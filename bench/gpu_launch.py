@@ -22,9 +22,6 @@ LAUNCHERS = {
     "zero3": "recipes/accelerate/zero3.yaml",  # generation under unwrap_model_for_generation (gathered weights)
     "fsdp2": "recipes/accelerate/fsdp2.yaml",  # generation under summon_full_params
 }
-# ZeRO-3 with LoRA and activation checkpointing trains one forward per micro-batch (TRL makes checkpointing reentrant
-# there: trl_dllm.training.model_checks.check_reentrant_forwards): the recipe's 2 views stacked in one forward.
-EXTRA = {"zero3": ("--mc_batch_size", "2")}
 RECIPE = "recipes/llada/stabledrl_gsm8k_lora.yaml"
 # The scaled-down model and run: 2 optimizer steps, 4 rollouts of 64 tokens in 16 steps, LoRA r 16.
 MODEL = dict(hidden_size=1024, num_layers=4, num_heads=8, num_kv_heads=8, intermediate_size=2816)
@@ -44,10 +41,10 @@ def recipe_overrides(model_path: str, output_dir: str) -> list[str]:
 
 def command(launcher: str, model_path: str, output_dir: str, *extra: str) -> list[str]:
     """``python -m accelerate.commands.launch --config_file <launcher's yaml> --num_processes 1 -m trl_dllm grpo
-    <recipe and overrides> <the launcher's EXTRA> <extra>``."""
+    <recipe and overrides> <extra>``."""
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", LAUNCHERS[launcher],
             "--num_processes", "1", "-m", "trl_dllm", "grpo", *recipe_overrides(model_path, output_dir),
-            *EXTRA.get(launcher, ()), *extra]  # fmt: skip
+            *extra]  # fmt: skip
 
 
 def skip_reason(launcher: str) -> str | None:

@@ -369,7 +369,8 @@ def test_without_trl_the_trainer_parts_are_skipped_with_the_reason(tmp_path):
 def test_launch_command_runs_on_cpu(tmp_path, launcher):
     """The launches' command line end to end, on CPU: the CPU twin of the launcher's config, one process, a one-layer
     LLaDA-layout model. ZeRO-3 with the recipe's LoRA and activation checkpointing failed in DeepSpeed's gradient
-    reduction with one forward per view (one H200 and this CPU path, 2026-11-27): its launch stacks the views."""
+    reduction, one forward per view under TRL's reentrant checkpointing (one H200 and this CPU path, 2026-11-27); the
+    trainer now checkpoints without reentry there (DeepSpeed 0.19.8) and the recipe trains as it is."""
     from trl_dllm.testing import save_tiny_original_checkpoint
 
     model = save_tiny_original_checkpoint(tmp_path / "llada", "llada", hidden_size=32, num_layers=1, num_heads=2,

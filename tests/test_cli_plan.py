@@ -246,17 +246,23 @@ def test_cli_md_quotes_the_diffusion_gemma_plan(tmp_path, monkeypatch, capsys):
         assert largest is None or report["largest_batch"] == int(variants.group(largest)), extra
 
 
-def test_plan_refuses_lora_under_zero3_with_several_forwards_as_the_trainer_does(config_folders, capsys):
-    """The README LoRA recipe (2 views, one per forward) under ZeRO-3: the trainer refuses it (TRL's reentrant
-    checkpointing for LoRA there; trl_dllm.training.model_checks.check_reentrant_forwards), so the plan does too; with
-    the fix it names, it plans."""
+def test_plan_refuses_lora_under_zero3_with_several_forwards_as_the_trainer_does(config_folders, capsys, monkeypatch):
+    """The README LoRA recipe (2 views, one per forward) under ZeRO-3 with a DeepSpeed before 0.19.8: the trainer
+    refuses it (TRL's reentrant checkpointing for LoRA there; trl_dllm.training.model_checks.check_reentrant_forwards),
+    so the plan does too; with the fix it names, it plans. With DeepSpeed 0.19.8 the trainer checkpoints without
+    reentry and trains it: the plan plans it."""
+    from trl_dllm.training import model_checks
+
     lora = ["--config", "recipes/llada/stabledrl_gsm8k_lora.yaml", "--model_name_or_path", config_folders["llada"],
             "--num_processes", "8", "--strategy", "zero3"]  # fmt: skip
+    monkeypatch.setattr(model_checks, "deepspeed_version", lambda: "0.19.8")
+    assert run(capsys, *lora)[0] == 0
+    monkeypatch.setattr(model_checks, "deepspeed_version", lambda: "0.19.2")
     with pytest.raises(SystemExit) as exit_info:
         main(["plan", *lora])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in err
-    assert "scores each row in 2 forwards" in err and "Set mc_batch_size=2" in err and "no training run to plan" in err
+    assert "scores each row in 2 forwards" in err and "set mc_batch_size=2" in err and "no training run to plan" in err
     status, out, _ = run(capsys, *lora, "--mc_batch_size", "2", "--json")
     assert status == 0 and json.loads(out)["fits"]
     status, _, _ = run(capsys, *lora[:-1], "zero2")  # the recipe's own launcher

@@ -149,6 +149,21 @@ DIFFUSION_GEMMA_FLAGS = (
 )  # fmt: skip
 
 
+def test_deepspeed_zero3_lora_views(tiny_model_path, tmp_path):
+    """LoRA with activation checkpointing and an estimate of two forwards per micro-batch (elbo, mc_samples 2) under
+    ZeRO-3 with every parameter partitioned, two CPU processes. TRL makes checkpointing reentrant there, which failed in
+    DeepSpeed's gradient reduction (one H200 and CPU, 2026-11-27: the README's LoRA recipe under zero3.yaml); with
+    DeepSpeed 0.19.8 the trainer makes it non-reentrant again, says so, and the run trains."""
+    config = [accelerate_command(), "launch", "--config_file", "tests/fixtures/zero3_cpu_partitioned.yaml",
+              "--main_process_port", str(free_port())]  # fmt: skip
+    log = launch(config, "stabledrl_gsm8k.yaml", tiny_model_path, tmp_path, "--use_peft", "true", "--lora_r", "4",
+                 "--lora_target_modules", "all-linear", "--activation_checkpointing", "true")  # fmt: skip
+    assert_trained(tmp_path)
+    assert "use_reentrant=True (TRL's choice for LoRA under ZeRO-3) is set to False" in log
+    lora_b = [v for k, v in load_file(tmp_path / "adapter_model.safetensors").items() if "lora_B" in k]
+    assert lora_b and any(v.abs().sum() > 0 for v in lora_b)  # lora_B starts at zero: the adapter trained
+
+
 def test_deepspeed_zero3_diffusion_gemma_lora(tmp_path):
     """The DiffusionGemma recipe (uniform_block, StableDRL, the reference LoRA, activation checkpointing on) on a tiny
     checkpoint under ZeRO-3 on two CPU processes, at tiny sizes: trains 2 steps with finite losses, and its LoRA

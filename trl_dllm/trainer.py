@@ -74,6 +74,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             kwargs["processing_class"] = model_setup.adapter_tokenizer(adapter, args)
         elif kwargs.get("processing_class") is None and args.native_loading:
             kwargs["processing_class"] = model_setup.native_tokenizer(model, args)
+        asked_reentrant = (args.gradient_checkpointing_kwargs or {}).get("use_reentrant")  # before TRL sets it
         with model_setup.loading_models(args, kwargs.get("peft_config"), adapter):
             super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         unwrapped = self.accelerator.unwrap_model(self.model)
@@ -86,7 +87,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         picked = checks.fit_estimator(args, self.model_spec.family == "block", self.model_spec.noise)  # `estimator` unset
         model_checks.check_noise(args, self.model_spec)  # the estimator scores the family's noise (mask / uniform)
         rollouts.check_uniform_decoding(unwrapped, self.model_spec, args, self.eos_token_ids)  # DiffusionGemma's sampler
-        reentry = model_checks.checkpoint_without_reentry(args, self.model_spec)  # DiffusionGemma's cache reads
+        reentry = model_checks.checkpoint_without_reentry(args, self.model_spec, asked=asked_reentrant,
+                                                          zero3_lora=self._zero3 and is_peft_model(unwrapped))
         model_checks.check_block_layout(args, self.model_spec)
         model_checks.check_reentrant_forwards(args, self.model_spec, is_peft_model(unwrapped), self._zero3)
         block_length = self.model_spec.decoding_block_length(args.block_length)

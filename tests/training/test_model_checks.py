@@ -140,8 +140,8 @@ def test_generation_compile_refused_under_sharding_and_without_a_cached_step():
     "fields,pattern",
     [
         # the README LoRA recipe's estimator: 2 views, one per forward
-        (dict(estimator="spg", mc_samples=2), r"estimator='spg' scores each row in 2 forwards .* Set mc_batch_size=2 "),
-        (dict(estimator="elbo", mc_samples=2, antithetic=True), r"in 4 forwards .* Set mc_batch_size=4 "),
+        (dict(estimator="spg", mc_samples=2), r"estimator='spg' scores each row in 2 forwards .* set mc_batch_size=2 "),
+        (dict(estimator="elbo", mc_samples=2, antithetic=True), r"in 4 forwards .* set mc_batch_size=4 "),
         (dict(estimator="spg", mc_samples=2, mc_batch_size=2), None),  # one forward: trains
         (dict(estimator="mean_field"), None),
     ],
@@ -163,3 +163,34 @@ def test_several_forwards_refused_under_zero3_lora_reentrant_checkpointing(field
     check_reentrant_forwards(args, LLADA_NATIVE, peft=True, zero3=False)
     args.gradient_checkpointing_kwargs = {"use_reentrant": False}
     check_reentrant_forwards(args, LLADA_NATIVE, peft=True, zero3=True)
+
+
+@pytest.mark.parametrize(
+    "version,asked,reentrant_after",
+    [("0.19.8", None, False), ("0.19.2", None, True), ("0.19.8", True, True), (None, None, True)],
+)
+def test_lora_under_zero3_checkpoints_without_reentry_where_deepspeed_allows(monkeypatch, version, asked,
+                                                                             reentrant_after):
+    """TRL 1.16 forces use_reentrant=True for LoRA under ZeRO-3; with a DeepSpeed that keeps frozen weights whole in a
+    recomputation (0.19.8) and no reentrant checkpointing asked for, the trainer sets it back to False and says so.
+    Otherwise it stays, and check_reentrant_forwards refuses several forwards per micro-batch."""
+    from trl_dllm.models.families.llada import LLADA_NATIVE
+    from trl_dllm.training import model_checks
+
+    monkeypatch.setattr(model_checks, "deepspeed_version", lambda: version)
+    args = make(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": True}, estimator="spg",
+                mc_samples=2)  # fmt: skip
+    lines = model_checks.checkpoint_without_reentry(args, LLADA_NATIVE, zero3_lora=True, asked=asked)
+    assert args.gradient_checkpointing_kwargs["use_reentrant"] is reentrant_after
+    assert bool(lines) == (not reentrant_after)
+    if lines:
+        assert "is set to False: DeepSpeed 0.19.8 recomputes frozen weights whole" in lines[0]
+        assert args.activation_checkpointing_kwargs == {"use_reentrant": False}
+        model_checks.check_reentrant_forwards(args, LLADA_NATIVE, peft=True, zero3=True)  # nothing to refuse
+    else:
+        with pytest.raises(ValueError, match="scores each row in 2 forwards"):
+            model_checks.check_reentrant_forwards(args, LLADA_NATIVE, peft=True, zero3=True)
+    # not LoRA under ZeRO-3: left as it is
+    args = make(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": True})
+    assert model_checks.checkpoint_without_reentry(args, LLADA_NATIVE, zero3_lora=False) == []
+    assert args.gradient_checkpointing_kwargs["use_reentrant"] is True

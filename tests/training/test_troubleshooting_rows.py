@@ -54,7 +54,7 @@ ROWS = {
                                         "number of groups of num_generations=", ": set per_device_train_batch_size="]),
     52: ("trl_dllm/training/diffusion_gemma_rollouts.py", ["does not apply to DiffusionGemma: "]),
     53: ("trl_dllm/training/model_checks.py", [" scores each row in ", "), which DeepSpeed ZeRO-3 cannot train with LoRA",
-                                             "and activation checkpointing: "]),
+                                             "and reentrant activation checkpointing ("]),
 }  # fmt: skip
 
 

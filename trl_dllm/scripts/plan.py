@@ -144,12 +144,18 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
 
 
 def _check_reentrant_forwards(training_args, peft: bool) -> None:
-    """The trainer's refusal of several forwards per micro-batch under ZeRO-3 with LoRA and activation checkpointing,
-    which TRL makes reentrant there (:func:`trl_dllm.training.model_checks.check_reentrant_forwards`)."""
+    """The trainer's refusal of several forwards per micro-batch under ZeRO-3 with LoRA and activation checkpointing
+    where it stays reentrant (:func:`trl_dllm.training.model_checks.check_reentrant_forwards`): with the DeepSpeed
+    installed here when it predates the fix that lets the trainer make it non-reentrant. Without DeepSpeed here, the
+    GPUs' is unknown: nothing is refused."""
     from types import SimpleNamespace
 
-    from ..training.model_checks import check_reentrant_forwards
+    from ..training.model_checks import check_reentrant_forwards, deepspeed_version, recomputes_frozen_weights
 
+    version = deepspeed_version()
+    asked = (training_args.gradient_checkpointing_kwargs or {}).get("use_reentrant")
+    if asked is False or (asked is None and (version is None or recomputes_frozen_weights(version))):
+        return
     args = copy.copy(training_args)
     args.gradient_checkpointing_kwargs = {**(training_args.gradient_checkpointing_kwargs or {}), "use_reentrant": True}
     try:

@@ -193,22 +193,63 @@ def check_noise(args, spec: ModelSpec) -> None:
         raise ValueError(problem)
 
 
-def checkpoint_without_reentry(args, spec: ModelSpec) -> list[str]:
-    """Activation checkpointing of a uniform-noise family (DiffusionGemma) is made non-reentrant; one line when it was
-    reentrant. Its decoder layers read the encoder's keys and values from the cache inside the checkpointed region, not
-    as inputs: reentrant checkpointing recomputes each layer in a nested backward that runs on into the encoder's
-    graph, which every decoder layer shares, and the second layer's fails ("Trying to backward through the graph a
-    second time"; tiny DiffusionGemma, one process, `use_reentrant=True`). TRL forces `use_reentrant=True` for PEFT
-    under ZeRO-3 and re-enables checkpointing with it after each rollout; non-reentrant checkpointing backpropagates
-    through the one graph (a 2-process ZeRO-3 CPU launch with the reference LoRA trains:
-    `tests/test_multiprocess.py::test_deepspeed_zero3_diffusion_gemma_lora`)."""
-    if spec.noise != "uniform" or not args.gradient_checkpointing:
+FROZEN_RECOMPUTE_DEEPSPEED = "0.19.8"
+"""A DeepSpeed release that keeps a frozen weight whole while activation checkpointing recomputes a layer in the
+backward (0.19.8 does: ``in_checkpoint_recompute`` in ``PartitionedParameterCoordinator.release_sub_module``). Earlier
+ZeRO-3 freed it mid-recompute, and non-reentrant checkpointing then failed on its changed shape: why TRL 1.16 makes
+checkpointing reentrant for PEFT under ZeRO-3."""
+
+
+def deepspeed_version() -> str | None:
+    """The installed DeepSpeed's version, or `None` (not installed)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def recomputes_frozen_weights(version: str | None) -> bool:
+    """Whether DeepSpeed ``version`` keeps frozen weights whole in a checkpoint's recomputation
+    (:data:`FROZEN_RECOMPUTE_DEEPSPEED`)."""
+    from packaging.version import Version
+
+    return version is not None and Version(version) >= Version(FROZEN_RECOMPUTE_DEEPSPEED)
+
+
+def checkpoint_without_reentry(args, spec: ModelSpec, *, zero3_lora: bool = False, asked: bool | None = None) -> list[str]:
+    """Activation checkpointing made non-reentrant where reentrant checkpointing cannot train; one line when it was
+    reentrant.
+
+    - **A uniform-noise family (DiffusionGemma)**, always. Its decoder layers read the encoder's keys and values from
+      the cache inside the checkpointed region, not as inputs: reentrant checkpointing recomputes each layer in a nested
+      backward that runs on into the encoder's graph, which every decoder layer shares, and the second layer's fails
+      ("Trying to backward through the graph a second time"; tiny DiffusionGemma, one process, `use_reentrant=True`).
+    - **LoRA under DeepSpeed ZeRO-3** (``zero3_lora``), when the user did not ask for reentrant checkpointing
+      (``asked``: their `use_reentrant` before TRL's trainer set it) and DeepSpeed keeps frozen weights whole in a
+      recomputation (:func:`recomputes_frozen_weights`). TRL 1.16 forces `use_reentrant=True` there, and reentrant
+      recomputation hands ZeRO-3 each LoRA gradient once per forward, which its gradient reduction refuses when a
+      micro-batch is scored in several forwards (:func:`check_reentrant_forwards`).
+
+    TRL re-enables checkpointing with its kwargs after each rollout, so both names are set. Non-reentrant checkpointing
+    backpropagates through the one graph: 2-process ZeRO-3 CPU launches train with it
+    (`tests/test_multiprocess.py::test_deepspeed_zero3_diffusion_gemma_lora`, `::test_deepspeed_zero3_lora_views`).
+    """
+    uniform = spec.noise == "uniform"
+    version = deepspeed_version() if zero3_lora and not uniform else None
+    lora = zero3_lora and asked is None and recomputes_frozen_weights(version)
+    if not args.gradient_checkpointing or not (uniform or lora):
         return []
     kwargs = dict(args.gradient_checkpointing_kwargs or {})
     # transformers reads the new name when it enables checkpointing, TRL the old one when it re-enables it
     args.gradient_checkpointing_kwargs = args.activation_checkpointing_kwargs = {**kwargs, "use_reentrant": False}
     if not kwargs.get("use_reentrant"):
         return []
+    if not uniform:
+        return [f"use_reentrant=True (TRL's choice for LoRA under ZeRO-3) is set to False: DeepSpeed {version} "
+                "recomputes frozen weights whole, and reentrant checkpointing cannot train an estimate of several "
+                "forwards per micro-batch under ZeRO-3 (docs/trainer.md)."]  # fmt: skip
     return [f"use_reentrant=True (TRL's choice for PEFT under ZeRO-3, or yours) is set to False on this {spec.family} "
             "model: its decoder reads the encoder's cache inside each checkpointed layer, which reentrant checkpointing "
             "cannot backpropagate through (docs/models.md, DiffusionGemma)."]  # fmt: skip
@@ -216,10 +257,12 @@ def checkpoint_without_reentry(args, spec: ModelSpec) -> list[str]:
 
 def check_reentrant_forwards(args, spec: ModelSpec, peft: bool, zero3: bool) -> None:
     """Refuse an estimate of several forwards per micro-batch under reentrant activation checkpointing on DeepSpeed
-    ZeRO-3 with LoRA, naming the fix.
+    ZeRO-3 with LoRA, naming the fix (where checkpointing stays reentrant: :func:`checkpoint_without_reentry`).
 
-    TRL makes checkpointing reentrant for a PEFT model under ZeRO-3 (non-reentrant recomputation sees ZeRO-3's
-    partitioned frozen weights). Reentrant recomputation backpropagates each checkpointed layer on its own, so a weight
+    TRL makes checkpointing reentrant for a PEFT model under ZeRO-3 (non-reentrant recomputation saw ZeRO-3's
+    partitioned frozen weights before DeepSpeed 0.19.8; from it on the trainer makes it non-reentrant again,
+    :func:`checkpoint_without_reentry`, and this applies only where reentrant checkpointing stays: an older DeepSpeed, or
+    `use_reentrant=True` asked for). Reentrant recomputation backpropagates each checkpointed layer on its own, so a weight
     used by several forwards of one micro-batch hands DeepSpeed a gradient once per forward, and ZeRO-3, which reduces
     each gradient once per backward, fails (`AssertionError` in `__reduce_and_partition_ipg_grads`; the README's LoRA
     recipe, `spg` with `mc_samples: 2`, under `recipes/accelerate/zero3.yaml`: on one H200 and on CPU, 2026-11-27). One
@@ -241,10 +284,11 @@ def check_reentrant_forwards(args, spec: ModelSpec, peft: bool, zero3: bool) -> 
              else "")  # fmt: skip
     raise ValueError(
         f"estimator={args.estimator!r} scores each row in {views.chunks} forwards (mc_batch_size="
-        f"{args.mc_batch_size}), which DeepSpeed ZeRO-3 cannot train with LoRA and activation checkpointing: TRL makes "
-        "checkpointing reentrant there, and reentrant recomputation hands ZeRO-3 each LoRA gradient once per forward "
-        f"(an AssertionError in its gradient reduction). Set {stack}launch with recipes/accelerate/zero2.yaml (the LoRA "
-        "recipes' launcher: ZeRO-2 shards the small LoRA optimizer state just as well), or set "
+        f"{args.mc_batch_size}), which DeepSpeed ZeRO-3 cannot train with LoRA and reentrant activation checkpointing "
+        f"(TRL's choice there, kept with DeepSpeed older than {FROZEN_RECOMPUTE_DEEPSPEED}, or yours): reentrant "
+        "recomputation hands ZeRO-3 each LoRA gradient once per forward (an AssertionError in its gradient reduction). "
+        f"Use DeepSpeed >= {FROZEN_RECOMPUTE_DEEPSPEED} with use_reentrant unset (the trainer then checkpoints without "
+        f"reentry), or set {stack}or launch with recipes/accelerate/zero2.yaml (the LoRA recipes' launcher), or set "
         "activation_checkpointing=false."
     )
 
