@@ -127,8 +127,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
     def _shards_parameters(self) -> bool:
         """ZeRO-3 / FSDP gather parameters per forward; torch's checkpoint recomputation in backward then sees the
         partitioned (empty) parameters, so `mc_checkpointing` is off there (tests/test_multiprocess.py)."""
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        return self.is_fsdp_enabled or (self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3)
+        return self.is_fsdp_enabled or self._zero3
 
     @property
     def _zero3(self) -> bool:

@@ -144,6 +144,9 @@ def test_generation_compile_refused_under_sharding_and_without_a_cached_step():
         (dict(estimator="elbo", mc_samples=2, antithetic=True), r"in 4 forwards .* set mc_batch_size=4 "),
         (dict(estimator="spg", mc_samples=2, mc_batch_size=2), None),  # one forward: trains
         (dict(estimator="mean_field"), None),
+        # no mc_batch_size to stack with: the other fixes only
+        (dict(estimator="block_steps", block_length=4, max_completion_length=8, diffusion_steps=8),
+         r"in 4 forwards .* Fix: use DeepSpeed >= 0.19.8 without use_reentrant=True .*; or launch with "),
     ],
 )
 def test_several_forwards_refused_under_zero3_lora_reentrant_checkpointing(fields, pattern):
@@ -156,8 +159,11 @@ def test_several_forwards_refused_under_zero3_lora_reentrant_checkpointing(field
     if pattern is None:
         check_reentrant_forwards(args, LLADA_NATIVE, peft=True, zero3=True)
     else:
-        with pytest.raises(ValueError, match=pattern + r"\(all \d views in one forward.*recipes/accelerate/zero2.yaml"):
+        stacked = "mc_batch_size" in pattern
+        tail = r"\(all \d views in one forward.*recipes/accelerate/zero2.yaml" if stacked else "recipes/accelerate/zero2.yaml"
+        with pytest.raises(ValueError, match=pattern + tail) as error:
             check_reentrant_forwards(args, LLADA_NATIVE, peft=True, zero3=True)
+        assert stacked == ("mc_batch_size=" in str(error.value).split("Fix:")[1])
     # not concerned: no LoRA, not ZeRO-3, or non-reentrant checkpointing
     check_reentrant_forwards(args, LLADA_NATIVE, peft=False, zero3=True)
     check_reentrant_forwards(args, LLADA_NATIVE, peft=True, zero3=False)
@@ -167,7 +173,8 @@ def test_several_forwards_refused_under_zero3_lora_reentrant_checkpointing(field
 
 @pytest.mark.parametrize(
     "version,asked,reentrant_after",
-    [("0.19.8", None, False), ("0.19.2", None, True), ("0.19.8", True, True), (None, None, True)],
+    [("0.19.8", None, False), ("0.19.8", False, False), ("0.19.2", None, True), ("0.19.2", False, True),
+     ("0.19.8", True, True), (None, None, True)],
 )
 def test_lora_under_zero3_checkpoints_without_reentry_where_deepspeed_allows(monkeypatch, version, asked,
                                                                              reentrant_after):

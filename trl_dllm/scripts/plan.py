@@ -150,11 +150,11 @@ def _check_reentrant_forwards(training_args, peft: bool) -> None:
     GPUs' is unknown: nothing is refused."""
     from types import SimpleNamespace
 
-    from ..training.model_checks import check_reentrant_forwards, deepspeed_version, recomputes_frozen_weights
+    from ..training.model_checks import check_reentrant_forwards, deepspeed_version, stays_reentrant
 
     version = deepspeed_version()
     asked = (training_args.gradient_checkpointing_kwargs or {}).get("use_reentrant")
-    if asked is False or (asked is None and (version is None or recomputes_frozen_weights(version))):
+    if not stays_reentrant(asked, version) or (version is None and asked is not True):
         return
     args = copy.copy(training_args)
     args.gradient_checkpointing_kwargs = {**(training_args.gradient_checkpointing_kwargs or {}), "use_reentrant": True}

@@ -218,6 +218,13 @@ def recomputes_frozen_weights(version: str | None) -> bool:
     return version is not None and Version(version) >= Version(FROZEN_RECOMPUTE_DEEPSPEED)
 
 
+def stays_reentrant(asked: bool | None, version: str | None) -> bool:
+    """Whether activation checkpointing of LoRA under ZeRO-3 stays reentrant, as TRL 1.16 sets it: `use_reentrant=True`
+    asked for (``asked``, the user's value before TRL's trainer set it), or DeepSpeed ``version`` frees frozen weights
+    in a recomputation."""
+    return asked is True or not recomputes_frozen_weights(version)
+
+
 def checkpoint_without_reentry(args, spec: ModelSpec, *, zero3_lora: bool = False, asked: bool | None = None) -> list[str]:
     """Activation checkpointing made non-reentrant where reentrant checkpointing cannot train; one line when it was
     reentrant.
@@ -226,9 +233,9 @@ def checkpoint_without_reentry(args, spec: ModelSpec, *, zero3_lora: bool = Fals
       the cache inside the checkpointed region, not as inputs: reentrant checkpointing recomputes each layer in a nested
       backward that runs on into the encoder's graph, which every decoder layer shares, and the second layer's fails
       ("Trying to backward through the graph a second time"; tiny DiffusionGemma, one process, `use_reentrant=True`).
-    - **LoRA under DeepSpeed ZeRO-3** (``zero3_lora``), when the user did not ask for reentrant checkpointing
-      (``asked``: their `use_reentrant` before TRL's trainer set it) and DeepSpeed keeps frozen weights whole in a
-      recomputation (:func:`recomputes_frozen_weights`). TRL 1.16 forces `use_reentrant=True` there, and reentrant
+    - **LoRA under DeepSpeed ZeRO-3** (``zero3_lora``), unless it stays reentrant (:func:`stays_reentrant`: reentrant
+      checkpointing asked for, ``asked`` being the user's `use_reentrant` before TRL's trainer set it, or a DeepSpeed
+      that frees frozen weights in a recomputation). TRL 1.16 forces `use_reentrant=True` there, and reentrant
       recomputation hands ZeRO-3 each LoRA gradient once per forward, which its gradient reduction refuses when a
       micro-batch is scored in several forwards (:func:`check_reentrant_forwards`).
 
@@ -238,7 +245,7 @@ def checkpoint_without_reentry(args, spec: ModelSpec, *, zero3_lora: bool = Fals
     """
     uniform = spec.noise == "uniform"
     version = deepspeed_version() if zero3_lora and not uniform else None
-    lora = zero3_lora and asked is None and recomputes_frozen_weights(version)
+    lora = zero3_lora and not stays_reentrant(asked, version)
     if not args.gradient_checkpointing or not (uniform or lora):
         return []
     kwargs = dict(args.gradient_checkpointing_kwargs or {})
@@ -279,17 +286,19 @@ def check_reentrant_forwards(args, spec: ModelSpec, peft: bool, zero3: bool) -> 
     views = views_of(settings_from_args(args))
     if views.chunks <= 1:
         return
-    stack = (f"mc_batch_size={views.count} (all {views.count} views in one forward; under ZeRO-3 their activations are "
-             "held until the backward either way), " if "mc_batch_size" in ESTIMATORS[args.estimator].option_names
-             else "")  # fmt: skip
+    fixes = [f"use DeepSpeed >= {FROZEN_RECOMPUTE_DEEPSPEED} without use_reentrant=True (the trainer then checkpoints "
+             "without reentry)"]  # fmt: skip
+    if "mc_batch_size" in ESTIMATORS[args.estimator].option_names:
+        fixes.append(f"set mc_batch_size={views.count} (all {views.count} views in one forward; under ZeRO-3 their "
+                     "activations are held until the backward either way)")  # fmt: skip
+    fixes += ["launch with recipes/accelerate/zero2.yaml (the LoRA recipes' launcher)",
+              "set activation_checkpointing=false"]  # fmt: skip
     raise ValueError(
         f"estimator={args.estimator!r} scores each row in {views.chunks} forwards (mc_batch_size="
         f"{args.mc_batch_size}), which DeepSpeed ZeRO-3 cannot train with LoRA and reentrant activation checkpointing "
         f"(TRL's choice there, kept with DeepSpeed older than {FROZEN_RECOMPUTE_DEEPSPEED}, or yours): reentrant "
         "recomputation hands ZeRO-3 each LoRA gradient once per forward (an AssertionError in its gradient reduction). "
-        f"Use DeepSpeed >= {FROZEN_RECOMPUTE_DEEPSPEED} with use_reentrant unset (the trainer then checkpoints without "
-        f"reentry), or set {stack}or launch with recipes/accelerate/zero2.yaml (the LoRA recipes' launcher), or set "
-        "activation_checkpointing=false."
+        f"Fix: {'; or '.join(fixes)}."
     )
 
 
