@@ -23,32 +23,26 @@ import contextlib
 import io
 import json
 import tempfile
-import time
-import traceback
 from pathlib import Path
 
 import torch
-import yaml
 
+from bench.gpu import Parts
 from bench.gpu_parts import cast_parameters, clock, cuda, default_dtype, device, dtype, free, memory, reset_peak, sig
+from bench.gpu_train import lora_config, recipe_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "diffusion_gemma" / "stabledrl_gsm8k_lora.yaml"
-# Recipe fields that are not training arguments, or that one micro-step on one process replaces.
+# Recipe fields that are not training arguments, or that one micro-step on one process replaces (and `lora_*`).
 _NOT_ARGS = ("model_name_or_path", "dtype", "use_peft", "task", "dataset_split", "save_steps", "save_total_limit",
-             "output_dir", "max_steps", "gradient_accumulation_steps", "lora_r", "lora_alpha", "lora_dropout",
-             "lora_target_modules")  # fmt: skip
+             "output_dir", "max_steps", "gradient_accumulation_steps")  # fmt: skip
 # --quick: the tiny checkpoint's canvas (32), 2 rows decoded one at a time, LoRA r 4.
 QUICK = dict(per_device_train_batch_size=2, num_generations=2, generation_chunk_size=1, max_completion_length=32)
 
 
-def recipe() -> dict:
-    return yaml.safe_load(RECIPE.read_text())
-
-
 def training_fields(out: str, steps: int, quick: bool) -> dict:
     """The recipe's training fields for one micro-step on one process, rollouts at ``steps`` per canvas."""
-    fields = {k: v for k, v in recipe().items() if k not in _NOT_ARGS}
+    fields = recipe_fields(RECIPE, _NOT_ARGS)[0]
     fields.update(output_dir=out, max_steps=1, gradient_accumulation_steps=1, diffusion_steps=steps,
                   report_to="none", save_strategy="no", logging_steps=1, use_cpu=not cuda(), bf16=cuda())  # fmt: skip
     if quick:
@@ -58,23 +52,15 @@ def training_fields(out: str, steps: int, quick: bool) -> dict:
 
 def model_config(quick: bool):
     """The released configuration (the tiny checkpoint's with ``quick``)."""
-    from transformers import DiffusionGemmaConfig
-
     from trl_dllm.models.families import diffusion_gemma as dg
 
-    if quick:
-        text = {**dg.TINY_TEXT_CONFIG, "vocab_size": len(dg.build_tokenizer())}
-        return DiffusionGemmaConfig(text_config=text, vision_config=dict(dg.TINY_VISION_CONFIG),
-                                    canvas_length=dg.TINY_CANVAS_LENGTH)  # fmt: skip
-    return DiffusionGemmaConfig(text_config=dict(dg.RELEASED_TEXT_CONFIG), vision_config=dict(dg.RELEASED_VISION_CONFIG),
-                                canvas_length=dg.RELEASED_CANVAS_LENGTH)  # fmt: skip
+    return dg.tiny_config(len(dg.build_tokenizer())) if quick else dg.released_model_config()
 
 
 def build(quick: bool) -> tuple:
     """``(tokenizer, model, config)``: the family's tokenizer (Gemma 4's special ids) and the model random-initialised
     on the device in its dtype, with the family's generation config (as ``build_tiny_model``)."""
     from transformers import DiffusionGemmaForBlockDiffusion
-    from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
 
     from trl_dllm.models.families import diffusion_gemma as dg
 
@@ -82,8 +68,7 @@ def build(quick: bool) -> tuple:
     with torch.random.fork_rng(devices=[]), torch.device(device()), default_dtype(dtype()):
         torch.manual_seed(0)
         model = cast_parameters(DiffusionGemmaForBlockDiffusion(config), dtype())
-    model.generation_config = DiffusionGemmaGenerationConfig(eos_token_id=list(dg.GENERATION_EOS_IDS),
-                                                             pad_token_id=dg.PAD_ID, bos_token_id=dg.BOS_ID)  # fmt: skip
+    model.generation_config = dg.generation_config()
     return dg.build_tokenizer(), model.eval(), config
 
 
@@ -95,11 +80,11 @@ def prompts(tokenizer, batch: int, length: int) -> list[dict]:
 
 def planned(fields: dict, config, prompt_length: int, gpu_gb: float) -> dict:
     """``trl-dllm plan --json`` on the same fields and the same ``config.json``, one process, no sharding."""
+    from trl_dllm.models.families import diffusion_gemma as dg
     from trl_dllm.scripts.plan import main
 
     with tempfile.TemporaryDirectory() as folder:
-        Path(folder, "config.json").write_text(json.dumps({**config.to_dict(),
-                                                           "architectures": ["DiffusionGemmaForBlockDiffusion"]}))
+        Path(folder, "config.json").write_text(json.dumps(dg.config_json(config)))
         argv = ["--config", str(RECIPE), "--model_name_or_path", folder, "--strategy", "ddp", "--num_processes", "1",
                 "--prompt_length", str(prompt_length), "--gpu_memory_gb", f"{gpu_gb:.1f}", "--json"]  # fmt: skip
         for name in ("per_device_train_batch_size", "num_generations", "generation_chunk_size",
@@ -115,14 +100,10 @@ def planned(fields: dict, config, prompt_length: int, gpu_gb: float) -> dict:
 def micro_step(tokenizer, model, fields: dict, prompt_length: int, quick: bool) -> dict:
     """The recipe's micro-step on ``model`` (:func:`bench.gpu_train.measure_step`, no FLOP counter), with the decoder's
     denoising forwards of the rollout."""
-    from peft import LoraConfig
-
     from bench.gpu_train import checksum_reward, measure_step
     from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 
-    spec = recipe()
-    lora = LoraConfig(r=4 if quick else spec["lora_r"], lora_alpha=8 if quick else spec["lora_alpha"],
-                      lora_dropout=spec["lora_dropout"], target_modules=spec["lora_target_modules"])  # fmt: skip
+    lora = lora_config(recipe_fields(RECIPE, _NOT_ARGS)[1], **(dict(r=4, lora_alpha=8) if quick else {}))
     rows = prompts(tokenizer, fields["per_device_train_batch_size"], prompt_length)
     from datasets import Dataset
 
@@ -153,20 +134,10 @@ def run(args, save) -> dict:
     import transformers
 
     result["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__}
-    start = time.perf_counter()
+    parts = Parts(result, None, lambda: save(result))  # no budget: each part runs, its error is recorded
 
     def part(name, fn):
-        began = clock()
-        try:
-            result[name] = fn()
-        except Exception as error:  # record it; the JSON keeps what was measured before
-            result["errors"][name] = traceback.format_exc()[-3000:]
-            result[name] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"}
-        result["parts_seconds"][name] = round(clock() - began, 1)
-        result["total_seconds"] = round(time.perf_counter() - start, 1)
-        print(f"[bench.gpu_diffusion_gemma] {name}: {result['parts_seconds'][name]} s", flush=True)
-        save(result)
-        return result[name]
+        return parts(result, name, name, 0.0, fn)
 
     with tempfile.TemporaryDirectory() as out:
         fields = training_fields(out, steps, args.quick)

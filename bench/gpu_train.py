@@ -63,11 +63,12 @@ def checksum_reward(completions, **kwargs):
     return [zlib.crc32(str(c).encode()) % 1000 / 1000 for c in completions]
 
 
-def recipe_fields() -> tuple[dict, dict]:
-    """``(training fields, LoRA fields)`` of recipes/llada/stabledrl_gsm8k_lora.yaml."""
-    fields = yaml.safe_load(RECIPE.read_text())
-    lora = {k.removeprefix("lora_"): fields.pop(k) for k in list(fields) if k.startswith("lora_")}
-    return {k: v for k, v in fields.items() if k not in _NOT_ARGS}, lora
+def recipe_fields(path: Path = RECIPE, not_args: tuple[str, ...] = _NOT_ARGS) -> tuple[dict, dict]:
+    """``(training fields, LoRA fields)`` of the recipe at ``path`` (recipes/llada/stabledrl_gsm8k_lora.yaml): the
+    ``lora_*`` fields apart, and without the fields ``not_args``."""
+    fields = yaml.safe_load(Path(path).read_text())
+    lora = {k: fields.pop(k) for k in list(fields) if k.startswith("lora_")}
+    return {k: v for k, v in fields.items() if k not in not_args}, lora
 
 
 def _checkpointing(value: bool) -> dict:
@@ -82,9 +83,13 @@ def common_args(recipe: Recipe, out: str) -> dict:
                 report_to="none", save_strategy="no", use_cpu=not cuda(), bf16=cuda(), logging_steps=1)  # fmt: skip
 
 
-def lora_config(recipe: Recipe, lora: dict) -> LoraConfig:
-    return LoraConfig(r=recipe.lora_r, lora_alpha=recipe.lora_alpha, lora_dropout=lora["dropout"],
-                      target_modules=lora["target_modules"], task_type=lora["task_type"])  # fmt: skip
+_LORA_NAMES = {"lora_r": "r", "lora_target_modules": "target_modules", "lora_task_type": "task_type"}
+
+
+def lora_config(lora: dict, **overrides) -> LoraConfig:
+    """PEFT's ``LoraConfig`` of a recipe's ``lora_*`` fields (:func:`recipe_fields`), with ``overrides``
+    (``LoraConfig``'s names)."""
+    return LoraConfig(**{**{_LORA_NAMES.get(k, k): v for k, v in lora.items()}, **overrides})
 
 
 def prompt_dataset(recipe: Recipe) -> tuple[Dataset, list[dict]]:
@@ -297,9 +302,9 @@ def diffusion_trainer(shape: Shape, recipe: Recipe, out: str, *, lora: bool, che
     fields.update(**_checkpointing(checkpointing), **overrides)
     tokenizer, model = build_model(shape)
     dataset, _ = prompt_dataset(recipe)
+    peft = lora_config(lora_fields, r=recipe.lora_r, lora_alpha=recipe.lora_alpha) if lora else None
     return DiffusionGRPOTrainer(model=model, reward_funcs=checksum_reward, args=DiffusionGRPOConfig(**fields),
-                                train_dataset=dataset, processing_class=tokenizer,
-                                peft_config=lora_config(recipe, lora_fields) if lora else None)  # fmt: skip
+                                train_dataset=dataset, processing_class=tokenizer, peft_config=peft)  # fmt: skip
 
 
 def _attempt(fn) -> dict:
@@ -377,7 +382,7 @@ def trl_step(recipe: Recipe, peak_tflops: float, shape: Shape = LLAMA_8B, vocab:
                           generation_kwargs={"min_new_tokens": recipe.completion})  # fmt: skip
         trainer = GRPOTrainer(model=model, reward_funcs=checksum_reward, args=args, train_dataset=dataset,
                               processing_class=build_family_tokenizer("llada"),
-                              peft_config=lora_config(recipe, lora_fields))  # fmt: skip
+                              peft_config=lora_config(lora_fields, r=recipe.lora_r, lora_alpha=recipe.lora_alpha))  # fmt: skip
         result = measure_step(trainer, rows, peak_tflops)[0]
     result.pop("old_and_ref", None)
     return {"model": dataclasses.asdict(shape) | {"vocab": vocab}, "loss_type": args.loss_type, **result}

@@ -216,3 +216,64 @@ def test_full_disk_at_a_checkpoint(in_repo, tmp_path, capsys, monkeypatch):
                                        "--save_steps", "1"], training=True)  # fmt: skip
     assert "no space left on device: " in line and f"MB needed at {out / 'checkpoint-1'}" in line
     assert "then resume with resume_from_checkpoint=True" in line and not (out / "checkpoint-1").exists()
+
+
+@pytest.mark.parametrize("damage,problem", [
+    ("no_weights", "no weights (no *.safetensors or *.bin); copy the model's weight files into it."),
+    ("truncated", "model.safetensors "),
+])  # fmt: skip
+def test_model_folder_without_weights_or_with_truncated_weights(in_repo, tmp_path, capsys, damage, problem):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(in_repo, folder)
+    weights = folder / "model.safetensors"
+    if damage == "no_weights":
+        weights.unlink()
+    else:  # a copy cut short: the header parses, the tensors run past the file's end
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    line = run_bad(capsys, grpo.main, [*ONE_STEP, "--model_name_or_path", str(folder)])
+    assert line.startswith(f"trl-dllm grpo: error: model {folder}: {problem}")
+    if damage == "truncated":
+        assert line.endswith("; copy or download it again.")
+
+
+@pytest.mark.parametrize("name,text", [("blank.jsonl", "\n\n"), ("list.json", "[]"), ("header.csv", "prompt\n")])
+def test_data_file_without_rows_says_what_to_do(in_repo, tmp_path, capsys, name, text):
+    """Not empty, but no row: blank lines, an empty JSON list, a CSV header alone (`datasets` raises "Instruction
+    'train' corresponds to no data!")."""
+    data = tmp_path / name
+    data.write_text(text)
+    builder = "csv" if name.endswith(".csv") else "json"
+    path = recipe(tmp_path, drop=("task", "data_files", "reward_funcs"), dataset_name=builder, data_files=str(data),
+                  reward_funcs="[format]")  # fmt: skip
+    line = run_bad(capsys, grpo.main, ["--config", path, "--max_steps", "1"], training=True)  # after `datasets`' bar
+    assert line.endswith(f"data_files: {data} has no rows; add prompts to it or point data_files at another file")
+
+
+def test_full_disk_at_a_checkpoint_then_resume(in_repo, tmp_path, capsys, monkeypatch):
+    """checkpoint-1 is written; the disk fills while checkpoint-2 is: the run stops with one line, checkpoint-2's
+    partial folder is gone, and once there is space again `resume_from_checkpoint=True` resumes from checkpoint-1 and
+    finishes the run."""
+    import errno
+
+    from transformers import Trainer
+
+    save = Trainer._save_checkpoint
+
+    def fills_at_the_second(self, model, trial):
+        if self.state.global_step < 2:
+            return save(self, model, trial)
+        os.makedirs(os.path.join(self.args.output_dir, "checkpoint-2"))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Trainer, "_save_checkpoint", fills_at_the_second)
+    out = tmp_path / "out"
+    argv = [*ONE_STEP, "--max_steps", "2", "--output_dir", str(out), "--save_strategy", "steps", "--save_steps", "1"]
+    line = run_bad(capsys, grpo.main, argv, training=True)
+    assert "no space left on device: " in line and f"MB needed at {out / 'checkpoint-2'}" in line
+    assert not (out / "checkpoint-2").exists() and (out / "checkpoint-1" / "trainer_state.json").exists()
+    monkeypatch.setattr(Trainer, "_save_checkpoint", save)  # space freed
+    grpo.main([*argv, "--resume_from_checkpoint", "True"])
+    state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2 and (out / "model.safetensors").exists()

@@ -53,6 +53,13 @@ def test_recipe_parses(path):
 
 
 @pytest.mark.parametrize("path", PAPER_RECIPES, ids=rel)
+def test_paper_recipe_keeps_the_collapse_guard_warning(path):
+    """Every paper recipe runs with the collapse guard in `warn` mode (the config's default: a warning changes no
+    update); the tiny ones stop instead."""
+    assert parse(path)[1].collapse_guard == "warn"
+
+
+@pytest.mark.parametrize("path", PAPER_RECIPES, ids=rel)
 def test_paper_recipe_states_its_source(path):
     text = path.read_text()
     assert "# Source:" in text and "github.com/" in text

@@ -87,10 +87,11 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         picked = checks.fit_estimator(args, self.model_spec.family == "block", self.model_spec.noise)  # `estimator` unset
         model_checks.check_noise(args, self.model_spec)  # the estimator scores the family's noise (mask / uniform)
         rollouts.check_uniform_decoding(unwrapped, self.model_spec, args, self.eos_token_ids)  # DiffusionGemma's sampler
+        peft = is_peft_model(unwrapped)
         reentry = model_checks.checkpoint_without_reentry(args, self.model_spec, asked=asked_reentrant,
-                                                          zero3_lora=self._zero3 and is_peft_model(unwrapped))
+                                                          zero3_lora=self._zero3 and peft)
         model_checks.check_block_layout(args, self.model_spec)
-        model_checks.check_reentrant_forwards(args, self.model_spec, is_peft_model(unwrapped), self._zero3)
+        model_checks.check_reentrant_forwards(args, self.model_spec.noise, peft=peft, zero3=self._zero3)
         block_length = self.model_spec.decoding_block_length(args.block_length)
         model_setup.probe_remote_code(unwrapped, self.model_spec, self._shards_parameters)
         model_checks.check_model(unwrapped, args, self.processing_class, self._tokenizer, self.train_dataset,

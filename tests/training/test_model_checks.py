@@ -157,18 +157,18 @@ def test_several_forwards_refused_under_zero3_lora_reentrant_checkpointing(field
 
     args = make(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": True}, **fields)
     if pattern is None:
-        check_reentrant_forwards(args, LLADA_NATIVE, peft=True, zero3=True)
+        check_reentrant_forwards(args, LLADA_NATIVE.noise, peft=True, zero3=True)
     else:
         stacked = "mc_batch_size" in pattern
         tail = r"\(all \d views in one forward.*recipes/accelerate/zero2.yaml" if stacked else "recipes/accelerate/zero2.yaml"
         with pytest.raises(ValueError, match=pattern + tail) as error:
-            check_reentrant_forwards(args, LLADA_NATIVE, peft=True, zero3=True)
+            check_reentrant_forwards(args, LLADA_NATIVE.noise, peft=True, zero3=True)
         assert stacked == ("mc_batch_size=" in str(error.value).split("Fix:")[1])
     # not concerned: no LoRA, not ZeRO-3, or non-reentrant checkpointing
-    check_reentrant_forwards(args, LLADA_NATIVE, peft=False, zero3=True)
-    check_reentrant_forwards(args, LLADA_NATIVE, peft=True, zero3=False)
+    check_reentrant_forwards(args, LLADA_NATIVE.noise, peft=False, zero3=True)
+    check_reentrant_forwards(args, LLADA_NATIVE.noise, peft=True, zero3=False)
     args.gradient_checkpointing_kwargs = {"use_reentrant": False}
-    check_reentrant_forwards(args, LLADA_NATIVE, peft=True, zero3=True)
+    check_reentrant_forwards(args, LLADA_NATIVE.noise, peft=True, zero3=True)
 
 
 @pytest.mark.parametrize(
@@ -193,10 +193,10 @@ def test_lora_under_zero3_checkpoints_without_reentry_where_deepspeed_allows(mon
     if lines:
         assert "is set to False: DeepSpeed 0.19.8 recomputes frozen weights whole" in lines[0]
         assert args.activation_checkpointing_kwargs == {"use_reentrant": False}
-        model_checks.check_reentrant_forwards(args, LLADA_NATIVE, peft=True, zero3=True)  # nothing to refuse
+        model_checks.check_reentrant_forwards(args, LLADA_NATIVE.noise, peft=True, zero3=True)  # nothing to refuse
     else:
         with pytest.raises(ValueError, match="scores each row in 2 forwards"):
-            model_checks.check_reentrant_forwards(args, LLADA_NATIVE, peft=True, zero3=True)
+            model_checks.check_reentrant_forwards(args, LLADA_NATIVE.noise, peft=True, zero3=True)
     # not LoRA under ZeRO-3: left as it is
     args = make(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": True})
     assert model_checks.checkpoint_without_reentry(args, LLADA_NATIVE, zero3_lora=False) == []

@@ -20,6 +20,7 @@ def trainer_error(tmp_path, model, dataset=DATA, reward_funcs=reward, **kwargs):
 def test_empty_dataset(tmp_path, tiny_model_path):
     message = trainer_error(tmp_path, tiny_model_path, Dataset.from_dict({"prompt": []}))
     assert "train_dataset is empty (0 rows)" in message
+    assert "Pass a dataset with prompts: check data_files and dataset_split (or the filter that emptied it)." in message
 
 
 def test_dataset_without_prompt_column(tmp_path, tiny_model_path):

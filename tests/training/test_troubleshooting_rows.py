@@ -82,3 +82,12 @@ def test_cli_flag_rows_quote_compare_and_eval():
                              ("trl_dllm/demo/options.py", ": must be > 0"),
                              ("trl_dllm/scripts/eval.py", ": must be >= 1")):  # fmt: skip
         assert fragment in documented and fragment in (ROOT / module).read_text()
+
+
+def test_empty_data_row_quotes_the_trainer_too():
+    """Row 49 also quotes the trainer's refusal of an empty dataset (`train_dataset is empty`)."""
+    documented = row(49)
+    source = " ".join((ROOT / "trl_dllm/training/trainer_inputs.py").read_text().split()).replace('" "', "")
+    for fragment in ("is empty (0 rows): ", "Pass a dataset with prompts: check data_files and dataset_split (or the",
+                     "filter that emptied it)."):  # fmt: skip
+        assert fragment in documented and fragment in source, fragment

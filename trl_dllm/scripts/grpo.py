@@ -135,11 +135,15 @@ def load_dataset_for(args: GRPOScriptArguments, split: str, data_files=None):
             raise UsageError(f"data_files: no such file: {path}")
         if isinstance(path, str) and args.dataset_name == "json" and os.path.isfile(path):
             check_json_lines(path)  # a malformed line: its file and number, not a `datasets` traceback
+    no_rows = UsageError(f"data_files: {data_files} has no rows; add prompts to it or point data_files at another file")
     try:
         dataset = datasets.load_dataset(args.dataset_name, args.dataset_config, data_files=data_files, split=split)
-    except StopIteration:  # `datasets`' json/csv builders on a file without a single row
-        raise UsageError(f"data_files: {data_files} has no rows; add prompts to it or point data_files at another file"
-                         ) from None
+    except StopIteration:  # `datasets`' json/csv builders on a file without a single row (older releases)
+        raise no_rows from None
+    except ValueError as err:  # blank lines, `[]`, a CSV header alone: 'Instruction "train" corresponds to no data!'
+        if data_files and "corresponds to no data" in str(err):
+            raise no_rows from None
+        raise
     if "prompt" not in dataset.column_names:
         raise UsageError(f"dataset {args.dataset_name!r} has no 'prompt' column; it has {dataset.column_names}")
     return dataset

@@ -10,7 +10,6 @@ The recipe and flags are parsed as `trl-dllm grpo` parses them; the model is rea
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 from collections.abc import Sequence
@@ -148,18 +147,14 @@ def _check_reentrant_forwards(training_args, peft: bool) -> None:
     where it stays reentrant (:func:`trl_dllm.training.model_checks.check_reentrant_forwards`): with the DeepSpeed
     installed here when it predates the fix that lets the trainer make it non-reentrant. Without DeepSpeed here, the
     GPUs' is unknown: nothing is refused."""
-    from types import SimpleNamespace
-
     from ..training.model_checks import check_reentrant_forwards, deepspeed_version, stays_reentrant
 
     version = deepspeed_version()
     asked = (training_args.gradient_checkpointing_kwargs or {}).get("use_reentrant")
     if not stays_reentrant(asked, version) or (version is None and asked is not True):
         return
-    args = copy.copy(training_args)
-    args.gradient_checkpointing_kwargs = {**(training_args.gradient_checkpointing_kwargs or {}), "use_reentrant": True}
-    try:
-        check_reentrant_forwards(args, SimpleNamespace(noise="mask"), peft=peft, zero3=True)
+    try:  # TRL sets use_reentrant=True for LoRA under ZeRO-3, and it stays
+        check_reentrant_forwards(training_args, "mask", peft=peft, zero3=True, reentrant=True)
     except ValueError as error:
         raise UsageError(f"{error} There is no training run to plan.") from None
 

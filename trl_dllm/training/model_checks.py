@@ -195,9 +195,10 @@ def check_noise(args, spec: ModelSpec) -> None:
 
 FROZEN_RECOMPUTE_DEEPSPEED = "0.19.8"
 """A DeepSpeed release that keeps a frozen weight whole while activation checkpointing recomputes a layer in the
-backward (0.19.8 does: ``in_checkpoint_recompute`` in ``PartitionedParameterCoordinator.release_sub_module``). Earlier
-ZeRO-3 freed it mid-recompute, and non-reentrant checkpointing then failed on its changed shape: why TRL 1.16 makes
-checkpointing reentrant for PEFT under ZeRO-3."""
+backward (0.19.8 does: ``in_checkpoint_recompute`` in ``PartitionedParameterCoordinator.release_sub_module``). Older
+ZeRO-3 releases freed it mid-recompute (the public report of the bug used 0.19.2), and non-reentrant checkpointing then
+failed on its changed shape: why TRL 1.16 makes checkpointing reentrant for PEFT under ZeRO-3. 0.19.8 is the release
+checked, not necessarily the first with the fix: an earlier one that has it is treated as old (conservative)."""
 
 
 def deepspeed_version() -> str | None:
@@ -262,12 +263,14 @@ def checkpoint_without_reentry(args, spec: ModelSpec, *, zero3_lora: bool = Fals
             "cannot backpropagate through (docs/models.md, DiffusionGemma)."]  # fmt: skip
 
 
-def check_reentrant_forwards(args, spec: ModelSpec, peft: bool, zero3: bool) -> None:
+def check_reentrant_forwards(args, noise: str, *, peft: bool, zero3: bool, reentrant: bool | None = None) -> None:
     """Refuse an estimate of several forwards per micro-batch under reentrant activation checkpointing on DeepSpeed
     ZeRO-3 with LoRA, naming the fix (where checkpointing stays reentrant: :func:`checkpoint_without_reentry`).
+    ``noise``: the family's (``ModelSpec.noise``); ``reentrant``: whether checkpointing is reentrant, read from
+    ``args.gradient_checkpointing_kwargs`` when ``None``.
 
     TRL makes checkpointing reentrant for a PEFT model under ZeRO-3 (non-reentrant recomputation saw ZeRO-3's
-    partitioned frozen weights before DeepSpeed 0.19.8; from it on the trainer makes it non-reentrant again,
+    partitioned frozen weights in older DeepSpeed releases; from 0.19.8 on the trainer makes it non-reentrant again,
     :func:`checkpoint_without_reentry`, and this applies only where reentrant checkpointing stays: an older DeepSpeed, or
     `use_reentrant=True` asked for). Reentrant recomputation backpropagates each checkpointed layer on its own, so a weight
     used by several forwards of one micro-batch hands DeepSpeed a gradient once per forward, and ZeRO-3, which reduces
@@ -276,9 +279,10 @@ def check_reentrant_forwards(args, spec: ModelSpec, peft: bool, zero3: bool) -> 
     forward per micro-batch trains: under ZeRO-3 the views' activations are held until the backward either way
     (`mc_checkpointing` is off there), so stacking them costs no activation memory. DiffusionGemma's checkpointing is
     made non-reentrant (:func:`checkpoint_without_reentry`) and is not concerned."""
-    reentrant = bool((args.gradient_checkpointing_kwargs or {}).get("use_reentrant"))
+    if reentrant is None:
+        reentrant = bool((args.gradient_checkpointing_kwargs or {}).get("use_reentrant"))
     checkpointing = getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing
-    if not (zero3 and peft and checkpointing and reentrant) or spec.noise != "mask":
+    if not (zero3 and peft and checkpointing and reentrant) or noise != "mask":
         return
     from ..planning import settings_from_args
     from ..planning.phases import views_of

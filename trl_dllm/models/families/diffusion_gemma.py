@@ -219,15 +219,24 @@ RELEASED_VISION_CONFIG = dict(hidden_size=1152, intermediate_size=4304, num_hidd
 RELEASED_CANVAS_LENGTH = 256
 
 
-def released_config() -> dict:
-    """The ``config.json`` of ``google/diffusiongemma-26B-A4B-it`` (:data:`RELEASED_TEXT_CONFIG`,
-    :data:`RELEASED_VISION_CONFIG`, canvas 256): a folder holding it is what ``trl-dllm plan --model_name_or_path``
-    reads; no weights are implied."""
+def released_model_config():
+    """``google/diffusiongemma-26B-A4B-it``'s ``DiffusionGemmaConfig`` (:data:`RELEASED_TEXT_CONFIG`,
+    :data:`RELEASED_VISION_CONFIG`, canvas 256)."""
     from transformers import DiffusionGemmaConfig
 
-    config = DiffusionGemmaConfig(text_config=dict(RELEASED_TEXT_CONFIG), vision_config=dict(RELEASED_VISION_CONFIG),
-                                  canvas_length=RELEASED_CANVAS_LENGTH)  # fmt: skip
+    return DiffusionGemmaConfig(text_config=dict(RELEASED_TEXT_CONFIG), vision_config=dict(RELEASED_VISION_CONFIG),
+                                canvas_length=RELEASED_CANVAS_LENGTH)  # fmt: skip
+
+
+def config_json(config) -> dict:
+    """The ``config.json`` of a ``DiffusionGemmaConfig``, with its architecture (what loading by name reads)."""
     return {**config.to_dict(), "architectures": [ARCHITECTURE]}
+
+
+def released_config() -> dict:
+    """The ``config.json`` of ``google/diffusiongemma-26B-A4B-it`` (:func:`released_model_config`): a folder holding
+    it is what ``trl-dllm plan --model_name_or_path`` reads; no weights are implied."""
+    return config_json(released_model_config())
 
 
 # --- Tiny checkpoint for tests ---
@@ -286,18 +295,32 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast | None = None, *, seed: 
     ids (:data:`GENERATION_EOS_IDS`) and pad 0; every other ``generate()`` setting is left to the family's defaults.
     Weights depend on ``seed`` only; the global RNG is left untouched.
     """
-    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
-    from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
+    from transformers import DiffusionGemmaForBlockDiffusion
 
-    tokenizer = tokenizer or build_tokenizer()
-    text = {**TINY_TEXT_CONFIG, "vocab_size": vocab_size or len(tokenizer)}
-    config = DiffusionGemmaConfig(text_config=text, vision_config=dict(TINY_VISION_CONFIG), canvas_length=canvas_length)
+    config = tiny_config(vocab_size or len(tokenizer or build_tokenizer()), canvas_length)
     with torch.random.fork_rng(devices=[]):  # transformers initialises weights from the global RNG
         torch.manual_seed(seed)
         model = DiffusionGemmaForBlockDiffusion(config)
-    model.generation_config = DiffusionGemmaGenerationConfig(eos_token_id=list(GENERATION_EOS_IDS),
-                                                             pad_token_id=PAD_ID, bos_token_id=BOS_ID)  # fmt: skip
+    model.generation_config = generation_config()
     return model.eval()
+
+
+def tiny_config(vocab_size: int, canvas_length: int = TINY_CANVAS_LENGTH):
+    """The tiny checkpoint's ``DiffusionGemmaConfig``: :data:`TINY_TEXT_CONFIG` with ``vocab_size``,
+    :data:`TINY_VISION_CONFIG`, ``canvas_length``."""
+    from transformers import DiffusionGemmaConfig
+
+    text = {**TINY_TEXT_CONFIG, "vocab_size": vocab_size}
+    return DiffusionGemmaConfig(text_config=text, vision_config=dict(TINY_VISION_CONFIG), canvas_length=canvas_length)
+
+
+def generation_config():
+    """The family's ``DiffusionGemmaGenerationConfig``: its EOS ids (:data:`GENERATION_EOS_IDS`), pad and BOS ids;
+    every other ``generate()`` setting is the family's default."""
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
+
+    return DiffusionGemmaGenerationConfig(eos_token_id=list(GENERATION_EOS_IDS), pad_token_id=PAD_ID,
+                                          bos_token_id=BOS_ID)  # fmt: skip
 
 
 def save_tiny(path: str | os.PathLike, **model_kwargs: Any) -> str:
