@@ -29,7 +29,7 @@ import torch
 
 from bench.gpu import Parts
 from bench.gpu_parts import cast_parameters, clock, cuda, default_dtype, device, dtype, free, memory, reset_peak, sig
-from bench.gpu_train import lora_config, recipe_fields
+from bench.gpu_train import checksum_reward, lora_config, measure_step, recipe_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "diffusion_gemma" / "stabledrl_gsm8k_lora.yaml"
@@ -100,7 +100,6 @@ def planned(fields: dict, config, prompt_length: int, gpu_gb: float) -> dict:
 def micro_step(tokenizer, model, fields: dict, prompt_length: int, quick: bool) -> dict:
     """The recipe's micro-step on ``model`` (:func:`bench.gpu_train.measure_step`, no FLOP counter), with the decoder's
     denoising forwards of the rollout."""
-    from bench.gpu_train import checksum_reward, measure_step
     from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 
     lora = lora_config(recipe_fields(RECIPE, _NOT_ARGS)[1], **(dict(r=4, lora_alpha=8) if quick else {}))
