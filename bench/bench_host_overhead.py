@@ -19,10 +19,22 @@ off, its default) reports, per denoising step (= per model forward):
 - ``seconds_per_step``: wall time per step of the same rollout without the counters (median over repeats), and
   ``tokens_per_second``.
 
+For the samplers that ``compile=True`` (the trainer's ``generation_compile``) compiles — ``prefix_cache``,
+``dual_cache``, ``block_causal``: the model's cached step and everything the sampler does after it (sampling,
+selection, the commit, EOS early exit) — ``ops_per_step_outside_compiled`` counts the aten operations a compiled
+rollout still dispatches eagerly per step outside those two compiled calls (``compiled_calls_per_step``, each a few
+fused kernels), which is what its host launches one by one. A dispatch-mode counter cannot see inside compiled code
+(under one, compiled functions run eagerly), so this rollout runs the compiled functions eagerly with their calls
+marked (:func:`count_compiled`).
+
+``targets`` holds each sampler's own host synchronisations per step (at most one) and, at the two sizes whose numbers
+before issue 36 are recorded (:data:`BEFORE`, commit 7b6ca6d), the operations outside the model as a fraction of
+those (the target is a third): eagerly, and outside the compiled calls.
+
 ``--compile`` also times ``block_causal`` and ``dual_cache`` with their cached steps compiled (``compile=True``,
 Inductor): ``<sampler>_compiled`` holds ``compile_seconds`` (the first rollout, which compiles), ``seconds_per_step``,
-``tokens_per_second`` and ``speedup_over_eager`` (against the eager entry of the same run), no counts (compiled code
-runs its own kernels, which a dispatch-mode counter does not see).
+``tokens_per_second`` and ``speedup_over_eager`` (against the eager entry of the same run); its counts are the eager
+entry's ``*_outside_compiled`` ones.
 
 Counts are exact and do not depend on the machine's load; times do (see docs/benchmarks.md).
 """
@@ -35,7 +47,20 @@ from dataclasses import replace
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench.common import Size, build, emit, environment, median, parser, random_ids, setup, target, timed
+from bench.common import (
+    DEFAULT,
+    QUICK,
+    Size,
+    build,
+    emit,
+    environment,
+    median,
+    parser,
+    random_ids,
+    setup,
+    target,
+    timed,
+)
 from trl_dllm.core.sampling import (
     BlockCausalOptions,
     CachedOptions,
@@ -46,6 +71,7 @@ from trl_dllm.core.sampling import (
 )
 
 SAMPLERS = ("fixed", "threshold", "prefix_cache", "dual_cache", "block_causal")
+COMPILABLE = ("prefix_cache", "dual_cache", "block_causal")
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_consecutive"}
 SYNC_METHODS = ("tolist", "cpu", "numpy")
 BLOCK_CAUSAL_BLOCK = 4  # SDAR / TraDo's native block: the host-bound case of the issue
@@ -157,9 +183,51 @@ def measure(size: Size, sampler: str, model, tokenizer, prompt, repeats: int) ->
         "seconds_per_step": round(seconds / steps, 6),
         "tokens_per_second": round(out.completion_ids.numel() / seconds, 1),
         "wall_seconds": round(seconds, 4),
+        **(_compiled_counts(fn, model, prompt, options) if sampler in COMPILABLE else {}),
     }
 
 
+def _compiled_counts(fn, model, prompt, options) -> dict:
+    counter, calls, steps = count_compiled(fn, model, prompt, options)
+    return {
+        "ops_per_step_outside_compiled": round(counter.ops_outside / steps, 1),
+        "compiled_calls_per_step": round(calls / steps, 2),
+        "syncs_per_step_outside_compiled": round(counter.syncs_outside / steps, 3),
+    }
+
+
+def count_compiled(fn, model, prompt, options) -> tuple[HostCounter, int, int]:
+    """``(counter, compiled calls, steps)`` of one rollout of ``options`` with ``compile=True`` whose compiled
+    functions (:data:`trl_dllm.core.sampling.graphs._COMPILED`: the cached forward and the sampler's step) run
+    eagerly, each call counted as one compiled call and its operations as inside it (``counter.ops_outside`` is what
+    stays eager)."""
+    from trl_dllm.core.sampling import graphs, loop
+
+    counter, calls = HostCounter(model), [0]
+
+    def marked(function):
+        def call(*args, **kwargs):
+            calls[0] += 1
+            counter.depth += 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                counter.depth -= 1
+
+        return call
+
+    saved = dict(graphs._COMPILED)
+    graphs._COMPILED.update({f: marked(f) for f in (graphs.static_forward, loop._step_keyed)})
+    try:
+        with counter.counting():
+            out = _rollout(fn, model, prompt, replace(options, compile=True))
+    finally:
+        graphs._COMPILED.clear()
+        graphs._COMPILED.update(saved)
+    return counter, calls[0], out.num_forwards
+
+
+COMPILED = ("block_causal", "dual_cache")
 COMPILED = ("block_causal", "dual_cache")
 
 
@@ -186,6 +254,14 @@ def host_size(size: Size) -> Size:
     return replace(size, prompt=min(size.prompt, 32), completion=min(size.completion, 64))
 
 
+BEFORE = {
+    host_size(QUICK): {"fixed": 83.1, "threshold": 72.0, "prefix_cache": 108.6, "dual_cache": 110.6, "block_causal": 118.4},
+    host_size(DEFAULT): {"fixed": 84.2, "threshold": 74.6, "prefix_cache": 131.8, "dual_cache": 133.8, "block_causal": 128.1},
+}
+"""``ops_per_step_outside_model`` of commit 7b6ca6d, the loop before issue 36, at the benchmark's two sizes: this
+benchmark run on it (docs/benchmarks.md has the commands; counts do not depend on the machine)."""
+
+
 def run(size: Size, repeats: int = 3, samplers=SAMPLERS, compile: bool = False) -> dict:
     size = host_size(size)
     tokenizer, model = build(size)
@@ -202,6 +278,17 @@ def run(size: Size, repeats: int = 3, samplers=SAMPLERS, compile: bool = False) 
                                    f"{sampler}: the sampler's host synchronisations per denoising step")
         for sampler in samplers
     }  # fmt: skip
+    before = BEFORE.get(size, {})
+    for sampler in (s for s in samplers if s in before):
+        entry, what = results[sampler], f"{sampler}: aten operations per step outside the model over those before issue 36"
+        results["targets"][f"ops_{sampler}"] = target(
+            round(entry["ops_per_step_outside_model"] / before[sampler], 3), 0.334, f"{what}, eager"
+        )
+        if "ops_per_step_outside_compiled" in entry:
+            results["targets"][f"ops_{sampler}_compiled"] = target(
+                round(entry["ops_per_step_outside_compiled"] / before[sampler], 3), 0.334,
+                f"{what}, with compile=True (outside the compiled calls)",
+            )  # fmt: skip
     return results
 
 

@@ -484,20 +484,20 @@ def compiled_rollout(model, tokenizer, shape: Shape, recipe: Recipe, peak_tflops
 
 @contextlib.contextmanager
 def _sampler_eager(eager: bool):
-    """With ``eager``, the sampler's step (:func:`trl_dllm.core.sampling.loop._choose_keyed`) runs uncompiled while
+    """With ``eager``, the sampler's step (:func:`trl_dllm.core.sampling.loop._step_keyed`) runs uncompiled while
     the model's step stays compiled: a benchmark's split of the compiled time, not an option users have."""
     from trl_dllm.core.sampling import graphs, loop
 
-    saved = graphs._COMPILED.get(loop._choose_keyed)
+    saved = graphs._COMPILED.get(loop._step_keyed)
     if eager:
-        graphs._COMPILED[loop._choose_keyed] = loop._choose_keyed
+        graphs._COMPILED[loop._step_keyed] = loop._step_keyed
     try:
         yield
     finally:
         if eager:
-            graphs._COMPILED.pop(loop._choose_keyed)
+            graphs._COMPILED.pop(loop._step_keyed)
             if saved is not None:
-                graphs._COMPILED[loop._choose_keyed] = saved
+                graphs._COMPILED[loop._step_keyed] = saved
 
 
 def plain_forward(model, tokenizer, recipe: Recipe, peak_tflops: float, repeats: int = 3) -> dict:

@@ -26,6 +26,18 @@ def test_every_sampler_is_measured_with_at_most_one_sync_per_step(result, sample
     assert entry["syncs_per_step_outside_model"] <= min(1.0, entry["syncs_per_step"])
     assert all(math.isfinite(entry[key]) and entry[key] > 0 for key in ("seconds_per_step", "tokens_per_second"))
     assert result["targets"][f"syncs_{sampler}"]["met"]
+    assert f"ops_{sampler}" in result["targets"]  # the quick size's numbers before issue 36 are recorded
+
+
+@pytest.mark.parametrize("sampler", bench_host_overhead.COMPILABLE)
+def test_compiled_rollouts_leave_little_eager_work(result, sampler):
+    """With ``compile=True`` the model's step and the sampler's step are one compiled call each; what stays eager per
+    step is counted apart, and it is a fraction of the eager path's work outside the model."""
+    entry = result[sampler]
+    assert 1 <= entry["compiled_calls_per_step"] <= 2
+    assert 0 < entry["ops_per_step_outside_compiled"] < entry["ops_per_step_outside_model"] / 2
+    assert entry["syncs_per_step_outside_compiled"] <= entry["syncs_per_step_outside_model"]
+    assert result["targets"][f"ops_{sampler}_compiled"]["value"] <= 1 / 3
 
 
 def test_the_counter_sees_syncs_and_model_ops():

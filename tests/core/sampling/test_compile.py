@@ -161,64 +161,90 @@ def test_inductor_dual_cache(inductor):
     assert inductor
 
 
+MASK, EOS = 3, 7
 
-def _choice_inputs(vocab=40, seed=0):
-    """A step's block logits `(3, 4, V)`, its masked positions (row 1 has two left) and their flat indices."""
+
+def _step_inputs(vocab=40, seed=0):
+    """A step's block logits `(3, 4, V)` for window 4–8 of a canvas of prompt 2 and completion 8, whose first window is
+    committed and whose masked positions there are ``masked`` (row 1 has two left)."""
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(3, 4, vocab, generator=gen) * 3
+    logits[0, :, EOS] += 20  # row 0 commits EOS, first at its window's first position: with early exit, row 0 is done
+    logits[0, 0, EOS] += 10
     masked = torch.tensor([[1, 1, 1, 1], [0, 1, 0, 1], [1, 1, 1, 0]], dtype=torch.bool)
-    flat = masked.reshape(-1).nonzero().squeeze(1)
-    return logits, masked, flat
+    canvas = torch.randint(10, vocab, (3, 10), generator=gen)
+    canvas[:, 6:] = canvas[:, 6:].masked_fill(masked, MASK)
+    return logits, masked, canvas
+
+
+def _both_steps(decoding, transfer, rows=None):
+    """One step of window 4–8 run eagerly (:func:`loop._step` with the eager loop's keys) and compiled
+    (:func:`loop._step_keyed`, computing them from the streams' tables) on two copies of the same decoding state:
+    the states after it (canvas, steps, log-probs, the rows' step counters) and the masked positions it returns."""
+    from trl_dllm.core.sampling import loop
+    from trl_dllm.core.sampling.noise import RowStreams
+
+    logits, masked, canvas = _step_inputs()
+    if rows is not None:
+        rows, logits = torch.tensor(rows), logits[rows]
+    row_masked = masked if rows is None else masked[rows]
+    flat = row_masked.reshape(-1).nonzero().squeeze(1)
+    opts = loop.DecodingOptions(mask_token_id=MASK, gen_length=8, block_length=4, diffusion_steps=8,
+                                eos_token_ids=[EOS], **decoding)  # fmt: skip
+    chosen = None if transfer is None else torch.tensor(transfer)
+    most = None if transfer is None else max(transfer)
+    eos = torch.tensor([EOS]) if opts.eos_early_exit else None
+    rows = slice(None) if rows is None else rows
+    results = []
+    for compile in (False, True):
+        state = (canvas.clone(), torch.full((3, 8), -1), torch.zeros(3, 8))
+        streams = RowStreams(torch.Generator().manual_seed(5), 3, 8, 4, torch.device("cpu"))
+        streams.row_step += 1  # the window's second step
+        inputs = (logits, *state, eos, rows, row_masked, None, flat, chosen, most)
+        if compile:
+            after = graphs.compile_once(loop._step_keyed)(*inputs, streams.tables(4, 8), opts, 4, 8, 5)
+        else:
+            after = loop._step(*inputs, streams.keys(rows, 4, 8, flat), opts, 4, 8, 5)
+        results.append((*state, streams.row_step, after))
+    return results
 
 
 @pytest.mark.parametrize(
-    "decoding, transfer",
+    "decoding, transfer, rows",
     [
-        (dict(temperature=0.0), [2, 1, 1]),
-        (dict(temperature=1.0, top_k=5), [1, 2, 3]),
-        (dict(temperature=0.7, top_p=0.9, remasking="margin"), [4, 2, 1]),
-        (dict(temperature=1.0, remasking="random"), [1, 1, 1]),
-        (dict(temperature=1.0, confidence_threshold=0.2), None),
+        (dict(temperature=0.0), [2, 1, 1], None),
+        (dict(temperature=1.0, top_k=5), [1, 2, 3], None),
+        (dict(temperature=0.7, top_p=0.9, remasking="margin"), [4, 2, 1], None),
+        (dict(temperature=1.0, remasking="random"), [1, 1, 1], None),
+        (dict(temperature=1.0, confidence_threshold=0.2), None, None),
+        (dict(temperature=1.0), [2, 1], [0, 2]),
+        (dict(temperature=0.0, eos_early_exit=True), [2, 1, 1], None),
     ],
 )
-def test_compiled_choice_equals_the_eager_one(compiled, decoding, transfer):
-    """The sampler's step compiled (:func:`loop._choose_keyed`: softmax, keyed noise, Gumbel-max, confidence, selection)
-    picks the tokens, positions and log-probs of the eager step, with its vocabulary hashes computed in the kernel."""
-    out, eager = _both_choices(decoding, transfer)
+def test_compiled_step_equals_the_eager_one(compiled, decoding, transfer, rows):
+    """Everything a step does after the forward, compiled (:func:`loop._step_keyed`: the entries' keys, softmax, keyed
+    noise, Gumbel-max, confidence, selection, the commit's writes, EOS early exit, the next masked positions), leaves
+    the decoding state of the eager step — also for some rows only, and with early exit — with its vocabulary hashes
+    computed in the kernel."""
+    eager, out = _both_steps(decoding, transfer, rows)
     for got, want in zip(out, eager):
         assert torch.equal(got, want)
-    assert eager[1].any()
+    canvas, steps, _, row_step, masked = eager
+    assert (steps == 5).any() and not torch.equal(canvas, _step_inputs()[2])  # the step committed something
+    assert row_step.tolist() == ([[2]] * 3 if rows is None else [[2], [1], [2]])  # only the stepped rows advanced
+    if decoding.get("eos_early_exit"):
+        assert (canvas[0, 2:] == EOS).sum() > (steps[0] == 5).sum()  # row 0 finished: EOS filled its masked rest
 
 
 @SLOW
 @pytest.mark.parametrize("decoding, transfer", [(dict(temperature=0.0), [2, 1, 1]), (dict(temperature=1.0), [1, 2, 3])])
-def test_inductor_choice(inductor, decoding, transfer):
-    """Inductor's fused kernels (C++ on CPU): the same tokens and positions; log-probs within fused-kernel rounding."""
-    (tokens, commit, logprobs), eager = _both_choices(decoding, transfer)
-    assert torch.equal(tokens, eager[0]) and torch.equal(commit, eager[1])
-    torch.testing.assert_close(logprobs, eager[2], rtol=1e-5, atol=1e-5)
-
-
-def _both_choices(decoding, transfer):
-    from trl_dllm.core.sampling import loop
-    from trl_dllm.core.sampling.noise import RowStreams
-
-    logits, masked, flat = _choice_inputs()
-    opts = loop.DecodingOptions(mask_token_id=3, gen_length=8, block_length=4, diffusion_steps=8, **decoding)
-    chosen = None if transfer is None else torch.tensor(transfer)
-    most = None if transfer is None else max(transfer)
-    # two rollouts' streams at the same point (window 4–8, second step): the eager loop's keys, and the step state the
-    # compiled step computes them from (the eager loop also reads the vocabulary's hashes from its streams)
-    eager_streams, compiled_streams = (RowStreams(torch.Generator().manual_seed(5), 3, 8, 4, torch.device("cpu"))
-                                       for _ in range(2))  # fmt: skip
-    for streams in (eager_streams, compiled_streams):
-        streams.row_step += 1
-    keys = eager_streams.keys(slice(None), 4, 8, flat)
-    eager = loop._choose(logits, masked, chosen, opts, keys, index=flat, max_transfer=most)
-    state = compiled_streams.step_state(slice(None), 4, 8)
-    out = graphs.compile_once(loop._choose_keyed)(logits, masked, chosen, opts, state, flat, most)
-    assert torch.equal(eager_streams.row_step, compiled_streams.row_step)  # both advanced the rows' steps
-    return out, (eager.tokens, eager.commit, eager.logprobs)
+def test_inductor_step(inductor, decoding, transfer):
+    """Inductor's fused kernels (C++ on CPU): the same tokens, positions and steps; log-probs within fused-kernel
+    rounding."""
+    eager, out = _both_steps(decoding, transfer)
+    for index in (0, 1, 3, 4):
+        assert torch.equal(out[index], eager[index])
+    torch.testing.assert_close(out[2], eager[2], rtol=1e-5, atol=1e-5)
 
 
 @SLOW
@@ -235,4 +261,4 @@ def test_sampler_step_compiled_once_for_every_rollout(model, tokenizer, compiled
     assert counters["stats"]["unique_graphs"] == graphs_after_first
     assert_same(first, reference)
     assert_same(second, reference)
-    assert loop._choose_keyed in graphs._COMPILED  # the sampler's step went through the compiler too
+    assert loop._step_keyed in graphs._COMPILED  # the sampler's step went through the compiler too

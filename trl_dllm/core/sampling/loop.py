@@ -135,23 +135,73 @@ def _choose(
     )
 
 
-def _choose_keyed(
+def _step(
     logits: torch.Tensor,
-    masked: torch.Tensor,
+    canvas: torch.Tensor,
+    unmask_step: torch.Tensor,
+    logprobs: torch.Tensor,
+    eos: torch.Tensor | None,
+    rows: Rows,
+    row_masked: torch.Tensor,
+    member: torch.Tensor | None,
+    flat: torch.Tensor,
     num_transfer: torch.Tensor | None,
-    opts: DecodingOptions,
-    streams: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
-    index: torch.Tensor,
     max_transfer: int | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`_choose` over tensors alone — ``streams`` what :func:`~.noise.entry_keys` reads
-    (:meth:`~.noise.RowStreams.step_state`; ``None`` when nothing is sampled) — the function that ``compile``
-    compiles: the entries' keys, softmax, keyed noise, Gumbel-max, confidence and selection over `(n, V)` fuse into a
-    few kernels (eagerly, dozens of elementwise passes over the block's vocabulary-wide rows). The vocabulary's hashes
-    are computed inside the kernel instead of read from the rollout's table: the same values."""
-    noise = None if streams is None else KeyedNoise(entry_keys(*streams, index))
-    result = _choose(logits, masked, num_transfer, opts, noise, index=index, max_transfer=max_transfer)
-    return result.tokens, result.commit, result.logprobs
+    noise: Noise | KeyedNoise,
+    opts: DecodingOptions,
+    start: int,
+    end: int,
+    step: int,
+) -> torch.Tensor:
+    """Everything a denoising step does after the forward, on the decoding state's tensors (``canvas``,
+    ``unmask_step``, ``logprobs`` of :class:`DecodingState`, written in place): choose (:func:`_choose`, on the
+    ``rows``' masked positions ``row_masked`` of window ``[start, end)``, ``flat`` their flat indices), commit
+    (:func:`_commit`, numbered ``step``), EOS early exit (:func:`_exit_finished_rows`, with ``eos`` the EOS ids or
+    ``None``), and return the window's masked positions after it `(B, end - start)` (:func:`_window_masked`)."""
+    result = _choose(logits, row_masked, num_transfer, opts, noise, index=flat, max_transfer=max_transfer)
+    prompt_length = canvas.shape[1] - unmask_step.shape[1]
+    _commit(canvas, unmask_step, logprobs, rows, start, end, result, step)
+    if eos is not None:
+        _exit_finished_rows(canvas[:, prompt_length:], opts.mask_token_id, eos, int(opts.eos_token_ids[0]))
+    return _window_masked(canvas, prompt_length, opts.mask_token_id, start, end, member)
+
+
+def _step_keyed(
+    logits, canvas, unmask_step, logprobs, eos, rows, row_masked, member, flat, num_transfer, max_transfer,
+    streams: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, opts, start, end, step,
+) -> torch.Tensor:  # fmt: skip
+    """:func:`_step` with its noise's tables ``streams`` (:meth:`~.noise.RowStreams.tables`; ``None`` when nothing is
+    sampled) in place of its noise — the function that ``compile`` compiles: the entries' keys (and the rows' step
+    counters), softmax, keyed noise, Gumbel-max, confidence, selection, the commit's writes, EOS early exit and the
+    next masked positions fuse into a few kernels, where eagerly each is a pass over the block (the vocabulary-wide
+    ones dozens). The vocabulary's hashes are computed inside the kernel instead of read from the rollout's table: the
+    same values."""
+    noise = None if streams is None else KeyedNoise(entry_keys(*streams, rows, flat))
+    return _step(logits, canvas, unmask_step, logprobs, eos, rows, row_masked, member, flat, num_transfer,
+                 max_transfer, noise, opts, start, end, step)  # fmt: skip
+
+
+def _commit(canvas, unmask_step, logprobs, rows: Rows, start: int, end: int, result: _StepResult, step: int) -> None:
+    """Write the committed tokens of window ``[start, end)`` (completion coordinates; ``start < 0`` when the window
+    begins with prompt-tail columns, which are never committed) into the canvas and the trajectory, in place."""
+    prompt_length = canvas.shape[1] - unmask_step.shape[1]
+    lo, hi = prompt_length + start, prompt_length + end
+    canvas[rows, lo:hi] = torch.where(result.commit, result.tokens, canvas[rows, lo:hi])
+    skip, start = max(0, -start), max(0, start)
+    commit, step_logprobs = result.commit[:, skip:], result.logprobs[:, skip:]
+    unmask_step[rows, start:end] = unmask_step[rows, start:end].masked_fill(commit, step)
+    logprobs[rows, start:end] = torch.where(commit, step_logprobs, logprobs[rows, start:end])
+
+
+def _exit_finished_rows(completion: torch.Tensor, mask_token_id: int, eos: torch.Tensor, fill: int) -> None:
+    """EOS early exit: a row whose first EOS is committed with nothing masked before it is finished; its masked
+    positions are filled with ``fill`` (``unmask_step`` stays ``-1``, ``logprobs`` 0: nothing was sampled)."""
+    masked = completion == mask_token_id
+    is_eos = torch.isin(completion, eos)
+    # a masked position lies before the first EOS iff no EOS precedes it: (cumulative EOS count) == 0
+    masked_before_eos = (masked & (is_eos.cumsum(dim=1) == 0)).any(dim=1)
+    finished = is_eos.any(dim=1) & ~masked_before_eos
+    completion.masked_fill_(finished[:, None] & masked, fill)
 
 
 def _scatter(values: torch.Tensor, index: torch.Tensor, shape, fill) -> torch.Tensor:
@@ -188,35 +238,11 @@ class DecodingState:
         self.logprobs = torch.zeros((batch, length), dtype=torch.float32, device=input_ids.device)
         early_exit, eos_ids = opts.eos_early_exit, opts.eos_token_ids
         self.eos = torch.tensor(list(eos_ids), device=input_ids.device) if early_exit else None
-        self.eos_fill = int(eos_ids[0]) if early_exit else None  # a host int: filling never syncs
         self.num_forwards = self.num_row_forwards = 0
 
     @property
     def completion(self) -> torch.Tensor:
         return self.canvas[:, self.prompt_length :]  # a view: writing it writes the canvas
-
-    def commit(self, rows: Rows, start: int, end: int, result: _StepResult, step: int) -> None:
-        """Write the committed tokens of window ``[start, end)`` (completion coordinates; ``start < 0`` when the window
-        begins with prompt-tail columns, which are never committed)."""
-        lo, hi = self.prompt_length + start, self.prompt_length + end
-        self.canvas[rows, lo:hi] = torch.where(result.commit, result.tokens, self.canvas[rows, lo:hi])
-        skip, start = max(0, -start), max(0, start)
-        commit, logprobs = result.commit[:, skip:], result.logprobs[:, skip:]
-        self.unmask_step[rows, start:end] = self.unmask_step[rows, start:end].masked_fill(commit, step)
-        self.logprobs[rows, start:end] = torch.where(commit, logprobs, self.logprobs[rows, start:end])
-
-    def exit_finished_rows(self) -> None:
-        """EOS early exit: a row whose first EOS is committed with nothing masked before it is finished; its masked
-        positions are filled with ``eos[0]`` (``unmask_step`` stays ``-1``, ``logprobs`` 0: nothing was sampled)."""
-        if self.eos is None:
-            return
-        completion = self.completion
-        masked = completion == self.mask_token_id
-        is_eos = torch.isin(completion, self.eos)
-        # a masked position lies before the first EOS iff no EOS precedes it: (cumulative EOS count) == 0
-        masked_before_eos = (masked & (is_eos.cumsum(dim=1) == 0)).any(dim=1)
-        finished = is_eos.any(dim=1) & ~masked_before_eos
-        completion.masked_fill_(finished[:, None] & masked, self.eos_fill)
 
     def output(self, length: int | None = None) -> GenerationOutput:
         """The call's result; with ``length``, its first ``length`` completion positions only (the positions a
@@ -240,11 +266,15 @@ negative when the window starts with prompt columns (the prompt tail of the abso
 (:class:`StepRows`): the host's view of the rows; ``None`` (a direct call) lets the source read the canvas instead."""
 
 
-def _window_masked(state: DecodingState, start: int, end: int, member: torch.Tensor | None) -> torch.Tensor:
-    """(B, end - start) bool: the still-masked positions each row decodes in window ``[start, end)``."""
-    lo = state.prompt_length
-    masked = state.canvas[:, lo + start : lo + end] == state.mask_token_id
+def _window_masked(canvas, prompt_length: int, mask_token_id: int, start: int, end: int, member) -> torch.Tensor:
+    """(B, end - start) bool: the still-masked positions each row decodes in window ``[start, end)`` of ``canvas``."""
+    masked = canvas[:, prompt_length + start : prompt_length + end] == mask_token_id
     return masked if member is None else masked & member
+
+
+def _state_masked(state: DecodingState, start: int, end: int, member: torch.Tensor | None) -> torch.Tensor:
+    """:func:`_window_masked` of the decoding state's canvas."""
+    return _window_masked(state.canvas, state.prompt_length, state.mask_token_id, start, end, member)
 
 
 def decoding_windows(blocks: torch.Tensor | None, prompt_length: int, length: int, block_length: int):
@@ -305,7 +335,7 @@ def _scheduled_counts(state: DecodingState, windows) -> list[_HostCounts]:
     at the start of the rollout (a position is committed only in its own window, and each window's schedule commits
     all of them), so every window's counts are read in one synchronisation per rollout. ``completion`` (left anywhere)
     is one list for all windows, decremented as the steps commit."""
-    sums = [_window_masked(state, start, end, member).sum(dim=1) for start, end, member in windows]
+    sums = [_state_masked(state, start, end, member).sum(dim=1) for start, end, member in windows]
     left = (state.completion == state.mask_token_id).sum(dim=1)
     read = torch.stack([left, *sums]).tolist()  # the rollout's one synchronisation
     return [_HostCounts.known(window, read[0]) for window in read[1:]]
@@ -344,8 +374,9 @@ def decode_blocks(
     its steps know every count from the schedule), so a GPU's queue never drains inside the loop; one per step with
     threshold decoding or EOS early exit (the device decides the counts), which also reads the next window's counts
     for its first step. Host integers go to the device without waiting (:func:`_on_device`). Noise is
-    counter-based (:class:`~.noise.RowStreams`), keyed by each row's own generator. ``compile``: each step's sampling
-    and selection run compiled (:func:`_choose_keyed` under :func:`~.graphs.compile_once`).
+    counter-based (:class:`~.noise.RowStreams`), keyed by each row's own generator. ``compile``: everything a step
+    does after the forward (sampling, selection, the commit, EOS early exit) runs compiled (:func:`_step_keyed` under
+    :func:`~.graphs.compile_once`).
     """
     check_generators(generator, state.canvas.shape[0])
     block_length, steps_per_block = opts.block_length, opts.steps_per_block
@@ -356,12 +387,12 @@ def decode_blocks(
     sampled = opts.temperature > 0 or opts.remasking == "random"
     noise = RowStreams(generator, batch, length, max_steps, state.canvas.device) if sampled else None
     row_index: dict[tuple[int, ...], Rows] = {}
-    choose = compile_once(_choose_keyed) if compile else None
+    compiled = compile_once(_step_keyed) if compile else None
     windows = decoding_windows(blocks, state.prompt_length, length, block_length)
     planned = None if read_every_step else _scheduled_counts(state, windows)
     following = None  # counts of the next window, read with the last step's (no extra synchronisation)
     for index, (start, end, member) in enumerate(windows):
-        masked = _window_masked(state, start, end, member)
+        masked = _state_masked(state, start, end, member)
         if planned is not None:
             following = planned[index]
         elif index == 0 and member is None:  # nothing committed yet: every position of every row is masked
@@ -388,18 +419,17 @@ def decode_blocks(
                 flat = torch.nonzero_static(row_masked.reshape(-1), size=n).squeeze(1)
                 chosen = None if threshold else _on_device([transfer[b] for b in active], masked.device)
                 most = None if threshold else max(transfer[b] for b in active)
-                if choose is not None:  # the entries' keys are computed inside the compiled step
-                    streams = None if noise is None else noise.step_state(rows, start, end)
-                    result = _StepResult(*choose(logits, row_masked, chosen, opts, streams, flat, most))
+                step_id = state.num_forwards - 1 if threshold else index * steps_per_block + step
+                tensors = (logits, state.canvas, state.unmask_step, state.logprobs, state.eos, rows, row_masked, member,
+                           flat, chosen, most)  # fmt: skip
+                if compiled is not None:  # the entries' keys are computed inside the compiled step
+                    streams = None if noise is None else noise.tables(start, end)
+                    masked = compiled(*tensors, streams, opts, start, end, step_id)
                 else:
                     keys = None if noise is None else noise.keys(rows, start, end, flat)
-                    result = _choose(logits, row_masked, chosen, opts, keys, index=flat, max_transfer=most)
-                step_id = state.num_forwards - 1 if threshold else index * steps_per_block + step
-                state.commit(rows, start, end, result, step_id)
-                state.exit_finished_rows()
-                masked = _window_masked(state, start, end, member)
+                    masked = _step(*tensors, keys, opts, start, end, step_id)
                 if read_every_step:
-                    next_masked = None if upcoming is None else _window_masked(state, *upcoming)
+                    next_masked = None if upcoming is None else _state_masked(state, *upcoming)
                     counts = _HostCounts(state, masked, next_masked)
                     following = counts.for_next_window()
                 else:

@@ -52,12 +52,18 @@ def row_keys(generator, batch: int, device: torch.device) -> torch.Tensor:
     return hash32(hash32(words >> 32 & _WORD) ^ (words & _WORD))
 
 
-def entry_keys(step_keys: torch.Tensor, step: torch.Tensor, window: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-    """`(n,)` keys of the entries ``flat`` (flat indices into `(b, K)`) of a window: ``hash32(step key ^ position
-    key)`` with ``step_keys`` `(b, max_steps)` the rows' step-key tables, ``step`` `(b, 1)` their current steps and
-    ``window`` `(1, K)` the window's position keys (:meth:`RowStreams.step_state`). Tensors alone, so that a compiled
-    step computes it inside its kernels."""
-    return hash32(step_keys.gather(1, step) ^ window).view(-1).index_select(0, flat)
+def entry_keys(
+    step_keys: torch.Tensor, row_step: torch.Tensor, window: torch.Tensor, rows, flat: torch.Tensor
+) -> torch.Tensor:
+    """`(n,)` keys of the entries ``flat`` (flat indices into `(len(rows), K)`) of a window of ``rows`` at their
+    current steps, ``hash32(step key ^ position key)``; then advances those rows' step counters in place.
+    ``step_keys`` `(B, max_steps)` the rows' step-key tables, ``row_step`` `(B, 1)` their steps and ``window`` `(1, K)`
+    the window's position keys (:meth:`RowStreams.tables`). Tensors alone, so that a compiled step computes it inside
+    its kernels."""
+    step = row_step[rows]
+    keys = hash32(step_keys[rows].gather(1, step) ^ window).view(-1).index_select(0, flat)
+    row_step[rows] = step + 1  # after the read: with all rows, `step` is a view of the counters
+    return keys
 
 
 @dataclass(frozen=True)
@@ -103,19 +109,15 @@ class RowStreams:
             self.window_keys[(start, end)] = hash32(positions * _GOLDEN & _WORD)[None, :]
         return self.window_keys[(start, end)]
 
-    def step_state(self, rows, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """What :func:`entry_keys` reads for window ``[start, end)`` of ``rows`` at their current step: their step-key
-        tables, steps and the window's position keys; then advances those rows' step counters."""
-        step = self.row_step[rows]
-        if isinstance(rows, slice):  # `step` is a view of the counters: advance a new tensor, keep it as read
-            self.row_step = self.row_step.clone()
-        self.row_step[rows] = step + 1
-        return self.step_keys[rows], step, self._window(start, end)
+    def tables(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What :func:`entry_keys` reads for window ``[start, end)``: the step-key tables, the step counters (which it
+        advances) and the window's position keys."""
+        return self.step_keys, self.row_step, self._window(start, end)
 
     def keys(self, rows, start: int, end: int, flat: torch.Tensor) -> KeyedNoise:
         """The :class:`KeyedNoise` of the entries ``flat`` `(n,)` (flat indices into `(len(rows), end - start)`) of
         window ``[start, end)`` of ``rows`` at their current step; then advances those rows' step counters."""
-        return KeyedNoise(entry_keys(*self.step_state(rows, start, end), flat), self)
+        return KeyedNoise(entry_keys(*self.tables(start, end), rows, flat), self)
 
     def vocabulary_keys(self, vocab: int) -> torch.Tensor:
         if self.vocabulary is None or self.vocabulary.numel() != vocab:
