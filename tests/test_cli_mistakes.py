@@ -238,16 +238,22 @@ def test_model_folder_without_weights_or_with_truncated_weights(in_repo, tmp_pat
         assert line.endswith("; copy or download it again.")
 
 
+@pytest.mark.parametrize("via", ["dataset_name", "task"])
 @pytest.mark.parametrize("name,text", [("blank.jsonl", "\n\n"), ("list.json", "[]"), ("header.csv", "prompt\n")])
-def test_data_file_without_rows_says_what_to_do(in_repo, tmp_path, capsys, name, text):
-    """Not empty, but no row: blank lines, an empty JSON list, a CSV header alone (`datasets` raises "Instruction
-    'train' corresponds to no data!")."""
+def test_data_file_without_rows_says_what_to_do(in_repo, tmp_path, capsys, name, text, via):
+    """Not empty, but no row: blank lines, an empty JSON list, a CSV header alone (`datasets` itself raises
+    "Instruction 'train' corresponds to no data!"), read by ``dataset_name`` or as a task's file: refused before
+    `datasets` reads it (no progress bar: one line)."""
     data = tmp_path / name
     data.write_text(text)
-    builder = "csv" if name.endswith(".csv") else "json"
-    path = recipe(tmp_path, drop=("task", "data_files", "reward_funcs"), dataset_name=builder, data_files=str(data),
-                  reward_funcs="[format]")  # fmt: skip
-    line = run_bad(capsys, grpo.main, ["--config", path, "--max_steps", "1"], training=True)  # after `datasets`' bar
+    if via == "task":
+        argv = [*ONE_STEP, "--data_files", str(data)]
+    else:
+        builder = "csv" if name.endswith(".csv") else "json"
+        path = recipe(tmp_path, drop=("task", "data_files", "reward_funcs"), dataset_name=builder,
+                      data_files=str(data), reward_funcs="[format]")  # fmt: skip
+        argv = ["--config", path, "--max_steps", "1"]
+    line = run_bad(capsys, grpo.main, argv)
     assert line.endswith(f"data_files: {data} has no rows; add prompts to it or point data_files at another file")
 
 

@@ -62,3 +62,27 @@ def test_cli_malformed_line_and_reward_module_syntax_error(tmp_path, capsys, mon
     assert exit_info.value.code == 2 and "cannot import 'broken_reward.reward'" in err
     assert "broken_reward.py line 1" in err and "py_compile" in err  # the file, the line and how to check it
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "name, text, builder, expected",
+    [
+        ("blank.jsonl", "\n \n", "json", False),
+        ("list.json", "[\n]\n", "json", False),
+        ("rows.json", '[\n  {"prompt": "a"}\n]\n', "json", True),
+        ("object.json", '{"prompt": ["a"]}', "json", True),
+        ("one.jsonl", '{"prompt": "a"}\n\n', "json", True),
+        ("header.csv", "prompt\n\n", "csv", False),
+        ("row.csv", "prompt\na\n", "csv", True),
+        ("data.parquet", "not read", "parquet", True),
+    ],
+)
+def test_has_rows(tmp_path, name, text, builder, expected):
+    """What `datasets` would read as no row (blank lines, an empty JSON list, a CSV header alone) is told apart from a
+    file with one row, without `datasets`."""
+    from trl_dllm.tasks.common import file_builder, has_rows
+
+    path = tmp_path / name
+    path.write_text(text)
+    assert file_builder(str(path)) == builder
+    assert has_rows(str(path), builder) is expected

@@ -115,7 +115,7 @@ def load_dataset_for(args: GRPOScriptArguments, split: str, data_files=None):
     from ..tasks import TASKS, load_task
 
     data_files = args.data_files if data_files is None else data_files
-    _check_local_files(data_files)
+    _check_local_files(data_files, args.dataset_name if args.task is None else None)
     if args.task is not None:
         if args.task not in TASKS:
             raise UsageError(f"task: unknown task {args.task!r}; known: {', '.join(sorted(TASKS))}")
@@ -135,32 +135,33 @@ def load_dataset_for(args: GRPOScriptArguments, split: str, data_files=None):
             raise UsageError(f"data_files: no such file: {path}")
         if isinstance(path, str) and args.dataset_name == "json" and os.path.isfile(path):
             check_json_lines(path)  # a malformed line: its file and number, not a `datasets` traceback
-    no_rows = UsageError(f"data_files: {data_files} has no rows; add prompts to it or point data_files at another file")
-    try:
-        dataset = datasets.load_dataset(args.dataset_name, args.dataset_config, data_files=data_files, split=split)
-    except StopIteration:  # `datasets`' json/csv builders on a file without a single row (older releases)
-        raise no_rows from None
-    except ValueError as err:  # blank lines, `[]`, a CSV header alone: 'Instruction "train" corresponds to no data!'
-        if data_files and "corresponds to no data" in str(err):
-            raise no_rows from None
-        raise
+    dataset = datasets.load_dataset(args.dataset_name, args.dataset_config, data_files=data_files, split=split)
     if "prompt" not in dataset.column_names:
         raise UsageError(f"dataset {args.dataset_name!r} has no 'prompt' column; it has {dataset.column_names}")
     return dataset
 
 
-def _check_local_files(data_files) -> None:
-    """An empty local data file fails here, by name, instead of as a bare `StopIteration` inside `datasets`."""
+def _check_local_files(data_files, builder: str | None = None) -> None:
+    """A local data file that is empty, or that holds no row (blank lines, an empty JSON list, a CSV header alone),
+    fails here, by name, instead of inside `datasets` (a bare `StopIteration`, or "corresponds to no data").
+    ``builder``: the `datasets` builder the files are read with (``dataset_name``); ``None`` (a task's files): by
+    suffix, as the task reads them."""
+    from ..tasks.common import file_builder, has_rows
+
     if isinstance(data_files, dict):
         paths = [p for value in data_files.values() for p in ([value] if isinstance(value, str) else value)]
     else:
         paths = [data_files] if isinstance(data_files, str) else list(data_files or [])
     for path in paths:
-        if isinstance(path, str) and os.path.isfile(path) and os.path.getsize(path) == 0:
+        if not (isinstance(path, str) and os.path.isfile(path)):
+            continue
+        if os.path.getsize(path) == 0:
             raise UsageError(
                 f"data_files: {path} is empty; write one row per prompt into it (JSON Lines: one object per line) or "
                 "point data_files at another file"
             )
+        if not has_rows(path, builder or file_builder(path)):
+            raise UsageError(f"data_files: {path} has no rows; add prompts to it or point data_files at another file")
 
 
 def model_init_kwargs(training_args: DiffusionGRPOConfig, model_args) -> dict:

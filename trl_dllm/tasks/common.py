@@ -45,7 +45,7 @@ def _load_local(data_files: DataFiles, split: str) -> datasets.Dataset:
         if not remote and not (glob.glob(path) if pattern else Path(path).exists()):
             raise FileNotFoundError(f"Task data file not found: {path}")
     first = _paths(data_files)[0]
-    builder = _BUILDERS_BY_SUFFIX.get(Path(first).suffix.lower(), "json")
+    builder = file_builder(first)
     if builder == "json":
         for path in _paths(data_files):
             if "://" not in path:
@@ -55,6 +55,29 @@ def _load_local(data_files: DataFiles, split: str) -> datasets.Dataset:
     options = {"features": _csv_string_features(first)} if builder == "csv" else {}
     file_split = split if isinstance(data_files, dict) else "train"  # `datasets` names a lone file's split "train"
     return datasets.load_dataset(builder, data_files=data_files, split=file_split, **options)
+
+
+def file_builder(path: str) -> str:
+    """The `datasets` builder a task reads a local file with, by suffix: ``csv``, ``parquet``, else ``json`` (JSON or
+    JSON Lines)."""
+    return _BUILDERS_BY_SUFFIX.get(Path(path).suffix.lower(), "json")
+
+
+def has_rows(path: str, builder: str) -> bool:
+    """Whether the local file ``path`` holds a row for the `datasets` builder ``builder``: a CSV file a line after its
+    header, a JSON document a non-empty list or an object, a JSON Lines file a non-blank line (a malformed one is
+    :func:`check_json_lines`'s to report). Other builders (parquet) are not read here: ``True``."""
+    if builder not in ("csv", "json"):
+        return True
+    with open(path, encoding="utf-8") as f:
+        lines = [line for line in f.read().splitlines() if line.strip()]
+    if builder == "csv":
+        return len(lines) > 1
+    try:
+        document = json.loads("\n".join(lines)) if lines else []
+    except ValueError:
+        return True  # JSON Lines (or malformed): a non-blank line
+    return bool(document) if isinstance(document, list) else True
 
 
 class DataFileError(ValueError):
