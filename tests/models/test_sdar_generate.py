@@ -1,4 +1,5 @@
-"""trl_dllm's block-causal decoding equals SDAR's own ``generate.py`` token for token (temperature 0).
+"""trl_dllm's block-causal decoding equals SDAR's own ``generate.py`` token for token (temperature 0), eagerly and
+compiled (``compile=True``, the trainer's ``generation_compile``; and at temperature 1 compiled equals eager).
 
 Skipped unless ``$TRL_DLLM_SDAR_REMOTE`` points to a folder holding, unedited, the public files of
 github.com/JetAstra/SDAR: ``generate.py`` (repository root) and ``sdar/`` with ``configuration_sdar.py``,
@@ -19,6 +20,7 @@ every position of the last block in the block (``(p + gen_length) mod B``) is co
 
 import importlib.util
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -69,8 +71,33 @@ def sdar(tmp_path_factory):
     return module, remote, native
 
 
+@pytest.fixture
+def compiled_steps(monkeypatch):
+    """``compile=True`` traced by TorchDynamo and AOTAutograd (the ``aot_eager`` backend: where a traced step can
+    differ from the eager one; Inductor's kernels compute the same operations), with fresh compiled functions."""
+    from trl_dllm.core.sampling import graphs
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(graphs, "_BACKEND", "aot_eager")
+    monkeypatch.setattr(graphs, "_COMPILED", {})
+    yield graphs._COMPILED
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("strategy", ["low_confidence_static", "low_confidence_dynamic"])
 def test_equals_sdar_generate_for_every_prompt_length(sdar, strategy):
+    _check_every_prompt_length(sdar, strategy)
+
+
+@pytest.mark.parametrize("strategy", ["low_confidence_static", "low_confidence_dynamic"])
+def test_compiled_decoding_equals_sdar_generate(sdar, strategy, compiled_steps):
+    """``compile=True`` (the trainer's ``generation_compile``) on SDAR's natively loaded model: the cached step and the
+    sampler's step (its choice, commit and next masked positions) compiled, the same tokens as SDAR's own decoding."""
+    _check_every_prompt_length(sdar, strategy, compile=True)
+    assert len(compiled_steps) == 2  # the model's cached step and the sampler's step
+
+
+def _check_every_prompt_length(sdar, strategy, **decoding):
     module, remote, native = sdar
     mask_id = remote.config.mask_token_id
     generator = torch.Generator().manual_seed(0)
@@ -80,7 +107,7 @@ def test_equals_sdar_generate_for_every_prompt_length(sdar, strategy):
     mask = torch.stack([F.pad(torch.ones_like(p), (width - len(p), 0)) for p in prompts])
     threshold = 0.9 if strategy == "low_confidence_dynamic" else None
     options = BlockCausalOptions(mask_token_id=mask_id, gen_length=GEN, block_length=BLOCK, diffusion_steps=GEN,
-                                 temperature=0.0, confidence_threshold=threshold)  # fmt: skip
+                                 temperature=0.0, confidence_threshold=threshold, **decoding)  # fmt: skip
     ours = generate_block_causal(native, ids, mask, options=options).completion_ids
     agree = []
     for prompt, completion in zip(prompts, ours):
@@ -114,3 +141,31 @@ def test_the_prompt_as_one_block_layout_does_not_match(sdar):
     print("prompt-layout agreement with SDAR's generate.py by prompt length:", agreement)
     assert agreement[BLOCK] == 1.0
     assert max(v for p, v in agreement.items() if p != BLOCK) < 1.0
+
+
+def test_compiled_sampled_decoding_equals_the_eager_one(sdar, compiled_steps):
+    """At temperature 1 with per-row generators and EOS early exit (rows leave the cache), ``compile=True`` on SDAR's
+    natively loaded model gives the eager rollout's tokens, steps and log-probs: the same keyed noise."""
+    _, remote, native = sdar
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 5000, (p,), generator=generator) for p in (2, 5, 7)]
+    ids = torch.stack([F.pad(p, (7 - len(p), 0)) for p in prompts])
+    mask = torch.stack([F.pad(torch.ones_like(p), (7 - len(p), 0)) for p in prompts])
+    eager = generate_block_causal(native, ids, mask, options=_sampled(remote, native, ids, mask, False),
+                                  generator=[torch.Generator().manual_seed(b) for b in range(3)])  # fmt: skip
+    out = generate_block_causal(native, ids, mask, options=_sampled(remote, native, ids, mask, True),
+                                generator=[torch.Generator().manual_seed(b) for b in range(3)])  # fmt: skip
+    assert torch.equal(out.sequences, eager.sequences) and torch.equal(out.unmask_step, eager.unmask_step)
+    torch.testing.assert_close(out.logprobs, eager.logprobs, rtol=0, atol=0)
+    assert (eager.unmask_step == -1).any()  # a row finished early: its rest was filled, not sampled
+    assert len(compiled_steps) == 2
+
+
+def _sampled(remote, native, ids, mask, compile):
+    """Temperature-1 options whose EOS is a token the eager rollout commits early in row 0 (so that row finishes)."""
+    options = BlockCausalOptions(mask_token_id=remote.config.mask_token_id, gen_length=3 * GEN, block_length=BLOCK,
+                                 diffusion_steps=3 * GEN, temperature=1.0, return_trajectory=True)  # fmt: skip
+    first = generate_block_causal(native, ids, mask, options=options,
+                                  generator=[torch.Generator().manual_seed(b) for b in range(3)])  # fmt: skip
+    eos = int(first.completion_ids[0, 2])
+    return replace(options, eos_token_ids=[eos], eos_early_exit=True, compile=compile)
