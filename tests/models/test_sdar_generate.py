@@ -151,21 +151,20 @@ def test_compiled_sampled_decoding_equals_the_eager_one(sdar, compiled_steps):
     prompts = [torch.randint(0, 5000, (p,), generator=generator) for p in (2, 5, 7)]
     ids = torch.stack([F.pad(p, (7 - len(p), 0)) for p in prompts])
     mask = torch.stack([F.pad(torch.ones_like(p), (7 - len(p), 0)) for p in prompts])
-    eager = generate_block_causal(native, ids, mask, options=_sampled(remote, native, ids, mask, False),
-                                  generator=[torch.Generator().manual_seed(b) for b in range(3)])  # fmt: skip
-    out = generate_block_causal(native, ids, mask, options=_sampled(remote, native, ids, mask, True),
-                                generator=[torch.Generator().manual_seed(b) for b in range(3)])  # fmt: skip
+    options = _sampled(remote, native, ids, mask)
+    eager, out = (generate_block_causal(native, ids, mask, options=replace(options, compile=compile),
+                                        generator=[torch.Generator().manual_seed(b) for b in range(3)])
+                  for compile in (False, True))  # fmt: skip
     assert torch.equal(out.sequences, eager.sequences) and torch.equal(out.unmask_step, eager.unmask_step)
     torch.testing.assert_close(out.logprobs, eager.logprobs, rtol=0, atol=0)
     assert (eager.unmask_step == -1).any()  # a row finished early: its rest was filled, not sampled
     assert len(compiled_steps) == 2
 
 
-def _sampled(remote, native, ids, mask, compile):
-    """Temperature-1 options whose EOS is a token the eager rollout commits early in row 0 (so that row finishes)."""
+def _sampled(remote, native, ids, mask):
+    """Temperature-1 options whose EOS is a token the rollout commits early in row 0 (so that row finishes)."""
     options = BlockCausalOptions(mask_token_id=remote.config.mask_token_id, gen_length=3 * GEN, block_length=BLOCK,
                                  diffusion_steps=3 * GEN, temperature=1.0, return_trajectory=True)  # fmt: skip
     first = generate_block_causal(native, ids, mask, options=options,
                                   generator=[torch.Generator().manual_seed(b) for b in range(3)])  # fmt: skip
-    eos = int(first.completion_ids[0, 2])
-    return replace(options, eos_token_ids=[eos], eos_early_exit=True, compile=compile)
+    return replace(options, eos_token_ids=[int(first.completion_ids[0, 2])], eos_early_exit=True)
