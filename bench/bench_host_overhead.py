@@ -21,11 +21,12 @@ off, its default) reports, per denoising step (= per model forward):
 
 For the samplers that ``compile=True`` (the trainer's ``generation_compile``) compiles — ``prefix_cache``,
 ``dual_cache``, ``block_causal``: the model's cached step and everything the sampler does after it (sampling,
-selection, the commit, EOS early exit) — ``ops_per_step_outside_compiled`` counts the aten operations a compiled
-rollout still dispatches eagerly per step outside those two compiled calls (``compiled_calls_per_step``, each a few
-fused kernels), which is what its host launches one by one. A dispatch-mode counter cannot see inside compiled code
-(under one, compiled functions run eagerly), so this rollout runs the compiled functions eagerly with their calls
-marked (:func:`count_compiled`).
+selection, the commit, EOS early exit), one compiled call per step (a refresh or a rollout's first step, which
+allocates the cache, runs the forward eagerly and the sampler's step compiled) — ``ops_per_step_outside_compiled``
+counts the aten operations a compiled rollout still dispatches eagerly per step outside its compiled calls
+(``compiled_calls_per_step``, each a few fused kernels), which is what its host launches one by one. A dispatch-mode
+counter cannot see inside compiled code (under one, compiled functions run eagerly), so this rollout runs the compiled
+functions eagerly with their calls marked (:func:`count_compiled`).
 
 ``targets`` holds each sampler's own host synchronisations per step (at most one) and, at the two sizes whose numbers
 before issue 36 are recorded (:data:`BEFORE`, commit 7b6ca6d), the operations outside the model as a fraction of
@@ -198,9 +199,9 @@ def _compiled_counts(fn, model, prompt, options) -> dict:
 
 def count_compiled(fn, model, prompt, options) -> tuple[HostCounter, int, int]:
     """``(counter, compiled calls, steps)`` of one rollout of ``options`` with ``compile=True`` whose compiled
-    functions (:data:`trl_dllm.core.sampling.graphs._COMPILED`: the cached forward and the sampler's step) run
-    eagerly, each call counted as one compiled call and its operations as inside it (``counter.ops_outside`` is what
-    stays eager)."""
+    functions (:data:`trl_dllm.core.sampling.graphs._COMPILED`: the cached forward, the sampler's step and the two
+    fused) run eagerly, each call counted as one compiled call and its operations as inside it
+    (``counter.ops_outside`` is what stays eager)."""
     from trl_dllm.core.sampling import graphs, loop
 
     counter, calls = HostCounter(model), [0]
@@ -217,7 +218,7 @@ def count_compiled(fn, model, prompt, options) -> tuple[HostCounter, int, int]:
         return call
 
     saved = dict(graphs._COMPILED)
-    graphs._COMPILED.update({f: marked(f) for f in (graphs.static_forward, loop._step_keyed)})
+    graphs._COMPILED.update({f: marked(f) for f in (graphs.static_forward, loop._step_keyed, loop._forward_step)})
     try:
         with counter.counting():
             out = _rollout(fn, model, prompt, replace(options, compile=True))

@@ -485,19 +485,25 @@ def compiled_rollout(model, tokenizer, shape: Shape, recipe: Recipe, peak_tflops
 @contextlib.contextmanager
 def _sampler_eager(eager: bool):
     """With ``eager``, the sampler's step (:func:`trl_dllm.core.sampling.loop._step_keyed`) runs uncompiled while
-    the model's step stays compiled: a benchmark's split of the compiled time, not an option users have."""
+    the model's step stays compiled (the fused step :func:`~trl_dllm.core.sampling.loop._forward_step` is split back
+    into the two): a benchmark's split of the compiled time, not an option users have."""
     from trl_dllm.core.sampling import graphs, loop
 
-    saved = graphs._COMPILED.get(loop._step_keyed)
+    def model_compiled_only(forward, pick, *step):
+        logits = graphs.compiled_forward()(*forward)
+        return loop._step_keyed(logits if pick is None else logits[pick], *step)
+
+    swapped = {loop._step_keyed: loop._step_keyed, loop._forward_step: model_compiled_only}
+    saved = {f: graphs._COMPILED[f] for f in swapped if f in graphs._COMPILED}
     if eager:
-        graphs._COMPILED[loop._step_keyed] = loop._step_keyed
+        graphs._COMPILED.update(swapped)
     try:
         yield
     finally:
         if eager:
-            graphs._COMPILED.pop(loop._step_keyed)
-            if saved is not None:
-                graphs._COMPILED[loop._step_keyed] = saved
+            for f in swapped:
+                graphs._COMPILED.pop(f)
+            graphs._COMPILED.update(saved)
 
 
 def plain_forward(model, tokenizer, recipe: Recipe, peak_tflops: float, repeats: int = 3) -> dict:

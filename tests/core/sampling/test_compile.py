@@ -15,7 +15,7 @@ marked slow.
 import pytest
 import torch
 
-from trl_dllm.core.sampling import CachedOptions, generate_cached, graphs
+from trl_dllm.core.sampling import CachedOptions, generate_cached, graphs, loop
 from trl_dllm.testing import build_tiny_block_model, build_tiny_model, build_tokenizer
 
 from .conftest import BLOCK
@@ -23,18 +23,24 @@ from .test_graphs import assert_same, lora_block_model, run
 
 
 def _use_backend(monkeypatch, backend):
-    """The process's compiled functions, rebuilt with ``backend``; the forward's calls counted; dynamo's caches
-    reset."""
+    """The process's compiled functions, rebuilt with ``backend``; the compiled forwards counted (the model's step
+    alone, or fused with the sampler's step after it: :func:`loop._forward_step`), by their input ids' shape; dynamo's
+    caches reset."""
     torch._dynamo.reset()
     calls = []
-    compiled = torch.compile(graphs.static_forward, backend=backend, dynamic=None)
+    forward = torch.compile(graphs.static_forward, backend=backend, dynamic=None)
+    fused = torch.compile(loop._forward_step, backend=backend, dynamic=None)
 
-    def counted(*args):
+    def counted_forward(*args):
         calls.append(args[2].shape)
-        return compiled(*args)
+        return forward(*args)
+
+    def counted_fused(forward_args, *step):
+        calls.append(forward_args[2].shape)
+        return fused(forward_args, *step)
 
     monkeypatch.setattr(graphs, "_BACKEND", backend)
-    monkeypatch.setattr(graphs, "_COMPILED", {graphs.static_forward: counted})
+    monkeypatch.setattr(graphs, "_COMPILED", {graphs.static_forward: counted_forward, loop._forward_step: counted_fused})
     return calls
 
 
@@ -181,7 +187,6 @@ def _both_steps(decoding, transfer, rows=None):
     """One step of window 4–8 run eagerly (:func:`loop._step` with the eager loop's keys) and compiled
     (:func:`loop._step_keyed`, computing them from the streams' tables) on two copies of the same decoding state:
     the states after it (canvas, steps, log-probs, the rows' step counters) and the masked positions it returns."""
-    from trl_dllm.core.sampling import loop
     from trl_dllm.core.sampling.noise import RowStreams
 
     logits, masked, canvas = _step_inputs()
@@ -251,8 +256,6 @@ def test_inductor_step(inductor, decoding, transfer):
 def test_sampler_step_compiled_once_for_every_rollout(model, tokenizer, compiled):
     """A second rollout with fresh options objects and generators reuses the compiled step and choice: no new graph."""
     from torch._dynamo.utils import counters
-
-    from trl_dllm.core.sampling import loop
 
     reference = run(model, tokenizer, cuda_graphs=False, temperature=1.0)
     first = run(model, tokenizer, cuda_graphs=False, compile=True, temperature=1.0)

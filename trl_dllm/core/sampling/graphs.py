@@ -26,11 +26,22 @@ later rollouts of the same shapes reuse it.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["StaticStep", "StepGraphs", "cache_keyword", "compile_once", "compiled_forward", "static_forward"]
+__all__ = [
+    "StaticCall",
+    "StaticStep",
+    "StepGraphs",
+    "cache_keyword",
+    "compile_once",
+    "compiled_forward",
+    "static_forward",
+]
 
 
 def cache_keyword(model) -> str:
@@ -59,6 +70,24 @@ def static_forward(model, cache, input_ids, attention_mask, position_ids, column
     finally:
         cache.columns = None
     return out.logits
+
+
+@dataclass(frozen=True)
+class StaticCall:
+    """A cached step as a call of :func:`static_forward`, prepared by its logits source for the decoding loop to run:
+    compiled, the loop runs it in the same compiled call as the sampler's step after it (one call per step).
+
+    ``args``: :func:`static_forward`'s arguments; ``pick`` (`torch.LongTensor`, *optional*): the rows of its logits
+    the loop asked for (``None``: all of them); ``context``: the context manager the forward runs under."""
+
+    args: tuple
+    pick: torch.Tensor | None = None
+    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+    def logits(self, forward=static_forward) -> torch.Tensor:
+        """The step's logits (the rows asked for), from ``forward`` (:func:`static_forward` or a compiled one)."""
+        logits = forward(*self.args)
+        return logits if self.pick is None else logits[self.pick]
 
 
 _BACKEND = "inductor"

@@ -18,12 +18,13 @@ transformers cache interface that attention layers call, so this module imports 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 from torch import nn
 
 from ..masks import block_attention, block_causal_mask
-from .graphs import StepGraphs, cache_keyword, compiled_forward, static_forward
+from .graphs import StaticCall, StepGraphs, cache_keyword, compiled_forward, static_forward
 
 __all__ = ["GROUPED_SDPA", "BlockCausalKVCache", "SlotCache", "grouped_attention", "grouped_sdpa", "module_dtype"]
 
@@ -233,7 +234,9 @@ class BlockCausalKVCache:
             self.inputs[key] = (mask, position_ids, columns, where)
         return mask, position_ids, columns, where
 
-    def __call__(self, canvas: torch.Tensor, rows, start: int, end: int, step_rows=None) -> torch.Tensor:
+    def _prepare(self, canvas: torch.Tensor, rows, start: int, end: int, step_rows) -> StaticCall:
+        """The step of window ``[start, end)`` as a :class:`~.graphs.StaticCall`; the cache counts the columns before
+        ``P + start`` as cached from here on (the current block is still noisy: the next call rewrites its slots)."""
         self._drop_finished_rows(canvas, step_rows)
         lo, hi = self.cached, self.prompt_length + end
         if self.cache is None:
@@ -241,16 +244,27 @@ class BlockCausalKVCache:
         mask, position_ids, columns, where = self._inputs(canvas, lo, hi, rows, step_rows)
         self.cache.lo = lo
         input_ids = canvas[self.live, lo:hi] if len(self.live) < canvas.shape[0] else canvas[:, lo:hi].contiguous()
-        per_block = (mask, position_ids, columns)
-        with grouped_attention(self.model):
+        self.cached = self.prompt_length + start
+        args = (self.model, self.cache, input_ids, mask, position_ids, columns, end - start)
+        return StaticCall(args, where, functools.partial(grouped_attention, self.model))
+
+    def static_call(self, canvas: torch.Tensor, rows, start: int, end: int, step_rows=None) -> StaticCall | None:
+        """This step as a :class:`~.graphs.StaticCall` for the decoding loop to run compiled together with the
+        sampler's step; ``None`` where the step runs through :meth:`__call__` instead (the first, which allocates the
+        cache; the static steps of ``cuda_graphs``)."""
+        if self.graphs is not None or self.cache is None or not self.cache.keys:
+            return None
+        return self._prepare(canvas, rows, start, end, step_rows)
+
+    def __call__(self, canvas: torch.Tensor, rows, start: int, end: int, step_rows=None) -> torch.Tensor:
+        call = self._prepare(canvas, rows, start, end, step_rows)
+        _, cache, input_ids, mask, position_ids, columns, keep = call.args
+        with call.context():
             step = None
             if self.graphs is not None:
-                step = self.graphs.step(self.model, self.cache, input_ids, per_block, end - start)
+                step = self.graphs.step(self.model, cache, input_ids, (mask, position_ids, columns), keep)
             if step is not None:
-                logits = step(input_ids, per_block)
-            else:  # the first call allocates the cache: eager
-                forward = self.compiled if self.compiled is not None and self.cache.keys else static_forward
-                logits = forward(self.model, self.cache, input_ids, mask, position_ids, columns, end - start)
-        # the current block is still noisy: the next call rewrites its slots, and only [0, P + start) counts as cached
-        self.cached = self.prompt_length + start
-        return logits if where is None else logits[where]
+                logits = step(input_ids, (mask, position_ids, columns))
+                return logits if call.pick is None else logits[call.pick]
+            # the first call allocates the cache: eager
+            return call.logits(self.compiled if self.compiled is not None and cache.keys else static_forward)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .graphs import compile_once
+from .graphs import compile_once, static_forward
 from .noise import KeyedNoise, RowStreams, entry_keys
 from .options import DecodingOptions
 from .remasking import REMASKING, Noise, sample_tokens, sampling_log_probs, select_above, select_top
@@ -179,6 +179,14 @@ def _step_keyed(
     noise = None if streams is None else KeyedNoise(entry_keys(*streams, rows, flat))
     return _step(logits, canvas, unmask_step, logprobs, eos, rows, row_masked, member, flat, num_transfer,
                  max_transfer, noise, opts, start, end, step)  # fmt: skip
+
+
+def _forward_step(forward: tuple, pick: torch.Tensor | None, *step) -> torch.Tensor:
+    """A whole cached denoising step: the forward (:func:`~.graphs.static_forward` of ``forward``, the rows ``pick``
+    of its logits) and then :func:`_step_keyed` with the arguments ``step`` that follow its logits — what ``compile``
+    compiles into one call per step where the logits source prepares its step as a :class:`~.graphs.StaticCall`."""
+    logits = static_forward(*forward)
+    return _step_keyed(logits if pick is None else logits[pick], *step)
 
 
 def _commit(canvas, unmask_step, logprobs, rows: Rows, start: int, end: int, result: _StepResult, step: int) -> None:
@@ -376,7 +384,9 @@ def decode_blocks(
     for its first step. Host integers go to the device without waiting (:func:`_on_device`). Noise is
     counter-based (:class:`~.noise.RowStreams`), keyed by each row's own generator. ``compile``: everything a step
     does after the forward (sampling, selection, the commit, EOS early exit) runs compiled (:func:`_step_keyed` under
-    :func:`~.graphs.compile_once`).
+    :func:`~.graphs.compile_once`); where the source prepares its step as a :class:`~.graphs.StaticCall` (its
+    ``static_call``, the KV caches' cached steps), the forward and all of that are one compiled call
+    (:func:`_forward_step`).
     """
     check_generators(generator, state.canvas.shape[0])
     block_length, steps_per_block = opts.block_length, opts.steps_per_block
@@ -388,6 +398,7 @@ def decode_blocks(
     noise = RowStreams(generator, batch, length, max_steps, state.canvas.device) if sampled else None
     row_index: dict[tuple[int, ...], Rows] = {}
     compiled = compile_once(_step_keyed) if compile else None
+    fused = compile_once(_forward_step) if compile and hasattr(source, "static_call") else None
     windows = decoding_windows(blocks, state.prompt_length, length, block_length)
     planned = None if read_every_step else _scheduled_counts(state, windows)
     following = None  # counts of the next window, read with the last step's (no extra synchronisation)
@@ -411,7 +422,9 @@ def decode_blocks(
                     row_index[active] = slice(None) if full else _on_device(list(active), masked.device)
                 rows = row_index[active]
                 unfinished = tuple(b for b in range(batch) if counts.completion[b] > 0)
-                logits = source(state.canvas, rows, start, end, StepRows(active, unfinished))
+                step_rows = StepRows(active, unfinished)
+                call = None if fused is None else source.static_call(state.canvas, rows, start, end, step_rows)
+                logits = None if call is not None else source(state.canvas, rows, start, end, step_rows)
                 state.num_forwards += 1
                 state.num_row_forwards += len(active)
                 row_masked = masked[rows]
@@ -420,14 +433,18 @@ def decode_blocks(
                 chosen = None if threshold else _on_device([transfer[b] for b in active], masked.device)
                 most = None if threshold else max(transfer[b] for b in active)
                 step_id = state.num_forwards - 1 if threshold else index * steps_per_block + step
-                tensors = (logits, state.canvas, state.unmask_step, state.logprobs, state.eos, rows, row_masked, member,
-                           flat, chosen, most)  # fmt: skip
+                tensors = (state.canvas, state.unmask_step, state.logprobs, state.eos, rows, row_masked, member, flat,
+                           chosen, most)  # fmt: skip
                 if compiled is not None:  # the entries' keys are computed inside the compiled step
                     streams = None if noise is None else noise.tables(start, end)
-                    masked = compiled(*tensors, streams, opts, start, end, step_id)
+                    if call is not None:  # the forward too: one compiled call
+                        with call.context():
+                            masked = fused(call.args, call.pick, *tensors, streams, opts, start, end, step_id)
+                    else:
+                        masked = compiled(logits, *tensors, streams, opts, start, end, step_id)
                 else:
                     keys = None if noise is None else noise.keys(rows, start, end, flat)
-                    masked = _step(*tensors, keys, opts, start, end, step_id)
+                    masked = _step(logits, *tensors, keys, opts, start, end, step_id)
                 if read_every_step:
                     next_masked = None if upcoming is None else _state_masked(state, *upcoming)
                     counts = _HostCounts(state, masked, next_masked)

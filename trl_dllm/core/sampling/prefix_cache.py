@@ -28,7 +28,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from .graphs import cache_keyword, compiled_forward, static_forward
+from .graphs import StaticCall, cache_keyword, compiled_forward, static_forward
 from .kv_cache import SlotCache, module_dtype
 from .loop import DecodingState, GenerationOutput, decode_blocks
 from .options import CachedOptions, check_cache
@@ -136,7 +136,8 @@ class BidirectionalKVCache:
         return out.logits
 
     def _cached_step(self, canvas: torch.Tensor, index: torch.Tensor, start: int, end: int, step_rows=None):
-        """Forward ``S`` against the static slots of the cached rows; return the logits of the rows of ``index``.
+        """The step forwarding ``S`` against the static slots of the cached rows, as a :class:`~.graphs.StaticCall`
+        whose logits are those of the rows of ``index``.
 
         Every cached row is forwarded (fixed shapes within a block); a row not asked for (nothing left to commit in
         the block) only rewrites its own slots of ``S``, which it never reads again in this block."""
@@ -161,15 +162,23 @@ class BidirectionalKVCache:
             inputs = self.step_inputs[key]
         pick, bias, position_ids, keep, columns = inputs
         self.slots.lo = lo
-        logits = self.forward(self.model, self.slots, canvas[self.rows, lo:hi], bias, position_ids, columns, keep)
-        return logits if pick is None else logits[pick]
+        return StaticCall((self.model, self.slots, canvas[self.rows, lo:hi], bias, position_ids, columns, keep), pick)
+
+    def static_call(self, canvas: torch.Tensor, rows, start: int, end: int, step_rows=None) -> StaticCall | None:
+        """A cached step as a :class:`~.graphs.StaticCall` for the decoding loop to run compiled together with the
+        sampler's step; ``None`` where this step is a refresh (it runs through :meth:`__call__`)."""
+        index = _as_index(rows, canvas.shape[0], canvas.device)
+        if self._needs_refresh(index, start, end, step_rows):
+            return None
+        self.calls_since_refresh += 1
+        return self._cached_step(canvas, index, start, end, step_rows)
 
     def __call__(self, canvas: torch.Tensor, rows, start: int, end: int, step_rows=None) -> torch.Tensor:
         index = _as_index(rows, canvas.shape[0], canvas.device)
         if self._needs_refresh(index, start, end, step_rows):
             logits = self._refresh(canvas, index, start, end, step_rows)
         else:
-            logits = self._cached_step(canvas, index, start, end, step_rows)
+            logits = self._cached_step(canvas, index, start, end, step_rows).logits(self.forward)
         self.calls_since_refresh += 1
         return logits
 
