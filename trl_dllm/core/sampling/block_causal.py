@@ -16,12 +16,14 @@ and the completion is cut at ``gen_length`` (``decode_to_block_end``).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
 from ..logits import LogitsFn, as_logits_fn
 from ..masks import block_attention, block_causal_mask, layout_ids
-from .kv_cache import BlockCausalKVCache, module_dtype
+from .kv_cache import BlockCausalKVCache, grouped_attention, module_dtype
 from .loop import BlockLogits, DecodingState, GenerationOutput, decode_blocks
 from .options import BlockCausalOptions
 from .remasking import Noise
@@ -112,7 +114,8 @@ def generate_block_causal(
         dtype = module_dtype(model) if isinstance(model, nn.Module) else torch.float32
         source = _uncached_source(as_logits_fn(model), attention_mask, prompt_length, block_length, dtype, layout)
     blocks = None if layout is None else layout[0]
-    decode_blocks(state, source, options, generator, blocks, compile=options.compile)
+    with grouped_attention(model) if use_cache else contextlib.nullcontext():
+        decode_blocks(state, source, options, generator, blocks, compile=options.compile)
     return state.output(gen_length)
 
 

@@ -26,9 +26,7 @@ later rollouts of the same shapes reuse it.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -78,11 +76,10 @@ class StaticCall:
     compiled, the loop runs it in the same compiled call as the sampler's step after it (one call per step).
 
     ``args``: :func:`static_forward`'s arguments; ``pick`` (`torch.LongTensor`, *optional*): the rows of its logits
-    the loop asked for (``None``: all of them); ``context``: the context manager the forward runs under."""
+    the loop asked for (``None``: all of them)."""
 
     args: tuple
     pick: torch.Tensor | None = None
-    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     def logits(self, forward=static_forward) -> torch.Tensor:
         """The step's logits (the rows asked for), from ``forward`` (:func:`static_forward` or a compiled one)."""

@@ -18,7 +18,6 @@ transformers cache interface that attention layers call, so this module imports 
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 from torch import nn
@@ -68,8 +67,10 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
 
 @contextlib.contextmanager
 def grouped_attention(model):
-    """While the block runs, a model that attends with ``sdpa`` over grouped key/value heads (SDAR's 32 query heads
-    share 8) attends with :func:`grouped_sdpa`; any other model is left as it is."""
+    """While a cached rollout runs (:func:`~.block_causal.generate_block_causal` enters it once per rollout: reading
+    and setting a transformers configuration's attributes costs tens of microseconds each), a model that attends with
+    ``sdpa`` over grouped key/value heads (SDAR's 32 query heads share 8) attends with :func:`grouped_sdpa`; any other
+    model is left as it is."""
     config = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = getattr(text, "num_attention_heads", None)
@@ -200,12 +201,20 @@ class BlockCausalKVCache:
 
     def _inputs(self, canvas: torch.Tensor, lo: int, hi: int, rows, step_rows):
         """Mask `(b, 1, hi - lo, N)`, position ids `(b, hi - lo)`, the columns `[lo, hi)` as a tensor and the logits
-        rows of ``rows``: built once per block and set of live rows."""
+        rows of ``rows``: built once per block and set of live rows (a block's first step forwards the block committed
+        before it too; its later steps' inputs are the last rows of the first step's)."""
         key = (lo, hi, "all" if isinstance(rows, slice) else getattr(step_rows, "active", None))
         if key in self.inputs:
             return self.inputs[key]
         if any(k[1] != hi for k in self.inputs):  # a new block: the previous block's inputs are done
             self.inputs = {}
+        wider = next((k for k in self.inputs if k[0] < lo and k[2] == key[2]), None)
+        if wider is not None:  # a block's later steps: the last query rows of its first step's inputs
+            mask, position_ids, columns, where = self.inputs[wider]
+            skip = lo - wider[0]
+            self.inputs[key] = (mask[:, :, skip:].contiguous(), position_ids[:, skip:].contiguous(),
+                                columns[skip:].contiguous(), where)  # fmt: skip
+            return self.inputs[key]
         length = canvas.shape[1]
         padding = None if self.attention_mask is None else self.attention_mask[self.live, :hi]
         if self.layout is None:
@@ -246,7 +255,7 @@ class BlockCausalKVCache:
         input_ids = canvas[self.live, lo:hi] if len(self.live) < canvas.shape[0] else canvas[:, lo:hi].contiguous()
         self.cached = self.prompt_length + start
         args = (self.model, self.cache, input_ids, mask, position_ids, columns, end - start)
-        return StaticCall(args, where, functools.partial(grouped_attention, self.model))
+        return StaticCall(args, where)
 
     def static_call(self, canvas: torch.Tensor, rows, start: int, end: int, step_rows=None) -> StaticCall | None:
         """This step as a :class:`~.graphs.StaticCall` for the decoding loop to run compiled together with the
@@ -259,12 +268,11 @@ class BlockCausalKVCache:
     def __call__(self, canvas: torch.Tensor, rows, start: int, end: int, step_rows=None) -> torch.Tensor:
         call = self._prepare(canvas, rows, start, end, step_rows)
         _, cache, input_ids, mask, position_ids, columns, keep = call.args
-        with call.context():
-            step = None
-            if self.graphs is not None:
-                step = self.graphs.step(self.model, cache, input_ids, (mask, position_ids, columns), keep)
-            if step is not None:
-                logits = step(input_ids, (mask, position_ids, columns))
-                return logits if call.pick is None else logits[call.pick]
-            # the first call allocates the cache: eager
-            return call.logits(self.compiled if self.compiled is not None and cache.keys else static_forward)
+        step = None
+        if self.graphs is not None:
+            step = self.graphs.step(self.model, cache, input_ids, (mask, position_ids, columns), keep)
+        if step is not None:
+            logits = step(input_ids, (mask, position_ids, columns))
+            return logits if call.pick is None else logits[call.pick]
+        # the first call allocates the cache: eager
+        return call.logits(self.compiled if self.compiled is not None and cache.keys else static_forward)

@@ -397,6 +397,7 @@ def decode_blocks(
     sampled = opts.temperature > 0 or opts.remasking == "random"
     noise = RowStreams(generator, batch, length, max_steps, state.canvas.device) if sampled else None
     row_index: dict[tuple[int, ...], Rows] = {}
+    transfer_tensors: dict[tuple[int, ...], torch.Tensor] = {}
     compiled = compile_once(_step_keyed) if compile else None
     fused = compile_once(_forward_step) if compile and hasattr(source, "static_call") else None
     windows = decoding_windows(blocks, state.prompt_length, length, block_length)
@@ -430,7 +431,13 @@ def decode_blocks(
                 row_masked = masked[rows]
                 n = sum(counts.window[b] for b in active)
                 flat = torch.nonzero_static(row_masked.reshape(-1), size=n).squeeze(1)
-                chosen = None if threshold else _on_device([transfer[b] for b in active], masked.device)
+                if threshold:
+                    chosen = None
+                else:  # read only: the same counts share one tensor
+                    counts_key = tuple(transfer[b] for b in active)
+                    if counts_key not in transfer_tensors:
+                        transfer_tensors[counts_key] = _on_device(list(counts_key), masked.device)
+                    chosen = transfer_tensors[counts_key]
                 most = None if threshold else max(transfer[b] for b in active)
                 step_id = state.num_forwards - 1 if threshold else index * steps_per_block + step
                 tensors = (state.canvas, state.unmask_step, state.logprobs, state.eos, rows, row_masked, member, flat,
@@ -438,8 +445,7 @@ def decode_blocks(
                 if compiled is not None:  # the entries' keys are computed inside the compiled step
                     streams = None if noise is None else noise.tables(start, end)
                     if call is not None:  # the forward too: one compiled call
-                        with call.context():
-                            masked = fused(call.args, call.pick, *tensors, streams, opts, start, end, step_id)
+                        masked = fused(call.args, call.pick, *tensors, streams, opts, start, end, step_id)
                     else:
                         masked = compiled(logits, *tensors, streams, opts, start, end, step_id)
                 else:
