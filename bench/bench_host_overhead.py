@@ -16,8 +16,9 @@ off, its default) reports, per denoising step (= per model forward):
   ``bool(t)``, ``int(t)``), ``nonzero``, ``masked_select``, indexing with a boolean mask, ``repeat_interleave`` without
   an output size, ``unique`` — plus calls of ``Tensor.tolist``, ``.cpu()`` and ``.numpy()`` (which dispatch no
   operation on a CPU tensor), counted by wrapping them; ``syncs_per_step_outside_model`` the part outside the model;
-- ``seconds_per_step``: wall time per step of the same rollout without the counters (median over repeats), and
-  ``tokens_per_second``.
+- ``seconds_per_step``: wall time per step of the same rollout without the counters (median over repeats),
+  ``seconds_per_step_min`` (the fastest repeat: on a shared machine, the least disturbed one) and
+  ``tokens_per_second`` (of the median).
 
 For the samplers that ``compile=True`` (the trainer's ``generation_compile``) compiles — ``prefix_cache``,
 ``dual_cache``, ``block_causal``: the model's cached step and everything the sampler does after it (sampling,
@@ -182,6 +183,7 @@ def measure(size: Size, sampler: str, model, tokenizer, prompt, repeats: int) ->
         "ops_per_step": round(counter.ops / steps, 1),
         "ops_per_step_outside_model": round(counter.ops_outside / steps, 1),
         "seconds_per_step": round(seconds / steps, 6),
+        "seconds_per_step_min": round(min(times) / steps, 6),
         "tokens_per_second": round(out.completion_ids.numel() / seconds, 1),
         "wall_seconds": round(seconds, 4),
         **(_compiled_counts(fn, model, prompt, options) if sampler in COMPILABLE else {}),
@@ -237,12 +239,14 @@ def measure_compiled(size: Size, sampler: str, model, tokenizer, prompt, repeats
     fn, options = _options(size, model, tokenizer, sampler)
     options = replace(options, compile=True)
     compile_seconds, _, out = timed(_rollout, fn, model, prompt, options)
-    seconds = median([timed(_rollout, fn, model, prompt, options)[0] for _ in range(repeats)])
+    times = [timed(_rollout, fn, model, prompt, options)[0] for _ in range(repeats)]
+    seconds = median(times)
     steps = out.num_forwards
     return {
         "steps": steps,
         "compile_seconds": round(compile_seconds, 2),
         "seconds_per_step": round(seconds / steps, 6),
+        "seconds_per_step_min": round(min(times) / steps, 6),
         "tokens_per_second": round(out.completion_ids.numel() / seconds, 1),
         "speedup_over_eager": round(eager["seconds_per_step"] / (seconds / steps), 3),
     }
