@@ -201,10 +201,10 @@ def _compiled_counts(fn, model, prompt, options) -> dict:
 
 def count_compiled(fn, model, prompt, options) -> tuple[HostCounter, int, int]:
     """``(counter, compiled calls, steps)`` of one rollout of ``options`` with ``compile=True`` whose compiled
-    functions (:data:`trl_dllm.core.sampling.graphs._COMPILED`: the cached forward, the sampler's step and the two
-    fused) run eagerly, each call counted as one compiled call and its operations as inside it
+    functions (those :func:`trl_dllm.core.sampling.graphs.compile_once` builds: the cached forward, the sampler's step
+    and the two fused) run eagerly, each call counted as one compiled call and its operations as inside it
     (``counter.ops_outside`` is what stays eager)."""
-    from trl_dllm.core.sampling import graphs, loop
+    from trl_dllm.core.sampling import graphs
 
     counter, calls = HostCounter(model), [0]
 
@@ -219,12 +219,14 @@ def count_compiled(fn, model, prompt, options) -> tuple[HostCounter, int, int]:
 
         return call
 
-    saved = dict(graphs._COMPILED)
-    graphs._COMPILED.update({f: marked(f) for f in (graphs.static_forward, loop._step_keyed, loop._forward_step)})
+    saved, compile_region = dict(graphs._COMPILED), graphs._compile
+    graphs._COMPILED.clear()
+    graphs._compile = marked
     try:
         with counter.counting():
             out = _rollout(fn, model, prompt, replace(options, compile=True))
     finally:
+        graphs._compile = compile_region
         graphs._COMPILED.clear()
         graphs._COMPILED.update(saved)
     return counter, calls[0], out.num_forwards

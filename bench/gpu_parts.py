@@ -490,20 +490,24 @@ def _sampler_eager(eager: bool):
     from trl_dllm.core.sampling import graphs, loop
 
     def model_compiled_only(forward, pick, *step):
-        logits = graphs.compiled_forward()(*forward)
-        return loop._step_keyed(logits if pick is None else logits[pick], *step)
+        return loop._step_keyed(graphs.picked(graphs.compiled_forward()(*forward), pick), *step)
 
     swapped = {loop._step_keyed: loop._step_keyed, loop._forward_step: model_compiled_only}
-    saved = {f: graphs._COMPILED[f] for f in swapped if f in graphs._COMPILED}
-    if eager:
-        graphs._COMPILED.update(swapped)
+    if not eager:
+        yield
+        return
+
+    def take_swapped() -> dict:  # the regions of the swapped functions (the model's own step is kept, compiled)
+        return {key: graphs._COMPILED.pop(key) for key in list(graphs._COMPILED) if key[0] in swapped}
+
+    compile_region, saved = graphs._compile, take_swapped()
+    graphs._compile = lambda fn: swapped.get(fn) or compile_region(fn)
     try:
         yield
     finally:
-        if eager:
-            for f in swapped:
-                graphs._COMPILED.pop(f)
-            graphs._COMPILED.update(saved)
+        graphs._compile = compile_region
+        take_swapped()
+        graphs._COMPILED.update(saved)
 
 
 def plain_forward(model, tokenizer, recipe: Recipe, peak_tflops: float, repeats: int = 3) -> dict:

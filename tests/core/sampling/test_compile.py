@@ -12,10 +12,19 @@ shapes, so the default suite runs one sampled dual-cache case (seconds); the res
 marked slow.
 """
 
+import logging
+
 import pytest
 import torch
 
-from trl_dllm.core.sampling import CachedOptions, generate_cached, graphs, loop
+from trl_dllm.core.sampling import (
+    BlockCausalOptions,
+    CachedOptions,
+    generate_block_causal,
+    generate_cached,
+    graphs,
+    loop,
+)
 from trl_dllm.testing import build_tiny_block_model, build_tiny_model, build_tokenizer
 
 from .conftest import BLOCK
@@ -28,19 +37,22 @@ def _use_backend(monkeypatch, backend):
     caches reset."""
     torch._dynamo.reset()
     calls = []
-    forward = torch.compile(graphs.static_forward, backend=backend, dynamic=None)
-    fused = torch.compile(loop._forward_step, backend=backend, dynamic=None)
+    compile_region = graphs._compile
 
-    def counted_forward(*args):
-        calls.append(args[2].shape)
-        return forward(*args)
+    def counted(fn):
+        compiled = compile_region(fn)
+        if fn not in (graphs.static_forward, loop._forward_step):
+            return compiled
 
-    def counted_fused(forward_args, *step):
-        calls.append(forward_args[2].shape)
-        return fused(forward_args, *step)
+        def call(forward_args, *rest):  # static_forward(model, cache, input_ids, ...), _forward_step(args, ...)
+            calls.append((forward_args if fn is loop._forward_step else (forward_args, *rest))[2].shape)
+            return compiled(forward_args, *rest)
+
+        return call
 
     monkeypatch.setattr(graphs, "_BACKEND", backend)
-    monkeypatch.setattr(graphs, "_COMPILED", {graphs.static_forward: counted_forward, loop._forward_step: counted_fused})
+    monkeypatch.setattr(graphs, "_COMPILED", {})
+    monkeypatch.setattr(graphs, "_compile", counted)
     return calls
 
 
@@ -264,4 +276,95 @@ def test_sampler_step_compiled_once_for_every_rollout(model, tokenizer, compiled
     assert counters["stats"]["unique_graphs"] == graphs_after_first
     assert_same(first, reference)
     assert_same(second, reference)
-    assert loop._step_keyed in graphs._COMPILED  # the sampler's step went through the compiler too
+    assert any(fn is loop._step_keyed for fn, _ in graphs._COMPILED)  # the sampler's step went through the compiler
+
+
+# --- Compiled regions: one per decoding setting, each with its own recompile limit ---
+
+REGIONS = pytest.mark.skipif(not graphs._region_options(), reason="this torch.compile has no per-region limit")
+
+
+@pytest.fixture
+def counting_backend(monkeypatch):
+    """Fresh regions compiled by a backend that counts its compilations (and runs the traced graph as it is)."""
+    torch._dynamo.reset()
+    compilations = []
+
+    def backend(graph_module, example_inputs):
+        compilations.append(graph_module)
+        return graph_module.forward
+
+    monkeypatch.setattr(graphs, "_BACKEND", backend)
+    monkeypatch.setattr(graphs, "_COMPILED", {})
+    yield compilations
+    torch._dynamo.reset()
+
+
+def _scaled(x, name):
+    return x * len(name)  # a string argument is a constant: each distinct one compiles a variant
+
+
+def test_compile_once_builds_one_region_per_setting(counting_backend):
+    first = graphs.compile_once(_scaled, ("setting", 1))
+    assert graphs.compile_once(_scaled, ("setting", 1)) is first
+    assert graphs.compile_once(_scaled, ("setting", 2)) is not first
+    assert graphs.compile_once(_scaled) is not first
+
+
+@REGIONS
+def test_a_region_compiles_past_dynamos_default_limit(counting_backend):
+    """TorchDynamo's default ``recompile_limit`` is 8 variants per function, shared by every caller; a region holds
+    :data:`~graphs.RECOMPILE_LIMIT` of its own: twelve variants in each of two settings all compile."""
+    assert graphs.RECOMPILE_LIMIT > torch._dynamo.config.recompile_limit
+    x = torch.ones(3)
+    for setting in ("a", "b"):
+        step = graphs.compile_once(_scaled, setting)
+        for n in range(1, 13):
+            assert torch.equal(step(x, "x" * n), x * n)
+    assert len(counting_backend) == 24  # none ran eagerly for want of room
+
+
+def _varied_rollouts(model, tokenizer, settings, compile):
+    """Rollouts of the tiny block model as a trainer makes them: prompt lengths and left padding change between
+    calls, in each of ``settings`` (extra options) in turn."""
+    outs = []
+    for extra in settings:
+        for i, length in enumerate((5, 8, 11, 6)):
+            ids = torch.randint(5, 60, (3, length), generator=torch.Generator().manual_seed(i))
+            attention_mask = torch.ones_like(ids)
+            attention_mask[0, : i % 3] = 0
+            options = BlockCausalOptions(mask_token_id=tokenizer.mask_token_id, gen_length=16, block_length=BLOCK,
+                                         diffusion_steps=16, temperature=1.0, return_trajectory=True,
+                                         eos_token_ids=[tokenizer.eos_token_id], compile=compile, **extra)  # fmt: skip
+            generators = [torch.Generator().manual_seed(10 * i + b) for b in range(3)]
+            outs.append(generate_block_causal(model, ids, attention_mask, options=options, generator=generators))
+    return outs
+
+
+@SLOW
+@REGIONS
+def test_varied_rollouts_stay_compiled(model, tokenizer, counting_backend):
+    """Rollouts of varied prompt lengths and padding in two settings (scheduled, then EOS early exit) compile every
+    variant they meet: no region reaches its limit, so no step falls back to eager, and every rollout decodes what
+    the eager one does. With TorchDynamo's default limit, shared by the settings, the fused step reached it within
+    the third rollout."""
+    limit_hits = []
+
+    class Hits(logging.Handler):
+        def emit(self, record):
+            if "recompile_limit" in record.getMessage():
+                limit_hits.append(record.getMessage())
+
+    settings = [{}, dict(eos_early_exit=True)]
+    reference = _varied_rollouts(model, tokenizer, settings, compile=False)
+    handler = Hits()
+    logging.getLogger("torch._dynamo").addHandler(handler)
+    try:
+        outs = _varied_rollouts(model, tokenizer, settings, compile=True)
+    finally:
+        logging.getLogger("torch._dynamo").removeHandler(handler)
+    assert not limit_hits
+    for out, ref in zip(outs, reference):
+        assert_same(out, ref)
+    regions = [region for (fn, _), region in graphs._COMPILED.items() if fn is loop._forward_step]
+    assert len(regions) == len(settings)

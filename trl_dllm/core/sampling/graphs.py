@@ -20,8 +20,9 @@ A graph removes the launches, not the kernels: SDAR-8B's replayed step still ran
 rotary embeddings, activations) around its matrix products. :func:`compiled_forward` is the same cached forward
 compiled by ``torch.compile`` (Inductor fuses those elementwise chains into a few kernels); a static step runs it when
 ``compile`` is on, and a graph then records the compiled kernels. Shapes are not pinned (``dynamic=None``: a size
-that changes between calls is compiled as symbolic once), so a rollout compiles its step at most a few times, and
-later rollouts of the same shapes reuse it.
+that changes between calls is compiled as symbolic once), so a rollout compiles its step a few times, and later
+rollouts reuse it. Each decoding setting compiles in its own region, with its own limit on variants
+(:data:`RECOMPILE_LIMIT`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "cache_keyword",
     "compile_once",
     "compiled_forward",
+    "picked",
     "static_forward",
 ]
 
@@ -83,20 +85,50 @@ class StaticCall:
 
     def logits(self, forward=static_forward) -> torch.Tensor:
         """The step's logits (the rows asked for), from ``forward`` (:func:`static_forward` or a compiled one)."""
-        logits = forward(*self.args)
-        return logits if self.pick is None else logits[self.pick]
+        return picked(forward(*self.args), self.pick)
+
+
+def picked(logits: torch.Tensor, pick: torch.Tensor | None) -> torch.Tensor:
+    """The rows ``pick`` of a step's ``logits`` (all of them where ``pick`` is ``None``)."""
+    return logits if pick is None else logits[pick]
 
 
 _BACKEND = "inductor"
 _COMPILED: dict = {}
 
+RECOMPILE_LIMIT = 32
+"""The compilations each compiled region may hold before TorchDynamo runs its new shapes eagerly. A region is one
+function for one decoding setting (:func:`compile_once`'s ``setting``). A cached step's shapes change within a
+rollout and between rollouts (a block's first step, the rows still decoding, the masked positions left, the prompt
+length, a one-row batch), and each change the compiled code cannot cover compiles a variant. On the tiny models of the
+tests a setting's fused step settles at 12 variants over rollouts of varied prompt lengths and padding
+(docs/generation.md); TorchDynamo's own limit, 8 per function for all settings together, was reached within the third
+rollout."""
 
-def compile_once(fn):
-    """``fn`` under ``torch.compile`` (Inductor, ``dynamic=None``), built once per process so that every rollout
-    shares its compiled code (the compiler's cache is keyed by its guards: the model, the shapes, the options)."""
-    if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn, backend=_BACKEND, dynamic=None)
-    return _COMPILED[fn]
+
+def _region_options() -> dict:
+    """``torch.compile``'s per-region recompile limit and isolation, where this torch has them (2.13 does; older
+    ones share ``torch._dynamo.config.recompile_limit`` between every setting)."""
+    parameters = inspect.signature(torch.compile).parameters
+    if "recompile_limit" not in parameters or "isolate_recompiles" not in parameters:
+        return {}
+    return {"recompile_limit": RECOMPILE_LIMIT, "isolate_recompiles": True}
+
+
+def _compile(fn):
+    """``fn`` under ``torch.compile``: Inductor, ``dynamic=None``, one isolated region (:func:`_region_options`)."""
+    return torch.compile(fn, backend=_BACKEND, dynamic=None, **_region_options())
+
+
+def compile_once(fn, setting=None):
+    """``fn`` compiled (:func:`_compile`), built once per process and ``setting`` so that every rollout of a setting
+    shares its compiled code (the compiler's cache is keyed by its guards: the model, the shapes, the options).
+    ``setting`` (hashable, *optional*): the decoding options the caller runs ``fn`` with; each setting is its own
+    region, whose variants count against its own :data:`RECOMPILE_LIMIT`."""
+    key = (fn, setting)
+    if key not in _COMPILED:
+        _COMPILED[key] = _compile(fn)
+    return _COMPILED[key]
 
 
 def compiled_forward():

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..masks import block_attention, block_causal_mask
-from .graphs import StaticCall, StepGraphs, cache_keyword, compiled_forward, static_forward
+from .graphs import StaticCall, StepGraphs, cache_keyword, compiled_forward, picked, static_forward
 
 __all__ = ["GROUPED_SDPA", "BlockCausalKVCache", "SlotCache", "grouped_attention", "grouped_sdpa", "module_dtype"]
 
@@ -273,6 +273,6 @@ class BlockCausalKVCache:
             step = self.graphs.step(self.model, cache, input_ids, (mask, position_ids, columns), keep)
         if step is not None:
             logits = step(input_ids, (mask, position_ids, columns))
-            return logits if call.pick is None else logits[call.pick]
+            return picked(logits, call.pick)
         # the first call allocates the cache: eager
         return call.logits(self.compiled if self.compiled is not None and cache.keys else static_forward)

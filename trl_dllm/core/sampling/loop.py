@@ -18,11 +18,11 @@ See ``docs/generation.md`` for the options, formulas and trajectory fields.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
-from .graphs import compile_once, static_forward
+from .graphs import compile_once, picked, static_forward
 from .noise import KeyedNoise, RowStreams, entry_keys
 from .options import DecodingOptions
 from .remasking import REMASKING, Noise, sample_tokens, sampling_log_probs, select_above, select_top
@@ -185,8 +185,7 @@ def _forward_step(forward: tuple, pick: torch.Tensor | None, *step) -> torch.Ten
     """A whole cached denoising step: the forward (:func:`~.graphs.static_forward` of ``forward``, the rows ``pick``
     of its logits) and then :func:`_step_keyed` with the arguments ``step`` that follow its logits — what ``compile``
     compiles into one call per step where the logits source prepares its step as a :class:`~.graphs.StaticCall`."""
-    logits = static_forward(*forward)
-    return _step_keyed(logits if pick is None else logits[pick], *step)
+    return _step_keyed(picked(static_forward(*forward), pick), *step)
 
 
 def _commit(canvas, unmask_step, logprobs, rows: Rows, start: int, end: int, result: _StepResult, step: int) -> None:
@@ -398,8 +397,9 @@ def decode_blocks(
     noise = RowStreams(generator, batch, length, max_steps, state.canvas.device) if sampled else None
     row_index: dict[tuple[int, ...], Rows] = {}
     transfer_tensors: dict[tuple[int, ...], torch.Tensor] = {}
-    compiled = compile_once(_step_keyed) if compile else None
-    fused = compile_once(_forward_step) if compile and hasattr(source, "static_call") else None
+    setting = _setting(opts) if compile else None
+    compiled = compile_once(_step_keyed, setting) if compile else None
+    fused = compile_once(_forward_step, setting) if compile and hasattr(source, "static_call") else None
     windows = decoding_windows(blocks, state.prompt_length, length, block_length)
     planned = None if read_every_step else _scheduled_counts(state, windows)
     following = None  # counts of the next window, read with the last step's (no extra synchronisation)
@@ -458,6 +458,13 @@ def decode_blocks(
                 else:
                     counts.committed(active, [transfer[b] for b in active])
             step += 1
+
+
+def _setting(opts: DecodingOptions) -> tuple:
+    """``opts`` as a hashable key (its type and field values, sequences as tuples): the compiled region of a decoding
+    setting (:func:`~.graphs.compile_once`)."""
+    values = ((f.name, getattr(opts, f.name)) for f in fields(opts))
+    return (type(opts).__name__, *((name, tuple(v) if isinstance(v, list) else v) for name, v in values))
 
 
 def check_generators(generator: Noise, batch_size: int) -> None:
