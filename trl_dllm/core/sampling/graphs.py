@@ -100,10 +100,10 @@ RECOMPILE_LIMIT = 32
 """The compilations each compiled region may hold before TorchDynamo runs its new shapes eagerly. A region is one
 function for one decoding setting (:func:`compile_once`'s ``setting``). A cached step's shapes change within a
 rollout and between rollouts (a block's first step, the rows still decoding, the masked positions left, the prompt
-length, a one-row batch), and each change the compiled code cannot cover compiles a variant. On the tiny models of the
-tests a setting's fused step settles at 12 variants over rollouts of varied prompt lengths and padding
-(docs/generation.md); TorchDynamo's own limit, 8 per function for all settings together, was reached within the third
-rollout."""
+length, a one-row batch), and each change the compiled code cannot cover compiles a variant. On a tiny model the
+block-causal fused step settled at 12 variants per setting over rollouts of varied prompt lengths and padding
+(``bench/bench_recompiles.py``, docs/benchmarks.md); TorchDynamo's own limit, 8 per function for all settings
+together, was reached in the third rollout."""
 
 
 def _region_options() -> dict:

@@ -385,7 +385,8 @@ def decode_blocks(
     does after the forward (sampling, selection, the commit, EOS early exit) runs compiled (:func:`_step_keyed` under
     :func:`~.graphs.compile_once`); where the source prepares its step as a :class:`~.graphs.StaticCall` (its
     ``static_call``, the KV caches' cached steps), the forward and all of that are one compiled call
-    (:func:`_forward_step`).
+    (:func:`_forward_step`). Each decoding setting (``opts``) has compiled regions of its own, so that one setting's
+    variants leave room for another's (:data:`~.graphs.RECOMPILE_LIMIT`).
     """
     check_generators(generator, state.canvas.shape[0])
     block_length, steps_per_block = opts.block_length, opts.steps_per_block
