@@ -20,10 +20,11 @@ off, its default) reports, per denoising step (= per model forward):
   ``seconds_per_step_min`` (the fastest repeat: on a shared machine, the least disturbed one) and
   ``tokens_per_second`` (of the median).
 
-For the samplers that ``compile=True`` (the trainer's ``generation_compile``) compiles — ``prefix_cache``,
-``dual_cache``, ``block_causal``: the model's cached step and everything the sampler does after it (sampling,
-selection, the commit, EOS early exit), one compiled call per step (a refresh or a rollout's first step, which
-allocates the cache, runs the forward eagerly and the sampler's step compiled) — ``ops_per_step_outside_compiled``
+With ``compile=True`` (the trainer's ``generation_compile``) every sampler compiles everything it does after a
+forward (sampling, selection, the commit, EOS early exit); ``prefix_cache``, ``dual_cache`` and ``block_causal``
+compile their cached forward with it, one compiled call per step (a refresh or a rollout's first step, which
+allocates the cache, runs the forward eagerly and the sampler's step compiled), while ``fixed`` and ``threshold``
+forward the whole canvas eagerly. ``ops_per_step_outside_compiled``
 counts the aten operations a compiled rollout still dispatches eagerly per step outside its compiled calls
 (``compiled_calls_per_step``, each a few fused kernels), which is what its host launches one by one. A dispatch-mode
 counter cannot see inside compiled code (under one, compiled functions run eagerly), so this rollout runs the compiled
@@ -54,6 +55,7 @@ from bench.common import (
     QUICK,
     Size,
     build,
+    compiled_regions,
     emit,
     environment,
     median,
@@ -73,7 +75,7 @@ from trl_dllm.core.sampling import (
 )
 
 SAMPLERS = ("fixed", "threshold", "prefix_cache", "dual_cache", "block_causal")
-COMPILABLE = ("prefix_cache", "dual_cache", "block_causal")
+COMPILABLE = SAMPLERS
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_consecutive"}
 SYNC_METHODS = ("tolist", "cpu", "numpy")
 BLOCK_CAUSAL_BLOCK = 4  # SDAR / TraDo's native block: the host-bound case of the issue
@@ -204,8 +206,6 @@ def count_compiled(fn, model, prompt, options) -> tuple[HostCounter, int, int]:
     functions (those :func:`trl_dllm.core.sampling.graphs.compile_once` builds: the cached forward, the sampler's step
     and the two fused) run eagerly, each call counted as one compiled call and its operations as inside it
     (``counter.ops_outside`` is what stays eager)."""
-    from trl_dllm.core.sampling import graphs
-
     counter, calls = HostCounter(model), [0]
 
     def marked(function):
@@ -219,16 +219,8 @@ def count_compiled(fn, model, prompt, options) -> tuple[HostCounter, int, int]:
 
         return call
 
-    saved, compile_region = dict(graphs._COMPILED), graphs._compile
-    graphs._COMPILED.clear()
-    graphs._compile = marked
-    try:
-        with counter.counting():
-            out = _rollout(fn, model, prompt, replace(options, compile=True))
-    finally:
-        graphs._compile = compile_region
-        graphs._COMPILED.clear()
-        graphs._COMPILED.update(saved)
+    with compiled_regions(marked), counter.counting():
+        out = _rollout(fn, model, prompt, replace(options, compile=True))
     return counter, calls[0], out.num_forwards
 
 

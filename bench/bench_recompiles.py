@@ -31,7 +31,7 @@ from dataclasses import replace
 import torch
 
 from bench.bench_host_overhead import _options, host_size
-from bench.common import build, emit, environment, parser, random_ids, setup
+from bench.common import build, compiled_regions, emit, environment, parser, random_ids, setup
 
 SAMPLERS = ("block_causal", "dual_cache", "prefix_cache")
 SETTINGS = {"scheduled": {}, "eos_early_exit": dict(eos_early_exit=True), "threshold": dict(confidence_threshold=0.9)}
@@ -49,7 +49,7 @@ class _LimitHits(logging.Handler):
 
 @contextlib.contextmanager
 def counted_regions(shared_limit: bool):
-    """Fresh compiled regions, each traced by a backend that counts its graphs; yields ``{function name: [counts]}``
+    """Fresh compiled regions, each traced by a backend that keeps its graphs; yields ``{function name: [graphs]}``
     (one list per region built, in order) and the limit-hit counter."""
     from trl_dllm.core.sampling import graphs
 
@@ -60,25 +60,20 @@ def counted_regions(shared_limit: bool):
         counts.setdefault(fn.__name__, []).append(graphs_of_region)
 
         def backend(graph_module, example_inputs):
-            graphs_of_region.append(len(graph_module.graph.nodes))
+            graphs_of_region.append(graph_module)
             return graph_module.forward
 
         options = {} if shared_limit else graphs._region_options()
         return torch.compile(fn, backend=backend, dynamic=None, **options)
 
     torch._dynamo.reset()
-    saved, compile_region = dict(graphs._COMPILED), graphs._compile
-    graphs._COMPILED.clear()
-    graphs._compile = region
     hits, dynamo_log = _LimitHits(), logging.getLogger("torch._dynamo")
     dynamo_log.addHandler(hits)
     try:
-        yield counts, hits
+        with compiled_regions(region):
+            yield counts, hits
     finally:
         dynamo_log.removeHandler(hits)
-        graphs._compile = compile_region
-        graphs._COMPILED.clear()
-        graphs._COMPILED.update(saved)
         torch._dynamo.reset()
 
 

@@ -6,6 +6,7 @@ Not a script; see ``bench/run_all.py`` (``python -m bench.run_all``) and ``docs/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -134,6 +135,28 @@ def timed(fn, *args, **kwargs) -> tuple[float, float, object]:
     wall, cpu = time.perf_counter(), time.process_time()
     out = fn(*args, **kwargs)
     return time.perf_counter() - wall, time.process_time() - cpu, out
+
+
+@contextlib.contextmanager
+def compiled_regions(build, functions=None):
+    """While the block runs, the decoding loop's compiled regions (:func:`trl_dllm.core.sampling.graphs.compile_once`)
+    are built by ``build(fn)`` in place of ``torch.compile``: for every function, or for those in ``functions`` only
+    (the others compile as usual, and keep what they compiled). The process's own regions of the swapped functions
+    are put back after."""
+    from trl_dllm.core.sampling import graphs
+
+    def take() -> dict:
+        return {key: graphs._COMPILED.pop(key) for key in list(graphs._COMPILED)
+                if functions is None or key[0] in functions}  # fmt: skip
+
+    compile_region, saved = graphs._compile, take()
+    graphs._compile = build if functions is None else lambda fn: (build if fn in functions else compile_region)(fn)
+    try:
+        yield
+    finally:
+        graphs._compile = compile_region
+        take()
+        graphs._COMPILED.update(saved)
 
 
 def median(values) -> float:

@@ -15,8 +15,9 @@ part — a run cut short keeps what it measured — and prints a table at the en
   per forward and step, MFU, peak memory; FLOPs counted by torch's counter with our formulas and analytically
   (``bench/gpu_flops.py``);
 - ``families.<f>.compiled_rollouts`` (``--compile``; SDAR and LLaDA): the same rollouts with ``generation_compile``
-  (SDAR also with ``generation_cuda_graphs``; LLaDA with the dual cache), timed warm, with the first (compiling)
-  rollout's time and a check that they decode the uncompiled tokens at temperature 0;
+  (SDAR also with ``generation_cuda_graphs``; LLaDA with fixed steps, where only the sampler's work after the forward
+  compiles, and with the dual cache), timed warm, with the first (compiling) rollout's time and a check that they
+  decode the uncompiled tokens at temperature 0;
 - ``families.<f>.numerics`` (LLaDA, Dream, SDAR): sdpa vs eager logits, padded vs unpadded completions at
   temperature 0, the ELBO estimate in bf16 vs float32;
 - ``train``: one micro-step of recipes/llada/stabledrl_gsm8k_lora.yaml (LoRA, activation checkpointing off and on,

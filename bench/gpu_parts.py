@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import torch
 
 from bench import gpu_flops
+from bench.common import compiled_regions
 from trl_dllm.models import resolve_model_spec
 from trl_dllm.models.families import native_config, native_layout
 from trl_dllm.models.tiny_families import build_family_tokenizer, tiny_original_config
@@ -443,11 +444,13 @@ COMPILED_SETTINGS = {
              "cuda_graphs_compile": {"generation_cuda_graphs": True, "generation_compile": True},
              # the same with the sampler's step (softmax, noise, selection) left eager: where the compiled time goes
              "cuda_graphs_compile_model_only": {"generation_cuda_graphs": True, "generation_compile": True}},
-    "llada": {"generation_cache_dual_compile": {"generation_cache": "dual", "generation_compile": True}},
+    # the full-canvas rollout (the README recipe's): the forward eager, the sampler's work after it compiled
+    "llada": {"compile": {"generation_compile": True},
+              "generation_cache_dual_compile": {"generation_cache": "dual", "generation_compile": True}},
 }  # fmt: skip
 NOT_COMPILED = {
-    "dream": "its rollouts decode the whole canvas (no cached step: generation_cache is not supported with "
-             "shifted-logit families)",
+    "dream": "its full-canvas rollout compiles the sampler's work after the forward, as LLaDA's `compile` setting "
+             "measures; not measured again here",
     "llada2": "mixture of experts: its expert dispatch reads counts on the host (graph breaks); not measured",
     "llada_moe": "mixture of experts, and its native class returns no KV cache; not measured",
 }  # fmt: skip
@@ -496,18 +499,8 @@ def _sampler_eager(eager: bool):
     if not eager:
         yield
         return
-
-    def take_swapped() -> dict:  # the regions of the swapped functions (the model's own step is kept, compiled)
-        return {key: graphs._COMPILED.pop(key) for key in list(graphs._COMPILED) if key[0] in swapped}
-
-    compile_region, saved = graphs._compile, take_swapped()
-    graphs._compile = lambda fn: swapped.get(fn) or compile_region(fn)
-    try:
+    with compiled_regions(swapped.get, functions=swapped):  # the model's own step stays compiled
         yield
-    finally:
-        graphs._compile = compile_region
-        take_swapped()
-        graphs._COMPILED.update(saved)
 
 
 def plain_forward(model, tokenizer, recipe: Recipe, peak_tflops: float, repeats: int = 3) -> dict:

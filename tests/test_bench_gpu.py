@@ -388,7 +388,7 @@ def test_launch_command_runs_on_cpu(tmp_path, launcher):
 @pytest.mark.slow
 def test_compiled_rollouts_on_the_quick_shapes(monkeypatch):
     """`--compile`'s part on CPU: SDAR's compiled settings (also with the static buffers of cuda_graphs) and LLaDA's
-    compiled dual cache decode the uncompiled tokens; other families say why they are not measured. The step is
+    compiled full-canvas rollout and dual cache decode the uncompiled tokens; other families say why they are not measured. The step is
     compiled with the `aot_eager` backend here (tests/core/sampling/test_compile.py runs Inductor)."""
     from trl_dllm.core.sampling import graphs
 
@@ -396,7 +396,7 @@ def test_compiled_rollouts_on_the_quick_shapes(monkeypatch):
     monkeypatch.setattr(graphs, "_BACKEND", "aot_eager")
     monkeypatch.setattr(graphs, "_COMPILED", {})
     recipe = gpu_parts.QUICK_RECIPE
-    for family, settings in (("sdar", {"compile", "cuda_graphs_compile", "cuda_graphs_compile_model_only"}), ("llada", {"generation_cache_dual_compile"})):
+    for family, settings in (("sdar", {"compile", "cuda_graphs_compile", "cuda_graphs_compile_model_only"}), ("llada", {"compile", "generation_cache_dual_compile"})):
         shape = gpu_parts.QUICK_SHAPES[family]
         tokenizer, model = gpu_parts.build_model(shape)
         measured = gpu_parts.rollouts(model, tokenizer, shape, recipe, 1.0, threshold=False)

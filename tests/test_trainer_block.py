@@ -137,21 +137,18 @@ def test_cuda_graphs_refused_where_they_cannot_run(tmp_path, tiny_block_model_pa
         make_args(tmp_path, generation_cuda_graphs=True, block_kv_cache=False)
 
 
-def test_generation_compile_refused_where_there_is_no_cached_step(tmp_path, tiny_model_path):
-    with pytest.raises(ValueError, match=r"generation_compile=True compiles the cached denoising step; this model "
-                                         r"\('generic' family\) decodes the whole canvas"):  # fmt: skip
-        make_trainer(tmp_path, tiny_model_path, generation_compile=True)
-
-
 @pytest.mark.slow
-def test_generation_compile_trains(tmp_path, tiny_block_model_path):
-    """The trainer's rollouts run through the compiled cached step (TorchDynamo compiled graphs of it) and train."""
+@pytest.mark.parametrize("model", ["block", "bidirectional"])
+def test_generation_compile_trains(tmp_path, tiny_block_model_path, tiny_model_path, model):
+    """The trainer's rollouts run compiled (TorchDynamo compiled graphs of them) and train: the block KV cache's
+    steps, and a bidirectional model's full-canvas steps (the sampler's work after the forward)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    trainer = make_trainer(tmp_path, tiny_block_model_path, loss_type="stabledrl", max_steps=1,
-                           generation_compile=True)  # fmt: skip
+    path = tiny_block_model_path if model == "block" else tiny_model_path
+    trainer = make_trainer(tmp_path, path, loss_type="stabledrl", max_steps=1, generation_compile=True)
+    assert trainer.args.generation_compile
     train_and_check(trainer)
     assert counters["stats"]["unique_graphs"] >= 1
     torch._dynamo.reset()

@@ -134,14 +134,15 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
             (docs/generation.md). The same tokens as without. Not for mixture-of-experts models (their expert dispatch
             reads counts on the host, which a graph cannot record).
         generation_compile (`bool`, *optional*, defaults to `False`):
-            Run the cached denoising steps of rollouts compiled by `torch.compile` (Inductor): block-diffusion models
-            with `block_kv_cache`, bidirectional ones with `generation_cache="prefix"` / `"dual"` (their cached steps;
-            refreshes stay eager). Compilation fuses a step's small elementwise kernels (norms, rotary embeddings,
-            activations); with `generation_cuda_graphs` the graphs record the compiled step. The first rollouts
-            compile a handful of shapes (seconds to minutes, once per process); the tokens are the eager step's up
-            to the rounding of fused kernels. Off by default until a GPU measurement shows the gain
-            (docs/generation.md). Refused under DeepSpeed ZeRO-3 / FSDP and for families that decode without our
-            cache.
+            Run the denoising steps of rollouts compiled by `torch.compile` (Inductor): the sampler's work after each
+            forward (softmax, noise, sampling, selection, the commit) always; the forward too where it is a cached
+            step — block-diffusion models with `block_kv_cache`, bidirectional ones with `generation_cache="prefix"`
+            / `"dual"` (refreshes stay eager). Compilation fuses a step's small elementwise kernels (norms, rotary
+            embeddings, activations); with `generation_cuda_graphs` the graphs record the compiled step. The first
+            rollouts compile a handful of shapes (seconds to minutes, once per process); the tokens are the eager
+            step's up to the rounding of fused kernels. Off by default until a GPU measurement shows the gain
+            (docs/generation.md). Refused for DiffusionGemma (its own sampler) and, where a cached forward compiles,
+            under DeepSpeed ZeRO-3 / FSDP.
         generation_cache (`str`, *optional*, defaults to `"none"`):
             Bidirectional models (LLaDA, generic): Fast-dLLM's *approximate* KV cache for rollouts. `"prefix"` reuses
             the keys/values of the prompt and the committed blocks within a block, `"dual"` also those of the later
@@ -299,7 +300,7 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
     )
     generation_compile: bool = field(
         default=False,
-        metadata={"help": "Compile the cached denoising step of rollouts with torch.compile (block KV cache, prefix/dual)."},
+        metadata={"help": "Compile the denoising steps of rollouts with torch.compile (the sampler's work; cached forwards too)."},
     )
     generation_cache: str = field(
         default="none",

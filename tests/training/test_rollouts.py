@@ -88,12 +88,15 @@ def test_decoding_plan_picks_the_sampler_of_the_family_and_cache():
     assert options.compile is False
 
 
-def test_generation_compile_goes_to_the_cached_samplers_and_is_refused_elsewhere():
+def test_generation_compile_goes_to_every_sampler_of_our_loop():
+    """Block-diffusion and cached rollouts compile their cached steps; the plain bidirectional rollout compiles the
+    sampler's work after its forward (`DecodingOptions.compile`). DiffusionGemma's own sampler refuses it
+    (test_diffusion_gemma_rollouts)."""
     model, args = torch.nn.Linear(1, 1), _Args()
     args.generation_compile = True
     assert decoding_plan(model, dataclasses.replace(BLOCK, block_length=2), args, eos_token_ids=[2]).options.compile
-    with pytest.raises(ValueError, match=r"\('llada' family\) decodes the whole canvas .* set generation_cache='dual'"):
-        decoding_plan(model, LLADA_NATIVE, args, eos_token_ids=[2])
+    plan = decoding_plan(model, LLADA_NATIVE, args, eos_token_ids=[2])
+    assert plan.sampler is generate and type(plan.options) is DecodingOptions and plan.options.compile is True
     args.generation_cache = "dual"
     assert decoding_plan(model, LLADA_NATIVE, args, eos_token_ids=[2]).options.compile is True
 

@@ -148,34 +148,39 @@ def check_cuda_graphs(args, spec: ModelSpec, model, device_type: str, sharded: b
         raise ValueError(f"generation_cuda_graphs=True cannot be honoured: {problem}. Set generation_cuda_graphs=False.")
 
 
-def compiled_step_refusal(spec: ModelSpec, generation_cache: str) -> str | None:
-    """The message refusing `generation_compile` when this family and cache have no cached denoising step to compile,
-    or `None`."""
-    if spec.noise == "uniform":
-        problem = (f"this model ({spec.family!r} family) decodes with its own generate()'s sampler, which is not "
-                   "compiled here:")
-    elif spec.family != "block" and generation_cache == "none":
-        problem = (f"this model ({spec.family!r} family) decodes the whole canvas at every step: set "
-                   "generation_cache='dual' or 'prefix' (Fast-dLLM's approximate caches) to compile their cached "
-                   "steps, or")  # fmt: skip
-    else:
+def compiled_step_refusal(spec: ModelSpec) -> str | None:
+    """The message refusing `generation_compile` for a family whose rollouts do not run our decoding loop
+    (DiffusionGemma's own sampler), or `None`."""
+    if spec.noise != "uniform":
         return None
-    return f"generation_compile=True compiles the cached denoising step; {problem} set generation_compile=False."
+    return (f"generation_compile=True compiles the denoising steps of our decoding loop; this model ({spec.family!r} "
+            "family) decodes with its own generate()'s sampler, which is not compiled here: set "
+            "generation_compile=False.")  # fmt: skip
+
+
+def compiles_forward(spec: ModelSpec, generation_cache: str) -> bool:
+    """Whether `generation_compile` compiles the model's forward too: the cached steps of block-diffusion models and
+    of Fast-dLLM's caches do; without a cache only the sampler's work after the forward is compiled."""
+    return spec.family == "block" or generation_cache != "none"
 
 
 def check_compile(args, spec: ModelSpec, sharded: bool) -> None:
-    """`generation_compile` at construction: a cached step to compile (:func:`compiled_step_refusal`), and the
-    parameters whole (ZeRO-3 / FSDP gather them through hooks inside each forward, which the compiled step would
-    have to trace; untested, so refused)."""
+    """`generation_compile` at construction: a decoding loop to compile (:func:`compiled_step_refusal`), and, where
+    the forward is compiled (:func:`compiles_forward`), the parameters whole: ZeRO-3 / FSDP gather them through
+    hooks inside each forward, which the compiled step would have to trace (untested, so refused). The sampler's work
+    alone reads no parameter, so it compiles under any sharding."""
     if not args.generation_compile:
         return
-    if (refusal := compiled_step_refusal(spec, args.generation_cache)) is not None:
+    if (refusal := compiled_step_refusal(spec)) is not None:
         raise ValueError(refusal)
-    if sharded:
+    if sharded and compiles_forward(spec, args.generation_cache):
+        cache = "block_kv_cache" if spec.family == "block" else f"generation_cache={args.generation_cache!r}"
         raise ValueError(
-            "generation_compile=True cannot be honoured under DeepSpeed ZeRO-3 / FSDP: their parameters are gathered "
-            "by hooks inside each forward, which a compiled step would trace. Use ZeRO-2 or DDP, or set "
-            "generation_compile=False."
+            f"generation_compile=True with {cache} compiles the cached forward, which cannot be honoured under "
+            "DeepSpeed ZeRO-3 / FSDP: their parameters are gathered by hooks inside each forward, which a compiled "
+            "step would trace. Use ZeRO-2 or DDP, or set generation_compile=False"
+            + ("" if spec.family == "block" else ", or generation_cache='none' (only the sampler's work is then "
+               "compiled, which shards do not touch)") + "."
         )
 
 

@@ -75,7 +75,7 @@ def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
             "family) decodes without that cache: set generation_cuda_graphs=False."
         )
     compile = fields.pop("compile", False)
-    if compile and (refusal := compiled_step_refusal(spec, fields.get("generation_cache", "none"))) is not None:
+    if compile and (refusal := compiled_step_refusal(spec)) is not None:
         raise ValueError(refusal)
     if spec.noise == "uniform":
         fields.setdefault("eos_token_ids", spec.eos_token_ids)
@@ -93,7 +93,7 @@ def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
         if fields.pop("cfg_scale", 0.0):
             raise ValueError(f"generation_cache={cache!r} does not support classifier-free guidance: set cfg_scale=0.")
         return DecodingPlan(generate_cached, model, CachedOptions(**fields, generation_cache=cache, compile=compile))
-    return DecodingPlan(generate, model_logits_fn(model, spec), DecodingOptions(**fields))
+    return DecodingPlan(generate, model_logits_fn(model, spec), DecodingOptions(**fields, compile=compile))
 
 
 def decoding_plan(

@@ -2,7 +2,8 @@
 ``generation_compile``): the cached steps run through :func:`trl_dllm.core.sampling.graphs.compiled_forward` and give
 the tokens, steps and log-probs of the eager cached step — at temperature 0 and, with the same keyed noise, at
 temperature 1 — with left padding, both block layouts, threshold decoding, EOS early exit (rows leaving the cache),
-the static buffers of ``cuda_graphs`` and LoRA; and the approximate caches of bidirectional models likewise.
+the static buffers of ``cuda_graphs`` and LoRA; the approximate caches of bidirectional models likewise; and the
+full-canvas bidirectional rollout (``DecodingOptions.compile``), whose sampler's work alone is compiled.
 
 Most tests compile with the ``aot_eager`` backend: TorchDynamo traces the step (the cache's writes at a column
 tensor, its attribute set and reset, the model's forward) and AOTAutograd functionalises it, which is where a traced
@@ -20,6 +21,8 @@ import torch
 from trl_dllm.core.sampling import (
     BlockCausalOptions,
     CachedOptions,
+    DecodingOptions,
+    generate,
     generate_block_causal,
     generate_cached,
     graphs,
@@ -31,16 +34,30 @@ from .conftest import BLOCK
 from .test_graphs import assert_same, lora_block_model, run
 
 
+class Calls(list):
+    """The compiled forwards' input-id shapes, in call order; ``sampler_steps``: the calls of the sampler's step
+    compiled alone (:func:`loop._step_keyed`, after an eager forward)."""
+
+    sampler_steps = 0
+
+
 def _use_backend(monkeypatch, backend):
     """The process's compiled functions, rebuilt with ``backend``; the compiled forwards counted (the model's step
-    alone, or fused with the sampler's step after it: :func:`loop._forward_step`), by their input ids' shape; dynamo's
-    caches reset."""
+    alone, or fused with the sampler's step after it: :func:`loop._forward_step`), by their input ids' shape, and the
+    sampler's steps compiled alone; dynamo's caches reset."""
     torch._dynamo.reset()
-    calls = []
+    calls = Calls()
     compile_region = graphs._compile
 
     def counted(fn):
         compiled = compile_region(fn)
+        if fn is loop._step_keyed:
+
+            def step(*args):
+                calls.sampler_steps += 1
+                return compiled(*args)
+
+            return step
         if fn not in (graphs.static_forward, loop._forward_step):
             return compiled
 
@@ -180,6 +197,69 @@ def test_inductor_dual_cache(inductor):
 
 
 MASK, EOS = 3, 7
+
+
+def _plain(compile, model=None, **decoding):
+    """A full-canvas bidirectional rollout (:func:`generate`, no cache) of three prompts, two left-padded, with one
+    generator per row."""
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer, seed=0).eval() if model is None else model
+    prompt = torch.randint(5, 60, (3, 5), generator=torch.Generator().manual_seed(0))
+    prompt_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
+    options = DecodingOptions(
+        mask_token_id=tokenizer.mask_token_id, gen_length=12, block_length=4, diffusion_steps=12,
+        return_trajectory=True, compile=compile, **decoding,
+    )  # fmt: skip
+    generators = [torch.Generator().manual_seed(b) for b in range(3)]
+    return generate(model, prompt.masked_fill(prompt_mask == 0, 0), prompt_mask, options=options,
+                    generator=generators)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "decoding",
+    [
+        dict(temperature=1.0),
+        pytest.param(dict(temperature=0.0, confidence_threshold=0.5), marks=SLOW),
+        pytest.param(dict(temperature=1.0, top_p=0.9, eos_token_ids=[7], eos_early_exit=True), marks=SLOW),
+        pytest.param(dict(temperature=1.0, cfg_scale=1.0, remasking="random"), marks=SLOW),
+    ],
+)
+def test_compiled_full_canvas_steps(compiled, decoding):
+    """Without a cache the forward of the whole canvas stays eager and the sampler's work after it runs compiled, at
+    every step: the eager rollout's tokens, steps and log-probs (padding, threshold decoding, EOS early exit,
+    guidance)."""
+    reference = _plain(False, **decoding)
+    out = _plain(True, **decoding)
+    assert_same(out, reference)
+    assert compiled.sampler_steps == out.num_forwards and not compiled  # no forward was compiled
+
+
+@SLOW
+def test_compiled_full_canvas_steps_lora(compiled):
+    from peft import LoraConfig, get_peft_model
+
+    tokenizer = build_tokenizer()
+    lora = get_peft_model(build_tiny_model(tokenizer, seed=0),
+                          LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])).eval()  # fmt: skip
+    with torch.no_grad():
+        for name, param in lora.named_parameters():
+            if "lora_B" in name:  # PEFT starts B at zero: give the adapter an effect
+                param.normal_(0, 0.05, generator=torch.Generator().manual_seed(1))
+    reference = _plain(False, lora, temperature=1.0)
+    assert_same(_plain(True, lora, temperature=1.0), reference)
+    assert compiled.sampler_steps
+
+
+@SLOW
+def test_inductor_full_canvas_steps(inductor):
+    """Inductor's kernels: the same tokens and steps; log-probs within fused-kernel rounding."""
+    for decoding in (dict(temperature=1.0), dict(temperature=0.0, confidence_threshold=0.5)):
+        reference = _plain(False, **decoding)
+        out = _plain(True, **decoding)
+        assert torch.equal(out.sequences, reference.sequences)
+        assert torch.equal(out.unmask_step, reference.unmask_step)
+        torch.testing.assert_close(out.logprobs, reference.logprobs, rtol=1e-4, atol=1e-4)
+    assert inductor.sampler_steps
 
 
 def _step_inputs(vocab=40, seed=0):

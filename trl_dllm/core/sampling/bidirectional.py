@@ -70,7 +70,8 @@ def generate(
     Steps that commit nothing (``steps_per_block > block_length``) are skipped without a forward pass. With
     ``eos_early_exit``, a row is finished once its first EOS is committed and nothing before it is masked: its masked
     positions are filled with ``eos_token_ids[0]`` and it is no longer forwarded (an approximation of the full
-    rollout, exact when the model would have decoded EOS there anyway; opt-in).
+    rollout, exact when the model would have decoded EOS there anyway; opt-in). With ``compile``, steps 2–4 (and
+    the commit, EOS early exit) run as one compiled function per step; the forward stays eager.
 
     Args:
         model (`nn.Module` or logits function): denoiser; modules are wrapped by
@@ -102,5 +103,5 @@ def generate(
         mask = None if attention_mask is None else attention_mask[rows]
         return _block_logits(logits_fn, canvas[rows], mask, prompt_length, positions[(start, end)], options)
 
-    decode_blocks(state, source, options, generator)
+    decode_blocks(state, source, options, generator, compile=options.compile)
     return state.output()

@@ -462,7 +462,7 @@ def decode_blocks(
 
 
 def _setting(opts: DecodingOptions) -> tuple:
-    """``opts`` as a hashable key (its type and field values, sequences as tuples): the compiled region of a decoding
+    """``opts`` as a hashable key (its type and field values, lists as tuples): the compiled region of a decoding
     setting (:func:`~.graphs.compile_once`)."""
     values = ((f.name, getattr(opts, f.name)) for f in fields(opts))
     return (type(opts).__name__, *((name, tuple(v) if isinstance(v, list) else v) for name, v in values))

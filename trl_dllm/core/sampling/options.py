@@ -52,6 +52,13 @@ class DecodingOptions:
         eos_early_exit (`bool`, *optional*, defaults to `False`): stop decoding rows that are finished (their first
             EOS committed, nothing masked before it); needs ``eos_token_ids``.
         return_trajectory (`bool`, *optional*, defaults to `False`): also return ``unmask_step`` and ``logprobs``.
+        compile (`bool`, *optional*, defaults to `False`): run everything a denoising step does after its forward
+            (softmax, the keyed noise, sampling, confidence, selection, the commit, EOS early exit) compiled by
+            ``torch.compile`` (:func:`~trl_dllm.core.sampling.graphs.compile_once`): Inductor fuses it into a few
+            kernels, where eagerly it is about a hundred operations per step, the vocabulary-wide ones a pass over
+            `(masked positions, V)` each. Here the forward of the whole canvas stays eager; the cached samplers
+            compile their cached forward too (their options). The same tokens as eagerly, up to the rounding of
+            fused kernels.
     """
 
     mask_token_id: int
@@ -68,6 +75,7 @@ class DecodingOptions:
     eos_token_ids: Sequence[int] | None = None
     eos_early_exit: bool = False
     return_trajectory: bool = False
+    compile: bool = False
 
     def __post_init__(self):
         gen_length, block_length, diffusion_steps = self.gen_length, self.block_length, self.diffusion_steps
@@ -159,17 +167,17 @@ class BlockCausalOptions(DecodingOptions):
         cuda_graphs (`bool`, *optional*, defaults to `False`): with the cache, replay each step of a fixed shape as a
             CUDA graph (:mod:`~trl_dllm.core.sampling.graphs`): one launch instead of one per operation. The same
             tokens as without; on a device without CUDA graphs the same static buffers run eagerly.
-        compile (`bool`, *optional*, defaults to `False`): with the cache, run the cached steps compiled by
-            ``torch.compile`` (:func:`~trl_dllm.core.sampling.graphs.compiled_forward`: fused elementwise kernels);
-            with ``cuda_graphs`` the graphs record the compiled step. The same computation, up to the rounding of
-            fused kernels.
+        compile (`bool`, *optional*, defaults to `False`): needs the cache: each cached step, the forward and the
+            sampler's work after it, runs as one compiled call (:func:`~trl_dllm.core.sampling.loop.decode_blocks`;
+            the forward is :func:`~trl_dllm.core.sampling.graphs.static_forward`, fused elementwise kernels); with
+            ``cuda_graphs`` the graphs record the compiled forward. The same computation, up to the rounding of fused
+            kernels.
     """
 
     use_cache: bool = True
     block_layout: str = "absolute"
     decode_to_block_end: bool = True
     cuda_graphs: bool = False
-    compile: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -197,15 +205,13 @@ class CachedOptions(DecodingOptions):
     Args:
         generation_cache (`str`, *optional*, defaults to `"dual"`): ``"prefix"`` or ``"dual"``.
         refresh_every (`int`, *optional*): also refresh the cache every this many steps of a block; ``1`` is exact.
-        compile (`bool`, *optional*, defaults to `False`): run the cached steps (not the refreshes, which forward the
-            whole canvas) compiled by ``torch.compile``
-            (:func:`~trl_dllm.core.sampling.graphs.compiled_forward`). The same computation, up to the rounding of
-            fused kernels.
+        compile (`bool`, *optional*, defaults to `False`): each cached step, the forward and the sampler's work
+            after it, runs as one compiled call; the refreshes, which forward the whole canvas, forward eagerly and
+            compile the sampler's work alone. The same computation, up to the rounding of fused kernels.
     """
 
     generation_cache: str = "dual"
     refresh_every: int | None = None
-    compile: bool = False
 
     def __post_init__(self):
         super().__post_init__()
