@@ -102,6 +102,18 @@ def test_deepspeed_zero3(tiny_model_path, tmp_path):
     assert_full_model_changed(tmp_path, tiny_model_path)
 
 
+def test_deepspeed_zero3_compiled_sampler(tiny_model_path, tmp_path, monkeypatch):
+    """`generation_compile` on a bidirectional model without a cache, under ZeRO-3: the forward (its parameters
+    gathered by DeepSpeed's hooks) stays eager, the sampler's work after it runs compiled (Inductor wrote kernels to
+    its cache), and it trains."""
+    kernels = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(kernels))
+    launch(accelerate("zero3_cpu.yaml"), "stabledrl_gsm8k.yaml", tiny_model_path, tmp_path / "out",
+           "--generation_compile", "true", "--max_steps", "1")  # fmt: skip
+    assert_trained(tmp_path / "out", steps=1)
+    assert any(path.suffix == ".py" for path in kernels.rglob("*")), "Inductor compiled nothing"
+
+
 def test_deepspeed_zero3_lora(tiny_model_path, tmp_path):
     from peft import PeftModel
 
