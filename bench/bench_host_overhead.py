@@ -34,8 +34,8 @@ functions eagerly with their calls marked (:func:`count_compiled`).
 before issue 36 are recorded (:data:`BEFORE`, commit 7b6ca6d), the operations outside the model as a fraction of
 those (the target is a third): eagerly, and outside the compiled calls.
 
-``--compile`` also times ``block_causal`` and ``dual_cache`` with their cached steps compiled (``compile=True``,
-Inductor): ``<sampler>_compiled`` holds ``compile_seconds`` (the first rollout, which compiles), ``seconds_per_step``,
+``--compile`` also times ``block_causal``, ``dual_cache`` and ``fixed`` compiled (``compile=True``, Inductor; the
+first two compile their cached steps, ``fixed`` the sampler's work after its full-canvas forward): ``<sampler>_compiled`` holds ``compile_seconds`` (the first rollout, which compiles), ``seconds_per_step``,
 ``tokens_per_second`` and ``speedup_over_eager`` (against the eager entry of the same run); its counts are the eager
 entry's ``*_outside_compiled`` ones.
 
@@ -224,7 +224,7 @@ def count_compiled(fn, model, prompt, options) -> tuple[HostCounter, int, int]:
     return counter, calls[0], out.num_forwards
 
 
-COMPILED = ("block_causal", "dual_cache")
+COMPILED = ("block_causal", "dual_cache", "fixed")
 
 
 def measure_compiled(size: Size, sampler: str, model, tokenizer, prompt, repeats: int, eager: dict) -> dict:
@@ -294,7 +294,7 @@ def run(size: Size, repeats: int = 3, samplers=SAMPLERS, compile: bool = False) 
 def main(argv=None) -> dict:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=list(SAMPLERS))
-    p.add_argument("--compile", action="store_true", help="also time block_causal and dual_cache compiled")
+    p.add_argument("--compile", action="store_true", help="also time block_causal, dual_cache and fixed compiled")
     args = p.parse_args(argv)
     size = setup(args)
     result = run(size, repeats=args.repeats or (1 if args.quick else 3), samplers=args.samplers,

@@ -60,8 +60,8 @@ def test_the_counter_sees_syncs_and_model_ops():
 
 @pytest.mark.slow
 def test_compiled_samplers_are_timed(monkeypatch):
-    """`--compile`: the compiled block-causal and dual-cache rollouts are timed against the eager ones of the same run
-    (compiled with the `aot_eager` backend here, to keep the test short)."""
+    """`--compile`: the compiled block-causal, dual-cache and full-canvas (`fixed`) rollouts are timed against the eager
+    ones of the same run (compiled with the `aot_eager` backend here, to keep the test short); `threshold` is not."""
     import torch
 
     from trl_dllm.core.sampling import graphs
@@ -69,10 +69,11 @@ def test_compiled_samplers_are_timed(monkeypatch):
     torch._dynamo.reset()
     monkeypatch.setattr(graphs, "_BACKEND", "aot_eager")
     monkeypatch.setattr(graphs, "_COMPILED", {})
-    result = bench_host_overhead.run(QUICK, repeats=1, samplers=("fixed", "dual_cache"), compile=True)
-    assert "fixed_compiled" not in result
-    entry = result["dual_cache_compiled"]
-    assert entry["steps"] == result["dual_cache"]["steps"] and entry["compile_seconds"] > 0
-    timings = ("seconds_per_step", "seconds_per_step_min", "speedup_over_eager")
-    assert all(math.isfinite(entry[key]) and entry[key] > 0 for key in timings)
+    result = bench_host_overhead.run(QUICK, repeats=1, samplers=("threshold", "fixed", "dual_cache"), compile=True)
+    assert "threshold_compiled" not in result
+    for sampler in ("fixed", "dual_cache"):
+        entry = result[f"{sampler}_compiled"]
+        assert entry["steps"] == result[sampler]["steps"] and entry["compile_seconds"] > 0
+        timings = ("seconds_per_step", "seconds_per_step_min", "speedup_over_eager")
+        assert all(math.isfinite(entry[key]) and entry[key] > 0 for key in timings)
     torch._dynamo.reset()
