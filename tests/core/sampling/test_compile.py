@@ -145,18 +145,20 @@ def test_weights_changed_between_rollouts_are_read(model, tokenizer, compiled):
     assert_same(run(lm, tokenizer, cuda_graphs=False, compile=True, temperature=0.0), reference)
 
 
-def _bidirectional(mode, compile, seed_model, **decoding):
+def _bidirectional(mode, compile, model=None, **decoding):
+    """A rollout of a tiny bidirectional model over three prompts, two left-padded, one generator per row: with
+    Fast-dLLM's cache ``mode`` (:func:`generate_cached`), or without a cache (``mode=None``, :func:`generate`)."""
     tokenizer = build_tokenizer()
-    model = build_tiny_model(tokenizer, seed=seed_model).eval()
+    model = build_tiny_model(tokenizer, seed=0).eval() if model is None else model
     prompt = torch.randint(5, 60, (3, 5), generator=torch.Generator().manual_seed(0))
     prompt_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
-    options = CachedOptions(
-        mask_token_id=tokenizer.mask_token_id, gen_length=12, block_length=4, diffusion_steps=12,
-        return_trajectory=True, generation_cache=mode, compile=compile, **decoding,
-    )  # fmt: skip
+    fields = dict(mask_token_id=tokenizer.mask_token_id, gen_length=12, block_length=4, diffusion_steps=12,
+                  return_trajectory=True, compile=compile, **decoding)  # fmt: skip
+    sampler, options = (generate, DecodingOptions(**fields)) if mode is None else (
+        generate_cached, CachedOptions(**fields, generation_cache=mode))  # fmt: skip
     generators = [torch.Generator().manual_seed(b) for b in range(3)]
-    return generate_cached(model, prompt.masked_fill(prompt_mask == 0, 0), prompt_mask, options=options,
-                           generator=generators)  # fmt: skip
+    return sampler(model, prompt.masked_fill(prompt_mask == 0, 0), prompt_mask, options=options,
+                   generator=generators)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -169,8 +171,8 @@ def _bidirectional(mode, compile, seed_model, **decoding):
     ],
 )
 def test_compiled_cached_bidirectional_steps(compiled, mode, decoding):
-    reference = _bidirectional(mode, False, 0, **decoding)
-    out = _bidirectional(mode, True, 0, **decoding)
+    reference = _bidirectional(mode, False, **decoding)
+    out = _bidirectional(mode, True, **decoding)
     assert_same(out, reference)
     assert compiled  # the cached steps (the refreshes, a block's first steps, stay eager)
 
@@ -189,30 +191,14 @@ def test_inductor_block_steps(model, tokenizer, inductor):
 
 @SLOW
 def test_inductor_dual_cache(inductor):
-    reference = _bidirectional("dual", False, 0, temperature=1.0)
-    out = _bidirectional("dual", True, 0, temperature=1.0)
+    reference = _bidirectional("dual", False, temperature=1.0)
+    out = _bidirectional("dual", True, temperature=1.0)
     assert torch.equal(out.sequences, reference.sequences)
     torch.testing.assert_close(out.logprobs, reference.logprobs, rtol=1e-4, atol=1e-4)
     assert inductor
 
 
 MASK, EOS = 3, 7
-
-
-def _plain(compile, model=None, **decoding):
-    """A full-canvas bidirectional rollout (:func:`generate`, no cache) of three prompts, two left-padded, with one
-    generator per row."""
-    tokenizer = build_tokenizer()
-    model = build_tiny_model(tokenizer, seed=0).eval() if model is None else model
-    prompt = torch.randint(5, 60, (3, 5), generator=torch.Generator().manual_seed(0))
-    prompt_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
-    options = DecodingOptions(
-        mask_token_id=tokenizer.mask_token_id, gen_length=12, block_length=4, diffusion_steps=12,
-        return_trajectory=True, compile=compile, **decoding,
-    )  # fmt: skip
-    generators = [torch.Generator().manual_seed(b) for b in range(3)]
-    return generate(model, prompt.masked_fill(prompt_mask == 0, 0), prompt_mask, options=options,
-                    generator=generators)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -228,8 +214,8 @@ def test_compiled_full_canvas_steps(compiled, decoding):
     """Without a cache the forward of the whole canvas stays eager and the sampler's work after it runs compiled, at
     every step: the eager rollout's tokens, steps and log-probs (padding, threshold decoding, EOS early exit,
     guidance)."""
-    reference = _plain(False, **decoding)
-    out = _plain(True, **decoding)
+    reference = _bidirectional(None, False, **decoding)
+    out = _bidirectional(None, True, **decoding)
     assert_same(out, reference)
     assert compiled.sampler_steps == out.num_forwards and not compiled  # no forward was compiled
 
@@ -245,8 +231,8 @@ def test_compiled_full_canvas_steps_lora(compiled):
         for name, param in lora.named_parameters():
             if "lora_B" in name:  # PEFT starts B at zero: give the adapter an effect
                 param.normal_(0, 0.05, generator=torch.Generator().manual_seed(1))
-    reference = _plain(False, lora, temperature=1.0)
-    assert_same(_plain(True, lora, temperature=1.0), reference)
+    reference = _bidirectional(None, False, lora, temperature=1.0)
+    assert_same(_bidirectional(None, True, lora, temperature=1.0), reference)
     assert compiled.sampler_steps
 
 
@@ -254,8 +240,8 @@ def test_compiled_full_canvas_steps_lora(compiled):
 def test_inductor_full_canvas_steps(inductor):
     """Inductor's kernels: the same tokens and steps; log-probs within fused-kernel rounding."""
     for decoding in (dict(temperature=1.0), dict(temperature=0.0, confidence_threshold=0.5)):
-        reference = _plain(False, **decoding)
-        out = _plain(True, **decoding)
+        reference = _bidirectional(None, False, **decoding)
+        out = _bidirectional(None, True, **decoding)
         assert torch.equal(out.sequences, reference.sequences)
         assert torch.equal(out.unmask_step, reference.unmask_step)
         torch.testing.assert_close(out.logprobs, reference.logprobs, rtol=1e-4, atol=1e-4)
