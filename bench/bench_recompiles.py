@@ -1,11 +1,12 @@
 """Compiled variants of a cached denoising step over rollouts as a trainer makes them, per decoding setting.
 
-    python -m bench.bench_recompiles [--quick] [--samplers block_causal dual_cache] [--rollouts 10] [--shared-limit]
+    python -m bench.bench_recompiles [--quick] [--samplers block_causal fixed] [--rollouts 10] [--shared-limit]
                                      [--out bench_out]
 
 With ``compile=True`` (the trainer's ``generation_compile``) a cached step is one compiled call
 (``loop._forward_step``: the model's step and the sampler's after it), and the first step of a rollout or a refresh
-compiles the sampler's step alone (``loop._step_keyed``). Each shape or branch the compiled code cannot cover compiles
+compiles the sampler's step alone (``loop._step_keyed``), as every step of the full-canvas sampler ``fixed`` does
+(its forward stays eager). Each shape or branch the compiled code cannot cover compiles
 a variant, and a trainer's rollouts change shapes from batch to batch: the prompt length, the left padding, the rows
 still decoding, the masked positions left. This benchmark decodes ``--rollouts`` seeded rollouts of varied prompt
 lengths (one row left-padded in two of three) in each of three settings in turn — scheduled decoding, EOS early exit,
@@ -33,7 +34,7 @@ import torch
 from bench.bench_host_overhead import _options, host_size
 from bench.common import build, compiled_regions, emit, environment, parser, random_ids, setup
 
-SAMPLERS = ("block_causal", "dual_cache", "prefix_cache")
+SAMPLERS = ("block_causal", "dual_cache", "prefix_cache", "fixed")
 SETTINGS = {"scheduled": {}, "eos_early_exit": dict(eos_early_exit=True), "threshold": dict(confidence_threshold=0.9)}
 PROMPT_OFFSETS = (0, 3, 6, 1, 8, 12, 4, 0, 5, 9)  # added to the size's prompt length, rollout by rollout
 

@@ -23,3 +23,11 @@ def test_variants_are_counted_per_setting():
         assert entry["step_graphs"][0] >= 1  # each rollout's first step (a refresh) compiles the sampler's step
         assert entry["limit_hits"] == 0
     assert result["recompile_limit"] >= 8
+
+
+@pytest.mark.slow
+def test_full_canvas_rollouts_compile_the_sampler_step_alone():
+    entries = bench_recompiles.run(QUICK, samplers=("fixed",), rollouts=2)["fixed"]
+    for entry in entries.values():
+        assert entry["fused_graphs"] == [0, 0]  # no cached forward to fuse with
+        assert 1 <= entry["step_graphs"][0] <= entry["step_graphs"][1] and entry["limit_hits"] == 0
