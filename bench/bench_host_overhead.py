@@ -24,18 +24,19 @@ With ``compile=True`` (the trainer's ``generation_compile``) every sampler compi
 forward (sampling, selection, the commit, EOS early exit); ``prefix_cache``, ``dual_cache`` and ``block_causal``
 compile their cached forward with it, one compiled call per step (a refresh or a rollout's first step, which
 allocates the cache, runs the forward eagerly and the sampler's step compiled), while ``fixed`` and ``threshold``
-forward the whole canvas eagerly. ``ops_per_step_outside_compiled``
-counts the aten operations a compiled rollout still dispatches eagerly per step outside its compiled calls
-(``compiled_calls_per_step``, each a few fused kernels), which is what its host launches one by one. A dispatch-mode
-counter cannot see inside compiled code (under one, compiled functions run eagerly), so this rollout runs the compiled
-functions eagerly with their calls marked (:func:`count_compiled`).
+forward the whole canvas eagerly. ``ops_per_step_outside_compiled`` counts the aten operations a compiled rollout
+still dispatches eagerly per step outside its compiled calls (``compiled_calls_per_step``, each a few fused kernels),
+which is what its host launches one by one. A dispatch-mode counter cannot see inside compiled code (under one,
+compiled functions run eagerly), so this rollout runs the compiled functions eagerly with their calls marked
+(:func:`count_compiled`).
 
 ``targets`` holds each sampler's own host synchronisations per step (at most one) and, at the two sizes whose numbers
 before issue 36 are recorded (:data:`BEFORE`, commit 7b6ca6d), the operations outside the model as a fraction of
 those (the target is a third): eagerly, and outside the compiled calls.
 
 ``--compile`` also times ``block_causal``, ``dual_cache`` and ``fixed`` compiled (``compile=True``, Inductor; the
-first two compile their cached steps, ``fixed`` the sampler's work after its full-canvas forward): ``<sampler>_compiled`` holds ``compile_seconds`` (the first rollout, which compiles), ``seconds_per_step``,
+first two compile their cached steps, ``fixed`` the sampler's work after its full-canvas forward):
+``<sampler>_compiled`` holds ``compile_seconds`` (the first rollout, which compiles), ``seconds_per_step``,
 ``tokens_per_second`` and ``speedup_over_eager`` (against the eager entry of the same run); its counts are the eager
 entry's ``*_outside_compiled`` ones.
 
@@ -75,7 +76,6 @@ from trl_dllm.core.sampling import (
 )
 
 SAMPLERS = ("fixed", "threshold", "prefix_cache", "dual_cache", "block_causal")
-COMPILABLE = SAMPLERS
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_consecutive"}
 SYNC_METHODS = ("tolist", "cpu", "numpy")
 BLOCK_CAUSAL_BLOCK = 4  # SDAR / TraDo's native block: the host-bound case of the issue
@@ -188,7 +188,7 @@ def measure(size: Size, sampler: str, model, tokenizer, prompt, repeats: int) ->
         "seconds_per_step_min": round(min(times) / steps, 6),
         "tokens_per_second": round(out.completion_ids.numel() / seconds, 1),
         "wall_seconds": round(seconds, 4),
-        **(_compiled_counts(fn, model, prompt, options) if sampler in COMPILABLE else {}),
+        **_compiled_counts(fn, model, prompt, options),
     }
 
 

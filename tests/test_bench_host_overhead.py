@@ -31,7 +31,7 @@ def test_every_sampler_is_measured_with_at_most_one_sync_per_step(result, sample
     assert f"ops_{sampler}" in result["targets"]  # the quick size's numbers before issue 36 are recorded
 
 
-@pytest.mark.parametrize("sampler", bench_host_overhead.COMPILABLE)
+@pytest.mark.parametrize("sampler", bench_host_overhead.SAMPLERS)
 def test_compiled_rollouts_leave_little_eager_work(result, sampler):
     """With ``compile=True`` the model's step and the sampler's step are one compiled call each; what stays eager per
     step is counted apart, and it is a fraction of the eager path's work outside the model."""
