@@ -7,9 +7,9 @@ with the sizes below; DiffusionGemma: transformers' class sized by :data:`DIFFUS
 targets; bf16, LoRA in PEFT's float32 as the trainer has it) runs one estimate of the current policy
 through :func:`trl_dllm.core.likelihood.estimate` with the model's logits function (DiffusionGemma: its denoiser,
 ``uniform_block``), under bf16 autocast, and the
-backward of its sum, in a fresh child process: ``MALLOC_MMAP_THRESHOLD_=65536`` (every tensor of 64 KiB or more is its
-own mapping, returned when freed), warm-up on a tiny input, ``gc.collect(); malloc_trim(0)``, reset the peak RSS
-(``echo 5 > /proc/self/clear_refs``), run, read ``VmHWM`` — the method of :mod:`bench.bench_memory`. The measured peak
+backward of its sum, in a fresh child process: ``MALLOC_MMAP_THRESHOLD_=8192`` (every tensor of 8 KiB or more is its
+own mapping, returned when freed: :data:`MMAP_THRESHOLD`), oneDNN capped at AVX2 (:data:`ONEDNN_ISA`), warm-up on a tiny input,
+``gc.collect(); malloc_trim(0)``, reset the peak RSS (``echo 5 > /proc/self/clear_refs``), run, read ``VmHWM`` — the method of :mod:`bench.bench_memory`. The measured peak
 is ``VmHWM`` minus the RSS just before; the planned one is ``update_activations + logits`` of
 :func:`trl_dllm.planning.phase_bytes` for the same shapes and settings (``device="cpu"``: float32 dropout masks).
 """
@@ -235,10 +235,26 @@ def measure_child(case: Case) -> tuple[float, str]:
     return (peak - before) * 1024.0, path
 
 
+MMAP_THRESHOLD = "8192"
+"""``MALLOC_MMAP_THRESHOLD_`` of the child: every allocation of 8 KiB or more is a mapping of its own, returned when
+freed, so that the peak RSS follows the live tensors. It was 64 KiB (:mod:`bench.bench_memory`'s) until 2026-11-28:
+DiffusionGemma's checkpointed encoder runs row by row on tensors below that, and the heap they grew made its measured
+peak 33.6–39.5 MB from run to run against a plan of 33.25 MB (three runs on this project's machine; 33.4–33.5 MB at
+8 KiB)."""
+ONEDNN_ISA = "AVX2"
+"""The instruction set the child's oneDNN kernels may use (``ONEDNN_MAX_CPU_ISA``). On a CPU with AVX512-BF16 (this
+project's machine on 2026-11-28, an AMD EPYC) oneDNN's bf16 matrix products keep reordered copies of their operands
+that the AVX2 kernels do not: the mixture-of-experts cases, whose experts each multiply a different number of tokens,
+then measured 1.26–4.7 times the plan (DiffusionGemma's scoring pass 91.8 MB against 21.7 MB with AVX2, LLaDA2's
+update 334.6 MB against 231.6 MB). Those copies are the CPU library's, not the update's, and a GPU has none; capping
+the ISA makes the measurement the same on every x86 machine."""
+
+
 def measure(cases: list[Case]) -> list[tuple[float, str]]:
     """Peak bytes of each case, measured one after another in one fresh child process (one thread: memory does not
     depend on it; the peak is reset before each case and taken above the RSS with its model loaded)."""
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+           "ONEDNN_MAX_CPU_ISA": ONEDNN_ISA}  # fmt: skip
     cmd = [sys.executable, "-m", "bench.plan_memory", "--child", json.dumps([asdict(case) for case in cases])]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode:

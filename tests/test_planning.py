@@ -192,8 +192,9 @@ def test_every_8b_recipe_plan_fits_80gb_with_checkpointing():
 def test_cpu_peaks_every_family():
     """The planner within ±15% of the peak measured on CPU (bench/plan_memory.py) for a small model of each family.
     DiffusionGemma's checkpointed update is measured in a process of its own (its test in
-    test_planning_encoder_decoder.py): it runs the encoder one row at a time, on tensors below the 64 KiB mmap
-    threshold, so the heap left by earlier cases moved its peak from 33.6 to 40.5-43.4 MB (2026-11-27)."""
+    test_planning_encoder_decoder.py): it runs the encoder one row at a time, on tensors that sat below the
+    child's mmap threshold when it was 64 KiB, so the heap left by earlier cases moved its peak from 33.6 to 40.5-43.4
+    MB (2026-11-27); the threshold is 8 KiB since (bench.plan_memory.MMAP_THRESHOLD)."""
     from bench.plan_memory import CASES, compare
 
     cases = [case for name, case in CASES.items() if case.grad and name != "diffusion_gemma_checkpointing"]

@@ -122,8 +122,8 @@ def test_decoder_only_formulas_refuse_an_encoder_decoder_model():
 def test_cpu_peak_diffusion_gemma():
     """The update (uniform_block, 2 canvases × 2 corruptions kept, the family's LoRA) measured on CPU vs planned,
     within ±15% (bench/plan_memory.py; activation checkpointing off and on, and full fine-tuning). The checkpointed
-    case runs first in its own process: its encoder runs row by row on tensors below the 64 KiB mmap threshold, whose
-    heap growth depends on what ran before (test_planning.py::test_cpu_peaks_every_family)."""
+    case runs first in its own process: its encoder runs row by row on small tensors, whose heap growth depended on what
+    ran before while the child's mmap threshold was 64 KiB (8 KiB since) (test_planning.py::test_cpu_peaks_every_family)."""
     from bench.plan_memory import CASES, compare
 
     rows = compare([CASES["diffusion_gemma_checkpointing"]])
