@@ -166,6 +166,19 @@ class _TritonKernel:
     __call__ = _unavailable("triton kernel")
 
 
+class _PaddingMaskConverter:
+    """transformers 4's ``AttentionMaskConverter(is_causal=False).to_4d``: a 2-D keep-mask `(B, K)` (1 = token) → an
+    additive `(B, 1, query_length, K)` mask, 0 where kept and the dtype's minimum where padded."""
+
+    def __init__(self, is_causal: bool):
+        if is_causal:
+            raise RuntimeError("only the non-causal AttentionMaskConverter is stood in for")
+
+    def to_4d(self, attention_mask_2d, query_length, dtype, key_value_length=None):
+        keep = attention_mask_2d[:, None, None, :].bool().expand(-1, 1, query_length, -1)
+        return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)
+
+
 def _stub_module(name, **attrs):
     module = types.ModuleType(name)
     module.__spec__ = importlib.machinery.ModuleSpec(name, None)
@@ -185,18 +198,21 @@ def _import_stubs(family):
             patched = _stub_module(import_utils.__name__, **vars(import_utils))
             patched.is_torch_fx_available = lambda: False
             stubs[import_utils.__name__] = patched
-    if family in ("sdar", "llada2", "llada21", "llada2_dllm") and (
+    if family in ("sdar", "llada2", "llada21", "llada2_dllm", "lladamoe_dllm") and (
         importlib.util.find_spec("transformers.modeling_attn_mask_utils") is None
     ):
         # transformers 5.24 removed `modeling_attn_mask_utils`. modeling_sdar.py imports its AttentionMaskConverter for
         # `_update_causal_mask` only, which its forward never calls (the call is commented out); modeling_llada2_moe.py
         # its 2-D-to-4-D mask builders, which its SDPA forward skips when given the 4-D block mask (the tests always
-        # pass one). Stand-ins that raise if called.
-        names = ("AttentionMaskConverter", "_prepare_4d_causal_attention_mask",
-                 "_prepare_4d_causal_attention_mask_for_sdpa")  # fmt: skip
+        # pass one). Stand-ins that raise if called. ZHZisZZ/dllm's modeling_lladamoe.py calls
+        # `AttentionMaskConverter(is_causal=False).to_4d` on a 2-D padding mask in its forward: a stand-in with that
+        # method's non-causal math (:class:`_PaddingMaskConverter`).
+        names = ("_prepare_4d_causal_attention_mask", "_prepare_4d_causal_attention_mask_for_sdpa")
+        converter = _PaddingMaskConverter if family == "lladamoe_dllm" else _unavailable("AttentionMaskConverter")
         stubs["transformers.modeling_attn_mask_utils"] = _stub_module(
-            "transformers.modeling_attn_mask_utils", **{name: _unavailable(name) for name in names}
-        )
+            "transformers.modeling_attn_mask_utils", AttentionMaskConverter=converter,
+            **{name: _unavailable(name) for name in names},
+        )  # fmt: skip
     if family != "sdar":
         return stubs
     if importlib.util.find_spec("triton") is None:
