@@ -152,10 +152,13 @@ class NativeLayout:
         return key_mapping(self.names)
 
     def register_conversion(self) -> None:
-        """Register the key renaming for the native class (by class name), so transformers applies it in
-        ``from_pretrained`` and reverts it in ``save_pretrained``. Idempotent; only our own class names are
+        """Register the key renaming and the class's own conversions (``dllm_conversions()``, e.g. an MoE's
+        per-expert tensors stacked) for the native class (by class name), so transformers applies them in
+        ``from_pretrained`` and reverts them in ``save_pretrained``. Idempotent; only our own class names are
         registered."""
-        if not self.key_mapping:
+        own = getattr(self.model_class, "dllm_conversions", None)
+        conversions = list(own()) if own is not None else []
+        if not self.key_mapping and not conversions:
             return
         from transformers.conversion_mapping import (
             get_checkpoint_conversion_mapping,
@@ -166,7 +169,7 @@ class NativeLayout:
         name = self.model_class.__name__
         if get_checkpoint_conversion_mapping(name) is None:
             renamings = [WeightRenaming(source_patterns=k, target_patterns=v) for k, v in self.key_mapping.items()]
-            register_checkpoint_conversion_mapping(name, renamings)
+            register_checkpoint_conversion_mapping(name, renamings + conversions)
 
 
 # --- the original config.json, read and written back ----------------------------------------------------------------

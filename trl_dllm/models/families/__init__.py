@@ -32,6 +32,8 @@ MARKED_SPECS: dict[str, ModelSpec] = {k: spec for family in FAMILIES for k, spec
 """Specs by the ``config.dllm_family`` marker (natively loaded families, and ``"block"``)."""
 NATIVE_LAYOUTS: dict[str, NativeLayout] = {f.layout.name: f.layout for f in FAMILIES if f.layout is not None}
 """How each family's original checkpoint loads into its native class, by layout name."""
+for _layout in NATIVE_LAYOUTS.values():  # so a native model saves in its original layout however it was built
+    _layout.register_conversion()
 TINY_CHECKPOINTS: dict[str, TinyCheckpoint] = {f.name: f.tiny for f in FAMILIES if f.tiny is not None}
 """What each family's tiny original-layout checkpoint is made of (:mod:`trl_dllm.models.tiny_families`)."""
 REMOTE_CODE_REFUSED: dict[str, str] = {f.layout.name: f.remote_code_refused for f in FAMILIES if f.remote_code_refused}

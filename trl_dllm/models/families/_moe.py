@@ -1,19 +1,22 @@
 """What LLaDA2 (:mod:`.llada2`) and LLaDA-MoE (:mod:`.llada_moe`) share, written once: inclusionAI's tokenizer ids and
-chat-template shape, and the scaffolding of a small MoE decoder on transformers' components — expert dispatch, the
-routed-experts block, the attention core (partial RoPE through transformers' attention interface), the 4-D mask,
+chat-template shape, and the scaffolding of a small MoE decoder on transformers' components — the stacked experts
+(transformers' experts interface: grouped GEMMs) and their per-expert checkpoint layout, the routed-experts block, the attention core (partial RoPE through transformers' attention interface), the 4-D mask,
 weight initialisation, the decoder stack, the LM head and the config translation. Each family module adds what is its
 own: its config fields, router, attention projections, decoder layer and forward.
 """
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
+from transformers.activations import ACT2FN
 from transformers.generation import GenerationMixin
+from transformers.integrations.moe import use_experts_implementation
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MLP
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb, eager_attention_forward
 from transformers.models.phi.modeling_phi import PhiRotaryEmbedding
 
@@ -56,41 +59,88 @@ def translate_config(config_class: type, defaults: dict, original: dict, unsuppo
     return config
 
 
-def dispatch_experts(experts: nn.ModuleList, hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor):
-    """``Σ_k weights[t, k] · experts[indices[t, k]](hidden[t])`` for each token ``t``, computing each expert once on the
-    tokens routed to it. ``hidden`` `(T, H)`, ``indices`` / ``weights`` `(T, k)` → `(T, H)`.
+EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+"""The per-expert module names of the released checkpoints (``mlp.experts.E.{gate,up,down}_proj.weight``)."""
+_PER_EXPERT_KEY = re.compile(r"^(?P<experts>.*\.mlp\.experts)\.(?P<index>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 
-    The (token, slot) pairs are sorted by expert once and split by the experts' counts: one host synchronisation per
-    layer (the counts), not one per expert, which on a GPU made a 256-expert forward wait on the host 256 times per
-    layer. Every expert is called, also on zero tokens (as LLaDA2's own training path loops over all experts): under
-    DeepSpeed ZeRO-3 each call gathers the expert's weights, and processes whose tokens hit different experts must still
-    make the same collective calls in the same order (skipping empty experts hangs them). The contributions are added
-    in the order of the expert-by-expert loop (expert, then token), so on a CPU the sum is the loop's, bit for bit."""
-    k = indices.shape[-1]
-    flat = indices.reshape(-1)
-    order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert, tokens in order within each
-    counts = torch.bincount(flat, minlength=len(experts)).tolist()  # the layer's one host synchronisation
-    token = order // k
-    routed = hidden[token].split(counts)
-    y = torch.cat([expert(rows) for expert, rows in zip(experts, routed, strict=True)])
-    y = y * weights.reshape(-1)[order, None].to(hidden.dtype)
-    return torch.zeros_like(hidden).index_add_(0, token, y)
+
+@use_experts_implementation
+class StackedExperts(nn.Module):
+    """``num_experts`` SwiGLU experts of width ``width`` held as two stacked parameters, transformers' MoE layout:
+    ``gate_up_proj`` `(E, 2I, H)` (each expert's gate rows, then its up rows) and ``down_proj`` `(E, H, I)`.
+    ``forward(hidden (T, H), top_k_index (T, k), top_k_weights (T, k)) -> (T, H)`` is
+    ``Σ_j w[t, j] · down_e(silu(gate_e(x_t)) · up_e(x_t))`` with ``e = top_k_index[t, j]``.
+
+    It runs through transformers' experts interface (``config._experts_implementation``): ``grouped_mm`` (the default:
+    one grouped GEMM per projection over every expert, no host synchronisation, no data-dependent shape, so a forward
+    compiles with ``fullgraph=True`` and is captured in a CUDA graph), ``batched_mm``, or ``eager`` — the method
+    below, one expert at a time in the families' own order (expert, then token), kept as the reference.
+
+    Under DeepSpeed ZeRO-3 each stacked parameter is gathered once per layer, whatever the tokens of a process route
+    to: processes make the same collective calls. The checkpoints' per-expert tensors are stacked at load and unstacked
+    at save (:func:`expert_conversions`)."""
+
+    def __init__(self, config: PretrainedConfig, width: int):
+        super().__init__()
+        self.num_experts, self.hidden_dim, self.intermediate_dim = config.num_experts, config.hidden_size, width
+        self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, 2 * width, self.hidden_dim))
+        self.down_proj = nn.Parameter(torch.empty(self.num_experts, self.hidden_dim, width))
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(hidden)
+        for expert in range(self.num_experts):  # the families' own loop: every expert (a ZeRO-3-safe reference)
+            token, slot = torch.where(top_k_index == expert)
+            gate, up = nn.functional.linear(hidden[token], self.gate_up_proj[expert]).chunk(2, dim=-1)
+            y = nn.functional.linear(self.act_fn(gate) * up, self.down_proj[expert])
+            out.index_add_(0, token, (y * top_k_weights[token, slot, None]).to(out.dtype))
+        return out
+
+
+def expert_conversions() -> list:
+    """transformers' checkpoint conversions between the released per-expert tensors
+    (``mlp.experts.E.{gate,up,down}_proj.weight``) and :class:`StackedExperts` (``mlp.experts.gate_up_proj`` /
+    ``mlp.experts.down_proj``): the mapping transformers registers for Qwen2-MoE and DeepSeek-V3, applied in
+    ``from_pretrained`` and reverted in ``save_pretrained``."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    return get_checkpoint_conversion_mapping("qwen2_moe")
+
+
+def stack_expert_weights(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict with per-expert tensors (the released layout, what ``save_pretrained`` writes) → the same with
+    each layer's experts stacked as :class:`StackedExperts` holds them; other keys unchanged. For
+    ``load_state_dict`` (a trainer checkpoint resumed), where transformers' conversions do not run."""
+    grouped: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
+    out = {}
+    for key, tensor in state_dict.items():
+        match = _PER_EXPERT_KEY.match(key)
+        if match is None:
+            out[key] = tensor
+            continue
+        grouped.setdefault(match["experts"], {}).setdefault(match["proj"], {})[int(match["index"])] = tensor
+    for prefix, projections in grouped.items():
+        if set(projections) != set(EXPERT_PROJECTIONS):
+            raise KeyError(f"{prefix}: expected {EXPERT_PROJECTIONS} for every expert, got {sorted(projections)}")
+        stacked = {p: torch.stack([t[i] for i in range(len(t))]) for p, t in projections.items()}
+        out[f"{prefix}.gate_up_proj"] = torch.cat([stacked["gate_proj"], stacked["up_proj"]], dim=1)
+        out[f"{prefix}.down_proj"] = stacked["down_proj"]
+    return out
 
 
 class RoutedExperts(nn.Module):
-    """A router (``gate``) and ``num_experts`` ``DeepseekV3MLP`` experts of width ``width``, one module each, as the
-    checkpoints store them (``mlp.experts.E.{gate,up,down}_proj``), so LoRA can target them by name."""
+    """A router (``gate``) and ``num_experts`` experts of width ``width`` (:class:`StackedExperts`, ``experts``)."""
 
     def __init__(self, config: PretrainedConfig, gate: nn.Module, width: int):
         super().__init__()
         self.gate = gate
-        self.experts = nn.ModuleList(DeepseekV3MLP(config, intermediate_size=width) for _ in range(config.num_experts))
+        self.experts = StackedExperts(config, width)
 
     def route(self, hidden: torch.Tensor, *gate_args) -> tuple[torch.Tensor, torch.Tensor]:
         """``hidden`` `(B, N, H)` → the routed experts' sum `(B, N, H)` and the router logits `(B·N, E)`."""
         shape = hidden.shape
         router_logits, weights, indices = self.gate(hidden, *gate_args)
-        out = dispatch_experts(self.experts, hidden.reshape(-1, shape[-1]), indices, weights)
+        out = self.experts(hidden.reshape(-1, shape[-1]), indices, weights)
         return out.view(shape), router_logits
 
 
@@ -151,11 +201,31 @@ class MoEPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     router_class: type
 
+    @classmethod
+    def dllm_conversions(cls) -> list:
+        """The checkpoint conversions :class:`~trl_dllm.models.native.NativeLayout` registers for the native class:
+        the released per-expert tensors stacked at load, unstacked at save (:func:`expert_conversions`)."""
+        return expert_conversions()
+
+    def load_state_dict(self, state_dict, *args, **kwargs):
+        """Also accepts the released per-expert tensors (a trainer checkpoint, which ``save_pretrained`` writes in
+        the released layout): each layer's experts are stacked first (:func:`stack_expert_weights`)."""
+        return super().load_state_dict(stack_expert_weights(state_dict), *args, **kwargs)
+
+    @classmethod
+    def _can_set_experts_implementation(cls) -> bool:
+        """Yes: the routed experts are :class:`StackedExperts` (transformers' experts interface). transformers looks
+        for the interface's decorator in the model class's own module, which here is the family's, not this one."""
+        return True
+
     @torch.no_grad()
     def _init_weights(self, module):
         super()._init_weights(module)
         if isinstance(module, self.router_class):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+        if isinstance(module, StackedExperts):
+            init.normal_(module.gate_up_proj, mean=0.0, std=self.config.initializer_range)
+            init.normal_(module.down_proj, mean=0.0, std=self.config.initializer_range)
         if module._buffers.get("expert_bias") is not None:
             init.zeros_(module.expert_bias)
 

@@ -11,14 +11,16 @@ transformers' parts wherever the math is the same:
 * the router is transformers' DeepSeek-V3 router (``DeepseekV3TopkRouter.forward``: sigmoid scores, an expert bias
   that affects the selection only, grouped top-k over the ``n_group`` groups' top-2 sums, renormalised when top-k > 1,
   times ``routed_scaling_factor``); its bias keeps LLaDA2's buffer name ``expert_bias``;
-* experts and the shared expert are transformers' ``DeepseekV3MLP`` modules, one per expert, as LLaDA2's checkpoints
-  store them (``mlp.experts.E.{gate,up,down}_proj``), so LoRA can target them by name; the first
-  ``first_k_dense_replace`` layers are dense;
+* the routed experts are stacked, as transformers' DeepSeek-V3 holds them (:class:`~._moe.StackedExperts`:
+  ``mlp.experts.gate_up_proj`` `(E, 2I, H)`, ``mlp.experts.down_proj`` `(E, H, I)`), and run through transformers'
+  experts interface (``grouped_mm`` by default: one grouped GEMM per projection, no host synchronisation); the shared
+  expert is a ``DeepseekV3MLP``; the first ``first_k_dense_replace`` layers are dense;
 * decoder layers are ``GradientCheckpointingLayer`` (gradient checkpointing), the cache is ``DynamicCache``.
 
 Weight names equal the original ones (``model.word_embeddings``, ``model.layers.N.attention.{query_key_value, dense,
-query_layernorm, key_layernorm}``, ``model.layers.N.mlp.{gate, experts, shared_experts}``, ``model.norm``, ``lm_head``),
-so checkpoints load and save without renaming.
+query_layernorm, key_layernorm}``, ``model.layers.N.mlp.{gate, shared_experts}``, ``model.norm``, ``lm_head``) except
+the routed experts: the checkpoints' ``mlp.experts.E.{gate,up,down}_proj.weight`` are stacked at load and written back
+one per expert at save (transformers' Qwen2-MoE conversion), so the family's own code loads what we save.
 
 **Attention mask.** LLaDA2's own ``forward`` builds a *causal* mask when it is given none or a 2-D padding mask. This
 class never does: it takes the 4-D block mask the block-diffusion layouts build (additive float, 0 = visible, or
@@ -29,7 +31,7 @@ released training code, inclusionAI/dFactory, adds no router loss and does not u
 buffer, never trained here either; a forward asked for router logits (``output_router_logits=True``, what TRL's
 ``router_aux_loss_coef`` path sets) raises instead of returning a loss that does not exist.
 
-The scaffolding LLaDA2 shares with LLaDA-MoE (expert dispatch, attention core, decoder stack, LM head) is in
+The scaffolding LLaDA2 shares with LLaDA-MoE (stacked experts, attention core, decoder stack, LM head) is in
 :mod:`._moe`, with the tokenizer ids both families use.
 """
 
@@ -48,9 +50,9 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from ..native import NativeLayout, OriginalLayoutMixin
 from ..specs import Family, ModelSpec, TinyCheckpoint
 from . import _moe
-from ._moe import EOS_TOKEN_ID, MASK_TOKEN_ID, additive_4d_mask, dispatch_experts
+from ._moe import EOS_TOKEN_ID, MASK_TOKEN_ID, additive_4d_mask
 
-__all__ = ["FAMILY", "LLADA2_REMOTE", "LLaDA2ForDiffusionLM", "LLaDA2Native", "dispatch_experts", "llada2_config"]
+__all__ = ["FAMILY", "LLADA2_REMOTE", "LLaDA2ForDiffusionLM", "LLaDA2Native", "llada2_config"]
 
 # Its config.json names no block size: 32 is the block_length default of its generate() and dFactory's block-diffusion
 # SFT config (block_size: 32).

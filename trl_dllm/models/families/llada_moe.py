@@ -15,14 +15,16 @@ projection and stores its experts fused). The model here is ours, from transform
 * the router is transformers' ``OlmoeTopKRouter`` (softmax in fp32, top-k, renormalised only if ``norm_topk_prob``,
   which LLaDA-MoE's code fixes to ``False``); the optional ``expert_bias`` buffer (off in the release) is added to the
   softmax probabilities as LLaDA-MoE's code adds it, so it changes the selection **and** the weights;
-* experts, the optional shared expert and optional dense layers are ``DeepseekV3MLP`` modules, one per expert, as the
-  checkpoints store them (``mlp.experts.E.{gate,up,down}_proj``, ``shared_expert.*`` beside ``mlp``), so LoRA can target
-  them by name; dense layers are those with ``moe_layer_freq[i] == 0`` (none in the release);
+* the routed experts are stacked (:class:`~._moe.StackedExperts`: ``mlp.experts.gate_up_proj`` `(E, 2I, H)`,
+  ``mlp.experts.down_proj`` `(E, H, I)`) and run through transformers' experts interface (``grouped_mm`` by default);
+  the optional shared expert (``shared_expert.*`` beside ``mlp``) and optional dense layers are ``DeepseekV3MLP``
+  modules; dense layers are those with ``moe_layer_freq[i] == 0`` (none in the release);
 * decoder layers are ``GradientCheckpointingLayer`` (gradient checkpointing).
 
 Weight names equal the original ones (``model.embed_tokens``, ``model.layers.N.self_attn.{q,k,v,o}_proj``,
-``q_norm``, ``k_norm``, ``model.layers.N.mlp.{gate, experts.E, expert_bias}``, ``model.layers.N.shared_expert``,
-``model.norm``, ``lm_head``), so checkpoints load and save without renaming.
+``q_norm``, ``k_norm``, ``model.layers.N.mlp.{gate, expert_bias}``, ``model.layers.N.shared_expert``, ``model.norm``,
+``lm_head``) except the routed experts: the checkpoints' ``mlp.experts.E.{gate,up,down}_proj.weight`` are stacked at
+load and written back one per expert at save (transformers' Qwen2-MoE conversion).
 
 **Attention mask.** LLaDA-MoE's own code discards any mask (every position sees every other, padding included). Here a
 2-D padding mask is honoured (padding keys are blocked, so a left-padded row equals the same row unpadded) and a 4-D
@@ -35,7 +37,7 @@ sets) it returns transformers' Mixtral ``load_balancing_loss_func`` over every M
 ``aux_loss`` (padding excluded given a 2-D mask). The Z-loss of the LLaDA-MoE paper is not in its public code, nor
 here.
 
-The scaffolding LLaDA-MoE shares with LLaDA2 (expert dispatch, attention core, decoder stack, LM head) is in
+The scaffolding LLaDA-MoE shares with LLaDA2 (stacked experts, attention core, decoder stack, LM head) is in
 :mod:`._moe`, with the tokenizer ids both families use.
 """
 
