@@ -20,7 +20,7 @@ from trl_dllm.planning import (
     static_bytes,
     views_of,
 )
-from trl_dllm.planning.phases import layer_saved_bytes, layer_transient_bytes
+from trl_dllm.planning.phases import adapted_experts_bytes, layer_saved_bytes, layer_transient_bytes
 
 GB = 1e9
 
@@ -62,9 +62,15 @@ def test_moe_parameters_held_and_active():
     assert 16.0e9 < llada2.parameters < 16.5e9 and 1.3e9 < llada2.active_parameters < 1.5e9  # "16B, 1.4B active"
     moe = released("llada_moe")
     assert moe.parameters - moe.active_parameters == 16 * 56 * 3 * 2048 * 1024
-    # LoRA on every expert's gate/up/down is held for all 64 experts: 16 × 64 × r(3·2048 + 3·1024) for r = 1
-    experts_only = replace(REFERENCE, lora_r=1, lora_targets=["gate_proj", "up_proj", "down_proj"])
-    assert lora_parameters(moe, experts_only) == 16 * 64 * (3 * 2048 + 3 * 1024)
+    # The routed experts are stacked parameters: the per-expert names adapt nothing (no dense layer, no shared expert
+    # in the release); PEFT's target_parameters adapt all 64 experts: 16 × 64 × r((2048 + 2·1024) + (1024 + 2048))
+    names = replace(REFERENCE, lora_r=1, lora_targets=["gate_proj", "up_proj", "down_proj"])
+    assert lora_parameters(moe, names) == 0
+    stacked = replace(names, lora_targets=[], lora_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    assert lora_parameters(moe, stacked) == 16 * 64 * ((2048 + 2 * 1024) + (1024 + 2048))
+    # their adapted weights, W + ΔW of one layer (64 · 2048 · (2 · 1024 + 1024) bf16 values), are planned
+    assert adapted_experts_bytes(moe, replace(stacked, activation_bytes=2)) == 64 * 2048 * 3 * 1024 * 2
+    assert phase_bytes(moe, stacked)["scoring"] > phase_bytes(moe, names)["scoring"]
 
 
 def test_spg_kept_positions_by_hand():

@@ -14,6 +14,7 @@ from torch import nn
 
 import trl_dllm
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
+from trl_dllm.errors import UsageError
 from trl_dllm.models.loading import honours_padding, load_pretrained
 from trl_dllm.training.model_setup import adapt_to_model
 
@@ -102,39 +103,85 @@ def test_lora_saves_the_original_layout(tmp_path, original_checkpoints, family):
         assert all(".layers." in k for k in keys) and sorted(targets) == ["down_proj", "o_proj", "q_proj", "v_proj"]
 
 
+EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]  # the stacked routed experts (target_parameters)
+
+
+def moved_experts(trainer, before) -> bool:
+    """Whether the merged routed experts of the trained adapter differ from the base's (LoRA reached them)."""
+    merged = trainer.model.merge_and_unload()
+    return any(not torch.equal(p, before[n]) for n, p in merged.named_parameters() if ".mlp.experts." in n)
+
+
+def expert_weights(path):
+    base = load_pretrained(path, dtype=torch.float32)
+    return {n: p.detach().clone() for n, p in base.named_parameters() if ".mlp.experts." in n}
+
+
 @pytest.mark.parametrize("loss_type,beta", [("stabledrl", 0.04), ("agrpo", 0.0)])
 def test_llada2_lora_on_attention_and_experts(tmp_path, original_checkpoints, loss_type, beta):
-    """LoRA on LLaDA2's fused attention (`query_key_value`, `dense`) and every expert's projections (routed and shared,
-    `gate_proj` / `up_proj` / `down_proj`): trains, and the adapter names are LLaDA2's own (no renaming)."""
+    """LoRA on LLaDA2's fused attention (`query_key_value`, `dense`), the dense layer's and shared expert's projections
+    (`gate_proj` / `up_proj` / `down_proj`) and the stacked routed experts (`target_parameters`): trains, the routed
+    experts move, and the module adapters keep LLaDA2's own names (no renaming)."""
     args = make_args(tmp_path, loss_type=loss_type, beta=beta, learning_rate=0.05,
                      estimator="trajectory" if loss_type == "agrpo" else "block")  # fmt: skip
     targets = ["query_key_value", "dense", "gate_proj", "up_proj", "down_proj"]
-    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=targets, task_type="CAUSAL_LM")
+    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=targets, target_parameters=EXPERTS,
+                             task_type="CAUSAL_LM")  # fmt: skip
     trainer = train(original_checkpoints["llada2"], args, peft_config=peft_config)
     trainer.save_model(str(tmp_path / "final"))
     keys = set(load_file(tmp_path / "final" / "adapter_model.safetensors"))
     assert any(".attention.query_key_value.lora_A" in k for k in keys)
-    assert any(".mlp.experts.0.gate_proj.lora_A" in k for k in keys)
+    assert any(".layers.0.mlp.gate_proj.lora_A" in k for k in keys)  # the dense layer
     assert any(".mlp.shared_experts.down_proj.lora_B" in k for k in keys)
-    saved = json.load(open(tmp_path / "final" / "adapter_config.json"))["target_modules"]
-    assert sorted(saved) == sorted(targets)
+    assert any(".layers.1.mlp.experts.lora_A" in k for k in keys)  # the stacked routed experts
+    saved = json.load(open(tmp_path / "final" / "adapter_config.json"))
+    assert sorted(saved["target_modules"]) == sorted(targets) and sorted(saved["target_parameters"]) == sorted(EXPERTS)
+    assert moved_experts(trainer, expert_weights(original_checkpoints["llada2"]))
 
 
 @pytest.mark.parametrize("loss_type,beta", [("stabledrl", 0.04), ("espo", 0.0)])
 def test_llada_moe_lora_on_attention_and_experts(tmp_path, original_checkpoints, loss_type, beta):
-    """LoRA on LLaDA-MoE's attention (`q_proj k_proj v_proj o_proj`) and every expert's projections (`gate_proj`
-    `up_proj` `down_proj`): trains, and the adapter names are LLaDA-MoE's own (no renaming)."""
+    """LoRA on LLaDA-MoE's attention (`q_proj k_proj v_proj o_proj`) and its stacked routed experts
+    (`target_parameters`): trains, the experts move, and the router is not adapted."""
     args = make_args(tmp_path, loss_type=loss_type, beta=beta, learning_rate=0.05)
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=targets, task_type="CAUSAL_LM")
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=targets, target_parameters=EXPERTS,
+                             task_type="CAUSAL_LM")  # fmt: skip
     trainer = train(original_checkpoints["llada_moe"], args, peft_config=peft_config)
     trainer.save_model(str(tmp_path / "final"))
     keys = set(load_file(tmp_path / "final" / "adapter_model.safetensors"))
     assert any(".layers.0.self_attn.q_proj.lora_A" in k for k in keys)
-    assert any(".layers.1.mlp.experts.7.down_proj.lora_B" in k for k in keys)
+    assert any(".layers.1.mlp.experts.lora_B" in k for k in keys)
     assert not any(".mlp.gate." in k for k in keys)  # the router is not a target
-    saved = json.load(open(tmp_path / "final" / "adapter_config.json"))["target_modules"]
-    assert sorted(saved) == sorted(targets)
+    assert moved_experts(trainer, expert_weights(original_checkpoints["llada_moe"]))
+
+
+def test_per_expert_names_alone_are_refused_on_stacked_experts(tmp_path, original_checkpoints):
+    """LLaDA-MoE has no module named gate_proj / up_proj / down_proj left (its routed experts are stacked; no dense
+    layer or shared expert in the release): naming them alone would adapt nothing there, so it is refused with the
+    fix (target_parameters)."""
+    args = make_args(tmp_path, loss_type="stabledrl")
+    peft_config = LoraConfig(r=4, target_modules=["q_proj", "gate_proj", "down_proj"], task_type="CAUSAL_LM")
+    with pytest.raises(UsageError, match=r"lora_target_parameters: \['mlp.experts.gate_up_proj'"):
+        train(original_checkpoints["llada_moe"], args, peft_config=peft_config)
+
+
+def test_per_expert_adapter_is_refused(tmp_path, original_checkpoints):
+    """An adapter with one LoRA module per expert (the family code's layout) is refused by name: PEFT would skip its
+    expert weights silently on the stacked experts."""
+    from safetensors.torch import save_file
+
+    from trl_dllm.models.loading import load_adapter
+
+    adapter = tmp_path / "per-expert"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["gate_proj"],
+        "base_model_name_or_path": original_checkpoints["llada_moe"], "task_type": "CAUSAL_LM"}))  # fmt: skip
+    save_file({"base_model.model.model.layers.0.mlp.experts.3.gate_proj.lora_A.weight": torch.zeros(4, 32)},
+              str(adapter / "adapter_model.safetensors"))  # fmt: skip
+    with pytest.raises(UsageError, match="one module per expert"):
+        load_adapter(load_pretrained(original_checkpoints["llada_moe"]), str(adapter))
 
 
 @pytest.mark.parametrize("family", ["llada", "dream", "sdar", "llada2", "llada_moe"])
@@ -238,8 +285,9 @@ def test_family_recipe_scaled_down(tmp_path, monkeypatch, original_checkpoints, 
     grpo.main(["--config", recipe, *overrides])
     if family == "llada":  # LoRA: the adapter in LLaDA's module names
         assert all(".transformer.blocks." in k for k in load_file(out / "adapter_model.safetensors"))
-    elif family == "llada_moe":  # LoRA: LLaDA-MoE's own names, experts included
-        assert any(".mlp.experts.0.up_proj.lora_A" in k for k in load_file(out / "adapter_model.safetensors"))
+    elif family == "llada_moe":  # LoRA: LLaDA-MoE's own names, and its stacked experts (target_parameters)
+        keys = load_file(out / "adapter_model.safetensors")
+        assert any(".self_attn.q_proj.lora_A" in k for k in keys) and any(".mlp.experts.lora_A" in k for k in keys)
     else:
         assert json.load(open(out / "config.json"))["model_type"] == {"dream": "Dream", "sdar": "sdar"}[family]
 

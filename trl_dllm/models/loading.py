@@ -119,6 +119,65 @@ def native_lora_targets(model: Any, target_modules: Any) -> Any:
     return type(target_modules)(dict.fromkeys(translated)) if not isinstance(target_modules, set) else set(translated)
 
 
+EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+"""PEFT ``target_parameters`` that adapt LLaDA2's and LLaDA-MoE's routed experts (held stacked)."""
+
+
+def _stacked_experts(model: Any) -> list:
+    from .families._moe import StackedExperts
+
+    return [m for m in model.modules() if isinstance(m, StackedExperts)]
+
+
+def check_expert_lora_targets(model: Any, peft_config: Any) -> None:
+    """LoRA ``target_modules`` that name the released checkpoints' per-expert projections (``gate_proj``, ``up_proj``,
+    ``down_proj``) on a model whose routed experts are stacked parameters (LLaDA2, LLaDA-MoE): those names now match
+    only the dense layers' and shared experts' projections. Where they match no module, LoRA would adapt nothing
+    there: an error with the fix. Otherwise one warning that the routed experts stay frozen, unless
+    ``target_parameters`` adapts them (:data:`EXPERT_PARAMETERS`)."""
+    from .families._moe import EXPERT_PROJECTIONS
+
+    targets = getattr(peft_config, "target_modules", None)
+    experts = _stacked_experts(model) if isinstance(targets, (list, tuple, set)) else []
+    named = [t for t in targets if t in EXPERT_PROJECTIONS] if experts else []
+    if not named or set(EXPERT_PARAMETERS) & set(getattr(peft_config, "target_parameters", None) or ()):
+        return
+    matched = [n for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in named and isinstance(m, torch.nn.Linear)]
+    fix = (f"to adapt the routed experts, add lora_target_parameters: {list(EXPERT_PARAMETERS)} (peft_config: "
+           "target_parameters; PEFT's LoRA on stacked parameters, which needs lora_dropout 0)")  # fmt: skip
+    if not matched:
+        raise UsageError(
+            f"lora_target_modules: {named} name the per-expert projections of the checkpoint, but {type(model).__name__} "
+            f"holds its {experts[0].num_experts} routed experts per layer stacked (mlp.experts.gate_up_proj, "
+            f"mlp.experts.down_proj) and has no other module of those names, so LoRA would adapt nothing there: {fix}, "
+            f"or drop {named} from lora_target_modules."
+        )
+    logger.warning(
+        f"LoRA target_modules {named} adapt {len(matched)} dense-layer / shared-expert projections; the "
+        f"{experts[0].num_experts} routed experts of each MoE layer are stacked parameters and stay frozen: {fix}."
+    )
+
+
+def refuse_per_expert_adapter(model: Any, adapter_path: str) -> None:
+    """An adapter saved with one LoRA module per expert (``mlp.experts.E.gate_proj``: the family's own code, or
+    trl_dllm before its experts were stacked) cannot wrap stacked experts: PEFT would skip those weights silently."""
+    weights = os.path.join(adapter_path, "adapter_model.safetensors")
+    if not _stacked_experts(model) or not os.path.isfile(weights):
+        return
+    from safetensors import safe_open
+
+    with safe_open(weights, framework="pt") as f:
+        per_expert = [k for k in f.keys() if re.search(r"\.mlp\.experts\.\d+\.", k)]
+    if per_expert:
+        raise UsageError(
+            f"The LoRA adapter {adapter_path!r} adapts the routed experts one module per expert (first: "
+            f"{per_expert[0]}), the layout of the family's own code; {type(model).__name__} holds them stacked, and "
+            "those weights would be skipped. Merge the adapter into its base where it was trained (PEFT's "
+            "merge_and_unload, then save_pretrained) and train from the merged checkpoint, or retrain the experts' "
+            f"LoRA with target_parameters {list(EXPERT_PARAMETERS)}."
+        )
+
+
 def supports_gradient_checkpointing(model: Any) -> bool:
     """Whether ``model`` (or the base of a PEFT model) supports transformers' gradient checkpointing."""
     base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
@@ -160,6 +219,7 @@ def load_adapter(model: torch.nn.Module, adapter_path: str, **kwargs: Any) -> An
     original layout (LLaDA's module names) onto a natively loaded model."""
     from peft import PeftConfig, PeftModel
 
+    refuse_per_expert_adapter(model, adapter_path)
     layout = getattr(model, "dllm_layout", None)
     if layout in NATIVE_LAYOUTS and adapter_in_original_layout(adapter_path, layout):
         config = PeftConfig.from_pretrained(adapter_path)

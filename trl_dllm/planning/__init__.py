@@ -87,10 +87,11 @@ def phase_bytes(arch: Architecture, s: Settings) -> dict[str, float]:
 
 
 def lora_parameters(arch: Architecture, s: Settings) -> int:
-    """``r · (d_in + d_out)`` per wrapped linear (every expert's, when experts are targeted)."""
+    """``r · (d_in + d_out)`` per wrapped linear, and per expert of a targeted stacked expert parameter."""
     if not s.lora_r:
         return 0
-    return sum(lin.count * s.lora_r * (lin.in_features + lin.out_features) for lin in arch.lora_targets(s.lora_targets))
+    wrapped = arch.lora_targets(s.lora_targets, s.lora_parameters)
+    return sum(lin.count * s.lora_r * (lin.in_features + lin.out_features) for lin in wrapped)
 
 
 def static_bytes(arch: Architecture, s: Settings, strategy: str, num_processes: int, weight_bytes: int = 2,
@@ -272,6 +273,7 @@ def settings_from_args(args, model_args=None, *, prompt_length: int = 256, logit
         temperature=args.temperature,
         lora_r=model_args.lora_r if use_peft else 0,
         lora_targets=model_args.lora_target_modules if use_peft else None,
+        lora_parameters=model_args.lora_target_parameters if use_peft else None,
         lora_dropout=model_args.lora_dropout if use_peft else 0.0,
         activation_checkpointing=bool(checkpointing),
         activation_bytes=activation_bytes,

@@ -23,7 +23,9 @@ class Linear:
     ``in_features → out_features``; ``per_token`` is the fraction of tokens that pass through one of them (1, or
     ``top_k / num_experts`` for a routed expert); ``path`` is the full module path of the first of them (what PEFT
     matches a regex ``target_modules`` against): modules of one name in different places (an encoder's and a
-    decoder's ``q_proj``) are kinds of their own."""
+    decoder's ``q_proj``) are kinds of their own. ``parameter``: one expert's slice of a stacked 3-D expert parameter
+    (``mlp.experts.gate_up_proj``; ``count`` experts over all layers), which PEFT adapts through ``target_parameters``
+    only (rank ``r`` per expert, the adapted weight materialised in each forward)."""
 
     name: str
     in_features: int
@@ -31,6 +33,7 @@ class Linear:
     count: int
     per_token: float = 1.0
     path: str = ""
+    parameter: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,21 +83,26 @@ class Architecture:
     attention: tuple[tuple[int, int, bool], ...] = field(default=(), repr=False)
     sliding_window: int = 0
 
-    def lora_targets(self, targets) -> tuple[Linear, ...]:
+    def lora_targets(self, targets, parameters=None) -> tuple[Linear, ...]:
         """The linear layers LoRA wraps for ``targets``: a list of module names, ``"all-linear"``, or a regex string
         (PEFT matches it against the full module path; here against the last part or the full path, which a
-        ``.*name`` pattern matches alike). The LM head is never counted among the decoder linears."""
+        ``.*name`` pattern matches alike); and the stacked expert parameters ``parameters`` names (PEFT's
+        ``target_parameters``: a parameter's full name or a suffix of it). The LM head is never counted among the
+        decoder linears."""
         import re
 
+        modules = tuple(lin for lin in self.linears if not lin.parameter)
+        stacked = tuple(lin for lin in self.linears if lin.parameter and any(
+            lin.path == p or lin.path.endswith("." + p) for p in parameters or ()))  # fmt: skip
         if targets is None:
-            return ()
+            return stacked
         if isinstance(targets, str):
             if targets == "all-linear":
-                return self.linears
-            return tuple(lin for lin in self.linears if re.fullmatch(targets, lin.name)
-                         or (lin.path and re.fullmatch(targets, lin.path)))
+                return modules + stacked
+            return tuple(lin for lin in modules if re.fullmatch(targets, lin.name)
+                         or (lin.path and re.fullmatch(targets, lin.path))) + stacked  # fmt: skip
         names = set(targets)
-        return tuple(lin for lin in self.linears if lin.name in names)
+        return tuple(lin for lin in modules if lin.name in names) + stacked
 
 
 def _first(config, *names, default=None):
@@ -161,13 +169,23 @@ def architecture_from_config(config, family: str | None = None, model_class=None
             experts, per_expert = routed
             top_k = top_k or experts
             inactive += (experts - top_k) * per_expert
+            for key, stack in module.experts.named_parameters(recurse=False):  # stacked experts: (E, out, in)
+                if stack.dim() == 3:
+                    dims = tuple(int(d) for d in stack.shape[1:])
+                    in_f, out_f = dims if getattr(module.experts, "is_transposed", False) else dims[::-1]
+                    path = f"{name}.experts.{key}"
+                    kind = (key, in_f, out_f, top_k / experts, re.sub(r"\d+", "N", path), True)
+                    kinds[kind] += experts
+                    paths.setdefault(kind, path)
         if isinstance(module, nn.Linear) and module is not head and ".layers." in f".{name}" and "vision" not in name:
             expert = ".experts." in f".{name}"
             share = (top_k / experts) if expert and experts else 1.0
-            key = (name.rsplit(".", 1)[-1], module.in_features, module.out_features, share, re.sub(r"\d+", "N", name))
+            key = (name.rsplit(".", 1)[-1], module.in_features, module.out_features, share, re.sub(r"\d+", "N", name),
+                   False)  # fmt: skip
             kinds[key] += 1
             paths.setdefault(key, name)
-    linears = tuple(Linear(n, i, o, c, s, paths[(n, i, o, s, t)]) for (n, i, o, s, t), c in sorted(kinds.items()))
+    linears = tuple(Linear(n, i, o, c, s, paths[(n, i, o, s, t, p)], p)
+                    for (n, i, o, s, t, p), c in sorted(kinds.items()))  # fmt: skip
     heads = int(text.num_attention_heads)
     hidden = int(text.hidden_size)
     expert_intermediate = int(_first(text, "moe_intermediate_size", "expert_intermediate_size", default=0))

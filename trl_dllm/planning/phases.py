@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from ..core.likelihood import ESTIMATORS
 from .architecture import Architecture
 
-__all__ = ["Settings", "Views", "layer_saved_bytes", "layer_transient_bytes", "lora_saved_bytes", "phase_bytes",
+__all__ = ["Settings", "Views", "adapted_experts_bytes", "layer_saved_bytes", "layer_transient_bytes", "lora_saved_bytes", "phase_bytes",
            "phases_of", "views_of"]
 
 # TRL 1.16's ChunkedLogProbFunction: TOKEN_CHUNK_SIZE tokens × a vocabulary chunk per projection tile (float32).
@@ -85,6 +85,7 @@ class Settings:
     temperature: float = 1.0
     lora_r: int = 0
     lora_targets: object = None
+    lora_parameters: object = None
     lora_dropout: float = 0.0
     activation_checkpointing: bool = False
     activation_bytes: int = 2
@@ -145,10 +146,19 @@ def lora_saved_bytes(arch: Architecture, s: Settings) -> float:
     mask = (1 if s.device == "cuda" else 4) if s.lora_dropout > 0 else 0
     kept_input = s.activation_bytes if s.autocast else 4
     total = 0.0
-    wrapped = arch.lora_targets(s.lora_targets)
+    wrapped = [lin for lin in arch.lora_targets(s.lora_targets) if not lin.parameter]
     for lin in (x for x in wrapped if "decoder" in x.path) if arch.canvas_length else wrapped:
         total += lin.count * lin.per_token * ((kept_input + mask) * lin.in_features + s.activation_bytes * s.lora_r)
     return total / arch.layers
+
+
+def adapted_experts_bytes(arch: Architecture, s: Settings) -> float:
+    """Bytes of one MoE layer's adapted expert weights ``W + ΔW`` when LoRA targets stacked expert parameters (PEFT's
+    ``target_parameters``): materialised in every forward of the layer, kept for backward while its graph lives."""
+    if not s.lora_r or not s.lora_parameters or not arch.moe_layers:
+        return 0.0
+    stacked = [lin for lin in arch.lora_targets(None, s.lora_parameters) if lin.parameter]
+    return sum(lin.count * lin.in_features * lin.out_features for lin in stacked) * s.activation_bytes / arch.moe_layers
 
 
 def layer_saved_bytes(arch: Architecture, s: Settings) -> float:
@@ -174,7 +184,7 @@ def layer_transient_bytes(arch: Architecture, s: Settings) -> float:
         mlp = max(mlp, 3 * a * arch.intermediate if arch.moe_layers < arch.layers else 0)
     else:
         mlp = 3 * a * arch.intermediate
-    widths = [lin.in_features for lin in arch.lora_targets(s.lora_targets)] if s.lora_r else []
+    widths = [lin.in_features for lin in arch.lora_targets(s.lora_targets) if not lin.parameter] if s.lora_r else []
     return 2 * a * h + mlp + (8 * max(widths) if widths else 0)
 
 
@@ -227,14 +237,15 @@ def phase_bytes(arch: Architecture, s: Settings) -> dict[str, float]:
         forwarded = s.block_length
     sample = arch.vocab * (2 * a + (24 if s.temperature > 0 else 8))
     rollout_mask = s.generation_rows * canvas**2 * a if arch.block_causal else 0.0
-    rollout = kv_cache + rollout_mask + max(
+    adapted = adapted_experts_bytes(arch, s)  # per MoE layer, when LoRA adapts stacked experts
+    rollout = adapted + kv_cache + rollout_mask + max(
         s.generation_rows * forwarded * layer_transient_bytes(arch, s),
         s.generation_rows * s.block_length * sample,
     )
 
     # Old / reference scoring: one chunk at a time, no grad.
     _, head_transient = _head_bytes(arch, s, kept, grad=False)
-    scoring = block_mask + max(tokens * layer_transient_bytes(arch, s), head_transient)
+    scoring = adapted + block_mask + max(tokens * layer_transient_bytes(arch, s), head_transient)
 
     # Update: the graphs of the kept chunks; the peak is the end of the last chunk's forward (every kept graph and
     # log-prob, and the last chunk's log-softmax temporaries) or the backward of a layer (the kept graphs, the other
@@ -243,10 +254,12 @@ def phase_bytes(arch: Architecture, s: Settings) -> dict[str, float]:
     per_token = layer_saved_bytes(arch, s)
     kept_per_layer = a * arch.hidden if s.activation_checkpointing else per_token
     graph = tokens * (layers * kept_per_layer + 4 * arch.hidden) + block_mask
+    graph += (0 if s.activation_checkpointing else arch.moe_layers) * adapted
     head_saved, head_transient = _head_bytes(arch, s, kept, grad=True)
     alive = 1 if _recompute(s, views.chunks) else views.chunks
     logits = alive * head_saved + head_transient
     backward = alive * graph + (alive - 1) * head_saved + tokens * layer_transient_bytes(arch, s)
+    backward += 2 * adapted  # the layer's adapted weights and their gradient
     if s.activation_checkpointing:
         backward += tokens * per_token
     update = max(alive * graph + logits, backward)

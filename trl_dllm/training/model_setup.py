@@ -21,6 +21,7 @@ from ..models.embedded import resolve_model_name
 from ..models.families import native_config, native_layout
 from ..models.families.diffusion_gemma import is_diffusion_gemma
 from ..models.loading import (
+    check_expert_lora_targets,
     attends_bidirectionally,
     check_adapter_base,
     honours_padding,
@@ -179,6 +180,7 @@ def adapt_to_model(model, args, peft_config) -> None:
         peft_config.task_type = None
     if hasattr(peft_config, "target_modules"):
         peft_config.target_modules = native_lora_targets(model, peft_config.target_modules)
+        check_expert_lora_targets(model, peft_config)
 
 
 def name_embedded_base(output_dir: str, name: str) -> None:
