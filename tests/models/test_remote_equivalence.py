@@ -149,19 +149,24 @@ def test_llada2_decoding_equals_its_generate(tmp_path, prompt_length):
     assert len(theirs) == 16 and torch.equal(ours, theirs)  # no EOS among them (its generate cuts after the first)
 
 
+EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]  # the stacked routed experts (target_parameters)
+
+
 def test_llada2_adapter_loads_in_llada2_code(checkpoints, tmp_path_factory, tmp_path):
-    """A LoRA adapter of a native LLaDA2 on the attention and every expert (LLaDA2's own module names, nothing
+    """A LoRA adapter of a native LLaDA2 on the attention and the shared expert (LLaDA2's own module names, nothing
     renamed) wraps LLaDA2's own model with PEFT unchanged."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
     path = checkpoint("llada2", checkpoints, tmp_path_factory)
-    targets = ["query_key_value", "dense", "gate_proj", "up_proj", "down_proj"]
+    # module names only the attention and the shared expert have in both (in LLaDA2's code `gate_proj` also names
+    # every routed expert's module, which this adapter does not hold)
+    targets = ["query_key_value", "dense", "shared_experts.gate_proj", "shared_experts.up_proj", "shared_experts.down_proj"]
     native = get_peft_model(load_pretrained(path, dtype=torch.float32),
                             LoraConfig(r=4, target_modules=targets, init_lora_weights=False)).eval()  # fmt: skip
-    native.save_pretrained(tmp_path)
-    remote = PeftModel.from_pretrained(load_remote_model("llada2", code_dir("llada2"), path), str(tmp_path)).eval()
+    native.save_pretrained(tmp_path / "adapter")
+    remote = PeftModel.from_pretrained(load_remote_model("llada2", code_dir("llada2"), path), str(tmp_path / "adapter"))
     ids, mask = left_padded_batch()
-    ours, theirs = native_and_remote("llada2", native, remote, ids, mask)
+    ours, theirs = native_and_remote("llada2", native, remote.eval(), ids, mask)
     assert (ours - theirs)[mask.bool()].abs().max().item() <= ATOL
 
 
@@ -204,7 +209,7 @@ def test_llada_moe_equals_remote(family, variant, tmp_path):
 
 @pytest.mark.parametrize("family", LLADA_MOE_COPIES)
 def test_llada_moe_saved_and_adapter_load_in_its_code(family, tmp_path):
-    """What a native LLaDA-MoE saves (full weights, and a LoRA adapter on the attention and every expert, LLaDA-MoE's
+    """What a native LLaDA-MoE saves (full weights; a LoRA adapter on the attention and the shared expert, LLaDA-MoE's
     own module names) is loaded by the family's code, unchanged."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -217,10 +222,33 @@ def test_llada_moe_saved_and_adapter_load_in_its_code(family, tmp_path):
         ours = native(input_ids=ids).logits
         theirs = load_remote_model(family, code_dir(family), str(tmp_path / "saved"))(ids).logits
     assert (ours - theirs).abs().max().item() <= ATOL
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "shared_expert.gate_proj", "shared_expert.down_proj"]
     lora = get_peft_model(native, LoraConfig(r=4, target_modules=targets, init_lora_weights=False)).eval()
     lora.save_pretrained(tmp_path / "adapter")
     remote = PeftModel.from_pretrained(load_remote_model(family, code_dir(family), path), str(tmp_path / "adapter"))
     with torch.no_grad():
         ours, theirs = lora(input_ids=ids).logits, remote.eval()(ids).logits
     assert (ours - theirs).abs().max().item() <= ATOL
+
+
+@pytest.mark.parametrize("family", ["llada2", "lladamoe_dllm"])
+def test_merged_expert_adapter_loads_in_the_family_code(family, tmp_path):
+    """LoRA on the attention and on the stacked routed experts (PEFT's target_parameters), merged and saved (what
+    `trl-dllm merge` writes: the experts one by one again), is loaded by the family's own code with the same logits."""
+    from peft import LoraConfig, get_peft_model
+
+    variant = LLADA_MOE_VARIANTS["optional"] if family == "lladamoe_dllm" else None
+    path = build_tiny_checkpoint(family, code_dir(family), str(tmp_path / "ckpt"), variant=variant)
+    targets = ["query_key_value", "dense"] if family == "llada2" else ["q_proj", "o_proj"]
+    config = LoraConfig(r=4, target_modules=targets, target_parameters=EXPERTS, init_lora_weights=False)
+    merged = get_peft_model(load_pretrained(path, dtype=torch.float32), config).eval().merge_and_unload()
+    merged.save_pretrained(tmp_path / "merged")
+    remote = load_remote_model(family, code_dir(family), str(tmp_path / "merged"))
+    ids, mask = left_padded_batch()
+    if family == "llada2":
+        ours, theirs = native_and_remote(family, merged, remote, ids, mask)
+        assert (ours - theirs)[mask.bool()].abs().max().item() <= ATOL
+    else:
+        with torch.no_grad():
+            ours, theirs = merged(input_ids=ids[:1]).logits, remote(ids[:1]).logits
+        assert (ours - theirs).abs().max().item() <= ATOL
