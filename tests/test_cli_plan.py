@@ -8,6 +8,7 @@ import pytest
 
 from trl_dllm.cli import main
 from trl_dllm.models.tiny_families import released_original_config
+from trl_dllm.planning import embedded_config
 
 RECIPES = {
     "llada": "recipes/llada/stabledrl_gsm8k_lora.yaml",
@@ -130,8 +131,11 @@ def test_every_paper_recipe_fits_8_gpus_of_80gb_under_its_launch_config(recipe, 
     rollout chunks, `llada2/stabledrl_gsm8k` rollout chunks)."""
     launch = re.search(r"--config_file recipes/accelerate/(\w+)\.yaml", recipe.read_text())
     assert launch, f"{recipe}: its header names no launch command"
-    status, out, _ = run(capsys, "--config", str(recipe), "--model_name_or_path", config_folders[recipe.parent.name],
-                         "--num_processes", "8", "--strategy", launch.group(1), "--json")  # fmt: skip
+    model = re.search(r"^model_name_or_path: (\S+)$", recipe.read_text(), re.M).group(1)
+    # a model whose config.json is embedded (LLaDA2.0 mini and flash) is planned by its name, else from the folder
+    folder = [] if embedded_config(model) else ["--model_name_or_path", config_folders[recipe.parent.name]]
+    status, out, _ = run(capsys, "--config", str(recipe), *folder, "--num_processes", "8", "--strategy",
+                         launch.group(1), "--json")  # fmt: skip
     report = json.loads(out)
     assert status == 0 and report["fits"], (report["total_gb"], report["peak_phase"], report["suggestions"])
 
@@ -267,3 +271,55 @@ def test_plan_refuses_lora_under_zero3_with_several_forwards_as_the_trainer_does
     assert status == 0 and json.loads(out)["fits"]
     status, _, _ = run(capsys, *lora[:-1], "zero2")  # the recipe's own launcher
     assert status == 0
+
+
+FLASH_RECIPE = "recipes/llada2/stabledrl_gsm8k_flash_lora.yaml"
+
+
+@pytest.fixture
+def no_hub(monkeypatch):
+    """Any config.json read from the Hub or a folder fails: what is planned comes from the embedded config."""
+    from trl_dllm.models import native
+
+    def refuse(*args, **kwargs):
+        raise OSError("the test reads no config.json")
+
+    monkeypatch.setattr(native, "read_config_dict", refuse)
+
+
+def test_plan_llada2_flash_recipe_from_its_embedded_config(no_hub, capsys):
+    """inclusionAI/LLaDA2.0-flash by its Hub id, without the Hub: the recipe (StableDRL's batch of 16, 2 views in one
+    forward, activation checkpointing, LoRA off the routed experts) under ZeRO-3 on 8 × 80 GB fits, its update the
+    peak (planned, not measured); with TRL's default gathering of the whole model for rollouts nothing fits, and the
+    plan names the fix. Under ddp (the default headline) it proposes ZeRO-3."""
+    argv = ["--config", FLASH_RECIPE, "--gpu_memory_gb", "80", "--num_processes", "8"]
+    status, out, _ = run(capsys, *argv, "--strategy", "zero3", "--json")
+    report = json.loads(out)
+    assert status == 0 and report["model"] == {
+        "name_or_path": "inclusionAI/LLaDA2.0-flash", "family": "llada2", "parameters": 102_889_697_280,
+        "active_parameters": 6_152_269_824, "trainable": 137_363_456}  # fmt: skip
+    assert report["fits"] and report["peak_phase"] == "update" and report["total_gb"] == 56.97
+    assert report["largest_batch"] == 29 and report["per_device_train_batch_size"] == 16
+    assert report["phases"]["weights"] == 38.635 and report["phases"]["rollout_gathered_weights"] == 0
+    assert report["ds3_gather_for_generation"] is False and report["activation_checkpointing"]
+    status, out, _ = run(capsys, *argv, "--strategy", "zero3", "--ds3_gather_for_generation", "true", "--json")
+    gathered = json.loads(out)
+    assert status == 0 and not gathered["fits"] and gathered["largest_batch"] == 0
+    assert gathered["batch_one"]["peak_phase"] == "rollout"
+    assert gathered["suggestions"][0] == {"change": {"ds3_gather_for_generation": False}, "total_gb": 56.97,
+                                          "fits": True}  # fmt: skip
+    status, out, _ = run(capsys, *argv)
+    assert status == 0 and "peak (update)                          226.59   does NOT fit" in out
+    assert "to fit: accelerate_config=recipes/accelerate/zero3.yaml -> 56.97 GB (fits)" in out
+    status, out, _ = run(capsys, *argv, "--strategy", "zero3", "--model_name_or_path", "inclusionAI/LLaDA2.1-flash")
+    assert status == 0 and "56.97   fits in 72.0 GB usable of 80.0" in out
+
+
+def test_cli_md_quotes_the_llada2_flash_plan(no_hub, capsys):
+    """docs/cli.md's LLaDA2.0-flash plan: the table it quotes is what its command prints."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    section = text[text.index("### LLaDA2.0-flash") : text.index("### DiffusionGemma")]
+    command = re.search(r"\ntrl-dllm plan (.*?)\n```", section, re.S).group(1).replace("\\\n", "").split()
+    quoted = re.search(r"```text\n(.*?)```", section, re.S).group(1)
+    status, out, _ = run(capsys, *command)
+    assert status == 0 and out.strip() == quoted.strip()

@@ -124,6 +124,8 @@ class Family:
         tiny (`TinyCheckpoint`, *optional*): what its tiny original-layout checkpoint is made of.
         remote_code_refused (`str`, *optional*): why the trainer does not drive a model object built with the
             family's own remote code (by name or folder the family loads natively); `None`: it does.
+        released_configs (`Mapping[str, Mapping[str, Any]]`, *optional*): the ``config.json`` of released checkpoints
+            by Hub id, embedded so that ``trl-dllm plan`` plans them without the Hub (``RELEASED_CONFIGS``).
     """
 
     name: str
@@ -133,3 +135,4 @@ class Family:
     layout: Any = None  # trl_dllm.models.native.NativeLayout (that module imports transformers; this one does not)
     tiny: TinyCheckpoint | None = None
     remote_code_refused: str | None = None
+    released_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)

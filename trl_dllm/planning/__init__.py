@@ -14,7 +14,8 @@ Static memory per GPU (:func:`static_bytes`), for ``T`` trainable and ``W`` base
   copy of a bf16 model); DeepSpeed ZeRO keeps float32 master weights and states (``12T``) and float32 gradients;
 - sharding: ZeRO-2 shards optimizer state and gradients over ``N``; ZeRO-3 and FSDP2 also the weights, and keep the
   layers being gathered (two at a time, with prefetch); accelerate's FSDP2 keeps float32 shards of the trainable
-  parameters under bf16 mixed precision; TRL gathers the whole ZeRO-3 model for rollouts (``ds3_gather_for_generation``). Activations are never
+  parameters under bf16 mixed precision; TRL gathers the whole ZeRO-3 model for rollouts (``ds3_gather_for_generation``,
+  its default; with it off a rollout's forwards gather layer by layer, as the update's do). Activations are never
   sharded.
 
 A micro-step's peak is ``static + max(rollout, old/ref scoring, update activations + logits)``
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .architecture import Architecture, Linear, architecture_from_config, read_architecture
+from .architecture import Architecture, Linear, architecture_from_config, embedded_config, read_architecture
 from .encoder_decoder import encoder_decoder_phase_bytes
 from .phases import Settings, Views, views_of
 from .phases import phase_bytes as decoder_only_phase_bytes
@@ -40,6 +41,7 @@ __all__ = [
     "Views",
     "architecture_from_config",
     "dtype_bytes",
+    "embedded_config",
     "largest_batch",
     "phase_bytes",
     "plan",
@@ -95,8 +97,10 @@ def lora_parameters(arch: Architecture, s: Settings) -> int:
 
 
 def static_bytes(arch: Architecture, s: Settings, strategy: str, num_processes: int, weight_bytes: int = 2,
-                 gradient_accumulation_steps: int = 1, full_reference: bool = False) -> dict[str, float]:  # fmt: skip
-    """Weights, gradients and optimizer state per GPU (module docstring), and the weights gathered for rollouts."""
+                 gradient_accumulation_steps: int = 1, full_reference: bool = False,
+                 gather_for_generation: bool = True) -> dict[str, float]:  # fmt: skip
+    """Weights, gradients and optimizer state per GPU (module docstring), and the weights gathered for rollouts (ZeRO-3
+    with ``gather_for_generation``, TRL's ``ds3_gather_for_generation``)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r} must be one of {', '.join(STRATEGIES)}.")
     n = num_processes
@@ -119,7 +123,7 @@ def static_bytes(arch: Architecture, s: Settings, strategy: str, num_processes: 
             # accelerate's fsdp2 upcasts the trainable parameters to float32 under mixed precision (frozen ones stay)
             weights = arch.parameters * (weight_bytes if adapters else 4) + adapters * 4
         weights, grads, optimizer = weights / n + 2 * layer, grads / n, optimizer / n
-        if strategy == "zero3":  # TRL's ds3_gather_for_generation: the whole model for the rollout
+        if strategy == "zero3" and gather_for_generation:  # TRL's ds3_gather_for_generation: the whole model
             gathered = arch.parameters * weight_bytes + adapters * adapter_bytes - weights
     reference = arch.parameters * weight_bytes / (n if strategy in ("zero3", "fsdp2") else 1) if full_reference else 0
     return {"weights": weights, "reference_weights": reference, "gradients": grads, "optimizer": optimizer,
@@ -128,8 +132,9 @@ def static_bytes(arch: Architecture, s: Settings, strategy: str, num_processes: 
 
 def plan(arch: Architecture, s: Settings, *, strategy: str = "ddp", num_processes: int = 1, weight_bytes: int = 2,
          gradient_accumulation_steps: int = 1, full_reference: bool = False, gpu_memory_gb: float = 80.0,
-         usable_fraction: float = 0.9) -> Plan:  # fmt: skip
-    """Plan one micro-step of ``s`` on ``arch`` under ``strategy`` over ``num_processes`` GPUs.
+         usable_fraction: float = 0.9, gather_for_generation: bool = True) -> Plan:  # fmt: skip
+    """Plan one micro-step of ``s`` on ``arch`` under ``strategy`` over ``num_processes`` GPUs (ZeRO-3 rollouts from the
+    gathered model unless ``gather_for_generation`` is off).
 
     ``usable_fraction`` of ``gpu_memory_gb`` counts as usable: the CUDA context, NCCL buffers and the caching
     allocator's fragmentation take the rest (the GPU run of 2026-11-26 reserved 2% above its allocated peak).
@@ -137,7 +142,7 @@ def plan(arch: Architecture, s: Settings, *, strategy: str = "ddp", num_processe
     sharded = strategy in ("zero3", "fsdp2")
     s = replace(s, shards_parameters=sharded, device=s.device)
     static = static_bytes(arch, s, strategy, num_processes, weight_bytes, gradient_accumulation_steps,
-                          full_reference)  # fmt: skip
+                          full_reference, gather_for_generation)  # fmt: skip
     dynamic = phase_bytes(arch, s)
     held = static["weights"] + static["reference_weights"] + static["optimizer"]
     grads_between = static["gradients"] if gradient_accumulation_steps > 1 else 0.0
@@ -187,10 +192,11 @@ def suggestions(arch: Architecture, s: Settings, *, gradient_accumulation_steps:
                 generation_chunk_size: int | None, strategy: str = "ddp", num_processes: int = 1,
                 batch_multiple: int = 1, **kwargs) -> list[dict]:  # fmt: skip
     """Changes that make the micro-step fit, fewest first, each planned as it would run, with its total: activation
-    checkpointing, ZeRO-2 / ZeRO-3 on several GPUs, a smaller per-device batch with more accumulation steps (the same
-    batch per optimizer step; a multiple of ``batch_multiple``, e.g. ``num_generations`` for an objective over whole
-    groups), and, where the rollout is the peak, a ``generation_chunk_size``; alone and combined. When nothing fits,
-    the combinations that come closest.
+    checkpointing, ZeRO-2 / ZeRO-3 on several GPUs, under ZeRO-3 rollouts without gathering the whole model
+    (``ds3_gather_for_generation=False``), a smaller per-device batch with more accumulation steps (the same batch per
+    optimizer step; a multiple of ``batch_multiple``, e.g. ``num_generations`` for an objective over whole groups),
+    and, where the rollout is the peak, a ``generation_chunk_size``; alone and combined. When nothing fits, the
+    combinations that come closest.
 
     ``steps_per_generation`` ``None`` (TRL's default) follows ``gradient_accumulation_steps``: a smaller batch with more
     accumulation steps then generates as many rows per rollout as before, which a chunk size bounds instead. A
@@ -212,13 +218,17 @@ def suggestions(arch: Architecture, s: Settings, *, gradient_accumulation_steps:
                               gradient_accumulation_steps=accumulation, **common)  # fmt: skip
         return {"change": change, "total_gb": result.total_gb, "fits": result.fits}
 
+    gather = kwargs.get("gather_for_generation", True)
+    variants = [(c, g) for c in strategies for g in dict.fromkeys([gather, False] if c == "zero3" else [gather])]
     for checkpointing in dict.fromkeys([s.activation_checkpointing, True]):
-        for candidate in strategies:
+        for candidate, gathered in variants:
             change = {"activation_checkpointing": True} if checkpointing != s.activation_checkpointing else {}
             if candidate != strategy:
                 change["accelerate_config"] = f"recipes/accelerate/{candidate}.yaml"
+            if gathered != gather:
+                change["ds3_gather_for_generation"] = gathered
             settings = replace(s, activation_checkpointing=checkpointing)
-            common = dict(kwargs, strategy=candidate, num_processes=num_processes)
+            common = dict(kwargs, strategy=candidate, num_processes=num_processes, gather_for_generation=gathered)
             row = planned(settings, change, gradient_accumulation_steps, **common)
             if row["change"]:
                 rows.append(row)

@@ -5,6 +5,7 @@ never weights), translates a known dLLM family's original config with :func:`trl
 (LLaDA, Dream, SDAR, LLaDA2, LLaDA-MoE) or any other transformers config with ``AutoConfig``, builds the model on
 ``torch.device("meta")`` (no memory, no weights) and counts its parameters and linear layers from the module tree:
 the numbers are the real model's, experts included (an MoE holds every expert; a token runs ``top_k`` of them).
+The released ``config.json`` of a few Hub ids is embedded (:func:`embedded_config`): those plan without the Hub.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["Architecture", "Linear", "architecture_from_config", "read_architecture"]
+__all__ = ["Architecture", "Linear", "architecture_from_config", "embedded_config", "read_architecture"]
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,10 @@ class Architecture:
     def lora_targets(self, targets, parameters=None) -> tuple[Linear, ...]:
         """The linear layers LoRA wraps for ``targets``: a list of module names, ``"all-linear"``, or a regex string
         (PEFT matches it against the full module path; here against the last part or the full path, which a
-        ``.*name`` pattern matches alike); and the stacked expert parameters ``parameters`` names (PEFT's
-        ``target_parameters``: a parameter's full name or a suffix of it). The LM head is never counted among the
-        decoder linears."""
+        ``.*name`` pattern matches alike); a list entry matches as PEFT matches it: the full path, or its end after a
+        dot (``shared_experts.gate_proj`` the shared expert's and not the dense layer's ``gate_proj``). ``parameters``
+        names stacked expert parameters (PEFT's ``target_parameters``: a parameter's full name or a suffix of it). The
+        LM head is never counted among the decoder linears."""
         import re
 
         modules = tuple(lin for lin in self.linears if not lin.parameter)
@@ -102,7 +104,10 @@ class Architecture:
             return tuple(lin for lin in modules if re.fullmatch(targets, lin.name)
                          or (lin.path and re.fullmatch(targets, lin.path))) + stacked  # fmt: skip
         names = set(targets)
-        return tuple(lin for lin in modules if lin.name in names) + stacked
+        suffixes = tuple(f".{name}" for name in names)
+        return tuple(
+            lin for lin in modules if lin.name in names or lin.path in names or lin.path.endswith(suffixes)
+        ) + stacked
 
 
 def _first(config, *names, default=None):
@@ -225,8 +230,21 @@ def architecture_from_config(config, family: str | None = None, model_class=None
     )
 
 
+def embedded_config(name_or_path: str, revision: str | None = None) -> dict | None:
+    """The released ``config.json`` embedded for the Hub id ``name_or_path``
+    (:data:`trl_dllm.models.families.RELEASED_CONFIGS`: LLaDA2.0 / 2.1 mini and flash), or `None`: a local path of
+    that name, another revision than ``main`` or an id without an embedded config are read as they are."""
+    from ..models.families import RELEASED_CONFIGS
+
+    if os.path.exists(os.path.expanduser(name_or_path)) or revision not in (None, "main"):
+        return None
+    config = RELEASED_CONFIGS.get(name_or_path)
+    return dict(config) if config is not None else None
+
+
 def read_architecture(name_or_path: str, **hub_kwargs) -> Architecture:
-    """The :class:`Architecture` of a local model folder or a Hub id, from its ``config.json`` alone.
+    """The :class:`Architecture` of a local model folder or a Hub id, from its ``config.json`` alone; a Hub id whose
+    released ``config.json`` is embedded (:func:`embedded_config`) is read from it, without the Hub.
 
     Raises:
         `FileNotFoundError`: ``name_or_path`` is a folder without ``config.json``.
@@ -251,8 +269,9 @@ def read_architecture(name_or_path: str, **hub_kwargs) -> Architecture:
         raise FileNotFoundError(f"model_name_or_path: {name_or_path} has no config.json")
     if not os.path.exists(path) and not HUB_ID.match(name_or_path):
         raise FileNotFoundError(f"model_name_or_path: no such directory: {name_or_path}")
+    original = embedded_config(name_or_path, hub_kwargs.get("revision"))
     try:
-        original = read_config_dict(path if os.path.isdir(path) else name_or_path, **hub_kwargs)
+        original = original or read_config_dict(path if os.path.isdir(path) else name_or_path, **hub_kwargs)
     except OSError as err:
         first = (str(err).strip().splitlines() or [""])[0]
         raise OSError(

@@ -87,7 +87,10 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
 
     if not model_args.model_name_or_path:
         raise UsageError("model_name_or_path is not set: pass --model_name_or_path (a Hub id or a folder with config.json)")
-    refusal = training_refusal(model_args.model_name_or_path, training_args, revision=model_args.model_revision)
+    # a Hub id with an embedded config.json (LLaDA2) is planned from it, without the Hub; the refusal is DiffusionGemma's
+    embedded = planning.embedded_config(model_args.model_name_or_path, model_args.model_revision) is not None
+    refusal = None if embedded else training_refusal(model_args.model_name_or_path, training_args,
+                                                     revision=model_args.model_revision)  # fmt: skip
     if refusal is not None:  # DiffusionGemma with a run the trainer refuses: nothing to plan
         raise UsageError(f"{refusal} There is no training run to plan.")
     arch = planning.read_architecture(model_args.model_name_or_path, revision=model_args.model_revision)
@@ -103,7 +106,8 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
     common = dict(num_processes=options.num_processes, weight_bytes=weight_bytes,
                   gradient_accumulation_steps=training_args.gradient_accumulation_steps,
                   full_reference=training_args.beta != 0.0 and not model_args.use_peft,
-                  gpu_memory_gb=options.gpu_memory_gb, usable_fraction=options.usable_fraction)  # fmt: skip
+                  gpu_memory_gb=options.gpu_memory_gb, usable_fraction=options.usable_fraction,
+                  gather_for_generation=training_args.ds3_gather_for_generation)  # fmt: skip
     rollout_rows = dict(steps_per_generation=settings.generation_rows // settings.batch,
                         generation_chunk_size=training_args.generation_chunk_size)  # fmt: skip
     strategies = {}
@@ -138,7 +142,9 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
         "logits": "full" if arch.canvas_length else settings.logits,  # the encoder-decoder head is never chunked
         "total_gb": head.total_gb, "peak_phase": head.peak_phase, "phases": head.phases, "fits": head.fits,
         "largest_batch": strategies[options.strategy]["largest_batch"], "batch_one": batch_one,
-        "generation_chunk_size": training_args.generation_chunk_size, "strategies": strategies, "suggestions": fixes,
+        "generation_chunk_size": training_args.generation_chunk_size,
+        "ds3_gather_for_generation": training_args.ds3_gather_for_generation, "strategies": strategies,
+        "suggestions": fixes,
     }  # fmt: skip
 
 
@@ -201,6 +207,13 @@ def _largest(report: dict) -> str:
     return f"no batch fits: batch 1 needs {one['total_gb']} GB, at its {one['peak_phase']}{rows}"
 
 
+def _gathering(report: dict) -> str:
+    """Under ZeRO-3 without ``ds3_gather_for_generation``: that rollouts gather each layer in turn."""
+    if report["strategy"] != "zero3" or report["ds3_gather_for_generation"]:
+        return ""
+    return ", rollouts gathering one layer at a time (ds3_gather_for_generation false)"
+
+
 def render(report: dict) -> str:
     """The report as a plain-text table: phases, the peak and its verdict, every strategy, the changes that fit."""
     model = report["model"]
@@ -208,7 +221,8 @@ def render(report: dict) -> str:
              f"active), {_count(model['trainable'], small=True)} trainable; batch "
              f"{report['per_device_train_batch_size']}, activation checkpointing "
              f"{'on' if report['activation_checkpointing'] else 'off'}, logits {report['logits']}",
-             f"per GPU under {report['strategy']} on {report['num_processes']} GPU(s) (GB):"]  # fmt: skip
+             f"per GPU under {report['strategy']} on {report['num_processes']} GPU(s) (GB)"
+             f"{_gathering(report)}:"]  # fmt: skip
     lines += [f"  {_PHASE_LABELS[name]:<36} {value:8.2f}" for name, value in report["phases"].items() if value]
     lines.append(f"  {'peak (' + report['peak_phase'] + ')':<36} {report['total_gb']:8.2f}   "
                  f"{'fits' if report['fits'] else 'does NOT fit'} in "

@@ -36,6 +36,8 @@ for _layout in NATIVE_LAYOUTS.values():  # so a native model saves in its origin
     _layout.register_conversion()
 TINY_CHECKPOINTS: dict[str, TinyCheckpoint] = {f.name: f.tiny for f in FAMILIES if f.tiny is not None}
 """What each family's tiny original-layout checkpoint is made of (:mod:`trl_dllm.models.tiny_families`)."""
+RELEASED_CONFIGS: dict[str, dict] = {k: dict(c) for family in FAMILIES for k, c in family.released_configs.items()}
+"""Released checkpoints' ``config.json`` by Hub id, embedded: ``trl-dllm plan`` plans them without the Hub."""
 REMOTE_CODE_REFUSED: dict[str, str] = {f.layout.name: f.remote_code_refused for f in FAMILIES if f.remote_code_refused}
 """Why the trainer refuses a model object built with a family's own remote code, by layout name."""
 

@@ -270,11 +270,47 @@ def _sized(config: dict, *, hidden_size, num_layers, num_heads, num_kv_heads, in
     return config
 
 
+# The released checkpoints' whole config.json, by Hub id, for `trl-dllm plan` without the Hub
+# (`Family.released_configs`; the planner builds the model on the meta device from it, no weights).
+# LLaDA2.0-mini / LLaDA2.1-mini: `_RELEASED_CONFIG` and its sizes (the Hub's config.json, as above).
+_MINI_SIZES = {"hidden_size": 2048, "num_hidden_layers": 20, "num_attention_heads": 16, "num_key_value_heads": 4,
+               "head_dim": 128, "intermediate_size": 5120, "moe_intermediate_size": 512}  # fmt: skip
+# LLaDA2.0-flash (100B total, 6.1B active: its model card, huggingface.co/inclusionAI/LLaDA2.0-flash, "100BA6B").
+# Sizes from the public copy of its config.json in inclusionAI/dFactory, configs/model_configs/llada2_flash/config.json
+# (commit c29d72cc5bdf): 32 layers, hidden 4096, 32 query heads and 4 key/value heads of head_dim 128, the dense
+# layer's MLP 9216 wide, 256 routed experts of width 1024, top-8 in 4 of 8 groups, 1 shared expert, layer 0 dense
+# (first_k_dense_replace 1), vocabulary 157184, rope_theta 600000 over rotary_dim 64 (partial_rotary_factor 0.5),
+# routed_scaling_factor 2.5, sigmoid scores with the expert bias, untied head. dFactory's flash config differs from
+# its mini config (configs/model_configs/llada2_mini/config.json, same commit) in exactly five fields: hidden_size,
+# num_hidden_layers, num_attention_heads, intermediate_size, moe_intermediate_size; every other field here is the
+# mini's Hub value. Not found in any public copy of the flash Hub config.json: its max_position_embeddings (dFactory's
+# copies say 16384 for both sizes, the mini's Hub config 32768; kept at the mini's), sliding_window, use_qk_norm,
+# dtype and transformers_version (the mini's). Checks: these shapes count 102,889,697,280 parameters (the meta-device
+# build), 205,779,394,560 bytes in bf16; a public listing of the Hub checkpoint's weight files gives 205,782,433,824
+# bytes (42 shards, snapshot 744c3f8c) with the Hub's metadata "approximately 102.9B total parameters": 3 MB
+# above, the safetensors headers. A second public note on that snapshot: 32 layers, hidden 4096, 256 experts top-8,
+# one shared, MoE width 1024. (One third-party write-up gives flash a MoE width of 512: that would be about 52B
+# parameters, not the card's 100B.) 6,152,269,824 parameters run per token (4.86B without the embeddings and head;
+# the card: 6.1B active).
+_FLASH_SIZES = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 4,
+                "head_dim": 128, "intermediate_size": 9216, "moe_intermediate_size": 1024}  # fmt: skip
+# LLaDA2.1-flash: its config.json was not found in a public copy. Planned as LLaDA2.0-flash's: its Hub weight files
+# total 205,782,452,128 bytes (32 shards, snapshot 2bf95e86), 18 KB from 2.0-flash's, the same parameters; serving
+# frameworks (SGLang's cookbook, FluxServe) load both with one class, "the LLaDA2.0 architecture and checkpoint layout";
+# LLaDA2.1-mini's config.json equals LLaDA2.0-mini's.
+RELEASED_CONFIGS = {
+    "inclusionAI/LLaDA2.0-mini": {**_RELEASED_CONFIG, **_MINI_SIZES},
+    "inclusionAI/LLaDA2.1-mini": {**_RELEASED_CONFIG, **_MINI_SIZES},
+    "inclusionAI/LLaDA2.0-flash": {**_RELEASED_CONFIG, **_FLASH_SIZES},
+    "inclusionAI/LLaDA2.1-flash": {**_RELEASED_CONFIG, **_FLASH_SIZES},
+}
+
 FAMILY = Family(
     name="llada2",
     model_types={"llada2_moe": LLADA2_REMOTE},
     architectures={"LLaDA2MoeModelLM": LLADA2_REMOTE},
     remote_code_refused="its forward is causal without a 4-D block mask, which the library gives only the native class",
+    released_configs=RELEASED_CONFIGS,
     layout=NativeLayout("llada2", ("llada2_moe",), LLaDA2Native, llada2_config, "block", mask_token_id=MASK_TOKEN_ID),
     # Only EOS / pad and mask are real ids; the chat-template tokens of its tokenizer are added at the tiny tokenizer's
     # own ids.
