@@ -21,9 +21,9 @@ from ..models.embedded import resolve_model_name
 from ..models.families import native_config, native_layout
 from ..models.families.diffusion_gemma import is_diffusion_gemma
 from ..models.loading import (
-    check_expert_lora_targets,
     attends_bidirectionally,
     check_adapter_base,
+    check_expert_lora_targets,
     honours_padding,
     is_native_layout,
     load_adapter_of,
