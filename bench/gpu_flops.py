@@ -56,8 +56,14 @@ def _baddbmm(bias, a, b, *args, out_shape=None, **kwargs) -> int:
     return _bmm(a, b)
 
 
+def _grouped_mm(a, b, *args, out_shape=None, **kwargs) -> int:
+    """``_grouped_mm(input (S, K), weight (E, K, N), offs)``: each of the S rows times its group's `(K, N)` matrix."""
+    return 2 * a[0] * a[1] * b[-1]
+
+
 CUSTOM_MAPPING = {
     aten.mm: _mm,
+    aten._grouped_mm: _grouped_mm,  # stacked experts (transformers' grouped_mm experts implementation)
     aten.addmm: _addmm,
     aten.addmm_: _addmm,  # in place: TRL's chunked log-prob kernel off CUDA (`acc.addmm_(a, b)`)
     aten.bmm: _bmm,
