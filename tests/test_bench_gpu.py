@@ -94,7 +94,10 @@ def test_every_part_is_reported(result):
             update = entry["lora_update"]
             assert update["update_mfu"] > 0 and update["flops_source"] == "counter"
             assert isinstance(update["lora_on_routed_experts"], bool)  # per-expert modules: True; stacked: as targeted
-            assert ("error" not in rollouts["cuda_graphs"]) == (family == "llada2")  # CPU: nothing to capture
+            if family == "llada2":  # CPU: the static buffers run eagerly, nothing to capture
+                assert rollouts["cuda_graphs"]["tokens_equal_fixed"] is True and rollouts["cuda_graphs"]["x_floor"] > 0
+            else:  # LLaDA-MoE: no cached step
+                assert "skipped" in rollouts["cuda_graphs"]
             continue
         assert numerics["padding_invariance"]["rows"] == 4
         if family == "sdar":
