@@ -1,7 +1,8 @@
 """GPU benchmark: the README's 8B run measured on one CUDA device — throughput, memory, numerics — beside TRL's trainer.
 
     python -m bench.gpu [--quick] [--steps 32] [--budget 480] [--families llada dream sdar llada2 llada_moe]
-                        [--batch 16] [--threshold] [--compile] [--skip-trl] [--skip-launch] [--out DIR]
+                        [--batch 16] [--threshold] [--compile] [--skip-trl] [--skip-launch] [--skip-moe-update]
+                        [--diffusion-gemma] [--diffusion-gemma-steps 128] [--out DIR]
 
 Random-initialised models with the released shapes of LLaDA-8B, Dream-7B, SDAR-8B, LLaDA2.0-mini and LLaDA-MoE-7B-A1B
 (native classes, bf16), one at a time, freed between. Writes ``<out>/gpu.json`` (default ``bench_out``) after every
@@ -13,11 +14,17 @@ part — a run cut short keeps what it measured — and prints a table at the en
   denoising steps made valid for the family (a multiple of its number of blocks) with fixed steps, the dual cache
   (``generation_cache="dual"``, LLaDA and LLaDA-MoE) and with ``--threshold`` ``confidence_threshold``: tokens/s, time
   per forward and step, MFU, peak memory; FLOPs counted by torch's counter with our formulas and analytically
-  (``bench/gpu_flops.py``);
-- ``families.<f>.compiled_rollouts`` (``--compile``; SDAR and LLaDA): the same rollouts with ``generation_compile``
-  (SDAR also with ``generation_cuda_graphs``; LLaDA with fixed steps, where only the sampler's work after the forward
-  compiles, and with the dual cache), timed warm, with the first (compiling) rollout's time and a check that they
-  decode the uncompiled tokens at temperature 0;
+  (``bench/gpu_flops.py``); SDAR and LLaDA2 also with ``generation_cuda_graphs`` (``cuda_graphs``; an error is
+  recorded where a step cannot be captured);
+- ``families.<f>.compiled_rollouts`` (``--compile``; SDAR, LLaDA, LLaDA2, LLaDA-MoE): the same rollouts with
+  ``generation_compile`` (SDAR and LLaDA2 also with ``generation_cuda_graphs``; LLaDA and LLaDA-MoE with fixed steps,
+  where only the sampler's work after the forward compiles, and LLaDA with the dual cache), timed warm, with the first
+  (compiling) rollout's time and a check that they decode the uncompiled tokens at temperature 0;
+- ``floor`` / ``x_floor`` beside each plain forward and rollout setting: the hardware's floor of its forwards (the
+  weights read once per forward at the measured copy bandwidth, or ``2 × active parameters × tokens`` at the measured
+  matmul peak, whichever is longer; :func:`bench.gpu_flops.floor`) and the measured time over it;
+- ``families.<f>.lora_update`` (LLaDA2, LLaDA-MoE; TRL needed; ``--skip-moe-update`` leaves it out): one LoRA update
+  of the family's own LoRA recipe at the batch and lengths, its MFU and memory;
 - ``families.<f>.numerics`` (LLaDA, Dream, SDAR): sdpa vs eager logits, padded vs unpadded completions at
   temperature 0, the ELBO estimate in bf16 vs float32;
 - ``train``: one micro-step of recipes/llada/stabledrl_gsm8k_lora.yaml (LoRA, activation checkpointing off and on,
@@ -27,7 +34,10 @@ part — a run cut short keeps what it measured — and prints a table at the en
   measured and with our rollout scaled to the recipe's 128 steps (and with the dual-cache rollout);
 - ``memory_plan``: the largest per-device LoRA batch that fits (OOM caught);
 - ``launch``: DeepSpeed ZeRO-2 / ZeRO-3 and FSDP2 under ``accelerate launch --num_processes 1``;
-- ``targets``: the issues' GPU targets, each measured value next to its target (reported, not asserted).
+- ``diffusion_gemma`` (``--diffusion-gemma``; ~100 GB of device memory): ``bench.gpu_diffusion_gemma``'s micro-step of
+  the DiffusionGemma recipe on the released shape at ``--diffusion-gemma-steps``, its floors and targets;
+- ``targets``: the issues' GPU targets, each measured value next to its target (reported, not asserted); the missed
+  ones are printed at the end of the run.
 
 ``--budget SECONDS``: before each part, its expected duration (:data:`ESTIMATES`, from the first GPU run) is checked
 against the time left; a part that no longer fits is skipped and says so. ``--quick`` runs every path on CPU with tiny
@@ -51,7 +61,7 @@ from pathlib import Path
 import torch
 
 from bench import gpu_launch, gpu_numerics, gpu_parts
-from bench.gpu_report import _get, ratios, table, targets
+from bench.gpu_report import _get, attach_floors, ratios, table, targets, targets_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = tuple(gpu_parts.SHAPES)
@@ -64,6 +74,14 @@ RECIPE_STEPS = 128  # recipes/llada/stabledrl_gsm8k_lora.yaml's diffusion_steps
 ESTIMATES = {
     "device peak": 1, "build": 4, "plain forward": 3, "numerics": 14,
     "rollouts at 32 steps": {"llada": 25, "dream": 15, "sdar": 24, "llada2": 26, "llada_moe": 12},
+    # LLaDA2's `cuda_graphs` setting (added since, not measured): at most two more rollouts of the fixed schedule's
+    # time, less where its first step cannot be captured and it stops there
+    "llada2 cuda_graphs": 22,
+    # a MoE family's LoRA update of its own recipe, its warm-up under torch's counter (not measured on a GPU: a guess
+    # from the MoE plain forwards' 10.6 s / 2.0 s under the counter in run 1, an update about four forwards)
+    "moe lora update": {"llada2": 90, "llada_moe": 30},
+    # bench.gpu_diffusion_gemma on the H200 (2026-11-27): 41.7 s at 16 steps, 72.5 s at 128 (total_seconds)
+    "diffusion gemma": {"base": 37, "per step": 0.28},
     "train step": 111, "memory plan": 26, "trl": 34, "launch": 30,
     # one compiled setting (docs/gpu/2026-11-27-h100/): the family's first pays the compilation (SDAR 103.3 s with two
     # recompilations at 9087a78, 76.3 s at 2cbff98; LLaDA's dual cache 41.6 s); a later one reuses it (48.2 s, one
@@ -91,6 +109,12 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--plan-batches", type=int, nargs="+", default=None, help="batches tried by the memory plan")
     p.add_argument("--skip-plan", action="store_true", help="no memory plan")
     p.add_argument("--skip-numerics", action="store_true", help="no bf16 numerics checks (padding, attention, elbo)")
+    p.add_argument("--skip-moe-update", action="store_true", help="no LoRA update of the MoE families")
+    p.add_argument("--diffusion-gemma", action="store_true",
+                   help="also the DiffusionGemma recipe's micro-step on the released shape (about 100 GB of device "
+                        "memory; bench.gpu_diffusion_gemma)")  # fmt: skip
+    p.add_argument("--diffusion-gemma-steps", type=int, default=128,
+                   help="denoising steps per canvas of the DiffusionGemma rollout (default: the recipe's 128)")  # fmt: skip
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (CPU)")
     p.add_argument("--out", default="bench_out", help="directory to write gpu.json into")
     return p.parse_args(argv)
@@ -157,11 +181,17 @@ class Parts:
 
 def rollout_estimate(family: str, recipe, block: int) -> float:
     steps = gpu_parts.valid_steps(recipe.steps, recipe.completion, block)
-    return ESTIMATES["rollouts at 32 steps"][family] * steps / (64 if family == "sdar" else 32)  # sdar: 64 measured
+    seconds = ESTIMATES["rollouts at 32 steps"][family]
+    if family == "llada2":
+        seconds += ESTIMATES["llada2 cuda_graphs"]
+    return seconds * steps / (64 if family == "sdar" else 32)  # sdar: 64 measured
 
 
 def family_part(parts: Parts, shape, recipe, peak: float, threshold: bool, compile: bool = False,
-                skip_numerics: bool = False) -> dict:  # fmt: skip
+                skip_numerics: bool = False, lora_update: str | None = None) -> dict:  # fmt: skip
+    """A family's parts: build, plain forward, rollouts, compiled rollouts, numerics, each with its floor
+    (:func:`bench.gpu_report.attach_floors`); for a MoE family, its LoRA update after the model is freed
+    (``lora_update``: ``"run"``, or the reason it is skipped)."""
     entry = parts.result["families"][shape.family] = {}
     holder = {}  # the model stays out of the JSON
     built = parts(holder, "model", f"{shape.family}: build", ESTIMATES["build"], gpu_parts.build_model, shape)
@@ -170,6 +200,7 @@ def family_part(parts: Parts, shape, recipe, peak: float, threshold: bool, compi
         return entry
     tokenizer, model = built
     entry["model"] = {"shape": dataclasses.asdict(shape), **gpu_parts.count_parameters(model),
+                      "bytes_per_parameter": gpu_parts.bytes_per_parameter(model),
                       **gpu_parts.experts(shape, model)}  # fmt: skip
     parts(entry, "plain_forward", f"{shape.family}: plain forward", ESTIMATES["plain forward"],
           gpu_parts.plain_forward, model, tokenizer, recipe, peak)  # fmt: skip
@@ -192,8 +223,19 @@ def family_part(parts: Parts, shape, recipe, peak: float, threshold: bool, compi
               tokenizer, shape, recipe)  # fmt: skip
     else:
         entry["numerics"] = {"skipped": "MoE shapes: throughput and memory only (numerics run on LLaDA, Dream, SDAR)"}
+    attach_floors(entry, parts.result.get("device") or {})
+    parts.save()
     del model, built, holder
     gpu_parts.free()
+    if shape.family in gpu_parts.DENSE or lora_update is None:
+        return entry
+    if lora_update != "run":
+        entry["lora_update"] = {"skipped": lora_update}
+        return entry
+    from bench import gpu_train
+
+    parts(entry, "lora_update", f"{shape.family}: LoRA update", ESTIMATES["moe lora update"][shape.family],
+          gpu_train.family_lora_update, shape, recipe, peak)  # fmt: skip
     return entry
 
 
@@ -223,6 +265,15 @@ def trainer_parts(parts: Parts, args, recipe, shapes: dict, peak: float) -> None
         dual = _get(result, "families", "llada", "rollouts", "generation_cache_dual")
         result["ratios"] = ratios(result["train"], result["trl"], RECIPE_STEPS, steps, dual)
         parts.save()
+
+
+def diffusion_gemma(quick: bool, steps: int, peak: dict | None) -> dict:
+    """``bench.gpu_diffusion_gemma``'s run (its own parts, errors and targets inside), this run's device peak
+    reused."""
+    from bench import gpu_diffusion_gemma
+
+    measured = peak if isinstance(peak, dict) and "matmul_tflops" in peak else None
+    return gpu_diffusion_gemma.run(argparse.Namespace(quick=quick, steps=steps, prompt=256), lambda r: None, measured)
 
 
 def setup(threads: int) -> None:
@@ -259,11 +310,18 @@ def run(args, save=lambda result: None) -> dict:
     parts(result, "device", "device peak", ESTIMATES["device peak"], gpu_parts.device_peak, quick)
     peak = _get(result, "device", "matmul_tflops") or 1.0
 
+    if args.skip_moe_update:
+        update = "--skip-moe-update"
+    elif not gpu_parts.installed("trl"):
+        update = "trl is not installed (bring its wheel: docs/gpu.md)"
+    else:
+        update = "run"
+
     def families(names):
         for family in names:
             # --quick measures the threshold setting on one family: the same code path for all
             family_part(parts, shapes[family], recipe, peak, args.threshold or (quick and family == "llada"),
-                        args.compile, args.skip_numerics)  # fmt: skip
+                        args.compile, args.skip_numerics, update)  # fmt: skip
 
     families([f for f in args.families if f in gpu_parts.DENSE])
     if not gpu_parts.installed("trl"):  # the trainer subclasses TRL's: its parts need TRL too
@@ -273,6 +331,11 @@ def run(args, save=lambda result: None) -> dict:
         trainer_parts(parts, args, recipe, shapes, peak)
     families([f for f in args.families if f not in gpu_parts.DENSE])  # after the training parts: the budget's
     # guesses for the MoE shapes cannot take the time of the parts the targets need
+    if args.diffusion_gemma:
+        steps = 2 if quick else args.diffusion_gemma_steps
+        estimate = ESTIMATES["diffusion gemma"]["base"] + ESTIMATES["diffusion gemma"]["per step"] * steps
+        parts(result, "diffusion_gemma", "DiffusionGemma micro-step", estimate if gpu_parts.cuda() else 0,
+              diffusion_gemma, quick, steps, result.get("device"))  # fmt: skip
     if args.skip_launch:
         result["launch"] = {"skipped": "--skip-launch"}
     else:
@@ -301,6 +364,7 @@ def main(argv=None) -> dict:
     out = Path(args.out)
     result = run(args, save=lambda r: write(out, r))
     print(table(result), flush=True)
+    print(targets_summary(result), flush=True)
     print(f"[bench.gpu] wrote {out / 'gpu.json'}", flush=True)
     return result
 

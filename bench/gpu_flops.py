@@ -4,7 +4,9 @@
 - :func:`counter`: ``torch.utils.flop_counter.FlopCounterMode`` with formulas of ours (its public ``custom_mapping``)
   for what torch's own formulas refuse or miss: grouped-query attention (torch 2.11 asserts when key/value have fewer
   heads than the query), ``addmm(..., out_dtype=torch.float32, out=...)`` (TRL 1.16's chunked log-prob kernel on CUDA;
-  torch 2.11's formula fails on the extra arguments) and CPU's fused attention kernel (not counted by torch at all).
+  torch 2.11's formula fails on the extra arguments), CPU's fused attention kernel (not counted by torch at all) and
+  the grouped GEMMs of stacked experts (``aten._grouped_mm`` and transformers' ``grouped_mm_fallback`` custom op,
+  which torch counts as nothing).
 - :func:`forward_flops` / :func:`update_flops`: an analytic count from the model's config and the shapes of each
   forward (recorded by :class:`ShapeRecorder`): every matmul of the layers (attention projections, MLP or routed and
   shared experts and the router), attention at the query's head count (GQA computes every query head), the LM head on
@@ -12,6 +14,9 @@
   side by side and divides by the counter's where it ran (``flops_source``); tests check that both agree on CPU.
 
 Elementwise work (norms, rotary, softmax, activations) is not counted, by either.
+
+:func:`floor` is the hardware's floor of a run of forwards: each forward takes at least the time to read the weights
+once from device memory and at least the time of its matmuls at the device's peak.
 """
 
 from __future__ import annotations
@@ -57,13 +62,50 @@ def _baddbmm(bias, a, b, *args, out_shape=None, **kwargs) -> int:
 
 
 def _grouped_mm(a, b, *args, out_shape=None, **kwargs) -> int:
-    """``_grouped_mm(input (S, K), weight (E, K, N), offs)``: each of the S rows times its group's `(K, N)` matrix."""
-    return 2 * a[0] * a[1] * b[-1]
+    """``torch._grouped_mm(a, b, offs)``: 2-D × 3-D (tokens sorted by expert × ``[E, K, N]``: the experts' forward),
+    3-D × 2-D, 2-D × 2-D (``offs`` splits the contracted dimension: the experts' weight gradient) or 3-D × 3-D
+    (batched). Every case is one multiply-add per element of the output per contracted element."""
+    if len(a) == 2 and len(b) == 3:
+        return 2 * a[0] * a[1] * b[2]
+    if len(a) == 3 and len(b) == 2:
+        return 2 * a[1] * a[2] * b[1]
+    if len(a) == 2 and len(b) == 2:
+        return 2 * a[0] * a[1] * b[1]
+    return 2 * a[0] * a[1] * a[2] * b[2]
+
+
+def _grouped_mm_fallback(input, weight, *args, out_shape=None, **kwargs) -> int:
+    """transformers' ``grouped_mm_fallback(input [S, K], weight [E, K, N], offs)``: one matmul per expert's tokens."""
+    return 2 * input[0] * input[1] * weight[2]
+
+
+def _grouped_mm_fallback_backward(input, weight, offs, grad_output, *args, out_shape=None, **kwargs) -> int:
+    """Its backward: the input gradient and the weight gradient, each as many FLOPs as the forward."""
+    return 2 * _grouped_mm_fallback(input, weight)
+
+
+def _transformers_ops() -> dict:
+    """Formulas for transformers' MoE custom ops, where this transformers registers them (importing its MoE
+    integration registers them; opaque to torch's counter, which would count them as nothing)."""
+    try:
+        import transformers.integrations.moe  # noqa: F401
+    except ImportError:
+        return {}
+    ops = getattr(torch.ops, "transformers", None)
+    out = {}
+    for name, formula in (("grouped_mm_fallback", _grouped_mm_fallback),
+                          ("grouped_mm_fallback_backward", _grouped_mm_fallback_backward)):  # fmt: skip
+        try:
+            out[getattr(ops, name)] = formula
+        except (AttributeError, RuntimeError):
+            pass
+    return out
 
 
 CUSTOM_MAPPING = {
+    aten._grouped_mm: _grouped_mm,
+    **_transformers_ops(),
     aten.mm: _mm,
-    aten._grouped_mm: _grouped_mm,  # stacked experts (transformers' grouped_mm experts implementation)
     aten.addmm: _addmm,
     aten.addmm_: _addmm,  # in place: TRL's chunked log-prob kernel off CUDA (`acc.addmm_(a, b)`)
     aten.bmm: _bmm,
@@ -109,6 +151,7 @@ class Dims:
     head_dim: int
     vocab: int
     mlp: tuple = field(default_factory=tuple)
+    fused_qkv: bool = False  # LLaDA2: one `query_key_value` projection and `dense` (its o_proj)
 
 
 def dims(config) -> Dims:
@@ -125,6 +168,7 @@ def dims(config) -> Dims:
                config.moe_intermediate_size * (config.num_shared_experts or 0))  # fmt: skip
         mlp = tuple(("dense", config.intermediate_size) if i < config.first_k_dense_replace else moe
                     for i in range(layers))  # fmt: skip
+        return Dims(hidden, heads, kv_heads, head_dim, config.vocab_size, mlp, fused_qkv=True)
     else:  # LLaDA-MoE: moe_layer_freq says which layers route; an optional shared expert
         moe = ("moe", experts, config.num_experts_per_tok, config.expert_intermediate_size,
                config.shared_expert_intermediate_size or 0)  # fmt: skip
@@ -133,19 +177,23 @@ def dims(config) -> Dims:
 
 
 def _linears(d: Dims, layer: int) -> list[tuple[str, int, int, int]]:
-    """``(name, in, out, tokens multiplier numerator)`` of the layer's matmuls per token; routed experts run on
-    ``top_k`` of them (the multiplier)."""
+    """``(name, in, out, tokens multiplier numerator)`` of the layer's matmuls per token; routed experts
+    (``experts.<name>``) run on ``top_k`` of them (the multiplier)."""
     q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
-    out = [("q_proj", d.hidden, q, 1), ("k_proj", d.hidden, kv, 1), ("v_proj", d.hidden, kv, 1),
-           ("o_proj", q, d.hidden, 1)]  # fmt: skip
+    if d.fused_qkv:
+        out = [("query_key_value", d.hidden, q + 2 * kv, 1), ("dense", q, d.hidden, 1)]
+    else:
+        out = [("q_proj", d.hidden, q, 1), ("k_proj", d.hidden, kv, 1), ("v_proj", d.hidden, kv, 1),
+               ("o_proj", q, d.hidden, 1)]  # fmt: skip
     mlp = d.mlp[layer]
     if mlp[0] == "dense":
         return out + [("gate_proj", d.hidden, mlp[1], 1), ("up_proj", d.hidden, mlp[1], 1),
                       ("down_proj", mlp[1], d.hidden, 1)]  # fmt: skip
     _, experts, top_k, width, shared = mlp
     out += [("router", d.hidden, experts, 1)]
-    out += [(name, a, b, top_k) for name, a, b in (("gate_proj", d.hidden, width), ("up_proj", d.hidden, width),
-                                                   ("down_proj", width, d.hidden))]  # fmt: skip
+    out += [("experts." + name, a, b, top_k) for name, a, b in (("gate_proj", d.hidden, width),
+                                                                ("up_proj", d.hidden, width),
+                                                                ("down_proj", width, d.hidden))]  # fmt: skip
     if shared:
         out += [("shared_" + n, a, b, 1) for n, a, b in (("gate", d.hidden, shared), ("up", d.hidden, shared),
                                                          ("down", shared, d.hidden))]  # fmt: skip
@@ -155,12 +203,21 @@ def _linears(d: Dims, layer: int) -> list[tuple[str, int, int, int]]:
 @dataclass(frozen=True)
 class Lora:
     """LoRA of rank ``r`` on the modules whose name ends with one of ``targets`` (the per-layer names above; LLaDA's
-    own names map to them: ``attn_out`` = ``o_proj``, ``ff_proj`` = ``gate_proj``, ``ff_out`` = ``down_proj``)."""
+    own names map to them: ``attn_out`` = ``o_proj``, ``ff_proj`` = ``gate_proj``, ``ff_out`` = ``down_proj``; a
+    shared expert's ``gate_proj`` is ``shared_gate``). ``experts``: whether the routed experts carry adapters (one
+    module per expert matched by name does; stacked experts a name does not reach do not), as the model says
+    (:func:`bench.gpu_train._lora_shape`)."""
 
     r: int
     targets: tuple[str, ...]
+    experts: bool = True
 
     def adapts(self, name: str) -> bool:
+        if name.startswith("experts."):
+            if not self.experts:
+                return False
+            name = name.removeprefix("experts.")
+        name = {"shared_gate": "gate_proj", "shared_up": "up_proj", "shared_down": "down_proj"}.get(name, name)
         aliases = {"attn_out": "o_proj", "ff_proj": "gate_proj", "ff_out": "down_proj"}
         return any(name == aliases.get(t, t) for t in self.targets)
 
@@ -189,7 +246,8 @@ def backward_flops(d: Dims, f: Forward, lora: Lora | None, first_input_grad: boo
     total += 2 * f.logits * d.hidden * d.vocab if f.chunked else 0  # the kernel's recompute of the logits
     for layer in range(len(d.mlp)):
         for name, a, b, mult in _linears(d, layer):
-            needs_input = first_input_grad or layer > 0 or name not in ("q_proj", "k_proj", "v_proj")
+            first_projection = name in ("q_proj", "k_proj", "v_proj", "query_key_value")
+            needs_input = first_input_grad or layer > 0 or not first_projection
             total += 2 * tokens * mult * a * b * (int(needs_input) + int(full))
             if lora is not None and lora.adapts(name):  # B's weight and input gradients, A's weight (+ input)
                 total += 2 * tokens * mult * lora.r * (2 * b + a + a * int(needs_input))
@@ -320,3 +378,63 @@ def count(fn, recorder: ShapeRecorder, analytic, use_counter: bool = True) -> di
     out["flops"] = counted if counted else out["flops_analytic"]
     out["flops_source"] = "counter" if counted else "analytic"
     return out
+
+
+# ---------------------------------------------------------------- the hardware's floor
+
+
+WEIGHTS_READ_NOTE = (
+    "every parameter read once per forward (total, not active): a step of 16 rows × 32 tokens routes 512 tokens × "
+    "top-8, which reaches practically every expert of a layer (LLaDA2.0-mini: 4,096 picks among 256), so a MoE "
+    "forward reads all its experts; the input embedding counted whole (a forward reads only its rows)"
+)
+
+
+def floor(forward_tokens, weight_parameters: int, active_parameters: int, bytes_per_parameter: int,
+          gb_per_s: float, tflops: float, steps: int | None = None) -> dict:  # fmt: skip
+    """The hardware's floor of a run of forwards (a rollout, or one forward): each forward takes at least the time
+    to read ``weight_parameters`` × ``bytes_per_parameter`` from device memory at ``gb_per_s`` (the weight-read floor)
+    and at least the time of ``2 × active_parameters × tokens`` FLOPs at ``tflops`` (the compute floor); its floor is
+    the larger, the run's the sum over its forwards. ``forward_tokens``: ``[[tokens, count], ...]``, the query
+    tokens of each forward (all rows) and how many forwards had them. ``steps``: the denoising steps of the run (a
+    fixed schedule), for the per-step figures. The KV cache's reads, attention and elementwise work are left out:
+    a floor, never reached."""
+    weight_bytes = weight_parameters * bytes_per_parameter
+    read = weight_bytes / (gb_per_s * 1e9)
+    forwards = sum(count for _, count in forward_tokens)
+    tokens = sum(t * count for t, count in forward_tokens)
+    compute = {t: 2 * active_parameters * t / (tflops * 1e12) for t, _ in forward_tokens}
+    seconds = sum(max(read, compute[t]) * count for t, count in forward_tokens)
+    compute_total = sum(compute[t] * count for t, count in forward_tokens)
+    bound = {"weight_read": sum(c for t, c in forward_tokens if read >= compute[t]),
+             "compute": sum(c for t, c in forward_tokens if read < compute[t])}  # fmt: skip
+    out = {
+        "forwards": forwards, "tokens": tokens, "weight_parameters": weight_parameters,
+        "active_parameters": active_parameters, "bytes_per_parameter": bytes_per_parameter,
+        "weight_bytes": weight_bytes, "hbm_gb_per_s": gb_per_s, "peak_tflops": tflops,
+        "weight_read_seconds": _sig(read * forwards), "compute_flops": float(2 * active_parameters * tokens),
+        "compute_seconds": _sig(compute_total), "seconds": _sig(seconds),
+        "forwards_bound_by": bound,
+        "arithmetic": (f"per forward max(weight read, compute), summed over {forwards} forwards: weight read = "
+                       f"{weight_parameters:,} params × {bytes_per_parameter} B = {weight_bytes / 1e9:.4g} GB / "
+                       f"{gb_per_s:g} GB/s = {read * 1e3:.4g} ms per forward; compute = 2 × {active_parameters:,} "
+                       f"active params × tokens / {tflops:g} TFLOP/s ({tokens:,} tokens in all: "
+                       f"{compute_total * 1e3:.4g} ms)"),
+    }  # fmt: skip
+    if steps:
+        out["steps"] = steps
+        out["seconds_per_step"] = _sig(seconds / steps)
+        out["weight_read_seconds_per_step"] = _sig(read * forwards / steps)
+    return out
+
+
+def _sig(value: float, digits: int = 4) -> float:
+    return float(f"{value:.{digits}g}")
+
+
+def forward_tokens(forwards) -> list[list[int]]:
+    """``[[tokens, count], ...]`` of recorded :class:`Forward` s (query tokens of all rows), in first-seen order."""
+    counts: dict[int, int] = {}
+    for f in forwards:
+        counts[f.batch * f.query] = counts.get(f.batch * f.query, 0) + 1
+    return [[t, c] for t, c in counts.items()]

@@ -181,6 +181,11 @@ def count_parameters(model) -> dict:
     return {"parameters": total, "trainable": trainable}
 
 
+def bytes_per_parameter(model) -> int:
+    """The bytes of one weight as the model holds them (2 in bf16 on a GPU, 4 in the float32 of ``--quick``)."""
+    return next(model.parameters()).element_size()
+
+
 # The peaks seen before the device's own peak counters were last reset by a phase (:func:`reset_peak`), so that
 # :func:`memory` still gives the peak since the last :func:`free` or ``reset_peak(forget=True)``.
 _PEAKS = {"allocated": 0, "reserved": 0}
@@ -319,10 +324,12 @@ def rollout_runner(model, tokenizer, ids, mask):
     return run
 
 
-def rollout_flops_and_time(model, tokenizer, args, ids, mask, use_counter: bool = True) -> tuple[dict, float, int]:
+def rollout_flops_and_time(model, tokenizer, args, ids, mask, use_counter: bool = True,
+                           record: list | None = None) -> tuple[dict, float, int]:  # fmt: skip
     """``(FLOPs, seconds, forwards)`` of one rollout: a first run under the FLOP counter (also the warm-up; without
     it when ``use_counter`` is False), then a timed one; FLOPs as :func:`bench.gpu_flops.count` gives them (counted
-    and analytic). Forwards are counted by the shape recorder."""
+    and analytic). Forwards are counted by the shape recorder; ``record`` (a list) receives the timed run's
+    :class:`~bench.gpu_flops.Forward` s."""
     dims = gpu_flops.dims(model.config)
     rollout = rollout_runner(model, tokenizer, ids, mask)
 
@@ -337,6 +344,8 @@ def rollout_flops_and_time(model, tokenizer, args, ids, mask, use_counter: bool 
         run()
         seconds = clock() - start
         forwards = len(recorder.forwards)
+        if record is not None:
+            record.extend(recorder.forwards)
     return flops, seconds, forwards
 
 
@@ -358,8 +367,10 @@ def rollout_settings(shape: Shape, recipe: Recipe, threshold: bool = True) -> di
         settings["generation_cache_dual"] = "generation_cache is not supported with shifted-logit families (Dream)"
     if shape.family == "sdar":
         settings["cuda_graphs"] = {"generation_cuda_graphs": True}
-    elif shape.family == "llada2":
-        settings["cuda_graphs"] = "its expert dispatch reads counts on the host, which a CUDA graph cannot record"
+    elif shape.family == "llada2":  # recorded as an error where its experts cannot be captured (a host read)
+        settings["cuda_graphs"] = {"generation_cuda_graphs": True}
+    elif shape.family == "llada_moe":
+        settings["cuda_graphs"] = "not block-diffusion: its full-canvas rollout has no cached step to replay"
     return settings
 
 
@@ -380,11 +391,16 @@ def rollouts(model, tokenizer, shape: Shape, recipe: Recipe, peak_tflops: float,
         args = rollout_config(recipe, diffusion_steps=steps, **overrides)
         reset_peak(forget=True)
         if overrides.get("generation_cuda_graphs"):
-            result[name] = replayed_rollout(model, tokenizer, args, ids, mask, result["fixed_steps"], steps, recipe,
-                                            peak_tflops)  # fmt: skip
+            try:
+                result[name] = replayed_rollout(model, tokenizer, args, ids, mask, result["fixed_steps"], steps,
+                                                recipe, peak_tflops)  # fmt: skip
+            except Exception as error:  # a step that cannot be captured (an MoE layer reading counts on the host)
+                result[name] = {**overrides, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
+                free()
             continue
+        shapes: list = []
         flops, seconds, forwards = rollout_flops_and_time(model, tokenizer, args, ids, mask,
-                                                          use_counter=shape.family in DENSE)  # fmt: skip
+                                                          use_counter=shape.family in DENSE, record=shapes)  # fmt: skip
         tflops = flops["flops"] / seconds / 1e12
         result[name] = {
             **overrides, "seconds": round(seconds, 3), "forwards": forwards,
@@ -392,6 +408,7 @@ def rollouts(model, tokenizer, shape: Shape, recipe: Recipe, peak_tflops: float,
             "forwards_per_s": round(forwards / seconds, 2),
             "seconds_per_forward": round(seconds / forwards, 5),
             "tflops": sig(tflops), "mfu": sig(tflops / peak_tflops), **flops, **memory(),
+            "forward_tokens": gpu_flops.forward_tokens(shapes),
         }  # fmt: skip
         if "confidence_threshold" not in overrides:  # a fixed schedule: `diffusion_steps` steps per rollout
             result[name]["seconds_per_step"] = round(seconds / steps, 5)
@@ -435,7 +452,7 @@ def replayed_rollout(model, tokenizer, args, ids, mask, fixed: dict, steps: int,
         "speedup_over_fixed": sig(fixed["seconds"] / seconds),
         "tokens_equal_fixed": bool(torch.equal(greedy[0].completion_ids, greedy[1].completion_ids)),
         "token_agreement_fixed": round(float((greedy[0].completion_ids == greedy[1].completion_ids).float().mean()), 4),
-        **memory_now,
+        **memory_now, **({"forward_tokens": fixed["forward_tokens"]} if "forward_tokens" in fixed else {}),
     }  # fmt: skip
 
 
@@ -447,12 +464,16 @@ COMPILED_SETTINGS = {
     # the full-canvas rollout (the README recipe's): the forward eager, the sampler's work after it compiled
     "llada": {"compile": {"generation_compile": True},
               "generation_cache_dual_compile": {"generation_cache": "dual", "generation_compile": True}},
+    # the block-cached step compiled (a host read in the experts' dispatch breaks the graph there), and replayed as a
+    # CUDA graph (an error is recorded where the experts cannot be captured)
+    "llada2": {"compile": {"generation_compile": True},
+               "cuda_graphs_compile": {"generation_cuda_graphs": True, "generation_compile": True}},
+    # full canvas, no KV cache: as LLaDA's `compile`, the forward eager and the sampler's work after it compiled
+    "llada_moe": {"compile": {"generation_compile": True}},
 }  # fmt: skip
 NOT_COMPILED = {
     "dream": "its full-canvas rollout compiles the sampler's work after the forward, as LLaDA's `compile` setting "
              "measures; not measured again here",
-    "llada2": "mixture of experts: its expert dispatch reads counts on the host (graph breaks); not measured",
-    "llada_moe": "mixture of experts, and its native class returns no KV cache; not measured",
 }  # fmt: skip
 
 
@@ -522,4 +543,5 @@ def plain_forward(model, tokenizer, recipe: Recipe, peak_tflops: float, repeats:
         seconds = (clock() - start) / repeats
     tflops = flops["flops"] / seconds / 1e12
     return {"batch": ids.size(0), "tokens": ids.size(1), "seconds": round(seconds, 5), "tflops": sig(tflops),
-            "mfu": sig(tflops / peak_tflops), **flops, **memory()}  # fmt: skip
+            "mfu": sig(tflops / peak_tflops), **flops, **memory(),
+            "forward_tokens": [[ids.size(0) * ids.size(1), 1]]}  # fmt: skip

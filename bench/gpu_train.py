@@ -134,12 +134,17 @@ def checkpointing_state(model) -> dict:
 
 
 def _lora_shape(model) -> gpu_flops.Lora | None:
+    """The adapter's rank and targets, and whether a routed expert carries one (a module named ``...experts.<i>...``
+    or ``...experts...`` with a LoRA weight: per-expert modules matched by name, or stacked experts' parameters)."""
     config = getattr(model, "peft_config", {}).get("default")
-    return None if config is None else gpu_flops.Lora(config.r, tuple(sorted(config.target_modules)))
+    if config is None:
+        return None
+    experts = any(".experts." in name and "lora_A" in name for name, _ in model.named_parameters())
+    return gpu_flops.Lora(config.r, tuple(sorted(config.target_modules or ())), experts)
 
 
 def measure_step(trainer, rows: list[dict], peak_tflops: float, inputs=None, warm_rollout: bool = False,
-                 count_flops: bool = True):
+                 count_flops: bool = True, use_counter: bool = True):  # fmt: skip
     """One micro-step of ``trainer``: ``(result, inputs)``. Activation checkpointing is enabled as ``train()`` does
     (:func:`enable_checkpointing_as_train`). Rollout and scoring run once (unless ``inputs`` is given; twice with
     ``warm_rollout``, the second timed: the first compiles kernels and fills caches); the update runs twice, the first
@@ -147,7 +152,7 @@ def measure_step(trainer, rows: list[dict], peak_tflops: float, inputs=None, war
     phase by phase: ``phases`` {rollout, old_and_ref, loss_forward, backward, optimizer} with seconds and, on a GPU, the
     memory allocated at the start, the peak inside and what is left (GB). ``count_flops=False``: the warm-up update
     runs without the counter (for a model :mod:`bench.gpu_flops` has no formulas for) and no FLOPs or MFU are
-    reported."""
+    reported. ``use_counter=False``: the FLOPs of the analytic count only (:func:`bench.gpu_flops.count`)."""
     phases: dict = {}
     model = trainer.model
     requested = enable_checkpointing_as_train(trainer)
@@ -187,7 +192,8 @@ def measure_step(trainer, rows: list[dict], peak_tflops: float, inputs=None, war
         dims, lora = gpu_flops.dims(model.config), _lora_shape(model)
         with gpu_flops.ShapeRecorder(model) as recorder:
             flops = gpu_flops.count(lambda: trainer.accelerator.backward(loss()), recorder,
-                                    lambda r: gpu_flops.update_flops(dims, r, lora, seen["checkpointed_layers"] > 0))
+                                    lambda r: gpu_flops.update_flops(dims, r, lora, seen["checkpointed_layers"] > 0),
+                                    use_counter)  # fmt: skip
     else:
         trainer.accelerator.backward(loss())
     step()
@@ -289,14 +295,17 @@ def rollout_overhead(trainer, rows: list[dict], recipe: Recipe, requested_steps:
     return result
 
 
-def recipe_checkpointing() -> bool:
+def recipe_checkpointing(path: Path = RECIPE) -> bool:
     """The recipe's own ``activation_checkpointing`` (the memory plan, the ``mc_samples`` rows and TRL's step run
     with it)."""
-    return bool(yaml.safe_load(RECIPE.read_text()).get("activation_checkpointing", False))
+    return bool(yaml.safe_load(Path(path).read_text()).get("activation_checkpointing", False))
 
 
-def diffusion_trainer(shape: Shape, recipe: Recipe, out: str, *, lora: bool, checkpointing: bool, **overrides):
-    fields, lora_fields = recipe_fields()
+def diffusion_trainer(shape: Shape, recipe: Recipe, out: str, *, lora: bool, checkpointing: bool,
+                      recipe_path: Path = RECIPE, **overrides):  # fmt: skip
+    """The trainer of the recipe at ``recipe_path`` (its fields and LoRA targets) on a random ``shape`` model, at
+    ``recipe``'s batch, lengths, steps and LoRA rank."""
+    fields, lora_fields = recipe_fields(recipe_path)
     steps = valid_steps(recipe.steps, recipe.completion, recipe.block)
     fields.update(common_args(recipe, out), block_length=recipe.block, diffusion_steps=steps)
     fields.update(**_checkpointing(checkpointing), **overrides)
@@ -305,6 +314,42 @@ def diffusion_trainer(shape: Shape, recipe: Recipe, out: str, *, lora: bool, che
     peft = lora_config(lora_fields, r=recipe.lora_r, lora_alpha=recipe.lora_alpha) if lora else None
     return DiffusionGRPOTrainer(model=model, reward_funcs=checksum_reward, args=DiffusionGRPOConfig(**fields),
                                 train_dataset=dataset, processing_class=tokenizer, peft_config=peft)  # fmt: skip
+
+
+# The MoE families' own LoRA recipes: their update is measured with their targets (LLaDA2's fused attention and
+# experts by name; LLaDA-MoE's attention and experts).
+FAMILY_RECIPES = {
+    "llada2": RECIPE.parents[1] / "llada2" / "stabledrl_gsm8k_lora.yaml",
+    "llada_moe": RECIPE.parents[1] / "llada_moe" / "stabledrl_gsm8k_lora.yaml",
+}
+
+
+def family_lora_update(shape: Shape, recipe: Recipe, peak_tflops: float, use_counter: bool = True) -> dict:
+    """One LoRA update (loss + backward, then the optimizer) of ``shape.family``'s own LoRA recipe
+    (:data:`FAMILY_RECIPES`: its objective, estimator, LoRA targets and activation checkpointing) at ``recipe``'s
+    batch, lengths and rank, on a batch from a rollout at one denoising step per block (an update does not depend on
+    the rollout's steps): ``update_mfu``, ``loss_backward``, ``update_peak_gb`` and the keys of a training row
+    (:func:`measure_step`; its cold, one-step-per-block rollout is not a rollout measurement). The MFU divides torch's
+    counted FLOPs (the analytic count of LLaDA2's staircase-estimator update fell 25% short of the counter on the quick
+    shapes; LLaDA-MoE's equalled it); ``use_counter=False`` counts from the shapes only."""
+    path = FAMILY_RECIPES[shape.family]
+    short = dataclasses.replace(recipe, steps=recipe.completion // recipe.block)
+    checkpointing = recipe_checkpointing(path)
+
+    def run():
+        with tempfile.TemporaryDirectory() as out:
+            trainer = diffusion_trainer(shape, short, out, lora=True, checkpointing=checkpointing, recipe_path=path)
+            step = measure_step(trainer, prompt_dataset(short)[1], peak_tflops, use_counter=use_counter)[0]
+            config = trainer.model.peft_config["default"]
+            step.update(recipe=str(path.relative_to(RECIPE.parents[2])), lora_r=config.r,
+                        lora_target_modules=sorted(config.target_modules or ()),
+                        lora_on_routed_experts=_lora_shape(trainer.model).experts,
+                        rollout_note="the batch's rollout: one denoising step per block, cold (not a rollout "
+                                     "measurement: see rollouts)")  # fmt: skip
+            del trainer
+            return step
+
+    return _attempt(run)
 
 
 def _attempt(fn) -> dict:

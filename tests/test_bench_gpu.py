@@ -82,6 +82,8 @@ def test_every_part_is_reported(result):
             else:  # MoE rollouts: counted from the shapes only (the counter is too slow there on a GPU)
                 assert r["flops_source"] == "analytic" and "flops_counted" not in r and r["flops"] > 0
         assert entry["plain_forward"]["flops_counted"] == entry["plain_forward"]["flops_analytic"]
+        assert entry["plain_forward"]["x_floor"] > 0 and rollouts["fixed_steps"]["x_floor"] > 0
+        assert rollouts["fixed_steps"]["floor"]["forwards"] == rollouts["fixed_steps"]["forwards"]
         assert ("skipped" in rollouts["generation_cache_dual"]) == (family != "llada")
         numerics = entry["numerics"]
         if family in ("llada2", "llada_moe"):
@@ -89,6 +91,13 @@ def test_every_part_is_reported(result):
             model = entry["model"]
             assert model["experts"] == 8 and model["experts_per_token"] == 2
             assert model["active_parameters"] < model["parameters"]
+            update = entry["lora_update"]
+            assert update["update_mfu"] > 0 and update["flops_source"] == "counter"
+            assert isinstance(update["lora_on_routed_experts"], bool)  # per-expert modules: True; stacked: as targeted
+            if family == "llada2":  # CPU: the static buffers run eagerly, nothing to capture
+                assert rollouts["cuda_graphs"]["tokens_equal_fixed"] is True and rollouts["cuda_graphs"]["x_floor"] > 0
+            else:  # LLaDA-MoE: no cached step
+                assert "skipped" in rollouts["cuda_graphs"]
             continue
         assert numerics["padding_invariance"]["rows"] == 4
         if family == "sdar":
@@ -179,6 +188,11 @@ def test_targets_and_launches(result):
     for name in ("sdar_denoising_step_ms", "llada_dual_cache_speedup", "trainer_rollout_step_over_bare",
                  "trainer_merged_rollout_step_over_bare", "step_over_trl_dual_cache_scaled"):  # fmt: skip
         assert result["targets"][name]["source"] == "issue 36" and "value" in result["targets"][name]
+    for name in ("llada2_rollout_step_over_weight_read_floor", "llada_moe_rollout_step_over_weight_read_floor",
+                 "llada2_plain_forward_mfu", "llada2_lora_update_mfu"):  # fmt: skip
+        assert result["targets"][name]["source"] == "issue 53" and "value" in result["targets"][name]
+    for name in ("diffusion_gemma_decoder_forward_over_floor", "diffusion_gemma_micro_step_seconds"):
+        assert "skipped" in result["targets"][name]  # without --diffusion-gemma
     for launcher in gpu_launch.LAUNCHERS:
         assert result["launch"][launcher]["skipped"] == "needs a CUDA device"
         assert "--num_processes 1" in result["launch"][launcher]["command"]
@@ -396,7 +410,9 @@ def test_compiled_rollouts_on_the_quick_shapes(monkeypatch):
     monkeypatch.setattr(graphs, "_BACKEND", "aot_eager")
     monkeypatch.setattr(graphs, "_COMPILED", {})
     recipe = gpu_parts.QUICK_RECIPE
-    for family, settings in (("sdar", {"compile", "cuda_graphs_compile", "cuda_graphs_compile_model_only"}), ("llada", {"compile", "generation_cache_dual_compile"})):
+    for family, settings in (("sdar", {"compile", "cuda_graphs_compile", "cuda_graphs_compile_model_only"}),
+                             ("llada", {"compile", "generation_cache_dual_compile"}),
+                             ("llada2", {"compile", "cuda_graphs_compile"}), ("llada_moe", {"compile"})):  # fmt: skip
         shape = gpu_parts.QUICK_SHAPES[family]
         tokenizer, model = gpu_parts.build_model(shape)
         measured = gpu_parts.rollouts(model, tokenizer, shape, recipe, 1.0, threshold=False)
@@ -408,3 +424,95 @@ def test_compiled_rollouts_on_the_quick_shapes(monkeypatch):
             assert entry["seconds"] > 0 and entry["first_rollout_seconds"] > 0 and entry["forwards"] > 0
     assert "skipped" in gpu_parts.compiled_rollouts(None, None, gpu_parts.QUICK_SHAPES["dream"], recipe, 1.0, {})
     torch._dynamo.reset()
+
+
+def test_moe_rollouts_record_floors_and_a_capture_that_fails(monkeypatch):
+    """LLaDA2's rollouts on the quick shape: the fixed schedule and `cuda_graphs` (on CPU the same static buffers,
+    nothing captured) each with `forward_tokens`; their floors attached from the device's figures; a capture that
+    fails (an MoE dispatch reading counts on the host, on a GPU) is recorded as that setting's error and the fixed
+    schedule's figures are kept."""
+    shape, recipe = gpu_parts.QUICK_SHAPES["llada2"], gpu_parts.QUICK_RECIPE
+    tokenizer, model = gpu_parts.build_model(shape)
+    measured = gpu_parts.rollouts(model, tokenizer, shape, recipe, 1.0, threshold=False)
+    fixed, graphed = measured["fixed_steps"], measured["cuda_graphs"]
+    assert graphed["generation_cuda_graphs"] is True and graphed["tokens_equal_fixed"] is True
+    assert graphed["forward_tokens"] == fixed["forward_tokens"] and sum(c for _, c in fixed["forward_tokens"]) == (
+        fixed["forwards"])  # fmt: skip
+    family = {"model": {"parameters": 1000, "active_parameters": 400, "bytes_per_parameter": 2, "experts": 8},
+              "plain_forward": {"seconds": 0.01, "forward_tokens": [[64, 1]]}, "rollouts": measured}  # fmt: skip
+    gpu_report.attach_floors(family, {"copy_gb_per_s": 1.0, "matmul_tflops": 1e-6})  # 2 µs read, 0.8 ms per token
+    assert family["plain_forward"]["floor"]["seconds"] == pytest.approx(2 * 400 * 64 / 1e6)
+    assert family["plain_forward"]["x_floor"] == pytest.approx(0.01 / (2 * 400 * 64 / 1e6), rel=1e-3)
+    assert fixed["floor"]["steps"] == measured["diffusion_steps"] and fixed["x_floor"] > 0
+    assert "total, not active" in fixed["floor"]["weights_note"]  # a MoE model reads every expert
+    assert graphed["floor"]["seconds"] == fixed["floor"]["seconds"]
+
+    def cannot_capture(*args, **kwargs):
+        raise RuntimeError("generation_cuda_graphs=True: the denoising step could not be captured as a CUDA graph")
+
+    monkeypatch.setattr(gpu_parts, "replayed_rollout", cannot_capture)
+    failed = gpu_parts.rollouts(model, tokenizer, shape, recipe, 1.0, threshold=False)
+    assert failed["cuda_graphs"]["error"].startswith("RuntimeError: generation_cuda_graphs=True")
+    assert failed["fixed_steps"]["forwards"] == fixed["forwards"]
+    moe = gpu_parts.rollout_settings(gpu_parts.QUICK_SHAPES["llada_moe"], recipe)
+    assert moe["cuda_graphs"].startswith("not block")
+
+
+def test_moe_and_diffusion_gemma_targets_on_hand_made_numbers():
+    """Issue 53's targets: the fastest fixed-schedule setting over its weight-read floor, LLaDA2's plain-forward and
+    LoRA-update MFU, DiffusionGemma's decoder forward over its floor and its micro-step at 128 steps; the missed
+    ones are listed for the end of the run."""
+
+    def setting(step, read):
+        return {"seconds": step * 32, "seconds_per_step": step, "x_weight_read_floor": round(step / read, 3),
+                "x_floor": round(step / read, 3), "floor": {"weight_read_seconds_per_step": read}}  # fmt: skip
+
+    fam = {"llada2": {"rollouts": {"fixed_steps": setting(0.341, 0.0076), "cuda_graphs": {"error": "RuntimeError"}},
+                      "compiled_rollouts": {"cuda_graphs_compile": setting(0.02, 0.0076)},
+                      "plain_forward": {"mfu": 0.048}, "lora_update": {"update_mfu": 0.31}},
+           "llada_moe": {"rollouts": {"fixed_steps": setting(0.142, 0.0034)}}}  # fmt: skip
+    t = gpu_report.moe_targets(fam)
+    best = t["llada2_rollout_step_over_weight_read_floor"]
+    assert (best["setting"], best["value"], best["met"]) == ("cuda_graphs_compile", 2.632, True)
+    moe = t["llada_moe_rollout_step_over_weight_read_floor"]
+    assert (moe["setting"], moe["value"], moe["met"]) == ("fixed_steps", 41.765, False)
+    assert (t["llada2_plain_forward_mfu"]["met"], t["llada2_lora_update_mfu"]["met"]) == (False, True)
+    dg = {"micro_step": {"decoder_forward_floor": {"x_floor": 6.8}},
+          "micro_step_seconds_at_128_steps": {"seconds": 55.5, "measured_steps": 128}}  # fmt: skip
+    d = gpu_report.diffusion_gemma_targets(dg)
+    assert d["diffusion_gemma_decoder_forward_over_floor"]["met"] is False
+    micro = d["diffusion_gemma_micro_step_seconds"]
+    assert micro["value"] == 55.5 and "note" not in micro
+    result = {"families": fam, "diffusion_gemma": dg}
+    result["targets"] = gpu_report.targets(result)
+    lines = gpu_report.missed(result)
+    assert any(line.startswith("llada_moe_rollout_step_over_weight_read_floor: 41.765 (target <= 3.0, fixed_steps)")
+               for line in lines)  # fmt: skip
+    assert not any(line.startswith("llada2_lora_update_mfu") for line in lines)
+    summary = gpu_report.targets_summary(result)
+    assert f"{len(lines)} missed" in summary and summary.count("MISSED ") == len(lines)
+    assert "diffusion_gemma_micro_step_seconds: 55.5 (target <= 25.0)" in summary
+
+
+def test_quick_moe_run_prints_the_missed_targets(tmp_path, capsys):
+    """The MoE families alone through `bench.gpu --quick` (no compile): floors beside every setting, the LoRA update
+    of each family's own recipe, the issue-53 targets, and the missed ones printed at the end."""
+    import transformers
+
+    threads, verbosity = torch.get_num_threads(), transformers.utils.logging.get_verbosity()
+    try:
+        result = gpu.main(["--quick", "--families", "llada2", "llada_moe", "--skip-trl", "--skip-launch",
+                           "--out", str(tmp_path)])  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+        transformers.utils.logging.set_verbosity(verbosity)
+    assert result["errors"] == {}
+    for family in ("llada2", "llada_moe"):
+        entry = result["families"][family]
+        assert entry["plain_forward"]["x_floor"] > 0 and entry["rollouts"]["fixed_steps"]["x_floor"] > 0
+        assert entry["lora_update"]["update_mfu"] > 0
+        assert entry["lora_update"]["recipe"] == f"recipes/{family}/stabledrl_gsm8k_lora.yaml"
+    assert result["families"]["llada2"]["rollouts"]["cuda_graphs"]["x_floor"] > 0
+    out = capsys.readouterr().out
+    assert "[bench.gpu] targets: " in out and "MISSED llada2_plain_forward_mfu" in out  # tiny CPU figures miss
+    assert "llada2 LoRA update" in out and "llada2 plain forward" in out
