@@ -83,7 +83,8 @@ def common_args(recipe: Recipe, out: str) -> dict:
                 report_to="none", save_strategy="no", use_cpu=not cuda(), bf16=cuda(), logging_steps=1)  # fmt: skip
 
 
-_LORA_NAMES = {"lora_r": "r", "lora_target_modules": "target_modules", "lora_task_type": "task_type"}
+_LORA_NAMES = {"lora_r": "r", "lora_target_modules": "target_modules", "lora_target_parameters": "target_parameters",
+               "lora_task_type": "task_type"}  # fmt: skip
 
 
 def lora_config(lora: dict, **overrides) -> LoraConfig:
@@ -343,6 +344,7 @@ def family_lora_update(shape: Shape, recipe: Recipe, peak_tflops: float, use_cou
             config = trainer.model.peft_config["default"]
             step.update(recipe=str(path.relative_to(RECIPE.parents[2])), lora_r=config.r,
                         lora_target_modules=sorted(config.target_modules or ()),
+                        lora_target_parameters=sorted(getattr(config, "target_parameters", None) or ()),
                         lora_on_routed_experts=_lora_shape(trainer.model).experts,
                         rollout_note="the batch's rollout: one denoising step per block, cold (not a rollout "
                                      "measurement: see rollouts)")  # fmt: skip
