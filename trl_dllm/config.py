@@ -131,8 +131,8 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
             Block-diffusion models with `block_kv_cache` on a CUDA device: replay each denoising step of a fixed shape
             as a CUDA graph (captured the second time its shape is seen; two per rollout), one launch instead of one
             per operation. A cached step forwards a few tokens per row, so its time is the host's, not the GPU's
-            (docs/generation.md). The same tokens as without. Not for mixture-of-experts models (their expert dispatch
-            reads counts on the host, which a graph cannot record).
+            (docs/generation.md). The same tokens as without. Mixture-of-experts models only with experts run as
+            grouped / batched GEMMs (LLaDA2's default), which read nothing on the host.
         generation_compile (`bool`, *optional*, defaults to `False`):
             Run the denoising steps of rollouts compiled by `torch.compile` (Inductor): the sampler's work after each
             forward (softmax, noise, sampling, selection, the commit) always; the forward too where it is a cached

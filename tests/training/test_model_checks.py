@@ -209,3 +209,24 @@ def test_lora_under_zero3_checkpoints_without_reentry_where_deepspeed_allows(mon
     args = make(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": True})
     assert model_checks.checkpoint_without_reentry(args, LLADA_NATIVE, zero3_lora=False) == []
     assert args.gradient_checkpointing_kwargs["use_reentrant"] is True
+
+
+@pytest.mark.parametrize("implementation,refused", [("grouped_mm", False), ("batched_mm", False), ("eager", True)])
+def test_cuda_graphs_on_experts_need_a_sync_free_implementation(implementation, refused):
+    """A mixture-of-experts block-diffusion model (LLaDA2) replays as a CUDA graph when its experts run through a
+    grouped / batched GEMM (no host read), and is refused, with the fix, when they loop over the experts."""
+    from types import SimpleNamespace
+
+    from transformers import PretrainedConfig
+
+    from trl_dllm.models.families.llada2 import LLADA2_REMOTE
+    from trl_dllm.training.model_checks import check_cuda_graphs
+
+    config = PretrainedConfig(num_experts=256)
+    config._experts_implementation = implementation
+    model, args = SimpleNamespace(config=config), SimpleNamespace(generation_cuda_graphs=True)
+    if not refused:
+        check_cuda_graphs(args, LLADA2_REMOTE, model, "cuda", sharded=False)
+        return
+    with pytest.raises(ValueError, match="experts_implementation='eager'.*load it with experts_implementation="):
+        check_cuda_graphs(args, LLADA2_REMOTE, model, "cuda", sharded=False)

@@ -127,20 +127,29 @@ def check_cache_model(spec: ModelSpec, cache: str) -> None:
         )
 
 
+SYNC_FREE_EXPERTS = ("grouped_mm", "batched_mm")
+"""transformers' experts implementations that read no device value on the host (the grouped GEMMs take the experts'
+offsets on the device), so a mixture-of-experts step can be recorded as a CUDA graph."""
+
+
 def check_cuda_graphs(args, spec: ModelSpec, model, device_type: str, sharded: bool) -> None:
-    """`generation_cuda_graphs` at construction: a block-diffusion model, dense, on a CUDA device, its parameters
+    """`generation_cuda_graphs` at construction: a block-diffusion model on a CUDA device, its experts (if any) run
+    by a sync-free implementation (:data:`SYNC_FREE_EXPERTS`: LLaDA2's stacked experts by default), its parameters
     whole (a captured step replays fixed kernels: no host reads, no parameter gathering)."""
     if not args.generation_cuda_graphs:
         return
     config = model.config.get_text_config()
     experts = next((getattr(config, name) for name in ("num_experts", "n_routed_experts") if getattr(config, name, 0)),
                    None)  # fmt: skip
+    implementation = getattr(config, "_experts_implementation", None)
     problem = (
         f"this model ({spec.family!r} family) is not block-diffusion: its rollouts have no cached step to replay"
         if spec.family != "block"
         else f"the processes run on {device_type}, which has no CUDA graphs" if device_type != "cuda"
-        else f"its {experts} experts per layer are dispatched by counts read on the host, which a graph cannot record"
-        if experts
+        else f"its {experts} experts per layer run through experts_implementation={implementation!r}, which reads "
+        "the experts' counts on the host, which a graph cannot record: load it with experts_implementation="
+        "'grouped_mm' (model_init_kwargs), whose grouped GEMMs read nothing on the host"
+        if experts and implementation not in SYNC_FREE_EXPERTS
         else "ZeRO-3 / FSDP gather the parameters inside each forward, which a graph cannot record" if sharded
         else None
     )  # fmt: skip

@@ -14,7 +14,7 @@ eagerly and warms the kernels up), and drops its graphs when the cache's rows ch
 
 On a device without CUDA graphs the same static buffers run eagerly: the path is the one a GPU replays, so CPU tests
 check it against the plain cached step. What a graph cannot hold is refused when it is captured: a forward that reads
-a device value on the host (the experts' counts of an MoE layer) cannot be recorded.
+a device value on the host (the experts' counts of an MoE layer whose experts loop one by one) cannot be recorded.
 
 A graph removes the launches, not the kernels: SDAR-8B's replayed step still ran about a thousand small kernels (norms,
 rotary embeddings, activations) around its matrix products. :func:`compiled_forward` is the same cached forward
@@ -178,8 +178,8 @@ class StaticStep:
             raise RuntimeError(
                 "generation_cuda_graphs=True: the denoising step could not be captured as a CUDA graph "
                 f"({type(error).__name__}: {str(error).splitlines()[0]}). A forward that reads a device value on the "
-                "host (a mixture-of-experts layer's expert counts do) cannot be recorded; set "
-                "generation_cuda_graphs=False for this model."
+                "host (a mixture-of-experts layer whose experts loop one by one does; experts_implementation="
+                "'grouped_mm' does not) cannot be recorded; set generation_cuda_graphs=False for this model."
             ) from error
         self.graph = graph
 
