@@ -434,3 +434,20 @@ def test_varied_rollouts_stay_compiled(model, tokenizer, counting_backend):
         assert_same(out, ref)
     regions = [region for (fn, _), region in graphs._COMPILED.items() if fn is loop._forward_step]
     assert len(regions) == len(settings)
+
+
+@SLOW
+def test_llada2_stacked_experts_compiled_and_static_steps(original_checkpoints, compiled):
+    """LLaDA2 (its routed experts stacked, run as grouped GEMMs): the cached steps compiled, through the static buffers
+    a GPU records as CUDA graphs, give the eager rollout's tokens, steps and log-probs."""
+    from types import SimpleNamespace
+
+    from trl_dllm.models.loading import load_pretrained
+
+    model = load_pretrained(original_checkpoints["llada2"], dtype=torch.float32).eval()
+    assert model.config._experts_implementation == "grouped_mm"
+    tokenizer = SimpleNamespace(mask_token_id=model.config.mask_token_id)
+    reference = run(model, tokenizer, cuda_graphs=False, temperature=1.0)
+    out = run(model, tokenizer, cuda_graphs=True, compile=True, temperature=1.0)
+    assert_same(out, reference)
+    assert 0 < len(compiled) < out.num_forwards
