@@ -154,6 +154,12 @@ def test_llada_moe_lora_on_attention_and_experts(tmp_path, original_checkpoints,
     assert any(".layers.1.mlp.experts.lora_B" in k for k in keys)
     assert not any(".mlp.gate." in k for k in keys)  # the router is not a target
     assert moved_experts(trainer, expert_weights(original_checkpoints["llada_moe"]))
+    if loss_type == "stabledrl":  # `trl-dllm merge`: the stacked experts merged, saved one per expert again
+        from trl_dllm.evaluation.merge import merge
+
+        merge(str(tmp_path / "final"), str(tmp_path / "merged"))
+        merged = load_file(tmp_path / "merged" / "model.safetensors")
+        assert "model.layers.1.mlp.experts.7.down_proj.weight" in merged and not any("lora" in k for k in merged)
 
 
 def test_per_expert_names_alone_are_refused_on_stacked_experts(tmp_path, original_checkpoints):
