@@ -32,7 +32,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(launcher: list[str], recipe: str, model_path: str, output_dir: Path, *flags: str, processes: int = 2) -> str:
+def launch(launcher: list[str], recipe: str, model_path: str, output_dir: Path, *flags: str, processes: int = 2,
+           program: tuple[str, ...] = ("-m", "trl_dllm", "grpo")) -> str:
+    """`program` (`trl-dllm grpo`, or a script taking its arguments) under `launcher` with the tiny `recipe`."""
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -40,7 +42,7 @@ def launch(launcher: list[str], recipe: str, model_path: str, output_dir: Path, 
         "OMP_NUM_THREADS": "1",
         "TRL_DLLM_TINY_MODEL": model_path,
     }
-    command = [*launcher, "-m", "trl_dllm", "grpo", "--config", f"recipes/tiny/{recipe}"]
+    command = [*launcher, *program, "--config", f"recipes/tiny/{recipe}"]
     command += ["--output_dir", str(output_dir), *flags]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, f"{' '.join(command)}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
@@ -150,6 +152,77 @@ def test_deepspeed_zero3_native_llada2(original_checkpoints, tmp_path):
     assert before.keys() == after.keys() and "model.layers.1.mlp.experts.7.down_proj.weight" in after
     assert all(after[k].shape == before[k].shape for k in before)  # whole tensors, not ZeRO-3 shards
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "llada2_moe"
+
+
+ROUTING_SCRIPT = '''
+"""`trl-dllm grpo` with LLaDA2's router steered per process, recording per process the experts selected (every
+forward: rollouts and updates) and the experts trained (selected at a token the loss's gradient reaches)."""
+import json, os, sys
+from collections import Counter
+import trl_dllm
+from trl_dllm.models.families.llada2 import LLaDA2Gate
+from trl_dllm.scripts.grpo import main
+
+rank, selected, trained, route = int(os.environ["RANK"]), Counter(), Counter(), LLaDA2Gate.forward
+
+def steered_bias(gate):  # the expert bias only selects experts (their weights are the unbiased scores): +10 on the
+    # half of the experts whose ZeRO-3 shard the other process holds (rank 0: the last half, rank 1: the first)
+    half = gate.num_experts // 2
+    steer = gate.expert_bias.new_zeros(gate.num_experts)
+    (steer[half:] if rank == 0 else steer[:half]).fill_(10.0)
+    return gate.expert_bias + steer
+
+def counted(gate, hidden):
+    router_logits, weights, experts = route(gate, hidden)
+    selected.update(experts.flatten().tolist())
+    if hidden.requires_grad:  # the MLP is token-wise: a token's input has a gradient iff its output has
+        reached = lambda grad: experts[grad.reshape(-1, grad.shape[-1]).abs().sum(-1) > 0].flatten().tolist()
+        hidden.register_hook(lambda grad: trained.update(reached(grad)))
+    return router_logits, weights, experts
+
+LLaDA2Gate.e_score_correction_bias = property(steered_bias)  # what DeepSeek-V3's router adds before its top-k
+LLaDA2Gate.forward = counted
+main(sys.argv[1:])
+with open(os.path.join(os.path.dirname(__file__), f"routing_rank{rank}.json"), "w") as f:
+    json.dump({"trl_dllm": trl_dllm.__file__, "selected": dict(sorted(selected.items())),
+               "trained": dict(sorted(trained.items()))}, f)
+'''
+
+
+def test_deepspeed_zero3_llada2_processes_route_to_different_experts(original_checkpoints, tmp_path, monkeypatch):
+    """Stacked experts under ZeRO-3: each stacked expert parameter is gathered once per layer, whatever a process's
+    tokens route to. A tiny LLaDA2 (8 experts, top-2, full fine-tuning) on two CPU processes whose routers are steered
+    apart through LLaDA2's own expert bias: rank 0 selects only experts 4-7, rank 1 only 0-3, and each records the
+    experts it selected and those its loss's gradient reached. ZeRO-3 partitions each stacked parameter in halves
+    (rank 0 holds experts 0-3, rank 1 experts 4-7), so a process's expert gradients all belong to the other's shard.
+    The run trains without hanging, and the experts that moved are exactly those the gradient of either process
+    reached: every expert's gradient was reduced across processes (and, AdamW without weight decay, no other expert
+    moved). The rewards spread (SPREAD_REWARD), so there is a gradient; the model is saved whole in LLaDA2's
+    released layout (one tensor per expert)."""
+    path = original_checkpoints["llada2"]
+    script = tmp_path / "steered_grpo.py"
+    script.write_text(ROUTING_SCRIPT)
+    (tmp_path / "spread_reward.py").write_text(SPREAD_REWARD)  # beside the script: on its sys.path
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))  # this checkout
+    output = tmp_path / "out"
+    launch(accelerate("zero3_cpu.yaml"), "stabledrl_gsm8k_block.yaml", path, output, "--model_name_or_path", path,
+           "--reward_funcs", "spread_reward.spread", program=(str(script),))  # fmt: skip
+    routing = [json.loads((tmp_path / f"routing_rank{rank}.json").read_text()) for rank in (0, 1)]
+    for rank, record in enumerate(routing):  # {expert: token slots}, over the layer's forwards (`pytest -s` shows it)
+        print(f"rank {rank}: selected {record['selected']}, trained {record['trained']}")
+    assert all(Path(r["trl_dllm"]).is_relative_to(ROOT) for r in routing), routing  # the package under test
+    selected = [{int(e) for e in r["selected"]} for r in routing]
+    trained = [{int(e) for e in r["trained"]} for r in routing]
+    assert selected[0] and selected[0] <= {4, 5, 6, 7} and selected[1] and selected[1] <= {0, 1, 2, 3}, routing
+    assert trained[0] and trained[0] <= selected[0] and trained[1] and trained[1] <= selected[1], routing
+    assert_trained(output)
+    before, after = load_file(Path(path) / "model.safetensors"), load_file(output / "model.safetensors")
+    assert before.keys() == after.keys() and "model.layers.1.mlp.experts.7.down_proj.weight" in after
+    assert all(after[k].shape == before[k].shape for k in before)  # whole tensors, not ZeRO-3 shards
+    expert_keys = {e: [k for k in before if k.startswith(f"model.layers.1.mlp.experts.{e}.")] for e in range(8)}
+    assert all(len(keys) == 3 for keys in expert_keys.values())  # the tiny LLaDA2: layer 0 dense, layer 1 routed
+    moved = {e for e, keys in expert_keys.items() if any(not torch.equal(before[k], after[k]) for k in keys)}
+    assert moved == trained[0] | trained[1], (moved, routing)
 
 
 # The DiffusionGemma recipe at tiny sizes on CPU (its ZeRO-3 and activation checkpointing kept).
