@@ -323,5 +323,8 @@ def test_per_expert_state_dict_round_trip(family):
     assert not result.missing_keys and not result.unexpected_keys
     assert all(torch.equal(resumed.state_dict()[k], state[k]) for k in state)
 
-    with pytest.raises(KeyError, match="for every expert"):
+    with pytest.raises(KeyError, match=r"every expert needs .*missing \['0.up_proj'"):
         stack_expert_weights({k: v for k, v in per_expert.items() if ".up_proj." not in k})
+    gap = next(k for k in per_expert if ".experts.3.down_proj." in k)  # one expert's projection missing mid-layer
+    with pytest.raises(KeyError, match=r"missing \['3.down_proj'\] of 12 experts"):
+        stack_expert_weights({k: v for k, v in per_expert.items() if k != gap})

@@ -120,9 +120,12 @@ def stack_expert_weights(state_dict: dict[str, torch.Tensor]) -> dict[str, torch
             continue
         grouped.setdefault(match["experts"], {}).setdefault(match["proj"], {})[int(match["index"])] = tensor
     for prefix, projections in grouped.items():
-        if set(projections) != set(EXPERT_PROJECTIONS):
-            raise KeyError(f"{prefix}: expected {EXPERT_PROJECTIONS} for every expert, got {sorted(projections)}")
-        stacked = {p: torch.stack([t[i] for i in range(len(t))]) for p, t in projections.items()}
+        experts = max(max(t) for t in projections.values()) + 1
+        missing = [f"{i}.{p}" for p in EXPERT_PROJECTIONS for i in range(experts) if i not in projections.get(p, {})]
+        if missing:
+            raise KeyError(f"{prefix}: every expert needs {EXPERT_PROJECTIONS}; missing {missing[:4]} of {experts} "
+                           "experts")  # fmt: skip
+        stacked = {p: torch.stack([t[i] for i in range(experts)]) for p, t in projections.items()}
         out[f"{prefix}.gate_up_proj"] = torch.cat([stacked["gate_proj"], stacked["up_proj"]], dim=1)
         out[f"{prefix}.down_proj"] = stacked["down_proj"]
     return out
