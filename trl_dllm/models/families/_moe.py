@@ -1,7 +1,8 @@
 """What LLaDA2 (:mod:`.llada2`) and LLaDA-MoE (:mod:`.llada_moe`) share, written once: inclusionAI's tokenizer ids and
 chat-template shape, and the scaffolding of a small MoE decoder on transformers' components — the stacked experts
-(transformers' experts interface: grouped GEMMs) and their per-expert checkpoint layout, the routed-experts block, the attention core (partial RoPE through transformers' attention interface), the 4-D mask,
-weight initialisation, the decoder stack, the LM head and the config translation. Each family module adds what is its
+(transformers' experts interface: grouped GEMMs) and their per-expert checkpoint layout, the routed-experts block, the
+attention core (partial RoPE through transformers' attention interface), the 4-D mask, weight initialisation, the
+decoder stack, the LM head and the config translation. Each family module adds what is its
 own: its config fields, router, attention projections, decoder layer and forward.
 """
 
@@ -61,7 +62,9 @@ def translate_config(config_class: type, defaults: dict, original: dict, unsuppo
 
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 """The per-expert module names of the released checkpoints (``mlp.experts.E.{gate,up,down}_proj.weight``)."""
-_PER_EXPERT_KEY = re.compile(r"^(?P<experts>.*\.mlp\.experts)\.(?P<index>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+_PER_EXPERT_KEY = re.compile(
+    r"^(?P<experts>.*\.mlp\.experts)\.(?P<index>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
+)
 
 
 @use_experts_implementation
