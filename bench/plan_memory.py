@@ -2,15 +2,15 @@
 
     python -m bench.plan_memory [--families llada dream sdar llada2 llada_moe ...] [--out bench_out]
 
-For each family a small model of the family's own architecture (:func:`trl_dllm.models.tiny_families.tiny_original_config`
-with the sizes below; DiffusionGemma: transformers' class sized by :data:`DIFFUSION_GEMMA_SIZES`, its reference LoRA
-targets; bf16, LoRA in PEFT's float32 as the trainer has it) runs one estimate of the current policy
-through :func:`trl_dllm.core.likelihood.estimate` with the model's logits function (DiffusionGemma: its denoiser,
-``uniform_block``), under bf16 autocast, and the
-backward of its sum, in a fresh child process: ``MALLOC_MMAP_THRESHOLD_=8192`` (every tensor of 8 KiB or more is its
-own mapping, returned when freed: :data:`MMAP_THRESHOLD`), oneDNN capped at AVX2 (:data:`ONEDNN_ISA`), warm-up on a tiny input,
-``gc.collect(); malloc_trim(0)``, reset the peak RSS (``echo 5 > /proc/self/clear_refs``), run, read ``VmHWM`` — the method of :mod:`bench.bench_memory`. The measured peak
-is ``VmHWM`` minus the RSS just before; the planned one is ``update_activations + logits`` of
+For each family a small model of the family's own architecture
+(:func:`trl_dllm.models.tiny_families.tiny_original_config` with the sizes below; DiffusionGemma: transformers' class
+sized by :data:`DIFFUSION_GEMMA_SIZES`, its reference LoRA targets; bf16, LoRA in PEFT's float32 as the trainer has it)
+runs one estimate of the current policy through :func:`trl_dllm.core.likelihood.estimate` with the model's logits
+function (DiffusionGemma: its denoiser, ``uniform_block``), under bf16 autocast, and the backward of its sum, in a
+fresh child process: ``MALLOC_MMAP_THRESHOLD_=8192`` (every tensor of 8 KiB or more is its own mapping, returned when
+freed: :data:`MMAP_THRESHOLD`), oneDNN capped at AVX2 (:data:`ONEDNN_ISA`), warm-up on a tiny input,
+``gc.collect(); malloc_trim(0)``, reset the peak RSS (``echo 5 > /proc/self/clear_refs``), run, read ``VmHWM`` — the
+method of :mod:`bench.bench_memory`. The measured peak is ``VmHWM`` minus the RSS just before; the planned one is ``update_activations + logits`` of
 :func:`trl_dllm.planning.phase_bytes` for the same shapes and settings (``device="cpu"``: float32 dropout masks).
 """
 
@@ -253,8 +253,8 @@ the ISA makes the measurement the same on every x86 machine."""
 def measure(cases: list[Case]) -> list[tuple[float, str]]:
     """Peak bytes of each case, measured one after another in one fresh child process (one thread: memory does not
     depend on it; the peak is reset before each case and taken above the RSS with its model loaded)."""
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
-           "ONEDNN_MAX_CPU_ISA": ONEDNN_ISA}  # fmt: skip
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD, "TOKENIZERS_PARALLELISM": "false",
+           "OMP_NUM_THREADS": "1", "ONEDNN_MAX_CPU_ISA": ONEDNN_ISA}  # fmt: skip
     cmd = [sys.executable, "-m", "bench.plan_memory", "--child", json.dumps([asdict(case) for case in cases])]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode:
