@@ -324,3 +324,23 @@ def test_unknown_causal_remote_family_is_refused(tmp_path, tiny_model_path, monk
     with pytest.raises(ValueError, match=r"attends causally.*config.is_causal=False.*not a known diffusion family"):
         DiffusionGRPOTrainer(model=model, reward_funcs=id_checksum_reward, args=make_args(tmp_path),
                              train_dataset=chat_dataset())
+
+
+def test_llada_moe_expert_lora_with_merged_adapters_for_rollouts(tmp_path, original_checkpoints):
+    """`generation_merge_adapters=True` with LoRA on the stacked experts (PEFT's target_parameters): a rollout with the
+    adapters merged gives the tokens of the unmerged ones (float32, same seeds), and the base experts are restored."""
+    args = make_args(tmp_path, loss_type="stabledrl", generation_merge_adapters=True)
+    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], target_parameters=EXPERTS,
+                             task_type="CAUSAL_LM")  # fmt: skip
+    trainer = DiffusionGRPOTrainer(model=original_checkpoints["llada_moe"], reward_funcs=id_checksum_reward, args=args,
+                                   train_dataset=chat_dataset(), peft_config=peft_config)  # fmt: skip
+    for name, param in trainer.model.named_parameters():
+        if "lora_B" in name:  # a non-zero adapter, so merging changes the weights
+            param.data.normal_(0, 0.1, generator=torch.Generator().manual_seed(0))
+    base = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if ".mlp.experts." in n and
+            not p.requires_grad}  # fmt: skip
+    prompts = [trainer.processing_class(f"add {i} and 2 .")["input_ids"] for i in range(2)]
+    merged = trainer._generate_single_turn(prompts, None, None, 2)
+    assert all(torch.equal(p, base[n]) for n, p in trainer.model.named_parameters() if n in base)
+    trainer.args.generation_merge_adapters = False
+    assert trainer._generate_single_turn(prompts, None, None, 2) == merged

@@ -208,7 +208,8 @@ def merged_adapters(model, merge: bool = True):
     kept = []
     for layer in model.modules():
         if isinstance(layer, BaseTunerLayer) and not layer.merged:
-            weight = layer.get_base_layer().weight
+            # a module's weight, or the parameter a `target_parameters` wrapper adapts (stacked experts)
+            weight = getattr(layer.get_base_layer(), getattr(layer, "parameter_name", "weight"))
             kept.append((weight, weight.data))
             weight.data = weight.data.clone()  # PEFT merges in place: into the copy
     model.merge_adapter()
