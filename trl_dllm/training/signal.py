@@ -55,8 +55,8 @@ class UnscorableWatch:
     """Warns about, and after ``patience`` in a row stops, rollouts that no reward function scores: a completion is
     unscorable when every function returned `None` or NaN (or ±inf) for it — TRL gives it advantage 0 and the trainer
     logs their count as `rewards/unscorable` at every step. A rollout with *every* completion unscorable warns, as
-    TRL's `GRPOTrainer` does ("All reward functions returned None …"), and trains on (every advantage 0); a dataset that
-    mixes tasks, each reward function scoring only its own rows, can draw one by chance. After ``patience`` such
+    TRL's `GRPOTrainer` does ("All reward functions returned None …"), and trains on (every advantage 0); a dataset
+    that mixes tasks, each reward function scoring only its own rows, can draw one by chance. After ``patience`` such
     rollouts in a row the rewards are taken to be broken and training stops with a [`RewardFunctionError`] saying why;
     a rollout that some function scores resets the count.
 
@@ -88,8 +88,9 @@ class UnscorableWatch:
             return message
         raise RewardFunctionError(
             f"no reward function scored any of the {rewards.size(0)} completions of the last {self.streak} "
-            f"rollout{'s' if self.streak > 1 else ''} in a row (reward_funcs {funcs} returned None or NaN for every one): every advantage is 0 and nothing "
-            "is learned. Fix the reward functions (None or NaN marks one completion as unscorable) or give the dataset "
-            f"the columns they read; max_unscorable_rollouts={self.patience} is how many such rollouts in a row stop "
-            "the run (a rollout some function scores resets the count)."
+            f"rollout{'s' if self.streak > 1 else ''} in a row (reward_funcs {funcs} returned None or NaN for every "
+            "one): every advantage is 0 and nothing is learned. Fix the reward functions (None or NaN marks one "
+            "completion as unscorable) or give the dataset the columns they read; "
+            f"max_unscorable_rollouts={self.patience} is how many such rollouts in a row stop the run (a rollout some "
+            "function scores resets the count)."
         )
