@@ -87,11 +87,14 @@ def test_reward_function_output_at_a_rollout(in_repo, tmp_path, capsys, func, pr
 
 
 def test_rewards_all_none_or_nan_stop_the_run(in_repo, tmp_path, capsys):
+    """The default max_unscorable_rollouts (3): two such rollouts warn and train on, the third in a row stops."""
     out = tmp_path / "out"
-    line = run_bad(capsys, grpo.main, [*ONE_STEP, "--output_dir", str(out), "--reward_funcs", "mistaken_rewards.nothing"],
-                   training=True)
-    assert "no reward function scored any of the 4 completions of the last 1 rollout(s)" in line
-    assert "max_unscorable_rollouts=1" in line and not (out / "model.safetensors").exists()
+    three_steps = ["--config", TINY, "--max_steps", "3", "--num_iterations", "1"]  # one rollout per step
+    line = run_bad(capsys, grpo.main, [*three_steps, "--output_dir", str(out), "--reward_funcs",
+                                       "mistaken_rewards.nothing"], training=True)  # fmt: skip
+    assert "no reward function scored any of the 4 completions of the last 3 rollouts in a row" in line
+    assert "max_unscorable_rollouts=3 is how many such rollouts in a row stop the run" in line
+    assert not (out / "model.safetensors").exists()
 
 
 def test_recipe_field_of_the_wrong_type(in_repo, tmp_path, capsys):

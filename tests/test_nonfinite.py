@@ -126,10 +126,10 @@ def test_unscorable_rewards_are_counted(tmp_path, tiny_model_path, value, unscor
     args = DiffusionGRPOConfig(
         output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, max_completion_length=8,
         block_length=4, diffusion_steps=4, max_steps=1, logging_steps=1, save_strategy="no", report_to="none",
-        use_cpu=True, loss_type="stabledrl", max_unscorable_rollouts=2,  # one all-unscorable rollout: counted
+        use_cpu=True, loss_type="stabledrl",  # one all-unscorable rollout: counted, warned, trained on
     )  # fmt: skip
     trainer = DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=reward, args=args, train_dataset=DATA)
     trainer.train()
     log = next(log for log in trainer.state.log_history if "loss" in log)
-    assert log["rewards/unscorable"] == unscorable  # (the default, 1, stops there: tests/test_cli_mistakes.py)
+    assert log["rewards/unscorable"] == unscorable  # (3 in a row stop: tests/test_cli_mistakes.py)
     assert math.isfinite(log["loss"]) and log["nonfinite/skipped_steps"] == 0

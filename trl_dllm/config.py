@@ -206,9 +206,12 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
         dynamic_sampling (`bool`, *optional*, defaults to `False`):
             DAPO's dynamic sampling without refill: the completions of a group whose total rewards are all equal (zero
             advantage) are dropped from the loss (their completion mask is zeroed); the batch is not refilled.
-        max_unscorable_rollouts (`int`, *optional*, defaults to `1`):
+        max_unscorable_rollouts (`int`, *optional*, defaults to `3`):
             Rollouts in a row in which no reward function scored any completion (every one returned `None` or NaN)
-            before training stops with the reason: such a rollout has advantage 0 everywhere and moves nothing. A
+            before training stops with the reason. Such a rollout warns, as TRL's `GRPOTrainer` does, and trains on
+            with advantage 0 everywhere; a rollout some function scores resets the count. 3, not 1: a dataset that
+            mixes tasks (each reward function scoring only its own rows) can draw one such rollout by chance, while
+            three in a row almost always means broken reward functions, and costs three rollouts to find out. A
             completion some function scores trains as usual; the unscorable ones (`None`, NaN, ±inf from every
             function) get advantage 0 and are counted in the `rewards/unscorable` metric at every step.
         dynamic_sampling_patience (`int`, *optional*, defaults to `3`):
@@ -351,7 +354,9 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
         default=False, metadata={"help": "Drop groups whose rewards are all equal from the loss (DAPO, no refill)."}
     )
     max_unscorable_rollouts: int = field(
-        default=1, metadata={"help": "Stop after this many rollouts in a row that no reward function scored (all None/NaN)."}
+        default=3,
+        metadata={"help": "Stop after this many rollouts in a row that no reward function scored (all None/NaN); "
+                  "fewer warn and train on, as TRL does. 3: a multi-task dataset can draw one such rollout by chance."},
     )
     dynamic_sampling_patience: int = field(
         default=3, metadata={"help": "dynamic_sampling: warn after this many rollouts in a row left no group."}

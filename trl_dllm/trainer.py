@@ -118,7 +118,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         self._pending_rollout: rollouts.Rollout | None = None
         self._nonfinite = NonFiniteGuard(args.max_consecutive_nonfinite_steps)
         self._zero_spread = ZeroSpreadWatch(args)  # warns when frac_reward_zero_std stays 1 (nothing is learned)
-        self._unscorable = UnscorableWatch(args.max_unscorable_rollouts)  # stops when no reward scores anything
+        self._unscorable = UnscorableWatch(args.max_unscorable_rollouts)  # warns, then stops, when no reward scores
         self._eval_rollouts = 0  # keys eval rollouts' seeds (the training ones are keyed by TRL's step counter)
         self._rollout_rewards: torch.Tensor | None = None  # TRL's batch carries advantages, not the rewards behind them
         self._dynamic_sampling = DynamicSampling(args.dynamic_sampling_patience)
@@ -325,7 +325,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         rewards = rewards.masked_fill(torch.isinf(rewards), float("nan"))
         self._metrics[self._mode]["rewards/unscorable"].append(torch.isnan(rewards).all(dim=1).sum().item())
         if self.model.training:
-            self._unscorable.observe(rewards, self.reward_func_names)
+            self._unscorable.observe(rewards, self.reward_func_names, warn=self.accelerator.is_main_process)
         self._rollout_rewards = total_rewards(rewards, self.reward_weights)  # read by dynamic sampling
         return rewards
 

@@ -1,8 +1,12 @@
 """Where TRL's `GRPOTrainer` raises, ours raises with TRL's wording first (TRL's tests match on it); what TRL accepts,
-ours accepts (TRL's `test_train_with_num_generations_eval`: an eval set smaller than one batch evaluates)."""
+ours accepts (TRL's `test_train_with_num_generations_eval`: an eval set smaller than one batch evaluates; TRL's
+`test_warning_raised_all_rewards_none`: a rollout no reward function scores warns and trains on, with TRL's
+advantages)."""
 
 import pytest
+import torch
 from datasets import Dataset
+from trl.trainer.utils import nanstd
 
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 
@@ -39,3 +43,65 @@ def test_eval_dataset_smaller_than_one_batch_trains(tiny_model_path, tmp_path):
                                    eval_dataset=eval_dataset)  # fmt: skip
     trainer.train()
     assert any("eval_loss" in log for log in trainer.state.log_history)
+
+
+def test_warning_raised_all_rewards_none(tiny_model_path, tmp_path, caplog):
+    """TRL's test of the same name with our trainer: every reward is None, TRL warns and trains on. Ours too, for
+    fewer than `max_unscorable_rollouts` (default 3) such rollouts in a row; 2 steps here, one rollout each."""
+
+    def always_none_reward_func(completions, **kwargs):
+        return [None] * len(completions)
+
+    args = config(tmp_path, learning_rate=0.1, per_device_train_batch_size=3, num_generations=3, max_steps=2,
+                  logging_steps=1)  # fmt: skip
+    trainer = DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=always_none_reward_func, args=args,
+                                   train_dataset=DATASET)  # fmt: skip
+    with caplog.at_level("WARNING"):
+        trainer.train()
+    assert "All reward functions returned None for the following kwargs:" in caplog.text  # TRL's own warning
+    ours = [r.getMessage() for r in caplog.records if r.name == "trl_dllm.training.signal"]
+    assert len(ours) == 2 and "(2 such rollout(s) in a row)" in ours[1]
+    assert "All reward functions (always_none_reward_func) returned None or NaN for all 3 completions" in ours[0]
+    assert "stops after max_unscorable_rollouts=3 in a row" in ours[0]
+    assert trainer.state.global_step == 2
+    assert all(log["rewards/unscorable"] == 3 for log in trainer.state.log_history if "loss" in log)
+
+
+def test_advantages_of_unscorable_completions_are_trl_s(tiny_model_path, tmp_path):
+    """Completions every function returns None for are NaN in TRL's rewards, left out of the group's mean and std
+    (nanmean / nanstd) and given advantage 0: ours gives TRL's advantages for the same rewards (two functions, one
+    scoring the even rows, the other the odd ones but the last: totals 0, 0.5, 2, None)."""
+
+    def even(completions, **kwargs):
+        return [float(i) if i % 2 == 0 else None for i in range(len(completions))]
+
+    def odd(completions, **kwargs):
+        return [float(i) if i % 2 and i != len(completions) - 1 else None for i in range(len(completions))]
+
+    args = config(tmp_path, per_device_train_batch_size=4, num_generations=4, reward_weights=[1.0, 0.5])
+    trainer = DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=[even, odd], args=args, train_dataset=DATASET)
+    seen = {}
+    calculate, score = trainer._calculate_rewards, trainer._generate_and_score_completions
+
+    def calculate_rewards(*a, **k):
+        seen["rewards"] = calculate(*a, **k)
+        return seen["rewards"]
+
+    def generate(*a, **k):
+        seen["output"] = score(*a, **k)
+        seen["advantages"] = seen["output"]["advantages"]
+        return seen["output"]
+
+    trainer._calculate_rewards, trainer._generate_and_score_completions = calculate_rewards, generate
+    trainer.train()
+
+    rewards = seen["rewards"]  # (4, 2): row 3 unscorable (None from both)
+    assert torch.isnan(rewards).all(dim=1).tolist() == [False, False, False, True]
+    # TRL's sum_then_normalize with scale_rewards="group" (grpo_trainer.py, `_generate_and_score_completions`)
+    total = (rewards * torch.tensor([1.0, 0.5])).nansum(dim=1)
+    total[torch.isnan(rewards).all(dim=1)] = torch.nan
+    grouped = total.view(-1, 4)
+    expected = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)) / (nanstd(grouped, dim=1).unsqueeze(1) + 1e-4)
+    expected = torch.nan_to_num(expected.view(-1), nan=0.0)
+    torch.testing.assert_close(seen["advantages"].cpu(), expected)
+    assert seen["advantages"][3] == 0 and trainer.scale_rewards == "group"

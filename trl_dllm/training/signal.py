@@ -52,10 +52,13 @@ class ZeroSpreadWatch:
 
 
 class UnscorableWatch:
-    """Stops a run whose rollouts no reward function scores: a completion is unscorable when every function returned
-    `None` or NaN (or ±inf) for it — TRL gives it advantage 0 and the trainer logs their count as
-    `rewards/unscorable` at every step. After ``patience`` rollouts in a row with *every* completion unscorable, the
-    loss is 0 and the weights do not move, so training stops with a [`RewardFunctionError`] saying why.
+    """Warns about, and after ``patience`` in a row stops, rollouts that no reward function scores: a completion is
+    unscorable when every function returned `None` or NaN (or ±inf) for it — TRL gives it advantage 0 and the trainer
+    logs their count as `rewards/unscorable` at every step. A rollout with *every* completion unscorable warns, as
+    TRL's `GRPOTrainer` does ("All reward functions returned None …"), and trains on (every advantage 0); a dataset
+    that mixes tasks, each reward function scoring only its own rows, can draw one by chance. After ``patience`` such
+    rollouts in a row the rewards are taken to be broken and training stops with a [`RewardFunctionError`] saying why;
+    a rollout that some function scores resets the count.
 
     Args:
         patience (`int`): `max_unscorable_rollouts`.
@@ -64,17 +67,30 @@ class UnscorableWatch:
     def __init__(self, patience: int):
         self.patience, self.streak = patience, 0
 
-    def observe(self, rewards: torch.Tensor, names: list[str]) -> None:
-        """``rewards``: TRL's `(N, F)` rewards of one rollout (gathered over processes; NaN: unscored)."""
+    def observe(self, rewards: torch.Tensor, names: list[str], warn: bool = True) -> str | None:
+        """``rewards``: TRL's `(N, F)` rewards of one rollout (gathered over processes; NaN: unscored). ``warn``: log
+        the warning (the main process; every process counts, so that all of them stop together). Returns the warning
+        when the rollout was unscorable and the run goes on."""
         if rewards.numel() and not torch.isnan(rewards).all():
             self.streak = 0
-            return
+            return None
         self.streak += 1
+        funcs = ", ".join(names)
         if self.streak < self.patience:
-            return
+            message = (
+                f"All reward functions ({funcs}) returned None or NaN for all {rewards.size(0)} completions of this "
+                f"rollout ({self.streak} such rollout(s) in a row): every advantage is 0 and it teaches nothing; "
+                f"training goes on, and stops after max_unscorable_rollouts={self.patience} in a row. Please ensure "
+                "that at least one reward function returns a valid reward."
+            )
+            if warn:
+                logger.warning(message)
+            return message
         raise RewardFunctionError(
-            f"no reward function scored any of the {rewards.size(0)} completions of the last {self.streak} rollout(s) "
-            f"(reward_funcs {', '.join(names)} returned None or NaN for every one): every advantage is 0 and nothing "
-            "is learned. Fix the reward functions (None or NaN marks one completion as unscorable) or give the dataset "
-            f"the columns they read; max_unscorable_rollouts={self.patience} is how many such rollouts stop the run."
+            f"no reward function scored any of the {rewards.size(0)} completions of the last {self.streak} "
+            f"rollout{'s' if self.streak > 1 else ''} in a row (reward_funcs {funcs} returned None or NaN for every "
+            "one): every advantage is 0 and nothing is learned. Fix the reward functions (None or NaN marks one "
+            "completion as unscorable) or give the dataset the columns they read; "
+            f"max_unscorable_rollouts={self.patience} is how many such rollouts in a row stop the run (a rollout some "
+            "function scores resets the count)."
         )
