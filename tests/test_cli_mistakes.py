@@ -174,6 +174,77 @@ def test_wandb_credentials_are_found_where_wandb_reads_them(tmp_path):
     assert wandb_login_problem(bare) is None
 
 
+WANDB_ENV = ("WANDB_MODE", "WANDB_DISABLED", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL",
+             "WANDB_CONFIG_DIR", "NETRC")  # fmt: skip
+# wandb's own answer, as `wandb.init` resolves credentials (environment, netrc, settings file), without the network.
+WANDB_OWN_ANSWER = """
+try:
+    from wandb.sdk import wandb_setup
+    from wandb.sdk.lib.wbauth import HostUrl, authenticate
+    settings = wandb_setup.singleton().settings
+    auth = authenticate._use_system_auth(host=HostUrl(settings.base_url), source="probe", verify=False,
+                                         update_session=False)
+except (ImportError, AttributeError) as err:
+    print("UNKNOWN", err)
+else:
+    print("LOGGED_IN" if auth is not None else "NO_LOGIN")
+"""
+
+
+@pytest.mark.parametrize("login", ["none", "netrc", "api_key", "settings"])
+def test_wandb_login_is_found_as_wandb_finds_it(tmp_path, monkeypatch, login):
+    """A temporary HOME and no WANDB_* variables: our check (no wandb import, no network) agrees with wandb's own
+    credential lookup, with nothing, with the netrc entry `wandb login` writes, with WANDB_API_KEY, with the settings
+    file."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("wandb")
+    from trl_dllm.training.inputs import wandb_login_problem
+
+    for name in WANDB_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    key = "k" * 40
+    if login == "netrc":
+        (tmp_path / ".netrc").write_text(f"machine api.wandb.ai\n  login user\n  password {key}\n")
+        (tmp_path / ".netrc").chmod(0o600)
+    elif login == "api_key":
+        monkeypatch.setenv("WANDB_API_KEY", key)
+    elif login == "settings":
+        (tmp_path / ".config" / "wandb").mkdir(parents=True)
+        (tmp_path / ".config" / "wandb" / "settings").write_text(f"[default]\napi_key = {key}\n")
+    own = subprocess.run([sys.executable, "-c", WANDB_OWN_ANSWER], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path, env=dict(os.environ, WANDB_SILENT="true"))  # fmt: skip
+    answer = own.stdout.strip().splitlines()[-1] if own.stdout.strip() else f"no answer: {own.stderr[-2000:]}"
+    if answer.startswith("UNKNOWN"):
+        pytest.skip(f"this wandb resolves credentials elsewhere: {answer}")
+    assert answer == ("NO_LOGIN" if login == "none" else "LOGGED_IN"), answer
+    assert (wandb_login_problem() is None) == (answer == "LOGGED_IN")
+
+
+def test_config_refuses_wandb_without_login_and_offline_passes(tmp_path, monkeypatch):
+    """From Python too: `DiffusionGRPOConfig(report_to="wandb")` with a temporary HOME and no key stops at
+    construction with the one line (before a model loads), not in wandb's `UsageError` at the first log; offline and
+    disabled modes need no key."""
+    from trl_dllm import DiffusionGRPOConfig
+    from trl_dllm.training.inputs import LoggerLoginError
+
+    for name in WANDB_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(LoggerLoginError) as caught:
+        DiffusionGRPOConfig(output_dir=str(tmp_path / "out"), report_to="wandb", use_cpu=True, bf16=False)
+    assert str(caught.value) == (
+        f"report_to=['wandb']: W&B is not logged in (no WANDB_API_KEY, no api.wandb.ai entry in {tmp_path / '.netrc'}). "
+        "Run `wandb login` (or set WANDB_API_KEY), or set WANDB_MODE=offline to log locally and `wandb sync` later, or "
+        "drop wandb from report_to."
+    )
+    for mode in ("offline", "disabled"):
+        monkeypatch.setenv("WANDB_MODE", mode)
+        DiffusionGRPOConfig(output_dir=str(tmp_path / "out"), report_to="wandb", use_cpu=True, bf16=False)
+
+
 def fake_checkpoint(path: Path, files: dict) -> Path:
     """A checkpoint folder that passes the torn-checkpoint checks: `trainer_state.json`, `files` (JSON) and weights."""
     path.mkdir(parents=True)

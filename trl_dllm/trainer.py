@@ -24,7 +24,7 @@ import contextlib
 import copy
 
 import torch
-from accelerate.utils import is_peft_model
+from accelerate.utils import broadcast_object_list, is_peft_model
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import pad, split_tensor_dict, use_adapter
@@ -370,8 +370,15 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         adapter_to_original_layout(output_dir or self.args.output_dir, base.dllm_layout)
 
     def _save_checkpoint(self, model, trial):
-        """transformers'; a save that fails for lack of space says so (size and path) and its partial folder goes."""
-        with state.reporting_full_disk(self._get_output_dir(trial=trial), self.state.global_step, self.model):
+        """transformers'; a save the disk has no room for stops before it starts, and one that fails for lack of space
+        says so (size and path) and its partial folder goes."""
+        run_dir, step = self._get_output_dir(trial=trial), self.state.global_step
+        problem = [state.space_problem(run_dir, step, self.model) if self.accelerator.is_main_process else None]
+        if self.accelerator.num_processes > 1:  # every process stops together, none waits in the save's collectives
+            broadcast_object_list(problem)
+        if problem[0] is not None:
+            raise problem[0]
+        with state.reporting_full_disk(run_dir, step, self.model):
             super()._save_checkpoint(model, trial)
 
     def _save_optimizer_and_scheduler(self, output_dir):

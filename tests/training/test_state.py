@@ -183,35 +183,172 @@ def test_explicit_truncated_checkpoint_names_the_complete_one(tmp_path, uninterr
         resolve_resume_checkpoint(str(output_dir / "checkpoint-4"), str(output_dir))
 
 
-def test_full_disk_during_save_names_space_and_keeps_previous_checkpoint(tiny_model_path, tmp_path, monkeypatch):
-    """A disk filling during the second save, simulated: `torch.save` fails as it does on a full disk (libstdc++'s
-    `basic_ios::clear: iostream error`) and no free space is reported."""
+# What the writers raise on a full disk (tmpfs, torch 2.13, safetensors 0.8): not `OSError(ENOSPC)`.
+TORCH_FULL = "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
+SAFETENSORS_FULL = "Error while serializing: I/O error: No space left on device (os error 28)"
+FULL_DISK_LINE = (r"no space left on device: \d+\.\d MB needed at .*checkpoint-2 \(\d+\.\d MB free\); the previous "
+                  r"checkpoint .*checkpoint-1 is intact\. Free space, lower save_total_limit, or set output_dir to a "
+                  r"larger disk, then resume with resume_from_checkpoint=True")  # fmt: skip
+
+
+def failing_writer(monkeypatch, writer, fill):
+    """Make `writer` ("torch": `torch.save`; "safetensors": the `save_file` transformers writes weights with) call
+    `fill()` at its first write into checkpoint-2, then write as it would: `fill` fills the disk (really, or in
+    `shutil.disk_usage`'s answer) and the writer fails, faked or for real."""
+    import transformers.modeling_utils as modeling_utils
+
+    owner, name = (torch, "save") if writer == "torch" else (modeling_utils, "safe_save_file")
+    real = getattr(owner, name)
+
+    def write(obj, f, *args, **kwargs):
+        if "checkpoint-2" in str(f):
+            fill()
+        return real(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, write)
+
+
+@pytest.mark.parametrize("writer", ["torch", "safetensors"])
+def test_full_disk_during_save_names_space_and_keeps_previous_checkpoint(tiny_model_path, tmp_path, monkeypatch,
+                                                                         writer):  # fmt: skip
+    """A disk filling during the second save, faked so CI always covers it: the writer raises exactly what it raises
+    on a full disk (torch: `RuntimeError` "... inline_container.cc ... unexpected pos", not `OSError(ENOSPC)`;
+    safetensors: its `SafetensorError`) and no free space is left from then on."""
     import shutil
+
+    from safetensors import SafetensorError
 
     import trl_dllm.training.state as state
 
     trainer = make_trainer(tiny_model_path, tmp_path)
-    real_save, saves = torch.save, []
+    real_usage, full = shutil.disk_usage, []
 
-    def failing_save(obj, f, *args, **kwargs):
-        saves.append(str(f))
-        if "checkpoint-2" in str(f):
-            raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos; basic_ios::clear: "
-                               "iostream error")  # fmt: skip
-        return real_save(obj, f, *args, **kwargs)
+    def fill():
+        full.append(True)
+        raise RuntimeError(TORCH_FULL) if writer == "torch" else SafetensorError(SAFETENSORS_FULL)
 
-    monkeypatch.setattr(torch, "save", failing_save)
-    monkeypatch.setattr(state.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
-    with pytest.raises(OSError, match=r"no space left on device: \d+\.\d MB needed at .*checkpoint-2 \(0\.0 MB free\); the "
-                                      r"previous checkpoint .*checkpoint-1 is intact"):  # fmt: skip
+    failing_writer(monkeypatch, writer, fill)
+    monkeypatch.setattr(state.shutil, "disk_usage",
+                        lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0) if full else real_usage(path))  # fmt: skip
+    with pytest.raises(state.FullDiskError, match=FULL_DISK_LINE) as caught:
         trainer.train()
-    assert not (tmp_path / "checkpoint-2").exists()
+    assert full and not (tmp_path / "checkpoint-2").exists()
+    assert str(caught.value.__cause__) in (TORCH_FULL, SAFETENSORS_FULL)
     assert state.checkpoint_problem(str(tmp_path / "checkpoint-1")) is None
 
 
-def test_other_save_errors_keep_their_traceback(tmp_path):
-    from trl_dllm.training.state import reporting_full_disk
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 2 MB filesystem (tmpfs), mounted for the test; skipped where mounting is not permitted."""
+    import subprocess
+    import sys
 
-    with pytest.raises(RuntimeError, match="iostream error"):  # plenty of space: not a full disk
-        with reporting_full_disk(str(tmp_path), 1, torch.nn.Linear(2, 2)):
-            raise RuntimeError("basic_ios::clear: iostream error")
+    if not sys.platform.startswith("linux"):
+        pytest.skip("a tmpfs mount needs Linux")
+    folder = tmp_path / "small-disk"
+    folder.mkdir()
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(folder)], capture_output=True,
+                              text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as err:
+        pytest.skip(f"cannot mount a tmpfs: {err}")
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (not root, or no CAP_SYS_ADMIN): {done.stderr.strip()}")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], capture_output=True, timeout=30)
+
+
+def fill_disk(folder):
+    """Write zeros into `folder`'s filesystem until it has no space left."""
+    import errno
+
+    try:
+        with open(folder / "filler", "ab") as f:
+            while True:
+                f.write(b"\0" * 2**16)
+                f.flush()
+    except OSError as err:
+        assert err.errno == errno.ENOSPC, err
+
+
+@pytest.mark.parametrize("when", ["torch", "safetensors", "before"])
+def test_real_full_disk_at_a_checkpoint(tiny_model_path, small_disk, when):
+    """A real small filesystem: checkpoint-1 (about 0.35 MB) fits; the disk then fills — while torch writes into
+    checkpoint-2 (its real `RuntimeError`), while safetensors writes the weights (its real `SafetensorError`), or
+    before the save starts (the free-space check refuses it before a byte is written). Each ends in the one line, and
+    no checkpoint-2 folder is left."""
+    import trl_dllm.training.state as state
+
+    trainer = make_trainer(tiny_model_path, small_disk)
+    trainer.args.max_steps = 2
+    if when == "before":
+        from transformers import TrainerCallback
+
+        class FillAtStep2(TrainerCallback):
+            def on_step_end(self, args, train_state, control, **kwargs):
+                if train_state.global_step == 2:
+                    fill_disk(small_disk)
+
+        trainer.add_callback(FillAtStep2())
+        with pytest.raises(state.FullDiskError, match=FULL_DISK_LINE) as caught:
+            trainer.train()
+        assert caught.value.__cause__ is None  # refused before writing
+    else:
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            failing_writer(monkeypatch, when, lambda: fill_disk(small_disk))
+            with pytest.raises(state.FullDiskError, match=FULL_DISK_LINE) as caught:
+                trainer.train()
+        cause = caught.value.__cause__
+        if when == "torch":  # what torch really raises on a full disk
+            assert type(cause) is RuntimeError and "inline_container" in str(cause), repr(cause)
+        else:
+            assert type(cause).__name__ == "SafetensorError" and "No space left" in str(cause), repr(cause)
+    assert not (small_disk / "checkpoint-2").exists()
+    assert state.checkpoint_problem(str(small_disk / "checkpoint-1")) is None
+
+
+@pytest.mark.parametrize("error,free", [
+    ("basic_ios::clear: iostream error", None),  # torch's full-disk errors with plenty of space: not a full disk
+    (TORCH_FULL, None),
+    ("CUDA error: an illegal memory access was encountered", 0),  # unrelated, even on a full disk
+])  # fmt: skip
+def test_other_save_errors_keep_their_traceback(tmp_path, monkeypatch, error, free):
+    import shutil
+
+    import trl_dllm.training.state as state
+
+    if free is not None:
+        monkeypatch.setattr(state.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, free))
+    (tmp_path / "checkpoint-1").mkdir()
+    with pytest.raises(RuntimeError) as caught:
+        with state.reporting_full_disk(str(tmp_path), 1, torch.nn.Linear(2, 2)):
+            raise RuntimeError(error)
+    assert str(caught.value) == error and (tmp_path / "checkpoint-1").exists()
+
+
+def test_space_is_checked_before_a_save(tmp_path, monkeypatch):
+    """Before the first checkpoint the model's weights are the floor (Adam's state may be smaller with another
+    optimizer); after it, 95% of the newest complete checkpoint (the next one holds the same files)."""
+    import shutil
+
+    import trl_dllm.training.state as state
+
+    free = [0]
+    monkeypatch.setattr(state.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, free[0]))
+    model = torch.nn.Linear(100, 100)  # 40,400 bytes of float32 weights
+    free[0] = 40_400
+    assert state.space_problem(str(tmp_path), 1, model) is None
+    free[0] = 40_399
+    problem = state.space_problem(str(tmp_path), 1, model)
+    assert isinstance(problem, state.FullDiskError) and problem.errno == 28
+    assert str(problem).endswith(f"no space left on device: 0.1 MB needed at {tmp_path / 'checkpoint-1'} (0.0 MB free). "
+                                 "Free space, lower save_total_limit, or set output_dir to a larger disk, then resume "
+                                 "with resume_from_checkpoint=True")  # fmt: skip
+    monkeypatch.setattr(state, "checkpoint_problem", lambda path: None)
+    (tmp_path / "checkpoint-1").mkdir()
+    (tmp_path / "checkpoint-1" / "model.safetensors").write_bytes(b"\0" * 100_000)
+    free[0] = 95_000
+    assert state.space_problem(str(tmp_path), 2, model) is None
+    free[0] = 94_999
+    assert "; the previous checkpoint" in str(state.space_problem(str(tmp_path), 2, model))
+    assert state.space_problem(str(tmp_path / "absent"), 1, model) is None

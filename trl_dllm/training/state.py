@@ -208,11 +208,51 @@ def check_checkpoint_fits(path, model) -> None:
             )
 
 
-_FULL_DISK = ("no space left", "iostream error", "file write failed", "disk quota")
+# How a full disk reads when the writer does not raise `OSError(ENOSPC)`: torch's zip writer raises `RuntimeError`
+# "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534" (or "... file write failed", or libstdc++'s
+# "basic_ios::clear: iostream error"), safetensors raises `SafetensorError` "... No space left on device (os error 28)".
+# Each counts only when the disk then has less free space than the checkpoint needs.
+_FULL_DISK = ("no space left", "iostream error", "file write failed", "disk quota", "unexpected pos")
 
 
 class FullDiskError(OSError):
     """A checkpoint save that ran out of space (`errno.ENOSPC`); the message says how much, where, and what is intact."""
+
+
+def _writer_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # older safetensors: its errors are not importable by name
+        return (OSError, RuntimeError)
+    return (OSError, RuntimeError, SafetensorError)
+
+
+def _full_disk_error(run_dir: str, step: int, needed: int, free: int | None) -> FullDiskError:
+    partial = os.path.join(run_dir, f"checkpoint-{step}")
+    previous = [p for p in checkpoints(run_dir) if p != partial and checkpoint_problem(p) is None]
+    kept = f"; the previous checkpoint {previous[0]} is intact" if previous else ""
+    return FullDiskError(
+        errno.ENOSPC,
+        f"no space left on device: {needed / 2**20:.1f} MB needed at {partial} ({(free or 0) / 2**20:.1f} MB "
+        f"free){kept}. Free space, lower save_total_limit, or set output_dir to a larger disk, then resume with "
+        "resume_from_checkpoint=True",
+    )
+
+
+def space_problem(run_dir: str, step: int, model) -> FullDiskError | None:
+    """Before ``checkpoint-{step}`` is written: the [`FullDiskError`] its save would end in, or `None`.
+
+    Refused only where the shortfall is certain: the disk has less free space than 95% of the newest complete
+    checkpoint of this run (the next one holds the same files), or, before the first, than the model's weights alone
+    (a lower bound: an 8-bit or momentum-free optimizer's state may be small). One `statvfs` and one folder walk."""
+    if not os.path.isdir(run_dir):
+        return None
+    previous = _previous_checkpoint_bytes(run_dir, step)
+    floor = int(0.95 * previous) if previous is not None else _model_bytes(model)[0]
+    free = shutil.disk_usage(run_dir).free
+    if free >= floor:
+        return None
+    return _full_disk_error(run_dir, step, _checkpoint_bytes(run_dir, model, step), free)
 
 
 @contextlib.contextmanager
@@ -221,34 +261,47 @@ def reporting_full_disk(run_dir: str, step: int, model):
     `OSError(ENOSPC)` "no space left on device: N MB needed at PATH" and its partial folder is removed.
 
     transformers rotates old checkpoints only after a complete save, so the previous ones are intact. N is the size of
-    the newest complete checkpoint, or (before the first) the model's parameters times three (weights and Adam's two
-    moments). torch reports a full disk as `RuntimeError: ... iostream error`, hence the free-space check.
+    the newest complete checkpoint, or (before the first) the model's weights plus Adam's two moments of the trainable
+    parameters. torch reports a full disk as a `RuntimeError` (see `_FULL_DISK`) and safetensors as its own
+    `SafetensorError`, hence the free-space check: such an error with space left keeps its traceback.
     """
     try:
         yield
-    except (OSError, RuntimeError) as err:
-        needed = _checkpoint_bytes(run_dir, model)
+    except _writer_errors() as err:
+        needed = _checkpoint_bytes(run_dir, model, step)
         free = shutil.disk_usage(run_dir).free if os.path.isdir(run_dir) else None
         enospc = isinstance(err, OSError) and err.errno == errno.ENOSPC
         if not (enospc or (any(s in str(err).lower() for s in _FULL_DISK) and free is not None and free < needed)):
             raise
-        partial = os.path.join(run_dir, f"checkpoint-{step}")
-        shutil.rmtree(partial, ignore_errors=True)
-        previous = [p for p in checkpoints(run_dir) if checkpoint_problem(p) is None]
-        kept = f"; the previous checkpoint {previous[0]} is intact" if previous else ""
-        raise FullDiskError(
-            errno.ENOSPC,
-            f"no space left on device: {needed / 2**20:.1f} MB needed at {partial} ({(free or 0) / 2**20:.1f} MB "
-            f"free){kept}. Free space, lower save_total_limit, or set output_dir to a larger disk, then resume with "
-            "resume_from_checkpoint=True",
-        ) from err
+        shutil.rmtree(os.path.join(run_dir, f"checkpoint-{step}"), ignore_errors=True)
+        if free is not None:
+            free = shutil.disk_usage(run_dir).free  # with the partial folder gone
+        raise _full_disk_error(run_dir, step, needed, free) from err
 
 
-def _checkpoint_bytes(run_dir: str, model) -> int:
+def _previous_checkpoint_bytes(run_dir: str, step: int | None = None) -> int | None:
+    partial = os.path.join(run_dir, f"checkpoint-{step}")
     for path in checkpoints(run_dir):
-        if checkpoint_problem(path) is None:
+        if path != partial and checkpoint_problem(path) is None:
             return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
-    return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+    return None
+
+
+def _model_bytes(model) -> tuple[int, int]:
+    """(bytes of the weights a checkpoint saves: the adapter's for a PEFT model, else all; bytes of the trainable
+    parameters). Sharded parameters count their local shard, so both are lower bounds under ZeRO-3 / FSDP."""
+    params = list(model.parameters())
+    trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    weights = trainable if hasattr(model, "peft_config") else sum(p.numel() * p.element_size() for p in params)
+    return weights, trainable
+
+
+def _checkpoint_bytes(run_dir: str, model, step: int | None = None) -> int:
+    previous = _previous_checkpoint_bytes(run_dir, step)
+    if previous is not None:
+        return previous
+    weights, trainable = _model_bytes(model)
+    return weights + 2 * trainable
 
 
 def generation_state_path(checkpoint: str, process_index: int) -> str:
