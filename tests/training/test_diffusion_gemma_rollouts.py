@@ -220,3 +220,160 @@ def test_trl_dllm_eval_decodes_it_and_grpo_and_plan_refuse_it(tmp_path, monkeypa
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
     assert plan.main([*recipe, "--max_completion_length", "16"]) == 0  # the recipe leaves block_length to the canvas
     assert "0.39 M parameters (0.38 M active), 18.4 K trainable" in capsys.readouterr().out
+
+
+# --- The sampler's step without (B, C, V) intermediates: bit for bit what transformers' pieces compute ---
+
+
+def _reference_denoise(sampler, denoiser, visible, positions, running, live, generators):
+    """The denoising loop as it was written before the sampler went row by row (commit 456e5b3): transformers' own
+    schedule, ``accept_canvas`` and stopping rule on the whole `(B, C, V)` logits, a batched softmax."""
+    device = running.device
+    current = sampler._noise(live, generators, device)
+    argmax, conditioning, done = current, None, ~running
+    if sampler.stopping is not None:
+        sampler.stopping.reset()
+    for step in reversed(range(1, sampler.steps + 1)):
+        if step < sampler.steps:
+            live = (~done).nonzero().flatten().tolist()
+        if not live:
+            break
+        logits = denoiser(None, visible, current, positions, conditioning)
+        logits = sampler.schedule(None, logits, cur_step=torch.tensor(step, dtype=torch.int32))
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        sampled = torch.zeros_like(current)
+        for b in live:
+            sampled[b] = torch.multinomial(probs[b], num_samples=1, generator=generators[b])[:, 0]
+        new_argmax = logits.argmax(dim=-1)
+        accepted = sampler.accept.accept_canvas(current, sampled, logits, step)
+        fresh = sampler._noise(live, generators, device)
+        new_current = torch.where(sampler.accept.accepted_token_mask, accepted, fresh)
+        argmax = torch.where(done[:, None], argmax, new_argmax)
+        if sampler.stopping is not None:
+            done = done | sampler.stopping(argmax, logits)
+        current = new_current
+        conditioning = logits.to(denoiser.dtype)
+    return argmax
+
+
+class _StandIn:
+    """The model's place in ``_Sampler.denoise``: fresh float32 logits `(B, C, V)` that depend on the canvas it is
+    given (its tokens boosted), rows of different sharpness (so they stop at different steps); records its inputs."""
+
+    def __init__(self, rows, canvas, vocab, dtype, scales=(0.3, 3.0, 1.0, 0.5), record=True):
+        g = torch.Generator().manual_seed(0)
+        scale = torch.tensor(scales[:rows])[:, None, None]
+        self.base = torch.randn(rows, canvas, vocab, generator=g).mul_(scale).tanh_().mul_(30.0)
+        self.dtype, self.calls, self.record = dtype, [], record
+
+    def __call__(self, cache, visible, canvas_ids, positions, self_conditioning=None):
+        if self.record:
+            self.calls.append((canvas_ids.clone(), None if self_conditioning is None else self_conditioning.clone()))
+        return self.base.clone().scatter_add_(-1, canvas_ids[..., None], torch.full((*canvas_ids.shape, 1), 5.0))
+
+
+def _sampler(model, steps, canvas, vocab, confidence=5.0, stability=1):
+    from trl_dllm.training.diffusion_gemma_rollouts import _Sampler
+
+    config = model.generation_config
+    saved = config.stability_threshold, config.confidence_threshold
+    config.stability_threshold, config.confidence_threshold = stability, confidence
+    try:
+        sampler = _Sampler(model, diffusion_gemma_options(model, gen_length=32, diffusion_steps=steps,
+                                                          eos_token_ids=EOS))  # fmt: skip
+    finally:
+        config.stability_threshold, config.confidence_threshold = saved
+    sampler.canvas_length, sampler.vocab_size = canvas, vocab
+    return sampler
+
+
+@pytest.mark.parametrize(("dtype", "stability", "vocab"), [(torch.float32, 1, 262144), (torch.bfloat16, 0, 4099)])
+def test_row_by_row_step_equals_the_batched_one_bit_for_bit(model, dtype, stability, vocab):
+    """At the released vocabulary (262144) on a short canvas, three rows of which two stop early at different steps:
+    the same canvases, self-conditioning inputs (float32 and bfloat16), argmax and draws as the batched loop on
+    transformers' own schedule, acceptance and stopping rule."""
+    rows, canvas, steps = 3, 16, 6
+    outputs = []
+    for run in ("reference", "sampler"):
+        sampler, stand_in = _sampler(model, steps, canvas, vocab, stability=stability), _StandIn(rows, canvas, vocab, dtype)
+        generators = gens(10, 11, 12)
+        args = (torch.ones(rows, 4, dtype=torch.bool), torch.arange(canvas).expand(rows, canvas) + 4,
+                torch.ones(rows, dtype=torch.bool), [0, 1, 2], generators)  # fmt: skip
+        with torch.no_grad():
+            if run == "reference":
+                argmax = _reference_denoise(sampler, stand_in, *args)
+            else:
+                argmax, forwards, row_forwards = sampler.denoise(stand_in, None, *args)
+        outputs.append((argmax, stand_in.calls, [g.get_state() for g in generators]))
+    (argmax, calls, states), (new_argmax, new_calls, new_states) = outputs
+    assert torch.equal(argmax, new_argmax) and len(calls) == len(new_calls) == forwards
+    assert row_forwards < rows * forwards  # rows stopped at different steps
+    for (ids, conditioning), (new_ids, new_conditioning) in zip(calls, new_calls):
+        assert torch.equal(ids, new_ids)
+        assert (conditioning is None) == (new_conditioning is None)
+        assert conditioning is None or (new_conditioning.dtype == dtype and torch.equal(conditioning, new_conditioning))
+    assert all(torch.equal(a, b) for a, b in zip(states, new_states))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 262144), (3, 32, 174), (1, 5, 7)])
+def test_entropy_equals_categoricals_bit_for_bit(shape):
+    from trl_dllm.training.diffusion_gemma_rollouts import _entropy
+
+    logits = torch.randn(shape, generator=torch.Generator().manual_seed(1)) * 8
+    logits[0, 0, :3] = -1e30  # near float32's lowest: the clamp matters
+    reference = torch.distributions.Categorical(logits=logits).entropy()
+    assert torch.equal(_entropy(logits), reference)
+    assert all(torch.equal(_entropy(logits[b]), reference[b]) for b in range(shape[0]))  # a row alone: the same
+
+
+@pytest.mark.parametrize("stability", [0, 2])
+def test_acceptance_and_stopping_equal_transformers_from_the_entropies(model, stability):
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
+        EntropyBoundSampler,
+        EntropyBoundSamplerConfig,
+        StableAndConfidentStoppingCriteria,
+    )
+
+    from trl_dllm.training.diffusion_gemma_rollouts import _entropy
+
+    sampler = _sampler(model, 4, 16, 50, confidence=3.0, stability=stability)
+    sampler.accept = EntropyBoundSampler(EntropyBoundSamplerConfig(entropy_bound=0.7), 16, 50, 4)
+    reference_accept = EntropyBoundSampler(EntropyBoundSamplerConfig(entropy_bound=0.7), 16, 50, 4)
+    reference_stop = StableAndConfidentStoppingCriteria(stability, 3.0)
+    g = torch.Generator().manual_seed(2)
+    current, sampled = torch.randint(0, 50, (4, 16), generator=g), torch.randint(0, 50, (4, 16), generator=g)
+    argmax = torch.randint(0, 50, (4, 16), generator=g)
+    for step in range(4):
+        logits = torch.randn(4, 16, 50, generator=g) * torch.tensor([0.5, 2.0, 6.0, 12.0])[:, None, None]
+        entropy = _entropy(logits)
+        accepted = reference_accept.accept_canvas(current, sampled, logits, step)
+        assert torch.equal(torch.where(sampler._accepted(entropy), sampled, current), accepted)
+        assert torch.equal(sampler.accept.accepted_token_mask, reference_accept.accepted_token_mask)
+        argmax[0, step] = (argmax[0, step] + 1) % 50  # row 0 never stable
+        assert torch.equal(sampler._stop(argmax, entropy), reference_stop(argmax, logits))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_step_holds_the_logits_and_two_row_slabs_of_float32_vocabulary(model, dtype):
+    """Counted with a dispatch mode (bench.bench_diffusion_gemma_sampler.LiveTensors): the float32 tensors of
+    vocabulary width alive at once, in `(C, V)` slabs, over a canvas of 4 rows. The logits the forward returns (4
+    slabs) and, for float32 embeddings, the previous step's logits beside them as the forward's self-conditioning input
+    (4 more: the model's input, which the sampler frees when the forward returns); then the logits and one row's
+    softmax and its multinomial draws, or its entropy's two (2 slabs). Before (commit 456e5b3), measured the same
+    way: 28 slabs in float32, 24 in bfloat16 (for every row: the logits, the probabilities, Categorical's normalised
+    logits, clamped logits, probabilities and their product, and in float32 the previous step's logits)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from bench.bench_diffusion_gemma_sampler import LiveTensors
+
+    rows, canvas, vocab = 4, 16, 4099
+    sampler, stand_in = _sampler(model, 4, canvas, vocab, confidence=1e-9), _StandIn(rows, canvas, vocab, dtype,
+                                                                                         record=False)
+    args = (torch.ones(rows, 4, dtype=torch.bool), torch.arange(canvas).expand(rows, canvas) + 4,
+            torch.ones(rows, dtype=torch.bool), list(range(rows)), gens(1, 2, 3, 4))  # fmt: skip
+    with torch.no_grad(), LiveTensors(vocab, canvas * vocab * 4) as live:
+        _, forwards, _ = sampler.denoise(stand_in, None, *args)
+    assert forwards == 4
+    assert live.peak_slabs == (2 * rows if dtype == torch.float32 else rows + 2)

@@ -39,8 +39,18 @@ each row's positions count from its first prompt token, the encoder's cache is e
 batch it keeps drawing for rows that have stopped; here row ``b`` draws from ``generators[b]`` exactly what
 ``generate()`` of that row alone draws from the global RNG, in the same order and shapes, and nothing once it stopped.
 A row's completion is then exactly ``torch.manual_seed(s); model.generate(prompt_b, ...)`` for a generator seeded with
-``s``, whatever its batch companions; the caller's global RNG is not touched. A denoising step holds several float32
-`(B, C, V)` tensors (about 1.7 GB per row on the released shape): ``generation_chunk_size`` bounds the rows per call.
+``s``, whatever its batch companions; the caller's global RNG is not touched.
+
+**Memory of a step.** The model's forward returns float32 logits `(B, C, V)` (one `(C, V)` slab per row, 268 MB on
+the released shape). The sampler then works on them row by row: the schedule divides them in place, and each row's
+softmax, multinomial draws, argmax and token entropies (acceptance and stopping read the same entropies, computed once)
+hold at most two more `(C, V)` slabs, whatever ``B``; the self-conditioning input is the logits in the embeddings'
+dtype, and the previous step's is freed as soon as the forward has read it. Before, the sampler held five more
+float32 `(B, C, V)` tensors at once (the probabilities; ``torch.distributions.Categorical``'s normalised, clamped and
+exponentiated logits and their product, built twice: for acceptance and for stopping) and, with float32 embeddings,
+the previous step's logits: at one row on CPU 7 slabs (1.88 GB) then, 3 (0.81 GB) now (docs/benchmarks.md). The
+forward's own head (float32 softcapping, the model's code) is unchanged: ``generation_chunk_size`` bounds the rows
+per call.
 """
 
 from __future__ import annotations
@@ -234,7 +244,13 @@ class _Sampler:
     ``StableAndConfidentStoppingCriteria``. Only the noise differs in where it comes from: each row draws its random
     canvas, its token samples and its renoising from its own generator, in the order and shapes ``generate()`` draws
     them for that row alone from the global RNG (``randint`` of `(1, C)`, ``multinomial`` of `(C, V)`, ``randint`` of
-    `(1, C)`), and draws nothing once it stopped; which is why a row equals ``generate()`` of that row alone."""
+    `(1, C)`), and draws nothing once it stopped; which is why a row equals ``generate()`` of that row alone.
+
+    The schedule's division is done in place, and the sampling, argmax and token entropy run row by row on `(C, V)`
+    (:func:`_row_step`: the shapes ``generate()`` of one row computes); acceptance and stopping take the entropies
+    (:meth:`_accepted`, :meth:`_stop`: ``EntropyBoundSampler.accept_canvas`` and ``StableAndConfidentStoppingCriteria``
+    less their ``Categorical(logits=...).entropy()``, which both computed on the whole `(B, C, V)`). The same bits as
+    transformers' pieces on the whole batch (``tests/training/test_diffusion_gemma_rollouts.py``)."""
 
     def __init__(self, model, options: DiffusionGemmaOptions):
         from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
@@ -284,23 +300,79 @@ class _Sampler:
                 break
             forwards, row_forwards = forwards + 1, row_forwards + len(live)
             logits = denoiser(cache, visible, current, positions, conditioning)
+            conditioning = None  # read by the forward only: freed before the sampler's tensors exist
             if self.schedule is not None:
-                logits = self.schedule(None, logits, cur_step=torch.tensor(step, dtype=torch.int32,
-                                                                             device=logits.device))  # fmt: skip
-            probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-            sampled = torch.zeros_like(current)
-            for b in live:
-                sampled[b] = torch.multinomial(probs[b], num_samples=1, generator=generators[b])[:, 0]
-            new_argmax = logits.argmax(dim=-1)
-            accepted = self.accept.accept_canvas(current, sampled, logits, step)
+                logits = self._scale(logits, step)
+            sampled, new_argmax = torch.zeros_like(current), argmax.clone()
+            entropy = torch.zeros(current.shape, dtype=torch.float32, device=device)
+            for b in live:  # row by row: no (B, C, V) tensor beside the logits (the class docstring)
+                sampled[b], new_argmax[b], entropy[b] = _row_step(logits[b], generators[b])
+            accepted_mask = self._accepted(entropy)
             fresh = self._noise(live, generators, device)
-            new_current = torch.where(self.accept.accepted_token_mask, accepted, fresh)
+            new_current = torch.where(accepted_mask, sampled, fresh)  # accepted, else renoised
             argmax = torch.where(done[:, None], argmax, new_argmax)  # a row that stopped keeps its canvas
             if self.stopping is not None:  # (what it feeds the stopping rule and the decoder after that is unread)
-                done = done | self.stopping(argmax, logits)
+                done = done | self._stop(argmax, entropy)
             current = new_current
             conditioning = logits.to(denoiser.dtype)  # generate()'s self-conditioning input, in the embeddings' dtype
+            del logits  # (the same tensor when the embeddings are float32)
         return argmax, forwards, row_forwards
+
+    def _scale(self, logits: torch.Tensor, step: int) -> torch.Tensor:
+        """``LinearTemperatureScheduleLogitsProcessor(logits, cur_step=step)``: its temperature, as it computes it
+        (a float32 scalar from an int32 step), divides the logits in place (the same division, so the same bits;
+        out of place when they carry a graph)."""
+        schedule = self.schedule
+        cur_step = torch.tensor(step, dtype=torch.int32, device=logits.device)
+        temperature = schedule.t_min + ((schedule.t_max - schedule.t_min) * (cur_step / schedule.max_denoising_steps))
+        return logits / temperature if logits.requires_grad else logits.div_(temperature)
+
+    def _accepted(self, entropy: torch.Tensor) -> torch.Tensor:
+        """``EntropyBoundSampler.accept_canvas``'s accepted positions `(B, C)` from the token entropies it computes
+        (:func:`_entropy`): the lowest-entropy positions whose entropies, less the largest, sum to at most its
+        bound."""
+        sorted_entropy, order = torch.sort(entropy, dim=-1, descending=False)
+        selected = torch.cumsum(sorted_entropy, dim=-1) - sorted_entropy <= self.accept.entropy_bound
+        mask = torch.scatter(input=torch.zeros_like(selected), dim=-1, index=order, src=selected)
+        self.accept.accepted_token_mask = mask
+        return mask
+
+    def _stop(self, argmax: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
+        """``StableAndConfidentStoppingCriteria(argmax, logits)`` from the token entropies it computes
+        (:func:`_entropy`), in its own state (``argmax_canvas_history``, which its ``reset()`` clears)."""
+        rule = self.stopping
+        if rule.stability_threshold == 0:
+            stable = torch.ones(argmax.size(0), dtype=torch.bool, device=argmax.device)
+        else:
+            if rule.argmax_canvas_history is None:
+                rule.argmax_canvas_history = torch.full((rule.stability_threshold, *argmax.shape), -1,
+                                                        dtype=argmax.dtype, device=argmax.device)  # fmt: skip
+            stable = (rule.argmax_canvas_history == argmax[None, :, :]).all(dim=-1).all(dim=0)
+            rule.argmax_canvas_history = torch.roll(rule.argmax_canvas_history, shifts=-1, dims=0)
+            rule.argmax_canvas_history[-1] = argmax
+        confident = torch.mean(entropy, dim=-1) < rule.confidence_threshold
+        return stable & confident
+
+
+def _row_step(logits: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One row's processed logits `(C, V)`: its sample (``torch.multinomial`` of their softmax, as ``generate()``
+    draws it), argmax and token entropies `(C,)`. At most two `(C, V)` tensors beside the logits at once (the softmax
+    and the multinomial's draws, then the entropy's two), and none once it returns."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    sampled = torch.multinomial(probs, num_samples=1, generator=generator)[:, 0]
+    del probs
+    return sampled, logits.argmax(dim=-1), _entropy(logits)
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    """``torch.distributions.Categorical(logits=logits).entropy()`` `(..., V) -> (...)`, bit for bit, holding two
+    tensors of ``logits``' size instead of five: the normalised logits, their softmax (``Categorical.probs``), the
+    normalised logits clamped in place, the product in place of the softmax. (No argument validation: a NaN reaches
+    ``torch.multinomial`` first, which refuses it.)"""
+    normalised = logits - logits.logsumexp(dim=-1, keepdim=True)
+    p_log_p = torch.softmax(normalised, dim=-1)
+    normalised.clamp_(min=torch.finfo(normalised.dtype).min)
+    return -p_log_p.mul_(normalised).sum(-1)
 
 
 def _fit(sequence: torch.Tensor, options: DiffusionGemmaOptions) -> torch.Tensor:
