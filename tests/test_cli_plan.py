@@ -296,7 +296,8 @@ def test_plan_llada2_flash_recipe_from_its_embedded_config(no_hub, capsys):
     status, out, _ = run(capsys, *argv, "--strategy", "zero3", "--json")
     report = json.loads(out)
     assert status == 0 and report["model"] == {
-        "name_or_path": "inclusionAI/LLaDA2.0-flash", "family": "llada2", "parameters": 102_889_697_280,
+        "name_or_path": "inclusionAI/LLaDA2.0-flash", "embedded_config": True, "family": "llada2",
+        "parameters": 102_889_697_280,
         "active_parameters": 6_152_269_824, "trainable": 137_363_456}  # fmt: skip
     assert report["fits"] and report["peak_phase"] == "update" and report["total_gb"] == 56.97
     assert report["largest_batch"] == 29 and report["per_device_train_batch_size"] == 16
@@ -323,3 +324,13 @@ def test_cli_md_quotes_the_llada2_flash_plan(no_hub, capsys):
     quoted = re.search(r"```text\n(.*?)```", section, re.S).group(1)
     status, out, _ = run(capsys, *command)
     assert status == 0 and out.strip() == quoted.strip()
+
+
+@pytest.mark.parametrize("family", list(RECIPES))
+def test_each_recipe_s_released_id_planned_without_the_hub(family, no_hub, capsys):
+    """Each 8B recipe names its family's released Hub id (GSAI-ML/LLaDA-8B-Instruct, ...): planned from the embedded
+    released config.json, offline, and the output says so."""
+    status, out, _ = run(capsys, "--config", RECIPES[family], "--gpu_memory_gb", "80")
+    first = out.splitlines()[0]
+    assert status == 0 and "(its released config.json, embedded: no Hub read)" in first, out
+    assert embedded_config(first.split(" (")[0]) is not None

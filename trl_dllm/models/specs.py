@@ -95,6 +95,8 @@ class TinyCheckpoint:
             field names, and returns it.
         extra_tokens (`tuple[str, ...]`, *optional*): chat-template tokens added at the tiny tokenizer's own ids.
         released_extra (`Mapping[str, Any]`, *optional*): released values a tiny config sets otherwise (experts).
+        released_ids (`tuple[str, ...]`, *optional*): the Hub ids whose ``config.json`` is this released config (these
+            sizes and extras): ``trl-dllm plan`` plans them without the Hub.
     """
 
     special_tokens: Mapping[str, int]
@@ -105,6 +107,7 @@ class TinyCheckpoint:
     sized: Callable[..., dict]
     extra_tokens: tuple[str, ...] = ()
     released_extra: Mapping[str, Any] = field(default_factory=dict)
+    released_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -232,13 +232,17 @@ def architecture_from_config(config, family: str | None = None, model_class=None
 
 def embedded_config(name_or_path: str, revision: str | None = None) -> dict | None:
     """The released ``config.json`` embedded for the Hub id ``name_or_path``
-    (:data:`trl_dllm.models.families.RELEASED_CONFIGS`: LLaDA2.0 / 2.1 mini and flash), or `None`: a local path of
+    (:data:`trl_dllm.models.families.RELEASED_CONFIGS`: LLaDA2.0 / 2.1 mini and flash; and the ids of
+    :data:`~trl_dllm.models.families.RELEASED_IDS`: each family's released config), or `None`: a local path of
     that name, another revision than ``main`` or an id without an embedded config are read as they are."""
-    from ..models.families import RELEASED_CONFIGS
+    from ..models.families import RELEASED_CONFIGS, RELEASED_IDS
+    from ..models.tiny_families import released_original_config
 
     if os.path.exists(os.path.expanduser(name_or_path)) or revision not in (None, "main"):
         return None
     config = RELEASED_CONFIGS.get(name_or_path)
+    if config is None and name_or_path in RELEASED_IDS:
+        config = released_original_config(RELEASED_IDS[name_or_path])
     return dict(config) if config is not None else None
 
 

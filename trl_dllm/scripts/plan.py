@@ -133,7 +133,8 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
         generation_chunk_size=training_args.generation_chunk_size, strategy=options.strategy,
         batch_multiple=training_args.num_generations if training_args.whole_group_batches else 1, **rest)  # fmt: skip
     return {
-        "model": {"name_or_path": model_args.model_name_or_path, "family": arch.family, "parameters": arch.parameters,
+        "model": {"name_or_path": model_args.model_name_or_path, "embedded_config": embedded,
+                  "family": arch.family, "parameters": arch.parameters,
                   "active_parameters": arch.active_parameters, "trainable": planning.lora_parameters(arch, settings)
                   or arch.parameters},  # fmt: skip
         "strategy": options.strategy, "num_processes": options.num_processes, "gpu_memory_gb": options.gpu_memory_gb,
@@ -217,7 +218,8 @@ def _gathering(report: dict) -> str:
 def render(report: dict) -> str:
     """The report as a plain-text table: phases, the peak and its verdict, every strategy, the changes that fit."""
     model = report["model"]
-    lines = [f"{model['name_or_path']}: {_count(model['parameters'])} parameters ({_count(model['active_parameters'])} "
+    source = " (its released config.json, embedded: no Hub read)" if model.get("embedded_config") else ""
+    lines = [f"{model['name_or_path']}{source}: {_count(model['parameters'])} parameters ({_count(model['active_parameters'])} "
              f"active), {_count(model['trainable'], small=True)} trainable; batch "
              f"{report['per_device_train_batch_size']}, activation checkpointing "
              f"{'on' if report['activation_checkpointing'] else 'off'}, logits {report['logits']}",

@@ -36,6 +36,9 @@ for _layout in NATIVE_LAYOUTS.values():  # so a native model saves in its origin
     _layout.register_conversion()
 TINY_CHECKPOINTS: dict[str, TinyCheckpoint] = {f.name: f.tiny for f in FAMILIES if f.tiny is not None}
 """What each family's tiny original-layout checkpoint is made of (:mod:`trl_dllm.models.tiny_families`)."""
+RELEASED_IDS: dict[str, str] = {i: f.name for f in FAMILIES if f.tiny is not None for i in f.tiny.released_ids}
+"""The family of each Hub id whose ``config.json`` is its family's released config
+(:func:`trl_dllm.models.tiny_families.released_original_config`), planned without the Hub."""
 RELEASED_CONFIGS: dict[str, dict] = {k: dict(c) for family in FAMILIES for k, c in family.released_configs.items()}
 """Released checkpoints' ``config.json`` by Hub id, embedded: ``trl-dllm plan`` plans them without the Hub."""
 REMOTE_CODE_REFUSED: dict[str, str] = {f.layout.name: f.remote_code_refused for f in FAMILIES if f.remote_code_refused}

@@ -73,5 +73,6 @@ FAMILY = Family(
         sized=_qwen.sized,
         # Dream-v0-Instruct-7B: Qwen2.5-7B's shape
         released_sizes=dict(hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4, intermediate_size=18944),
+        released_ids=("Dream-org/Dream-v0-Instruct-7B",),
     ),
 )

@@ -149,5 +149,6 @@ FAMILY = Family(
         sized=_sized,
         # LLaDA-8B-Instruct
         released_sizes=dict(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=32, intermediate_size=12288),
+        released_ids=("GSAI-ML/LLaDA-8B-Instruct",),
     ),
 )  # fmt: skip

@@ -296,6 +296,7 @@ FAMILY = Family(
         released_config=_RELEASED_CONFIG, sized=_sized, extra_tokens=_moe.ROLE_TOKENS,
         # LLaDA-MoE-7B-A1B (64 experts top-8, every layer routed)
         released_sizes=dict(hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=16, intermediate_size=8192),
+        released_ids=("inclusionAI/LLaDA-MoE-7B-A1B-Instruct",),
         released_extra=dict(num_experts=64, num_experts_per_tok=8, expert_intermediate_size=1024,
                             moe_layer_freq=[1] * 16),
     ),

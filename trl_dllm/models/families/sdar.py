@@ -95,5 +95,6 @@ FAMILY = Family(
         # SDAR-8B-Chat: Qwen3-8B's shape
         released_sizes=dict(hidden_size=4096, num_layers=36, num_heads=32, num_kv_heads=8, intermediate_size=12288,
                             block_size=4),
+        released_ids=("JetLM/SDAR-8B-Chat",),
     ),
 )
