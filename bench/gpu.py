@@ -2,7 +2,8 @@
 
     python -m bench.gpu [--quick] [--steps 32] [--budget 480] [--families llada dream sdar llada2 llada_moe]
                         [--batch 16] [--threshold] [--compile] [--skip-trl] [--skip-launch] [--skip-moe-update]
-                        [--diffusion-gemma] [--diffusion-gemma-steps 128] [--out DIR]
+                        [--skip-soak] [--soak-steps 20] [--diffusion-gemma] [--diffusion-gemma-steps 128]
+                        [--out DIR]
 
 Random-initialised models with the released shapes of LLaDA-8B, Dream-7B, SDAR-8B, LLaDA2.0-mini and LLaDA-MoE-7B-A1B
 (native classes, bf16), one at a time, freed between. Writes ``<out>/gpu.json`` (default ``bench_out``) after every
@@ -33,7 +34,12 @@ part — a run cut short keeps what it measured — and prints a table at the en
 - ``trl``: TRL's GRPOTrainer on a causal Llama-8B shape at the same batch and lengths; ``ratios``: ours over TRL's, as
   measured and with our rollout scaled to the recipe's 128 steps (and with the dual-cache rollout);
 - ``memory_plan``: the largest per-device LoRA batch that fits (OOM caught);
-- ``launch``: DeepSpeed ZeRO-2 / ZeRO-3 and FSDP2 under ``accelerate launch --num_processes 1``;
+- ``soak`` (``bench/gpu_soak.py``): the recipe for 20 optimizer steps on a scaled-down model, memory after each step,
+  a checkpoint resumed; ``ok`` needs memory flat and the resume to reach the last step (``--skip-soak``);
+- ``launch``: DeepSpeed ZeRO-2 / ZeRO-3 and FSDP2 under ``accelerate launch --num_processes 1``, 2 steps with a
+  reward that varies; each launch's losses, grad norms and adapter movement, ``ok`` only when all three show an
+  update (``bench/gpu_launch.py``); a launch that fails is in ``errors`` and printed (``--quick``: the ZeRO launches
+  on CPU);
 - ``diffusion_gemma`` (``--diffusion-gemma``; ~100 GB of device memory): ``bench.gpu_diffusion_gemma``'s micro-step of
   the DiffusionGemma recipe on the released shape at ``--diffusion-gemma-steps``, its floors and targets;
 - ``targets``: the issues' GPU targets, each measured value next to its target (reported, not asserted); the missed
@@ -83,6 +89,8 @@ ESTIMATES = {
     # bench.gpu_diffusion_gemma on the H200 (2026-11-27): 41.7 s at 16 steps, 72.5 s at 128 (total_seconds)
     "diffusion gemma": {"base": 37, "per step": 0.28},
     "train step": 111, "memory plan": 26, "trl": 34, "launch": 30,
+    # bench.gpu_soak: 2 × 4-layer trainers, 20 + 10 steps of 16 rollouts (not yet measured on a GPU: a guess)
+    "soak": 90,
     # one compiled setting (docs/gpu/2026-11-27-h100/): the family's first pays the compilation (SDAR 103.3 s with two
     # recompilations at 9087a78, 76.3 s at 2cbff98; LLaDA's dual cache 41.6 s); a later one reuses it (48.2 s, one
     # recompilation for the graphs' buffers, gone since)
@@ -93,7 +101,8 @@ ESTIMATES = {
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="every path on CPU with tiny shapes (a smoke run)")
-    p.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
+    p.add_argument("--families", nargs="*", choices=FAMILIES, default=list(FAMILIES),
+                   help="families to measure (none: only the device peak, the launches and the soak)")
     p.add_argument("--batch", type=int, default=None, help="per-device batch (default: the recipe's 16)")
     p.add_argument("--steps", type=int, default=None,
                    help="denoising steps of each rollout (default 32; the recipe's 128 is 4× longer and gives the "
@@ -106,6 +115,8 @@ def parse(argv=None) -> argparse.Namespace:
                    help="also measure generation_compile rollouts (SDAR, LLaDA's dual cache; compiles the step)")
     p.add_argument("--skip-trl", action="store_true", help="no TRL GRPOTrainer comparison")
     p.add_argument("--skip-launch", action="store_true", help="no accelerate launches (ZeRO-2/3, FSDP2)")
+    p.add_argument("--skip-soak", action="store_true", help="no soak (bench.gpu_soak: many steps, a resume)")
+    p.add_argument("--soak-steps", type=int, default=20, help="optimizer steps of the soak (default 20)")
     p.add_argument("--plan-batches", type=int, nargs="+", default=None, help="batches tried by the memory plan")
     p.add_argument("--skip-plan", action="store_true", help="no memory plan")
     p.add_argument("--skip-numerics", action="store_true", help="no bf16 numerics checks (padding, attention, elbo)")
@@ -267,6 +278,34 @@ def trainer_parts(parts: Parts, args, recipe, shapes: dict, peak: float) -> None
         parts.save()
 
 
+def truth_parts(parts: Parts, args, quick: bool) -> None:
+    """What proves a run trains, first: the launches under DeepSpeed and FSDP (each must move its adapters) and the
+    soak (many steps, memory flat, a checkpoint resumed)."""
+    result = parts.result
+    if args.skip_launch:
+        result["launch"] = {"skipped": "--skip-launch"}
+    else:
+        launchers = tuple(gpu_launch.LAUNCHERS)
+        estimate = ESTIMATES["launch"] * len(launchers) if gpu_parts.cuda() else 0
+        launched = parts(result, "launch", "accelerate launches", estimate, gpu_launch.launches, launchers,
+                         quick=quick)  # fmt: skip
+        for launcher, error in gpu_launch.failures(launched).items():  # a launch that trained nothing failed
+            result["errors"][f"launch {launcher}"] = error
+            print(f"[bench.gpu] launch {launcher} FAILED: {error}", flush=True)
+    if args.skip_soak:
+        result["soak"] = {"skipped": "--skip-soak"}
+    elif not gpu_parts.installed("trl"):
+        result["soak"] = {"skipped": "trl is not installed (bring its wheel: docs/gpu.md)"}
+    else:
+        from bench import gpu_soak
+
+        steps = 4 if quick else args.soak_steps
+        soak = parts(result, "soak", "soak", ESTIMATES["soak"] if gpu_parts.cuda() else 0, gpu_soak.run, quick, steps)
+        if soak.get("ok") is False:
+            result["errors"]["soak"] = "; ".join(soak["problems"])
+            print(f"[bench.gpu] soak FAILED: {result['errors']['soak']}", flush=True)
+
+
 def diffusion_gemma(quick: bool, steps: int, peak: dict | None) -> dict:
     """``bench.gpu_diffusion_gemma``'s run (its own parts, errors and targets inside), this run's device peak
     reused."""
@@ -309,6 +348,7 @@ def run(args, save=lambda result: None) -> dict:
     parts = Parts(result, budget, save_with_targets)
     parts(result, "device", "device peak", ESTIMATES["device peak"], gpu_parts.device_peak, quick)
     peak = _get(result, "device", "matmul_tflops") or 1.0
+    truth_parts(parts, args, quick)
 
     if args.skip_moe_update:
         update = "--skip-moe-update"
@@ -336,12 +376,6 @@ def run(args, save=lambda result: None) -> dict:
         estimate = ESTIMATES["diffusion gemma"]["base"] + ESTIMATES["diffusion gemma"]["per step"] * steps
         parts(result, "diffusion_gemma", "DiffusionGemma micro-step", estimate if gpu_parts.cuda() else 0,
               diffusion_gemma, quick, steps, result.get("device"))  # fmt: skip
-    if args.skip_launch:
-        result["launch"] = {"skipped": "--skip-launch"}
-    else:
-        launchers = tuple(gpu_launch.LAUNCHERS)
-        estimate = ESTIMATES["launch"] * len(launchers) if gpu_parts.cuda() else 0
-        parts(result, "launch", "accelerate launches", estimate, gpu_launch.launches, launchers)
     result["total_seconds"] = round(parts.elapsed(), 1)
     result["finished"] = True
     save_with_targets()
@@ -365,6 +399,8 @@ def main(argv=None) -> dict:
     result = run(args, save=lambda r: write(out, r))
     print(table(result), flush=True)
     print(targets_summary(result), flush=True)
+    if result["errors"]:  # the parts that failed (each traceback is in the JSON's `errors`)
+        print(f"[bench.gpu] {len(result['errors'])} part(s) FAILED: {', '.join(result['errors'])}", flush=True)
     print(f"[bench.gpu] wrote {out / 'gpu.json'}", flush=True)
     return result
 
