@@ -173,6 +173,16 @@ def test_full_fine_tuning_backward_beside_every_gradient():
     assert planned.total_gb == 69.65  # 69.89 measured: 0.3% below, was 64.12 (8.3% below) without this term
 
 
+def test_rollout_sampling_by_hand():
+    """LLaDA's rollout of 16 rows without a cache (the H100 rows: 2.33 GB above the weights): per block position and
+    vocabulary entry the bf16 logits and their gathered copy, the float64 log-probabilities and the keyed noise's three
+    int64 tensors (hash32), 2·2 + 8 + 24 = 36 bytes; greedy, the float32 logits and log-softmax, 2·2 + 8."""
+    arch = released("llada")
+    assert phase_bytes(arch, CURRENT)["rollout"] == 16 * 32 * 126_464 * 36  # 2.331 GB, above the layer's 1.01 GB
+    greedy = replace(CURRENT, temperature=0.0)  # 16 · 32 · V · 12 = 0.78 GB: the layer's transient is the larger
+    assert phase_bytes(arch, greedy)["rollout"] == 16 * 512 * layer_transient_bytes(arch, greedy) > 16 * 32 * 126_464 * 12
+
+
 def test_every_gpu_point_planned_within_bounds():
     """Every micro-step and phase measured on a GPU (the raw JSON under docs/gpu/, read by bench/plan_gpu_points.py)
     planned at most 5% below and at most 20% above: 0.971-1.072 of the measured (docs/planning.md has the table)."""

@@ -26,7 +26,8 @@ model's gradients beside a chunk's graph and the LM head's float32 weight gradie
 Constants come from the code's own tensor shapes and dtypes; none is fitted to a measurement, and no margin is added.
 Reported in GB (10⁹ bytes), as ``torch.cuda.max_memory_allocated() / 1e9``: the allocator's reserve above it (1-2% on
 the GPU runs) is in ``usable_fraction``. Against the GPU records (``docs/gpu/*/``; ``python -m bench.plan_gpu_points``)
-every micro-step's peak is planned 0.994-1.072× the measured, every rollout and scoring phase 0.971-1.007×.
+every micro-step's peak is planned 0.994-1.072× the measured, every rollout phase 1.000-1.032×, every scoring phase
+0.971-0.999×.
 """
 
 from __future__ import annotations

@@ -51,8 +51,12 @@ computed; under no grad ``12nV``. TRL's ``ChunkedLogProbFunction`` (``logits="ch
 ``ahn`` and per-token floats, and one ``[4096, 4096]`` float32 tile pair at a time.
 
 **Rollout** (no grad): the canvas of ``B_gen`` rows × ``P + L`` (or the current block only, with a KV cache), a KV
-cache of ``2ℓ · a · h_kv`` per cached token, and the current block's logits, gathered, and sampled in float64
-(temperature > 0: ``V(2a + 24)`` per block position, ``V(2a + 8)`` greedy).
+cache of ``2ℓ · a · h_kv`` per cached token, and the current block's sampling, per masked block position
+(``core/sampling/loop.py``'s ``_choose``): the logits and their gathered copy ``2aV``; at temperature > 0 the float64
+log-probabilities ``8V`` beside the keyed Gumbel noise (``core/sampling/noise.py``'s ``keyed_uniform``: ``hash32``
+over the int64 ``(n, V)`` keys holds three int64 tensors at once, ``24V``), ``V(2a + 32)`` (the 2026-11-26 code's
+per-row generators drew float64 noise directly: ``V(2a + 24)``, 1.78 GB measured for 1.81 planned; the keyed noise's
+2.33 GB since is ``V(2a + 32)`` to the MB); greedy, the float32 logits and their log-softmax, ``V(2a + 8)``.
 """
 
 from __future__ import annotations
@@ -270,7 +274,7 @@ def phase_bytes(arch: Architecture, s: Settings) -> dict[str, float]:
     forwarded = {"prefix": s.completion_length, "dual": s.block_length}.get(s.generation_cache, canvas)
     if arch.block_causal and s.block_kv_cache:
         forwarded = s.block_length
-    sample = arch.vocab * (2 * a + (24 if s.temperature > 0 else 8))
+    sample = arch.vocab * (2 * a + (32 if s.temperature > 0 else 8))  # module docstring: the keyed Gumbel noise
     rollout_mask = s.generation_rows * canvas**2 * a if arch.block_causal else 0.0
     adapted = adapted_experts_bytes(arch, s)  # per MoE layer, when LoRA adapts stacked experts
     rollout = adapted + kv_cache + rollout_mask + max(
