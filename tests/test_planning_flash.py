@@ -104,13 +104,13 @@ def test_zero3_shards_the_frozen_base(flash):
 
 def test_flash_plan_on_8_gpus_of_80gb(flash):
     """The recipe under ZeRO-3 on 8 × 80 GB (planned, not measured): 56.97 GB per GPU at its update, with rollouts
-    gathering layer by layer; gathering the whole model for rollouts (TRL's default) plans 217.52 GB."""
+    gathering layer by layer; gathering the whole model for rollouts (TRL's default) plans 220.10 GB."""
     fitted = plan(flash, RECIPE, strategy="zero3", num_processes=8, gradient_accumulation_steps=4,
                   gather_for_generation=False)  # fmt: skip
     assert fitted.fits and fitted.peak_phase == "update" and fitted.total_gb == 56.97
     assert fitted.phases["weights"] == pytest.approx(38.63, abs=0.01)
     default = plan(flash, RECIPE, strategy="zero3", num_processes=8, gradient_accumulation_steps=4)
-    assert not default.fits and default.peak_phase == "rollout" and default.total_gb == 217.52
+    assert not default.fits and default.peak_phase == "rollout" and default.total_gb == 220.1
     assert not plan(flash, RECIPE, strategy="zero2", num_processes=8, gather_for_generation=False).fits
 
 

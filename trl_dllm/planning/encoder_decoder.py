@@ -127,5 +127,7 @@ def encoder_decoder_phase_bytes(arch: Architecture, s: Settings) -> dict[str, fl
 
     # Rollout: the sampler's rows in one batch; per row the cache of the prompt and every decoded canvas.
     rollout = s.generation_rows * (cache + masks + max(s.prompt_length * transient, _ROLLOUT_STEP * C * V))
+    # Every gradient is written only as the one backward of the sum ends, the graphs freed by then: the update's own
+    # peak beside all of them is an upper bound (the family's LoRA gradients are 0.6% of its weights).
     return phases_of(s, rollout=rollout, kv_cache=s.generation_rows * cache, scoring=scoring, update=update,
-                     logits=logits)
+                     logits=logits, with_gradients=update)

@@ -27,6 +27,19 @@ one layer's activations exist at a time, recomputed in backward. The update's pe
 last chunk's forward (every kept graph and log-prob) and the backward of one layer (the kept graphs, the layer's
 gradients — as large as its no-grad temporaries below — and, with checkpointing, its recomputed activations).
 
+**Gradients fill up during the backward** (``backward_with_gradients``, added to the static gradients ``G`` by
+:func:`trl_dllm.planning.plan`): the weights' gradients are written layer by layer while the graph is freed layer by
+layer, so the peak is at one end of a backward — its start (the graph, no gradient yet) or its end (every
+gradient, the first layer's backward). A micro-step whose views run in ``c > 1`` chunks backpropagates them one after
+the other (``torch.utils.checkpoint`` per chunk, or the kept graphs in turn): the first chunk's backward writes
+every gradient, and each later chunk's runs with all of ``G`` held — its graph, its log-probs and the head's
+backward (its temporaries, and the LM head's weight gradient when the head is trained), or one layer's backward.
+With one chunk only the end counts: ``G`` and the first layer's own graph and backward. Full fine-tuning trains the
+LM head: TRL's kernel accumulates its gradient in float32 (``4Vh``) and returns a copy in the weight dtype
+(``w·Vh``, ``w`` = 2 for bf16), both alive as the head's backward ends (``logits="full"``: the ``a·Vh`` product of
+the autocast matmul, ``+ w·Vh`` for its cast when ``w ≠ a``); the embedding's gradient (``Vh``, at the very end of a
+backward) is never larger.
+
 **No-grad transient of one layer, per token** (:func:`layer_transient_bytes`): the residual and normed hidden states
 and the MLP's three intermediate tensors, ``2ah + 3aI`` (routed: ``k(3aI_e + ah) + 3aI_s``), plus ``8·d_in`` for the
 float32 copy and dropout output of a LoRA-wrapped MLP input.
@@ -38,8 +51,12 @@ computed; under no grad ``12nV``. TRL's ``ChunkedLogProbFunction`` (``logits="ch
 ``ahn`` and per-token floats, and one ``[4096, 4096]`` float32 tile pair at a time.
 
 **Rollout** (no grad): the canvas of ``B_gen`` rows × ``P + L`` (or the current block only, with a KV cache), a KV
-cache of ``2ℓ · a · h_kv`` per cached token, and the current block's logits, gathered, and sampled in float64
-(temperature > 0: ``V(2a + 24)`` per block position, ``V(2a + 8)`` greedy).
+cache of ``2ℓ · a · h_kv`` per cached token, and the current block's sampling, per masked block position
+(``core/sampling/loop.py``'s ``_choose``): the logits and their gathered copy ``2aV``; at temperature > 0 the float64
+log-probabilities ``8V`` beside the keyed Gumbel noise (``core/sampling/noise.py``'s ``keyed_uniform``: ``hash32``
+over the int64 ``(n, V)`` keys holds three int64 tensors at once, ``24V``), ``V(2a + 32)`` (the 2026-11-26 code's
+per-row generators drew float64 noise directly: ``V(2a + 24)``, 1.78 GB measured for 1.81 planned; the keyed noise's
+2.33 GB since is ``V(2a + 32)`` to the MB); greedy, the float32 logits and their log-softmax, ``V(2a + 8)``.
 """
 
 from __future__ import annotations
@@ -50,8 +67,8 @@ from dataclasses import dataclass
 from ..core.likelihood import ESTIMATORS
 from .architecture import Architecture
 
-__all__ = ["Settings", "Views", "adapted_experts_bytes", "layer_saved_bytes", "layer_transient_bytes", "lora_saved_bytes", "phase_bytes",
-           "phases_of", "views_of"]
+__all__ = ["Settings", "Views", "adapted_experts_bytes", "head_gradient_bytes", "layer_saved_bytes",
+           "layer_transient_bytes", "lora_saved_bytes", "phase_bytes", "phases_of", "views_of"]
 
 # TRL 1.16's ChunkedLogProbFunction: TOKEN_CHUNK_SIZE tokens × a vocabulary chunk per projection tile (float32).
 _TILE_TOKENS, _TILE_VOCAB = 4096, 4096
@@ -65,7 +82,8 @@ class Settings:
     ``"auto"`` keeps without recomputing (1 in the current code: more than one chunk are all recomputed; the code
     measured on the GPU on 2026-11-26 kept 2). ``logits`` is ``"chunked"`` (current) or ``"full"`` (that older code).
     ``shards_parameters``: ZeRO-3 / FSDP, where the trainer never recomputes chunks. ``self_conditioning``: the
-    ``uniform_block`` option (a first no-grad pass per scoring pass).
+    ``uniform_block`` option (a first no-grad pass per scoring pass). ``weight_bytes``: bytes per base weight (the
+    load dtype; :func:`trl_dllm.planning.plan` sets it), the dtype a trained LM head's gradient is returned in.
     """
 
     batch: int
@@ -99,6 +117,7 @@ class Settings:
     device: str = "cuda"
     shards_parameters: bool = False
     self_conditioning: bool = False
+    weight_bytes: int = 2
 
 
 @dataclass(frozen=True)
@@ -201,6 +220,18 @@ def _head_bytes(arch: Architecture, s: Settings, kept: float, grad: bool) -> tup
     return (8 if s.entropy_grad else 4) * kept * V, 8 * kept * V
 
 
+def head_gradient_bytes(arch: Architecture, s: Settings) -> float:
+    """Bytes of the LM head's weight gradient while the head's backward ends, when the head is trained (full
+    fine-tuning; LoRA leaves it frozen: 0): ``(4 + w)·Vh`` through TRL's kernel (its float32 accumulator and the copy
+    it returns in the weight dtype), ``a·Vh`` (``+ w·Vh`` when ``w ≠ a``) through the full logits (module docstring)."""
+    if s.lora_r:
+        return 0.0
+    head = arch.head_parameters or arch.vocab * arch.hidden
+    if s.logits == "chunked":
+        return (4 + s.weight_bytes) * head
+    return (s.activation_bytes + (s.weight_bytes if s.weight_bytes != s.activation_bytes else 0)) * head
+
+
 def _recompute(s: Settings, chunks: int) -> bool:
     if s.shards_parameters:  # training/scoring.py: ZeRO-3 / FSDP never recompute a chunk
         return False
@@ -214,9 +245,17 @@ def phase_bytes(arch: Architecture, s: Settings) -> dict[str, float]:
 
     Returns ``rollout`` (KV cache + the larger of one layer's transient and the block's sampling), ``kv_cache``,
     ``scoring`` (one old / reference no-grad chunk), ``logits`` (the kept chunks' log-probabilities and the last
-    one's temporaries) and ``update_activations`` (the rest of the update's peak: the kept chunk graphs, with or
-    without activation checkpointing, the block masks of block layouts, or the backward of one layer, whichever is
-    larger).
+    one's temporaries, with the trained head's weight gradient :func:`head_gradient_bytes`), ``update_activations``
+    (the rest of the update's peak: the kept chunk graphs, with or without activation checkpointing, the block masks
+    of block layouts, or the backward of one layer, whichever is larger) and ``backward_with_gradients`` (what is
+    alive beside every gradient of the micro-step, module docstring): with ``c`` chunks, ``k`` of them kept
+    (``k = c`` or 1 when recomputed) and ``k' = max(k − 1, 1)`` left for a later chunk,
+
+        ``max(ℓ_0, k'·graph + k'·head_saved + head_transient, k'·graph + (k' − 1)·head_saved + layer_backward)``
+
+    (the last two only when ``c > 1``), where ``ℓ_0`` is the first layer's own graph and backward and
+    ``layer_backward`` one layer's backward (its no-grad-sized temporaries and, with checkpointing, its recomputed
+    activations).
     """
     if arch.canvas_length:
         raise ValueError(f"{arch.family} is an encoder-decoder model (canvas_length={arch.canvas_length}): plan it "
@@ -235,7 +274,7 @@ def phase_bytes(arch: Architecture, s: Settings) -> dict[str, float]:
     forwarded = {"prefix": s.completion_length, "dual": s.block_length}.get(s.generation_cache, canvas)
     if arch.block_causal and s.block_kv_cache:
         forwarded = s.block_length
-    sample = arch.vocab * (2 * a + (24 if s.temperature > 0 else 8))
+    sample = arch.vocab * (2 * a + (32 if s.temperature > 0 else 8))  # module docstring: the keyed Gumbel noise
     rollout_mask = s.generation_rows * canvas**2 * a if arch.block_causal else 0.0
     adapted = adapted_experts_bytes(arch, s)  # per MoE layer, when LoRA adapts stacked experts
     rollout = adapted + kv_cache + rollout_mask + max(
@@ -256,24 +295,36 @@ def phase_bytes(arch: Architecture, s: Settings) -> dict[str, float]:
     graph = tokens * (layers * kept_per_layer + 4 * arch.hidden) + block_mask
     graph += (0 if s.activation_checkpointing else arch.moe_layers) * adapted
     head_saved, head_transient = _head_bytes(arch, s, kept, grad=True)
+    head_transient += head_gradient_bytes(arch, s)
     alive = 1 if _recompute(s, views.chunks) else views.chunks
     logits = alive * head_saved + head_transient
-    backward = alive * graph + (alive - 1) * head_saved + tokens * layer_transient_bytes(arch, s)
-    backward += 2 * adapted  # the layer's adapted weights and their gradient
+    layer_backward = tokens * layer_transient_bytes(arch, s) + 2 * adapted  # the layer's adapted weights, gradient
     if s.activation_checkpointing:
-        backward += tokens * per_token
+        layer_backward += tokens * per_token
+    backward = alive * graph + (alive - 1) * head_saved + layer_backward
     update = max(alive * graph + logits, backward)
-    return phases_of(s, rollout=rollout, kv_cache=kv_cache, scoring=scoring, update=update, logits=logits)
+
+    # Beside every gradient: the end of a backward (the first layer's own graph and backward) and, with several
+    # chunks, a later chunk's backward (its graph and the head's, or one layer's), the first having written them all.
+    with_gradients = tokens * kept_per_layer + layer_backward
+    if views.chunks > 1:
+        left = max(alive - 1, 1)
+        with_gradients = max(with_gradients, left * (graph + head_saved) + head_transient,
+                             left * graph + (left - 1) * head_saved + layer_backward)  # fmt: skip
+    return phases_of(s, rollout=rollout, kv_cache=kv_cache, scoring=scoring, update=update, logits=logits,
+                     with_gradients=with_gradients)  # fmt: skip
 
 
-def phases_of(s: Settings, *, rollout: float, kv_cache: float, scoring: float, update: float,
-              logits: float) -> dict[str, float]:  # fmt: skip
+def phases_of(s: Settings, *, rollout: float, kv_cache: float, scoring: float, update: float, logits: float,
+              with_gradients: float) -> dict[str, float]:  # fmt: skip
     """The phases a planner returns, from each phase's peak: no scoring pass without an old or reference estimate,
-    the update's activations its peak less the log-probs."""
+    the update's activations its peak less the log-probs; ``with_gradients`` what is alive beside every gradient of
+    the micro-step (``backward_with_gradients``, added to the gradients by :func:`trl_dllm.planning.plan`)."""
     return {
         "rollout": rollout,
         "kv_cache": kv_cache,
         "scoring": scoring if (s.old_pass or s.ref_pass) else 0.0,
         "update_activations": update - logits,
         "logits": logits,
+        "backward_with_gradients": with_gradients,
     }

@@ -184,6 +184,7 @@ _PHASE_LABELS = {
     "optimizer": "optimizer state", "rollout_gathered_weights": "weights gathered for the rollout",
     "rollout": "rollout (above the weights)", "kv_cache": "  of which KV cache", "scoring": "old/ref scoring",
     "update_activations": "update activations", "logits": "update log-probs (logits)",
+    "backward_with_gradients": "backward, beside every gradient",
 }  # fmt: skip
 
 
