@@ -194,3 +194,29 @@ def test_sdar_code_is_refused(tmp_path):
     refused(lambda: trl_dllm.generate(remote, prompt, mask_token_id=151669, gen_length=8, diffusion_steps=8),
             "ModelSpec.accepts_4d_mask=False")  # fmt: skip
     refused(trainer_check(remote, block_kv_cache=False), "SDARNative")
+
+
+@pytest.mark.slow  # one training step of a remote-code MoE on CPU (25 s to 80 s on 2 cores)
+def test_trainer_trains_a_llada2_object_without_the_kv_cache(tmp_path):
+    """Accepted by the rule with `block_kv_cache=False`, a LLaDA2 object built with its own code trains: block-causal
+    rollouts and the `block` estimator through its forward, and the step moves its weights."""
+    from datasets import Dataset
+
+    from trl_dllm import DiffusionGRPOTrainer
+    from trl_dllm.testing import build_family_tokenizer
+
+    remote, _ = family_model("llada2", tmp_path / "ckpt")
+
+    def parity(completions, completion_ids, **kwargs):  # a reward with spread, so the advantages are not all 0
+        return [float(sum(ids) % 7) for ids in completion_ids]
+
+    args = DiffusionGRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, num_generations=3,
+                               max_completion_length=32, diffusion_steps=8, max_steps=1, learning_rate=0.1,
+                               report_to="none", save_strategy="no", use_cpu=True, seed=0, block_kv_cache=False)  # fmt: skip
+    trainer = DiffusionGRPOTrainer(model=remote.train(), reward_funcs=parity, args=args,
+                                   train_dataset=Dataset.from_dict({"prompt": [f"add {i} and 1 ." for i in range(6)]}),
+                                   processing_class=build_family_tokenizer("llada2"))  # fmt: skip
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    moved = [n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])]
+    assert trainer.args.estimator == "block" and any("attention" in n for n in moved)
