@@ -82,7 +82,7 @@ def test_block_estimator_needs_a_4d_mask_model(tmp_path, tiny_model_path, monkey
     real = trainer_module.resolve_model_spec
     monkeypatch.setattr(trainer_module, "resolve_model_spec",
                         lambda *a, **k: dataclasses.replace(real(*a, **k), accepts_4d_mask=False))
-    with pytest.raises(ValueError, match="the block estimator needs a model that accepts a 4-D attention mask"):
+    with pytest.raises(ValueError, match=r"the block estimator needs a 4-D additive attention mask .* \(ModelSpec.accepts_4d_mask=False\)"):
         make_trainer(tmp_path, tiny_model_path, loss_type="stabledrl", estimator="block", block_length=4)
 
 

@@ -84,11 +84,13 @@ def _remote_code_object(class_name, model_type, name_or_path):
      ("SDARForCausalLM", "sdar", "JetLM/SDAR-1.7B-Chat")],
 )  # fmt: skip
 def test_remote_code_object_is_refused_with_its_name(tmp_path, class_name, model_type, name):
-    """Remote-code objects of LLaDA2, LLaDA-MoE and SDAR are refused before TRL builds anything (TRL's own __init__
-    would raise AttributeError on LLaDA-MoE's missing generation_config; LLaDA2 would be driven with 2-D masks), naming
-    the fix: the model's name or folder, which loads the native class."""
+    """Remote-code objects the trainer cannot drive are refused before TRL builds anything (TRL's own __init__ would
+    raise AttributeError on LLaDA-MoE's missing generation_config), by the rule `trl_dllm.generate` / `estimate` apply
+    (`trl_dllm.models.require_attention`): LLaDA-MoE's forward attends to padding, SDAR's reads keep-masks, LLaDA2's
+    takes the 4-D mask but not the KV cache (`block_kv_cache=True`, the default). The fix names the model's name or
+    folder, which loads the native class."""
     model = _remote_code_object(class_name, model_type, name)
     assert not hasattr(model, "generation_config")
-    with pytest.raises(ValueError, match=rf"model={name!r}, and it is loaded as the native") as error:
+    with pytest.raises(ValueError, match=rf"native \w+ is used: model={name!r}") as error:
         DiffusionGRPOTrainer(model=model, reward_funcs=reward, args=args(tmp_path), train_dataset=DATA)
     assert class_name in str(error.value) and "\n" not in str(error.value)

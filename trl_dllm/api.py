@@ -15,15 +15,8 @@ from .core.likelihood import LikelihoodOutput
 from .core.likelihood import estimate as _estimate
 from .core.sampling import DecodingOptions, GenerationOutput
 from .core.sampling import generate as _generate
-from .models import model_logits_fn, resolve_model_spec
+from .models import model_logits_fn, require_attention, resolve_model_spec, scores_with_4d_mask
 from .training.rollouts import plan_decoding
-
-
-def denoiser(model: Any, mask_token_id: int | None = None, tokenizer: Any = None) -> Any:
-    """``model`` as the cores' logits function: a Hugging Face module through its family spec, anything else as is."""
-    if isinstance(model, nn.Module):
-        return model_logits_fn(model, resolve_model_spec(model, tokenizer, mask_token_id))
-    return model
 
 
 def generate(model: Any, input_ids, attention_mask=None, **kwargs: Any) -> GenerationOutput:
@@ -40,10 +33,28 @@ def generate(model: Any, input_ids, attention_mask=None, **kwargs: Any) -> Gener
     generator = kwargs.pop("generator", None)
     if isinstance(model, nn.Module):
         spec = resolve_model_spec(model, mask_token_id=kwargs.get("mask_token_id"))
+        if spec.family != "block":  # block-causal decoding passes a 4-D mask: checked by `plan_decoding`
+            require_attention(spec, "trl_dllm.generate", padded=_padded(attention_mask), model=model, unpadded_fix=True)
         return plan_decoding(model, spec, kwargs)(input_ids, attention_mask, generator)
     return _generate(model, input_ids, attention_mask, options=DecodingOptions(**kwargs), generator=generator)
 
 
-def estimate(name: str, model: Any, *args: Any, **kwargs: Any) -> LikelihoodOutput:
-    """:func:`trl_dllm.core.likelihood.estimate` with a Hugging Face module read through its family spec."""
-    return _estimate(name, denoiser(model, kwargs.get("mask_token_id")), *args, **kwargs)
+def estimate(name: str, model: Any, prompt_ids, prompt_mask, completion_ids, score_mask, **kwargs: Any
+             ) -> LikelihoodOutput:  # fmt: skip
+    """:func:`trl_dllm.core.likelihood.estimate` with a Hugging Face module read through its family spec. The mask
+    the estimator passes (a 4-D one for staircase layouts and block-causal replays, else the 2-D padding mask of
+    ``prompt_mask``) is checked against what the model honours first, as the trainer checks it
+    (:func:`trl_dllm.models.require_attention`): a model that would give a left-padded row another estimate than the
+    row alone is refused, never run."""
+    if isinstance(model, nn.Module):
+        spec = resolve_model_spec(model, mask_token_id=kwargs.get("mask_token_id"))
+        four_d = scores_with_4d_mask(name, block_causal=bool(kwargs.get("block_causal")))
+        require_attention(spec, f"trl_dllm.estimate({name!r})", four_d=four_d, padded=_padded(prompt_mask),
+                          model=model, unpadded_fix=True)  # fmt: skip
+        model = model_logits_fn(model, spec)
+    return _estimate(name, model, prompt_ids, prompt_mask, completion_ids, score_mask, **kwargs)
+
+
+def _padded(attention_mask) -> bool:
+    """Some row of the 2-D ``attention_mask`` (`None`: no padding) has padding."""
+    return attention_mask is not None and not bool(attention_mask.bool().all())

@@ -198,7 +198,7 @@ def _import_stubs(family):
             patched = _stub_module(import_utils.__name__, **vars(import_utils))
             patched.is_torch_fx_available = lambda: False
             stubs[import_utils.__name__] = patched
-    if family in ("sdar", "llada2", "llada21", "llada2_dllm", "lladamoe_dllm") and (
+    if family in ("sdar", "llada2", "llada21", "llada2_dllm", "lladamoe", "lladamoe_dllm") and (
         importlib.util.find_spec("transformers.modeling_attn_mask_utils") is None
     ):
         # transformers 5.24 removed `modeling_attn_mask_utils`. modeling_sdar.py imports its AttentionMaskConverter for
@@ -206,7 +206,8 @@ def _import_stubs(family):
         # its 2-D-to-4-D mask builders, which its SDPA forward skips when given the 4-D block mask (the tests always
         # pass one). Stand-ins that raise if called. ZHZisZZ/dllm's modeling_lladamoe.py calls
         # `AttentionMaskConverter(is_causal=False).to_4d` on a 2-D padding mask in its forward: a stand-in with that
-        # method's non-causal math (:class:`_PaddingMaskConverter`).
+        # method's non-causal math (:class:`_PaddingMaskConverter`). LLaDA-MoE's Hub copy imports it and never calls
+        # it (its forward sets attention_mask to None).
         names = ("_prepare_4d_causal_attention_mask", "_prepare_4d_causal_attention_mask_for_sdpa")
         converter = _PaddingMaskConverter if family == "lladamoe_dllm" else _unavailable("AttentionMaskConverter")
         stubs["transformers.modeling_attn_mask_utils"] = _stub_module(

@@ -4,7 +4,7 @@ import pytest
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trl_dllm.models import MARKED_SPECS, MODEL_SPECS, make_bidirectional, require_4d_mask, resolve_model_spec
+from trl_dllm.models import MARKED_SPECS, MODEL_SPECS, make_bidirectional, require_attention, resolve_model_spec
 from trl_dllm.testing import build_tiny_block_model, build_tiny_model, build_tokenizer, save_tiny_block_dllm
 
 
@@ -19,7 +19,7 @@ def test_tiny_block_model_resolves_to_the_block_family(tokenizer):
     assert (spec.family, spec.block_length, spec.accepts_4d_mask) == ("block", 8, True)
     assert spec.mask_token_id == tokenizer.mask_token_id and spec.eos_token_ids == (tokenizer.eos_token_id,)
     assert spec.accepts_logits_to_keep and not spec.shift_logits and not spec.trust_remote_code
-    require_4d_mask(spec)  # no error
+    require_attention(spec, "the block estimator", four_d=True, use_cache=True)  # no error
 
 
 def test_saved_block_model_reloads_natively(tmp_path):
@@ -58,12 +58,15 @@ def test_unknown_marker_and_plain_models_stay_generic(tokenizer):
     assert "block" in MARKED_SPECS and "block" not in MODEL_SPECS
 
 
-def test_require_4d_mask_names_the_family_and_the_method():
-    with pytest.raises(ValueError, match=r"block-causal generation needs a model that accepts a 4-D attention mask; "):
-        require_4d_mask(MODEL_SPECS["llada"], "block-causal generation")
-    with pytest.raises(ValueError, match=r"the block estimator needs .*; dream does not"):
-        require_4d_mask(MODEL_SPECS["dream"])
+def test_require_attention_names_the_call_the_family_and_the_field():
+    with pytest.raises(ValueError, match=r"block-causal generation needs a 4-D additive attention mask "):
+        require_attention(MODEL_SPECS["llada"], "block-causal generation", four_d=True)
+    with pytest.raises(ValueError, match=r"the block estimator needs .*the dream family's remote code does not honour "
+                                         r"\(ModelSpec.accepts_4d_mask=False\)"):  # fmt: skip
+        require_attention(MODEL_SPECS["dream"], "the block estimator", four_d=True)
 
 
 def test_generic_native_model_accepts_4d_mask(tokenizer):
-    require_4d_mask(resolve_model_spec(build_tiny_model(tokenizer), tokenizer))
+    spec = resolve_model_spec(build_tiny_model(tokenizer), tokenizer)
+    require_attention(spec, "the block estimator", four_d=True, use_cache=True)
+    require_attention(spec, "the elbo estimator", padded=True)

@@ -45,7 +45,7 @@ def test_a_family_module_declares_its_pieces(name):
     specs = {**family.model_types, **family.architectures, **family.markers}
     assert all(isinstance(spec, ModelSpec) for spec in specs.values())
     if family.layout is None:  # no original checkpoint to load natively (generic; a transformers-native family)
-        assert family.tiny is None and family.remote_code_refused is None
+        assert family.tiny is None
         return
     layout = family.layout
     # The family's native class, its config translation and its tiny-checkpoint facts are its module's own.

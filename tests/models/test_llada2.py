@@ -166,10 +166,11 @@ def test_save_round_trip(original_checkpoints, model, tmp_path):
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
-def test_remote_code_object_resolves_to_the_block_family_and_is_not_driven():
+def test_remote_code_object_resolves_to_the_block_family():
     """A `LLaDA2MoeModelLM` built with its own code (told by its architecture / model_type, as loading by name does)
-    is the block family with LLaDA2's ids and blocks of 32, never `generic`; its forward is not trusted with the 4-D
-    block mask, so `trl_dllm.generate` refuses it and names native loading."""
+    is the block family with LLaDA2's ids and blocks of 32, never `generic`. Its forward is trusted with the 4-D block
+    mask (checked on its code: tests/models/test_remote_objects.py), not with a 2-D mask (it makes it causal) nor the
+    KV cache: asked for either, `trl_dllm.generate` / `estimate` refuse it before any forward."""
     from types import SimpleNamespace
 
     import trl_dllm
@@ -178,13 +179,21 @@ def test_remote_code_object_resolves_to_the_block_family_and_is_not_driven():
                              eos_token_id=156892)  # fmt: skip
     spec = resolve_model_spec(SimpleNamespace(config=config))
     assert (spec.family, spec.mask_token_id, spec.eos_token_ids, spec.block_length) == ("block", 156895, (156892,), 32)
-    assert spec.trust_remote_code and not spec.accepts_4d_mask
+    assert spec.trust_remote_code and spec.accepts_4d_mask and not spec.accepts_kv_cache
+    assert spec.padding_mask == "none"
 
     class LLaDA2MoeModelLM(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.config = config
 
-    with pytest.raises(ValueError, match="Load the checkpoint natively"):
-        trl_dllm.generate(LLaDA2MoeModelLM(), torch.ones(1, 3, dtype=torch.long), mask_token_id=156895, gen_length=4,
-                          diffusion_steps=4)  # fmt: skip
+        def forward(self, *args, **kwargs):
+            raise AssertionError("refused before any forward")
+
+    ids = torch.ones(1, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"ModelSpec.accepts_kv_cache=False.*use_cache=False"):
+        trl_dllm.generate(LLaDA2MoeModelLM(), ids, mask_token_id=156895, gen_length=32, diffusion_steps=4,
+                          use_cache=True)  # fmt: skip
+    with pytest.raises(ValueError, match=r"ModelSpec.padding_mask='none'.*native LLaDA2Native is used"):
+        trl_dllm.estimate("elbo", LLaDA2MoeModelLM(), ids, torch.ones_like(ids), ids, torch.ones_like(ids),
+                          mask_token_id=156895, seeds=torch.arange(1))  # fmt: skip

@@ -213,11 +213,11 @@ def test_remote_sdar_spec_is_refused_for_block_layouts():
     (its forward takes keep-masks and returns no logits in train mode) with a pointer to native loading."""
     from transformers import PretrainedConfig
 
-    from trl_dllm.models import require_4d_mask
+    from trl_dllm.models import require_attention
 
     model = nn.Module()
     model.config = PretrainedConfig(model_type="sdar", block_size=4, mask_token_id=151669, vocab_size=151936)
     spec = resolve_model_spec(model)
     assert (spec.family, spec.block_length, spec.mask_token_id, spec.trust_remote_code) == ("block", 4, 151669, True)
     with pytest.raises(ValueError, match="native_loading=True"):
-        require_4d_mask(spec, "block-causal generation")
+        require_attention(spec, "block-causal generation", four_d=True)

@@ -65,7 +65,7 @@ def test_block_layout_refuses_a_missing_or_mismatched_block_size(block_size, fie
     from trl_dllm.training.model_checks import check_block_layout
 
     good = dict(estimator="block", generation_cache="none", block_length=4, max_completion_length=16,
-                diffusion_steps=16, cfg_scale=0.0)  # fmt: skip
+                diffusion_steps=16, cfg_scale=0.0, block_kv_cache=True)  # fmt: skip
     check_block_layout(SimpleNamespace(**good), replace(BLOCK, mask_token_id=3, block_length=4))  # no error
     spec = replace(BLOCK, mask_token_id=3, block_length=block_size)
     with pytest.raises(ValueError, match=pattern):

@@ -4,7 +4,8 @@ Known families are one module each in :mod:`trl_dllm.models.families`, whose reg
 :data:`MODEL_SPECS` keyed by ``config.model_type``, ``ARCHITECTURE_SPECS`` by ``config.architectures``, and
 :data:`MARKED_SPECS` by the ``config.dllm_family`` marker of natively loaded and block-diffusion checkpoints.
 Any other Hugging Face model is the `"generic"` family: it becomes a denoiser once its attention is bidirectional
-(:func:`make_bidirectional`) and it has a mask token. See ``docs/models.md``.
+(:func:`make_bidirectional`) and it has a mask token. Which attention-mask forms a model's ``forward`` honours is
+its spec's to say, and :func:`require_attention` is the one rule every caller applies to it. See ``docs/models.md``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..core.likelihood import ESTIMATORS
 from ..core.logits import LogitsFn, module_logits_fn
 from ..core.masks import BLOCK_LAYOUTS
-from .families import ARCHITECTURE_SPECS, MARKED_SPECS, MODEL_SPECS
+from .families import ARCHITECTURE_SPECS, MARKED_SPECS, MODEL_SPECS, native_layout
 from .families.generic import generic_spec, is_transformers_native
 from .specs import FAMILY_MARKER, ModelSpec
 
@@ -28,9 +30,11 @@ __all__ = [
     "MARKED_SPECS",
     "MODEL_SPECS",
     "ModelSpec",
+    "family_spec",
     "make_bidirectional",
     "model_logits_fn",
-    "require_4d_mask",
+    "require_attention",
+    "scores_with_4d_mask",
     "resolve_model_spec",
 ]
 
@@ -93,7 +97,7 @@ def _vocab_size(model: Any) -> int | None:
     return int(size)
 
 
-def _family_spec(model: Any) -> ModelSpec | None:
+def family_spec(model: Any) -> ModelSpec | None:
     """The family spec of ``model``: by ``config.architectures`` (:data:`ARCHITECTURE_SPECS`, for families sharing a
     ``model_type``) or ``config.model_type`` (:data:`MODEL_SPECS`), else by the ``config.dllm_family`` marker
     (:data:`MARKED_SPECS`; block families take ``block_length`` from the config and ``logits_to_keep`` support from the
@@ -176,7 +180,7 @@ def resolve_model_spec(model: Any, tokenizer: Any = None, mask_token_id: int | N
     """
     base = base_model(model)
     config = base.config
-    family = _family_spec(base)
+    family = family_spec(base)
     tokenizer = _inner_tokenizer(tokenizer)
     if family is not None and family.noise == "uniform":
         return _uniform_noise_spec(base, family, tokenizer, mask_token_id)
@@ -300,21 +304,83 @@ def chunked_head_scores(hidden: torch.Tensor, head: nn.Linear, targets: torch.Te
     return logps, entropies
 
 
-def require_4d_mask(spec: ModelSpec, what: str = "the block estimator") -> None:
-    """Raise a clear error when ``what`` (a layout needing a custom 4-D attention mask: block-causal generation, the
-    staircase `block` estimator) is used with a model whose spec says it cannot take one.
+def require_attention(
+    spec: ModelSpec,
+    what: str,
+    *,
+    four_d: bool = False,
+    padded: bool = False,
+    use_cache: bool = False,
+    model: Any = None,
+    unpadded_fix: bool = False,
+) -> None:
+    """The one rule for what attention a model's ``forward`` is trusted with, called before anything is computed by
+    the trainer (at construction), ``trl_dllm.generate``, ``trl_dllm.estimate`` and the decoding plan: the call says
+    which mask form it passes, the spec (:class:`ModelSpec`) says which forms the model honours, and a mismatch is
+    refused in one line naming the field, its value and the fix.
+
+    - ``four_d``: the call passes a 4-D additive mask (block-causal decoding, staircase and block-causal estimators):
+      needs ``accepts_4d_mask``, and ``accepts_kv_cache`` when ``use_cache`` (the exact block KV cache).
+    - otherwise it passes a 2-D padding mask: needs ``padding_mask="honoured"``, or ``"ignored"`` when no row is
+      ``padded``.
+
+    Native classes and transformers architectures honour every form; a family's own (remote) code only what was
+    checked against that code (its spec, in its family module): LLaDA2's takes the 4-D mask but not the KV cache,
+    LLaDA-MoE's attends to padding, SDAR's reads masks as keep-masks.
+
+    Args:
+        spec (`ModelSpec`): the model's spec (:func:`resolve_model_spec`).
+        what (`str`): the call, as the message names it (e.g. ``"trl_dllm.estimate('elbo')"``).
+        four_d, padded, use_cache (`bool`, *optional*): the form the call passes (above).
+        model (*optional*): the model, to name its class and checkpoint in the fix.
+        unpadded_fix (`bool`, *optional*, defaults to `False`): the caller can pass its rows unpadded (the public
+            API), so the message offers that too.
 
     Raises:
-        ValueError: ``spec.accepts_4d_mask`` is `False`.
+        ValueError: the model does not honour the form the call passes.
     """
-    if not spec.accepts_4d_mask:
-        fix = (
-            "Load the checkpoint natively (native_loading=True, the default for LLaDA, Dream and SDAR / TraDo), or "
-            if spec.trust_remote_code else ""
-        )
-        raise ValueError(
-            f"{what} needs a model that accepts a 4-D attention mask; {spec.family} does not "
-            "(ModelSpec.accepts_4d_mask is False: remote-code models are not trusted to honour an additive one, and "
-            f"SDAR's own code takes keep-masks). {fix}use a transformers-native architecture (the 'generic' or 'block' family) "
-            "or a method that needs no 4-D mask."
-        )
+    if four_d and not spec.accepts_4d_mask:
+        need, field, value = "a 4-D additive attention mask (B, 1, N, N)", "accepts_4d_mask", False
+    elif four_d and use_cache and not spec.accepts_kv_cache:
+        need, field, value = "the exact block KV cache (use_cache=True)", "accepts_kv_cache", False
+    elif four_d or spec.padding_mask == "honoured" or (spec.padding_mask == "ignored" and not padded):
+        return
+    else:
+        need = "a 2-D padding mask over left-padded rows" if padded else "bidirectional attention under a 2-D mask"
+        field, value = "padding_mask", spec.padding_mask
+    base = base_model(model) if model is not None else None
+    if base is None:
+        who = f"the {spec.family} family's {'remote code' if spec.trust_remote_code else 'model'}"
+    else:
+        who = type(base).__name__ + (" (built with its own remote code)" if spec.trust_remote_code else "")
+    fixes = [_native_fix(spec, base)]
+    if field == "accepts_kv_cache":
+        fixes.append("decode without the cache (use_cache=False; DiffusionGRPOConfig(block_kv_cache=False))")
+    if field == "padding_mask" and value == "ignored" and unpadded_fix:
+        fixes.append("pass unpadded rows (one row per call, or rows of one length)")
+    raise ValueError(f"{what} needs {need}, which {who} does not honour (ModelSpec.{field}={value!r}). "
+                     f"{'; or '.join(fixes)}.")  # fmt: skip
+
+
+def _native_fix(spec: ModelSpec, base: Any) -> str:
+    """How to get a model that honours every mask form: the family's native class, loaded by name or folder."""
+    config = getattr(base, "config", None)
+    layout = native_layout({"architectures": getattr(config, "architectures", None),
+                            "model_type": getattr(config, "model_type", None)}) if config is not None else None  # fmt: skip
+    if layout is not None and spec.trust_remote_code:
+        name = getattr(config, "_name_or_path", None) or "<name or folder>"
+        return (f"Load it by name or folder so the native {layout.model_class.__name__} is used: model={name!r} "
+                f"(DiffusionGRPOTrainer; for trl_dllm.generate / estimate, trl_dllm.models.loading.load_pretrained("
+                f"{name!r}))")  # fmt: skip
+    if spec.trust_remote_code:
+        return ("Load the checkpoint natively (native_loading=True, the default for LLaDA, Dream, SDAR / TraDo, "
+                "LLaDA2 and LLaDA-MoE)")  # fmt: skip
+    return ("Use a transformers-native architecture (the 'generic' or 'block' family) or a method that needs no 4-D "
+            "mask")
+
+
+def scores_with_4d_mask(estimator: str, block_causal: bool) -> bool:
+    """Whether the likelihood estimator ``estimator`` calls the model with a 4-D mask: staircase layouts always, the
+    rollout replays under the block-causal mask when ``block_causal`` (a block-diffusion model's rollout)."""
+    entry = ESTIMATORS.get(estimator)
+    return entry is not None and (entry.staircase or (entry.block_causal and block_causal))

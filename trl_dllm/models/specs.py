@@ -42,6 +42,16 @@ class ModelSpec:
         accepts_4d_mask (`bool`, *optional*, defaults to `False`):
             ``forward`` honours a 4-D additive float attention mask of shape `(B, 1, N, N)` (0 = visible, -inf =
             blocked), needed by block-causal and staircase layouts.
+        padding_mask (`str`, *optional*, defaults to `"honoured"`):
+            What ``forward`` does with a 2-D padding mask `(B, N)` (1 = token), which the full-canvas samplers and
+            estimators pass: ``"honoured"``, padding keys are hidden and attention is bidirectional; ``"ignored"``,
+            attention is bidirectional but padding is attended to (right only for rows without padding: LLaDA-MoE's
+            own code); ``"none"``, a 2-D mask does not give bidirectional attention (LLaDA2's own code makes it
+            causal, SDAR's reads it as a keep-mask): only the 4-D layouts apply.
+        accepts_kv_cache (`bool`, *optional*, defaults to `True`):
+            ``forward`` takes the library's exact block KV cache (a transformers ``Cache``) as ``past_key_values``
+            (block-causal decoding with ``use_cache`` / ``block_kv_cache``). Remote code written for transformers 4
+            does not (LLaDA2's calls ``get_usable_length``).
         block_length (`int` or `None`, *optional*, defaults to `None`):
             Native block size of block-diffusion families; `None` for full-canvas models.
         block_layout (`str`, *optional*, defaults to `"absolute"`):
@@ -62,6 +72,8 @@ class ModelSpec:
     trust_remote_code: bool = False
     accepts_logits_to_keep: bool = True
     accepts_4d_mask: bool = False
+    padding_mask: str = "honoured"
+    accepts_kv_cache: bool = True
     block_length: int | None = None
     block_layout: str = "absolute"
     noise: str = "mask"
@@ -125,8 +137,6 @@ class Family:
             loaded or marked checkpoints (``MARKED_SPECS``).
         layout (`NativeLayout`, *optional*): how its original checkpoints load natively (``NATIVE_LAYOUTS``).
         tiny (`TinyCheckpoint`, *optional*): what its tiny original-layout checkpoint is made of.
-        remote_code_refused (`str`, *optional*): why the trainer does not drive a model object built with the
-            family's own remote code (by name or folder the family loads natively); `None`: it does.
         released_configs (`Mapping[str, Mapping[str, Any]]`, *optional*): the ``config.json`` of released checkpoints
             by Hub id, embedded so that ``trl-dllm plan`` plans them without the Hub (``RELEASED_CONFIGS``).
     """
@@ -137,5 +147,4 @@ class Family:
     markers: Mapping[str, ModelSpec] = field(default_factory=dict)
     layout: Any = None  # trl_dllm.models.native.NativeLayout (that module imports transformers; this one does not)
     tiny: TinyCheckpoint | None = None
-    remote_code_refused: str | None = None
     released_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)

@@ -14,7 +14,7 @@ import torch
 
 from ..core.likelihood import ESTIMATORS
 from ..core.methods import noise_problem, own_objective
-from ..models import ModelSpec, require_4d_mask
+from ..models import ModelSpec, require_attention, scores_with_4d_mask
 from . import inputs
 from .trainer_inputs import check_text_only
 
@@ -334,12 +334,13 @@ def check_block_layout(args, spec: ModelSpec) -> None:
             f"this model ({spec.family!r} family) is not block-causal: train a block-diffusion model (SDAR, TraDo), "
             f"or use {others} here."
         )
-    if estimator.staircase:
-        require_4d_mask(spec, f"the {args.estimator} estimator")
+    # Prompts of different lengths are left-padded: the estimator's mask and the rollouts' (below) must honour it.
+    four_d = scores_with_4d_mask(args.estimator, block_causal=spec.family == "block")
+    require_attention(spec, f"the {args.estimator} estimator", four_d=four_d, padded=True)
     check_cache_model(spec, args.generation_cache)
     if spec.family != "block":
         return
-    require_4d_mask(spec, "block-causal generation")
+    require_attention(spec, "block-causal generation", four_d=True, use_cache=args.block_kv_cache)
     block = spec.block_length
     if block is None or block < 1:
         raise ValueError(

@@ -225,8 +225,12 @@ def probe_remote_code(model, spec, shards_parameters: bool) -> None:
     """Remote-code models are probed with one forward each: an unknown family must attend bidirectionally (else a
     clear error), and a forward that ignores `attention_mask` (older Hub revisions of LLaDA's code) would give
     left-padded prompts other completions and estimates than unpadded ones (a warning). Native models, transformers
-    architectures (`make_bidirectional` is reliable for them) and sharded parameters are not probed."""
+    architectures (`make_bidirectional` is reliable for them), families whose spec declares what their code does with a
+    2-D mask (`ModelSpec.padding_mask`, decided by `require_attention` at construction) and sharded parameters are not
+    probed."""
     if shards_parameters or is_native_layout(model) or is_transformers_native(base_model(model)):
+        return
+    if spec.padding_mask != "honoured":
         return
     if spec.family == "generic" and not attends_bidirectionally(model):
         config = base_model(model).config

@@ -21,7 +21,7 @@ from ..core.sampling import (
     generate_block_causal,
     generate_cached,
 )
-from ..models import ModelSpec, model_logits_fn, require_4d_mask
+from ..models import ModelSpec, model_logits_fn, require_attention
 from .diffusion_gemma_rollouts import diffusion_gemma_options, generate_diffusion_gemma
 from .model_checks import check_block_guidance, check_cache_model, compiled_step_refusal
 
@@ -82,7 +82,9 @@ def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
         return DecodingPlan(generate_diffusion_gemma, model, diffusion_gemma_options(model, **fields))
     cache = fields.pop("generation_cache", "none")
     if spec.family == "block":
-        require_4d_mask(spec, "block-causal generation")
+        # A model that cannot take the KV cache (remote code) decodes without it unless asked for it.
+        fields.setdefault("use_cache", spec.accepts_kv_cache)
+        require_attention(spec, "block-causal generation", four_d=True, use_cache=fields["use_cache"], model=model)
         check_block_guidance(fields.pop("cfg_scale", 0.0))
         check_cache_model(spec, cache)
         fields["block_length"] = spec.decoding_block_length(fields.get("block_length"))

@@ -10,8 +10,7 @@ import inspect
 import os
 from collections.abc import Mapping, Sequence
 
-from ..models import base_model, is_transformers_native
-from ..models.families import REMOTE_CODE_REFUSED, native_layout
+from ..models import base_model, family_spec, is_transformers_native, require_attention
 from ..models.families.diffusion_gemma import is_diffusion_gemma
 from . import inputs
 
@@ -48,7 +47,7 @@ def check_trainer_inputs(args, model, reward_funcs, pargs: Sequence, kwargs: Map
     named = {**dict(zip(positional, pargs)), **kwargs}
     train_dataset, eval_dataset = named.get("train_dataset"), named.get("eval_dataset")
     _check_names(model, reward_funcs)
-    check_remote_code_object(model)
+    check_remote_code_object(model, args)
     if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs):
         raise ValueError(
             "No reward source provided: reward_funcs is empty, so every completion would get reward 0 and nothing "
@@ -65,27 +64,23 @@ def check_trainer_inputs(args, model, reward_funcs, pargs: Sequence, kwargs: Map
     check_text_only(named.get("processing_class"), model)
 
 
-def check_remote_code_object(model) -> None:
-    """A model object built with the remote code of SDAR / TraDo, LLaDA2 (`LLaDA2MoeModelLM`) or LLaDA-MoE
-    (`LLaDAMoEModelLM`), told by ``config.architectures`` / ``model_type`` as loading by name tells them: refused with
-    the fix, the model's name or folder (the trainer then loads the family's native class)."""
+def check_remote_code_object(model, args) -> None:
+    """A model object built with a known family's own remote code (told by ``config.architectures`` / ``model_type``,
+    as loading by name tells them), before TRL builds anything: the trainer passes a block-diffusion model 4-D masks
+    (with the KV cache when `block_kv_cache`), any other left-padded prompts under a 2-D mask, and
+    :func:`~trl_dllm.models.require_attention` decides, as it does for ``trl_dllm.generate`` and ``estimate``. The
+    estimator's own mask is checked once the family is known (`model_checks.check_block_layout`)."""
     if isinstance(model, str) or not (hasattr(model, "config") or hasattr(model, "get_base_model")):
         return
     base = base_model(model)
     if getattr(base, "dllm_layout", None) is not None or is_transformers_native(base):
         return
-    config = base.config
-    layout = native_layout(
-        {"architectures": getattr(config, "architectures", None), "model_type": getattr(config, "model_type", None)}
-    )
-    if layout is None or layout.name not in REMOTE_CODE_REFUSED:
+    spec = family_spec(base)
+    if spec is None or not spec.trust_remote_code:
         return
-    name = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None) or "<name or folder>"
-    raise ValueError(
-        f"model is a {type(base).__name__} object built with its own remote code (trust_remote_code=True), which the "
-        f"trainer does not drive ({REMOTE_CODE_REFUSED[layout.name]}): pass its name or folder instead, "
-        f"model={name!r}, and it is loaded as the native {layout.model_class.__name__}."
-    )
+    block = spec.family == "block"
+    what = "DiffusionGRPOTrainer's block-causal rollouts" if block else "DiffusionGRPOTrainer (prompts are left-padded)"
+    require_attention(spec, what, four_d=block, padded=True, use_cache=args.block_kv_cache, model=base)
 
 
 def _check_names(model, reward_funcs) -> None:

@@ -41,8 +41,6 @@ RELEASED_IDS: dict[str, str] = {i: f.name for f in FAMILIES if f.tiny is not Non
 (:func:`trl_dllm.models.tiny_families.released_original_config`), planned without the Hub."""
 RELEASED_CONFIGS: dict[str, dict] = {k: dict(c) for family in FAMILIES for k, c in family.released_configs.items()}
 """Released checkpoints' ``config.json`` by Hub id, embedded: ``trl-dllm plan`` plans them without the Hub."""
-REMOTE_CODE_REFUSED: dict[str, str] = {f.layout.name: f.remote_code_refused for f in FAMILIES if f.remote_code_refused}
-"""Why the trainer refuses a model object built with a family's own remote code, by layout name."""
 
 
 def native_layout(config_dict: dict) -> NativeLayout | None:

@@ -59,15 +59,20 @@ __all__ = ["FAMILY", "LLADA2_REMOTE", "LLaDA2ForDiffusionLM", "LLaDA2Native", "l
 BLOCK_LENGTH = 32
 
 # inclusionAI/LLaDA2.0-mini / LLaDA2.1-mini with their own remote code (`LLaDA2MoeModelLM`, model_type "llada2_moe"): a
-# block-diffusion MoE (blocks of 32). Its forward is causal under a 2-D mask or none; the library trusts only the native
-# class (LLaDA2Native) with its 4-D block mask (accepts_4d_mask False): the trainer refuses such an object and asks for
-# the name or folder. Natively loaded it is marked "block" (the `block` spec of :mod:`.sdar`).
+# block-diffusion MoE (blocks of 32). Its forward adds a 4-D mask to the attention scores as given (checked on its
+# code: under the block-causal mask a later token moves the first block's logits by exactly 0), builds a causal mask
+# from a 2-D one, and calls transformers-4 cache methods (`get_usable_length`) the library's KV cache lacks: the
+# block layouts take it without the KV cache (trl_dllm.models.attention). Natively loaded it is marked "block" (the
+# `block` spec of :mod:`.sdar`).
 LLADA2_REMOTE = ModelSpec(
     family="block",
     mask_token_id=MASK_TOKEN_ID,
     eos_token_ids=(EOS_TOKEN_ID,),
     trust_remote_code=True,
     accepts_logits_to_keep=False,
+    accepts_4d_mask=True,
+    padding_mask="none",
+    accepts_kv_cache=False,
     block_length=BLOCK_LENGTH,
 )
 
@@ -309,7 +314,6 @@ FAMILY = Family(
     name="llada2",
     model_types={"llada2_moe": LLADA2_REMOTE},
     architectures={"LLaDA2MoeModelLM": LLADA2_REMOTE},
-    remote_code_refused="its forward is causal without a 4-D block mask, which the library gives only the native class",
     released_configs=RELEASED_CONFIGS,
     layout=NativeLayout("llada2", ("llada2_moe",), LLaDA2Native, llada2_config, "block", mask_token_id=MASK_TOKEN_ID),
     # Only EOS / pad and mask are real ids; the chat-template tokens of its tokenizer are added at the tiny tokenizer's

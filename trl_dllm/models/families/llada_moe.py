@@ -65,17 +65,20 @@ from ._moe import EOS_TOKEN_ID, MASK_TOKEN_ID, additive_4d_mask
 __all__ = ["FAMILY", "LLADA_MOE", "LLADA_MOE_NATIVE", "LLaDAMoEForDiffusionLM", "LLaDAMoENative", "llada_moe_config"]
 
 # inclusionAI/LLaDA-MoE-7B-A1B-{Base,Instruct} with their own remote code (native_loading=False): config.json declares
-# dense LLaDA's model_type "llada" and architectures ["LLaDAMoEModelLM"], and no mask_token_id. Its forward discards
-# attention_mask (padding is attended to): load it natively for padded batches.
+# dense LLaDA's model_type "llada" and architectures ["LLaDAMoEModelLM"], and no mask_token_id. Its forward sets
+# attention_mask to None (padding is attended to, a 4-D mask is dropped): trusted with unpadded rows only
+# (trl_dllm.models.attention); load it natively for padded batches.
 LLADA_MOE = ModelSpec(
     family="llada",
     mask_token_id=MASK_TOKEN_ID,
     eos_token_ids=(EOS_TOKEN_ID,),
     trust_remote_code=True,
     accepts_logits_to_keep=False,
+    padding_mask="ignored",
 )
 # Loaded natively (LLaDAMoENative), marked `dllm_family` "llada_moe": transformers' logits_to_keep and 4-D masks.
-LLADA_MOE_NATIVE = replace(LLADA_MOE, trust_remote_code=False, accepts_logits_to_keep=True, accepts_4d_mask=True)
+LLADA_MOE_NATIVE = replace(LLADA_MOE, trust_remote_code=False, accepts_logits_to_keep=True, accepts_4d_mask=True,
+                           padding_mask="honoured")
 ARCHITECTURES = ("LLaDAMoEModelLM", "LLaDAMoEModel")
 
 # The LLaDA-MoE config.json fields this class reads, with the released values as defaults (facts: the LLaDA-MoE paper's
@@ -286,7 +289,6 @@ FAMILY = Family(
     model_types={"lladamoe": LLADA_MOE},  # model_type renamed, as ZHZisZZ/dllm asks its users to do
     architectures=dict.fromkeys(ARCHITECTURES, LLADA_MOE),  # as released: dense LLaDA's model_type "llada"
     markers={"llada_moe": LLADA_MOE_NATIVE},
-    remote_code_refused="its forward ignores attention_mask (padding is attended to) and it has no generation_config",
     # model_type "llada" as released (told apart by its architectures); "lladamoe" / "llada_moe" as ZHZisZZ/dllm and
     # others rename it
     layout=NativeLayout("llada_moe", ("lladamoe", "llada_moe"), LLaDAMoENative, llada_moe_config, "llada_moe",

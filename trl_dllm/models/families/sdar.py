@@ -24,15 +24,17 @@ __all__ = ["BLOCK", "FAMILY", "SDAR_REMOTE", "SDARNative"]
 MASK_TOKEN_ID = 151669
 
 # With its own remote code (native_loading=False): block_size 4 in config.json; EOS <|endoftext|>, end of turn
-# <|im_end|>. Its forward takes boolean keep-masks (True = visible, the inverse of an additive mask) and, in train mode,
-# runs its own fine-tuning branch that returns no logits: the block layouts refuse it (accepts_4d_mask False) — load it
-# natively.
+# <|im_end|>. Its forward reads any mask as a boolean keep-mask (`mask.bool()`: True = visible, so an additive mask's 0
+# blocks and its -inf shows) and, in train mode, runs its own fine-tuning branch that returns no logits: every layout
+# refuses it (accepts_4d_mask False, padding_mask "none"; trl_dllm.models.attention) — load it natively.
 SDAR_REMOTE = ModelSpec(
     family="block",
     mask_token_id=MASK_TOKEN_ID,
     eos_token_ids=(ENDOFTEXT_ID, IM_END_ID),
     trust_remote_code=True,
     accepts_logits_to_keep=False,
+    padding_mask="none",
+    accepts_kv_cache=False,
 )
 # config.dllm_family == "block": block_length from config.block_length (SDAR / TraDo / LLaDA2 loaded natively, the tiny
 # block model, any marked checkpoint); mask id from the config or the tokenizer.
@@ -83,8 +85,6 @@ FAMILY = Family(
     name="sdar",
     model_types={"sdar": SDAR_REMOTE},
     markers={"block": BLOCK},
-    remote_code_refused="its forward takes keep-masks, not the additive 4-D block mask, and returns no logits in "
-    "train mode",
     layout=NativeLayout("sdar", ("sdar",), SDARNative, sdar_config, "block", mask_token_id=MASK_TOKEN_ID),
     tiny=TinyCheckpoint(
         special_tokens={**_qwen.SPECIAL_TOKENS, "<|MASK|>": MASK_TOKEN_ID},
