@@ -79,22 +79,27 @@ RECIPE_STEPS = 128  # recipes/llada/stabledrl_gsm8k_lora.yaml's diffusion_steps
 # "train step": 106.4 s with `rollout_overhead`'s 5 contexts (evening), + about 5 s for its 2 merged contexts since.
 ESTIMATES = {
     "device peak": 1, "build": 4, "plain forward": 3, "numerics": 14,
-    "rollouts at 32 steps": {"llada": 25, "dream": 15, "sdar": 24, "llada2": 26, "llada_moe": 12},
-    # LLaDA2's `cuda_graphs` setting (added since, not measured): at most two more rollouts of the fixed schedule's
-    # time, less where its first step cannot be captured and it stops there
-    "llada2 cuda_graphs": 22,
-    # a MoE family's LoRA update of its own recipe, its warm-up under torch's counter (not measured on a GPU: a guess
-    # from the MoE plain forwards' 10.6 s / 2.0 s under the counter in run 1, an update about four forwards)
-    "moe lora update": {"llada2": 90, "llada_moe": 30},
+    # the MoE rollouts with stacked experts (grouped GEMMs) on the H200 (docs/gpu/2026-11-28-h200/): LLaDA2's fixed
+    # steps and `cuda_graphs` 11.8 s together, LLaDA-MoE's 5.6 s
+    "rollouts at 32 steps": {"llada": 25, "dream": 15, "sdar": 24, "llada2": 8, "llada_moe": 6},
+    "llada2 cuda_graphs": 4,
+    # a MoE family's LoRA update of its own recipe, its warm-up under torch's counter: LLaDA-MoE 18.7 s on the H200
+    # (2026-11-28); LLaDA2's not measured (a guess: about four times LLaDA-MoE's, its weights are 2.2x and its
+    # counted forwards slower)
+    "moe lora update": {"llada2": 90, "llada_moe": 20},
     # bench.gpu_diffusion_gemma on the H200 (2026-11-27): 41.7 s at 16 steps, 72.5 s at 128 (total_seconds)
     "diffusion gemma": {"base": 37, "per step": 0.28},
-    "train step": 111, "memory plan": 26, "trl": 34, "launch": 30,
-    # bench.gpu_soak: 2 × 4-layer trainers, 20 + 10 steps of 16 rollouts (not yet measured on a GPU: a guess)
-    "soak": 90,
+    "train step": 111, "memory plan": 26, "trl": 34,
+    # the three launches on the H200: 29.2 + 30.3 + 27.0 s (2026-11-26), 44.1 + 39.5 + 35.4 s (2026-11-28, with the
+    # adapters saved and read back)
+    "launch": 45,
+    # bench.gpu_soak on the H200 (2026-11-28): 30.1 s (20 + 10 steps of the 4-layer model)
+    "soak": 35,
     # one compiled setting (docs/gpu/2026-11-27-h100/): the family's first pays the compilation (SDAR 103.3 s with two
     # recompilations at 9087a78, 76.3 s at 2cbff98; LLaDA's dual cache 41.6 s); a later one reuses it (48.2 s, one
-    # recompilation for the graphs' buffers, gone since)
-    "compiled rollout": {"first": 80, "next": 45},
+    # recompilation for the graphs' buffers, gone since). LLaDA2's first: 452.0 s on the H200 (2026-11-28; its first
+    # compiled rollout alone 268.0 s)
+    "compiled rollout": {"first": 80, "next": 45, "llada2 first": 460},
 }  # fmt: skip
 
 
@@ -224,7 +229,8 @@ def family_part(parts: Parts, shape, recipe, peak: float, threshold: bool, compi
         compiled = entry["compiled_rollouts"] = {}
         # one part per setting, so that the JSON is written after each
         for i, name in enumerate(gpu_parts.COMPILED_SETTINGS[shape.family]):
-            estimate = ESTIMATES["compiled rollout"]["next" if i else "first"]
+            first = ESTIMATES["compiled rollout"].get(f"{shape.family} first", ESTIMATES["compiled rollout"]["first"])
+            estimate = ESTIMATES["compiled rollout"]["next"] if i else first
             parts(compiled, name, f"{shape.family}: compiled rollout {name}", estimate,
                   gpu_parts.compiled_rollout, model, tokenizer, shape, recipe, peak, entry["rollouts"], name)  # fmt: skip
     if skip_numerics:
