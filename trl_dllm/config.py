@@ -200,6 +200,13 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
         > Parameters that control the objective
 
 {objective_options}
+        use_bias_correction_kl (`bool` or `None`, *optional*, defaults to `None`):
+            TRL's field with another default (TRL: `True`), read by TRL's loss types when `beta > 0`: the per-token
+            `k3` KL is multiplied by the token's unclipped importance ratio `exp(logp - old_logp)`. `None`: TRL's
+            `True`, except with an estimator whose per-token values carry Monte Carlo weights (`elbo`, `coupled`,
+            `block`, `spg`: up to `L/n`), where that exponential is the token's ratio raised to the weight and the
+            correction does not hold (measured on a Dream-family checkpoint: a ratio of 18 became 1.2e5, the loss
+            2,125 instead of 0.066); `False` there, said in one line at start. The diffusion objectives ignore it.
         leave_one_out (`bool`, *optional*, defaults to `False`):
             Leave-one-out advantages (ESPO, RLOO): `r_i` minus the mean of the other `G - 1` rewards of its group, i.e.
             TRL's advantages times `G / (G - 1)`.
@@ -226,9 +233,11 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
         > Parameters that control non-finite safety and collapses
 
         max_consecutive_nonfinite_steps (`int`, *optional*, defaults to `5`):
-            An optimizer step whose loss or gradient is not finite (on any process) is skipped: no parameter moves,
-            the step is counted in the `nonfinite/skipped_steps` metric, and training goes on. After this many
-            consecutive skipped steps training stops with an error that says what was seen. `0` stops at the first.
+            An optimizer step whose loss or gradient is not finite (on any process), or whose gradient norm is absurd
+            (above 1000x both the median of the last 16 taken steps and `max_grad_norm`, said in one warning line), is
+            skipped: no parameter moves, the step is counted in the `nonfinite/skipped_steps` metric, and training goes
+            on. After this many consecutive skipped steps training stops with an error that says what was seen. `0`
+            stops at the first.
         collapse_guard (`str`, *optional*, defaults to `"warn"`):
             Watch the training reward, rollout entropy and KL for a collapse (`trl_dllm.training.collapse`): `"off"`,
             `"warn"` (log why), `"stop"` (log why and stop training) or `"rollback"` (log why, restore the last good
@@ -347,6 +356,11 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
     score_padding_eos: bool = field(
         default=False, metadata={"help": "Score the EOS tokens that fill the canvas after the first EOS."}
     )
+    use_bias_correction_kl: bool | None = field(
+        default=None,
+        metadata={"help": "TRL's loss types, beta > 0: multiply the k3 KL by the token's importance ratio (TRL's field). "
+                  "None: TRL's True, but False with an MC-weighted estimator (elbo, coupled, block, spg)."},
+    )
     leave_one_out: bool = field(
         default=False, metadata={"help": "Leave-one-out advantages (ESPO): TRL's advantages times G / (G - 1)."}
     )
@@ -368,7 +382,8 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
 
     max_consecutive_nonfinite_steps: int = field(
         default=5,
-        metadata={"help": "Consecutive skipped non-finite optimizer steps before training stops (0: stop at the first)."},
+        metadata={"help": "Consecutive skipped optimizer steps (non-finite, or a gradient norm 1000x the recent ones) "
+                  "before training stops (0: stop at the first)."},
     )
     collapse_guard: str = field(
         default="warn", metadata={"help": "On a collapse of the training reward: off, warn, stop or rollback."}
@@ -420,6 +435,10 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
         self.mc_checkpointing = checks.auto_or_bool("mc_checkpointing", self.mc_checkpointing)
         self.whole_group_batches = checks.whole_group_batches(self)
         checks.check_config(self)
+        # Whether `use_bias_correction_kl` was left to its default: resolved for the estimator (again by the trainer,
+        # after `fit_estimator` has fitted the estimator to the model's family).
+        self._bias_correction_defaulted = self.use_bias_correction_kl is None
+        checks.bias_correction_kl(self)
 
     def _fill_decoding_defaults(self):
         """`block_length=None`: :func:`default_block_length`; `diffusion_steps=None`: two tokens per step, rounded up to

@@ -85,6 +85,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         # TRL lists the tokenizer's EOS first; early exit fills with the first id, so keep that order.
         self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *self.model_spec.eos_token_ids]))
         picked = checks.fit_estimator(args, self.model_spec.family == "block", self.model_spec.noise)  # `estimator` unset
+        unweighted_kl = checks.bias_correction_kl(args)  # for the fitted estimator: TRL's KL correction, or not
         model_checks.check_noise(args, self.model_spec)  # the estimator scores the family's noise (mask / uniform)
         rollouts.check_uniform_decoding(unwrapped, self.model_spec, args, self.eos_token_ids)  # DiffusionGemma's sampler
         peft = is_peft_model(unwrapped)
@@ -106,7 +107,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         self.reward_funcs = inputs.checked_reward_functions(self.reward_funcs, self.reward_func_names)
         adaptive = self.model_spec.noise == "uniform"  # DiffusionGemma's own sampler stops canvases by itself
         notices = [*startup_lines(args, block_length, picked, adaptive), *model_setup.dropout_notice(unwrapped, args),
-                   *reentry]  # fmt: skip
+                   *reentry, *([unweighted_kl] if unweighted_kl else [])]  # fmt: skip
         for line in unsaid(notices):  # once per `once_per_run()` block
             self.accelerator.print(line)
         self.scoring = Scoring(args, self.model_spec, block_length, self._entropy_bonus_enabled,
@@ -116,7 +117,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         self._estimation: EstimationPass | None = None
         # TRL's `_generate_single_turn` returns id lists cut at EOS: the full canvas reaches the batch through here.
         self._pending_rollout: rollouts.Rollout | None = None
-        self._nonfinite = NonFiniteGuard(args.max_consecutive_nonfinite_steps)
+        self._nonfinite = NonFiniteGuard(args.max_consecutive_nonfinite_steps, args.max_grad_norm,
+                                         judge_spikes=not self.is_deepspeed_enabled)  # DeepSpeed has stepped already
         self._zero_spread = ZeroSpreadWatch(args)  # warns when frac_reward_zero_std stays 1 (nothing is learned)
         self._unscorable = UnscorableWatch(args.max_unscorable_rollouts)  # warns, then stops, when no reward scores
         self._eval_rollouts = 0  # keys eval rollouts' seeds (the training ones are keyed by TRL's step counter)
@@ -331,8 +333,9 @@ class DiffusionGRPOTrainer(GRPOTrainer):
 
     def _get_grad_norm(self, model, grad_norm=None):
         """transformers calls this right before `optimizer.step()`. A step whose loss or gradient is not finite on any
-        process is skipped: gradients set to `None`, so the optimizer moves nothing (`nonfinite.py`). DeepSpeed has
-        stepped already inside `backward`; it skips non-finite gradients itself, which is checked here."""
+        process, or whose gradient norm is absurd, is skipped: gradients set to `None`, so the optimizer moves nothing
+        (`nonfinite.py`). DeepSpeed has stepped already inside `backward`; it skips non-finite gradients itself, which
+        is checked here (absurd finite ones are not judged under DeepSpeed)."""
         grad_norm = super()._get_grad_norm(model, grad_norm)
         if self._nonfinite.skip_step(grad_norm, self.accelerator, self.state.global_step + 1, self._metrics["train"]):
             if self.is_deepspeed_enabled and not self.accelerator.optimizer_step_was_skipped:

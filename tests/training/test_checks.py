@@ -162,3 +162,25 @@ def test_estimator_set_by_the_user_is_kept_and_checked():
     assert fit_estimator(args, True) is None and args.estimator == "elbo"
     with pytest.raises(ValueError, match="estimator='elbo' scores with bidirectional attention"):
         check_block_layout(args, dataclasses.replace(BLOCK, block_length=4, mask_token_id=3))
+
+
+@pytest.mark.parametrize(
+    "loss_type,estimator,beta,explicit,expected,said",
+    [("grpo", "elbo", 0.04, None, False, True),  # TRL's loss, L/n-weighted values: TRL's correction off, said
+     ("dapo", "coupled", 0.04, None, False, True),  # 1/t-weighted
+     ("grpo", "elbo", 0.0, None, False, False),  # no KL: nothing to say
+     ("grpo", "mean_field", 0.04, None, True, False),  # one log-prob per token: TRL's default
+     ("grpo", "elbo", 0.04, True, True, False),  # set by the user: kept, no line
+     ("espo", "elbo", 0.04, None, True, False)],  # a diffusion objective: TRL's field is not read
+)  # fmt: skip
+def test_bias_correction_kl_left_unset_fits_the_estimator(loss_type, estimator, beta, explicit, expected, said):
+    from trl_dllm.training.checks import bias_correction_kl
+
+    args = DiffusionGRPOConfig(output_dir="unused", report_to="none", use_cpu=True, per_device_train_batch_size=4,
+                               num_generations=4, max_completion_length=8, block_length=4, loss_type=loss_type,
+                               estimator=estimator, beta=beta, use_bias_correction_kl=explicit)  # fmt: skip
+    assert args.use_bias_correction_kl is expected
+    line = bias_correction_kl(args)  # again, as the trainer does after fitting the estimator: the same answer
+    assert args.use_bias_correction_kl is expected and (line is not None) == said
+    if said:
+        assert line.startswith(f"trl_dllm: use_bias_correction_kl=False instead of TRL's default: estimator={estimator!r}")

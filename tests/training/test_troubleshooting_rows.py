@@ -1,4 +1,4 @@
-"""docs/troubleshooting.md rows 28-53 (reliability refusals): each quotes text the code really produces. For every row,
+"""docs/troubleshooting.md rows 28-55 (reliability refusals): each quotes text the code really produces. For every row,
 the literal parts of its message (split where the code interpolates a value) are found in the row and in the source
 of the module that raises it."""
 
@@ -55,6 +55,12 @@ ROWS = {
     52: ("trl_dllm/training/diffusion_gemma_rollouts.py", ["does not apply to DiffusionGemma: "]),
     53: ("trl_dllm/training/model_checks.py", [" scores each row in ", "), which DeepSpeed ZeRO-3 cannot train with LoRA",
                                              "and reentrant activation checkpointing ("]),
+    54: ("trl_dllm/nonfinite.py", ["trl_dllm: optimizer step ", " skipped: ", "gradient norm ", "x the median ",
+                                  " steps taken (limit: ", "x the larger of that median and max_grad_norm="]),
+    55: ("trl_dllm/training/checks.py", ["trl_dllm: use_bias_correction_kl=False instead of TRL's default: estimator=",
+                                        " weights each token's log-prob by up to L/n, so TRL's correction exp(logp - "
+                                        "old_logp) would be the token's ratio to that power. Set it explicitly to "
+                                        "silence this line (docs/troubleshooting.md)."]),
 }  # fmt: skip
 
 

@@ -389,6 +389,25 @@ def fit_estimator(args, block_family: bool, noise: str = "mask") -> str | None:
     )
 
 
+def bias_correction_kl(args) -> str | None:
+    """`use_bias_correction_kl` left to its default (`DiffusionGRPOConfig._bias_correction_defaulted`): TRL's `True`,
+    except for TRL's loss types on an estimator whose per-token values carry Monte Carlo weights (its registry entry's
+    `mc_weighted`). TRL multiplies the k3 KL by `exp(logp - old_logp)`; on values `w · log p` that is the token's
+    ratio to the power `w` (up to `L`), not the importance ratio the correction needs. Sets the field; returns the
+    start-up line when that switches it off with `beta > 0`, else `None`. Called by the config and the trainer."""
+    if not getattr(args, "_bias_correction_defaulted", False):
+        return None
+    weighted = args.loss_type not in OBJECTIVES and ESTIMATORS[args.estimator].mc_weighted
+    args.use_bias_correction_kl = not weighted
+    if not weighted or args.beta == 0.0:
+        return None
+    return (
+        f"trl_dllm: use_bias_correction_kl=False instead of TRL's default: estimator={args.estimator!r} weights each "
+        "token's log-prob by up to L/n, so TRL's correction exp(logp - old_logp) would be the token's ratio to that "
+        "power. Set it explicitly to silence this line (docs/troubleshooting.md)."
+    )
+
+
 def _check_method_options(args) -> None:
     """Every field a method option is read from, against its declaration (`trl_dllm.core.options.Option.check`),
     whichever method the run uses: a wrong value is refused even where this run does not read it."""

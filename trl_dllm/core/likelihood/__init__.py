@@ -111,6 +111,10 @@ class Estimator:
         noise (`str`, *optional*, defaults to `"mask"`): the forward process it scores, which must be the model
             family's (``ModelSpec.noise``): ``"mask"`` (called with ``model_logits_fn``) or ``"uniform"`` (called with
             the family's denoiser, ``Denoiser(model)``; no mask token).
+        mc_weighted (`bool`, *optional*, defaults to `False`): its per-token values are log-probs times Monte Carlo
+            weights (``L/n``, ``1/t``: up to ``L``), so ``exp`` of a difference of two of them is a token's probability
+            ratio raised to that weight, not the ratio. TRL's per-token importance correction of the KL
+            (``use_bias_correction_kl``) is then off unless set (``trl_dllm.training.checks.bias_correction_kl``).
     """
 
     fn: Callable[..., LikelihoodOutput]
@@ -128,6 +132,7 @@ class Estimator:
     check: Callable[[object], str | None] | None = None
     objectives: tuple[str, ...] = ()
     noise: str = "mask"
+    mc_weighted: bool = False
 
     @property
     def option_names(self) -> tuple[str, ...]:
@@ -142,10 +147,12 @@ ESTIMATORS: dict[str, Estimator] = {
     "elbo": Estimator(
         elbo, "Monte Carlo ELBO, LLaDA/ESPO", elbo_views,
         options=(MC_SAMPLES, ANTITHETIC, ELBO_COUNTS_OPTION, P_MASK_PROMPT, MC_BATCH_SIZE, *MEMORY),
+        mc_weighted=True,  # L / n
     ),
     "coupled": Estimator(
         coupled, "DiffuCoder's full-mask + weighted complementary views", coupled_views,
         options=(MC_SAMPLES, T_MIN, T_MAX, P_MASK_PROMPT, MC_BATCH_SIZE, *MEMORY),
+        mc_weighted=True,  # 1 / t
     ),
     "trajectory": Estimator(
         trajectory, "AGRPO: replays sampled steps of the recorded rollout; `loss_type=\"agrpo\"` only",
@@ -166,6 +173,7 @@ ESTIMATORS: dict[str, Estimator] = {
         options=(*_BLOCK, MC_SAMPLES, ANTITHETIC, P_MASK_PROMPT, MC_BATCH_SIZE, *MEMORY),
         block_causal=True,
         staircase=True,
+        mc_weighted=True,  # L_b / n per block
     ),
     "block_steps": Estimator(
         block_steps, "DiPO: the step-level likelihood of a block-diffusion rollout's own steps", block_steps_views,
@@ -190,6 +198,7 @@ ESTIMATORS: dict[str, Estimator] = {
         spg_views,
         options=(BLOCK_LENGTH, MC_SAMPLES, P_MASK_PROMPT, SPG_BETA, MC_BATCH_SIZE, *MEMORY, RETURN_EUBO),
         output_fields=("eubo_logps",),
+        mc_weighted=True,  # n / |M_j|
     ),
     "uniform_block": Estimator(
         uniform_block, "DiffusionGemma's per-block uniform-noise SFT surrogate (uniform-noise families only)",
