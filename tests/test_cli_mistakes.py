@@ -292,6 +292,30 @@ def test_full_disk_at_a_checkpoint(in_repo, tmp_path, capsys, monkeypatch):
     assert "then resume with resume_from_checkpoint=True" in line and not (out / "checkpoint-1").exists()
 
 
+def test_full_disk_at_the_final_save(in_repo, tmp_path, capsys, monkeypatch):
+    """Training finished; the disk fills while the final model is written: one line that says how much space, where,
+    and how to get the model (resume from the last checkpoint), and no torn weights in output_dir."""
+    import errno
+
+    from transformers import Trainer
+
+    save = Trainer.save_model
+
+    def full(self, output_dir=None, _internal_call=False):
+        if _internal_call:
+            return save(self, output_dir, _internal_call)
+        (tmp_path / "out" / "model.safetensors").write_bytes(b"torn")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Trainer, "save_model", full)
+    out = tmp_path / "out"
+    line = run_bad(capsys, grpo.main, [*ONE_STEP, "--output_dir", str(out), "--save_strategy", "steps",
+                                       "--save_steps", "1"], training=True)  # fmt: skip
+    assert f"MB needed to save the final model in {out} " in line and "checkpoint-1 is intact" in line
+    assert line.endswith("resume_from_checkpoint=True: it resumes from the last checkpoint and saves the model")
+    assert not (out / "model.safetensors").exists() and (out / "checkpoint-1").is_dir()
+
+
 @pytest.mark.parametrize("damage,problem", [
     ("no_weights", "no weights (no *.safetensors or *.bin); copy the model's weight files into it."),
     ("truncated", "model.safetensors "),

@@ -362,8 +362,20 @@ class DiffusionGRPOTrainer(GRPOTrainer):
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
         """TRL's `save_model`; a LoRA adapter of a natively loaded LLaDA is then rewritten in LLaDA's own module names
         (full weights are always saved in the original layout by the native class). Intermediate checkpoints keep the
-        native adapter names, so a resume loads them as saved."""
-        super().save_model(output_dir, _internal_call)
+        native adapter names, so a resume loads them as saved. The final save (not a checkpoint's) is checked for
+        space first, and one that fills the disk says so in one line and leaves no torn weights behind."""
+        if _internal_call:  # inside `_save_checkpoint`, which checks and reports for its own folder
+            super().save_model(output_dir, _internal_call)
+        else:
+            target = output_dir or self.args.output_dir
+            model = self.accelerator.unwrap_model(self.model)
+            problem = [state.final_save_problem(target, model) if self.accelerator.is_main_process else None]
+            if self.accelerator.num_processes > 1:  # every process stops together, none waits in the save's gathers
+                broadcast_object_list(problem)
+            if problem[0] is not None:
+                raise problem[0]
+            with state.reporting_full_disk_at_final_save(target, model):
+                super().save_model(output_dir, _internal_call)
         if self._embedded_name is not None and self.accelerator.is_main_process:
             model_setup.name_embedded_base(output_dir or self.args.output_dir, self._embedded_name)
         unwrapped = self.accelerator.unwrap_model(self.model)

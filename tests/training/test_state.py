@@ -352,3 +352,55 @@ def test_space_is_checked_before_a_save(tmp_path, monkeypatch):
     free[0] = 94_999
     assert "; the previous checkpoint" in str(state.space_problem(str(tmp_path), 2, model))
     assert state.space_problem(str(tmp_path / "absent"), 1, model) is None
+
+
+FINAL_SAVE_LINE = (r"no space left on device: \d+\.\d MB needed to save the final model in .* \(\d+\.\d MB free\); "
+                   r"(the last checkpoint .*checkpoint-1 is intact|no checkpoint was saved \(save_strategy\), so the "
+                   r"run's training is not on disk)\. Free space or set output_dir to a larger disk, then run the same "
+                   r"command with resume_from_checkpoint=True: it resumes from the last checkpoint and saves the "
+                   r"model")  # fmt: skip
+
+
+@pytest.mark.parametrize("when", ["safetensors", "before"])
+def test_real_full_disk_at_the_final_save(tiny_model_path, small_disk, when):
+    """The run's last act, `save_model(output_dir)`, on a real small filesystem that fills: while safetensors writes
+    the weights (its real `SafetensorError`, no torn `model.safetensors` left) or before the save starts (refused
+    before a byte is written). checkpoint-1 stays intact either way."""
+    import transformers.modeling_utils as modeling_utils
+
+    import trl_dllm.training.state as state
+
+    trainer = make_trainer(tiny_model_path, small_disk)
+    trainer.args.max_steps = 1
+    trainer.train()
+    assert state.checkpoint_problem(str(small_disk / "checkpoint-1")) is None
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        if when == "before":
+            fill_disk(small_disk)
+        else:
+            real = modeling_utils.safe_save_file
+
+            def write(obj, f, *args, **kwargs):
+                fill_disk(small_disk)
+                return real(obj, f, *args, **kwargs)
+
+            monkeypatch.setattr(modeling_utils, "safe_save_file", write)
+        with pytest.raises(state.FullDiskError, match=FINAL_SAVE_LINE) as caught:
+            trainer.save_model(str(small_disk))
+    if when == "before":
+        assert caught.value.__cause__ is None
+    else:
+        assert type(caught.value.__cause__).__name__ == "SafetensorError", repr(caught.value.__cause__)
+    assert "checkpoint-1 is intact" in str(caught.value) and not (small_disk / "model.safetensors").exists()
+    assert state.checkpoint_problem(str(small_disk / "checkpoint-1")) is None
+
+
+def test_final_save_other_errors_keep_their_traceback_and_files(tmp_path):
+    import trl_dllm.training.state as state
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(RuntimeError, match="CUDA error"):
+        with state.reporting_full_disk_at_final_save(str(tmp_path), torch.nn.Linear(2, 2)):
+            (tmp_path / "model.safetensors").write_bytes(b"x")
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    assert (tmp_path / "model.safetensors").exists() and (tmp_path / "config.json").exists()

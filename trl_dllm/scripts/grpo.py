@@ -225,11 +225,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         check_output_dir(training_args.output_dir, resume, training_args.overwrite_output_dir)  # before loading
         trainer = build_trainer(script_args, training_args, model_args)
     # Another run holds output_dir's lock; the checkpoint cannot be resumed; a reward function returned what TRL
-    # cannot use, or scored nothing; the disk filled while a checkpoint was saved (the previous one is intact).
+    # cannot use, or scored nothing; the disk filled while a checkpoint or the final model was saved (the previous
+    # checkpoint is intact).
     training_errors = (OutputDirError, ResumeError, RewardFunctionError, FullDiskError)
     with exit_on_bad_input("trl-dllm grpo", errors=training_errors, fresh_line=True):
         trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(training_args.output_dir)
+        trainer.save_model(training_args.output_dir)  # a full disk here: the same one line
     trainer.save_state()  # trainer_state.json: the log history, next to the model
     processes = trainer.accelerator.num_processes
     trainer.accelerator.print(f"Model saved to {training_args.output_dir} (trained on {processes} process(es))")

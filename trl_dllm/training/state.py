@@ -279,6 +279,55 @@ def reporting_full_disk(run_dir: str, step: int, model):
         raise _full_disk_error(run_dir, step, needed, free) from err
 
 
+def _final_save_error(output_dir: str, needed: int, free: int | None) -> FullDiskError:
+    previous = [p for p in checkpoints(output_dir) if checkpoint_problem(p) is None]
+    kept = (f"; the last checkpoint {previous[0]} is intact" if previous
+            else "; no checkpoint was saved (save_strategy), so the run's training is not on disk")  # fmt: skip
+    return FullDiskError(
+        errno.ENOSPC,
+        f"no space left on device: {needed / 2**20:.1f} MB needed to save the final model in {output_dir} "
+        f"({(free or 0) / 2**20:.1f} MB free){kept}. Free space or set output_dir to a larger disk, then run the same "
+        "command with resume_from_checkpoint=True: it resumes from the last checkpoint and saves the model",
+    )
+
+
+def final_save_problem(output_dir: str, model) -> FullDiskError | None:
+    """Before the final `save_model` into ``output_dir``: the [`FullDiskError`] it would end in, or `None` — refused
+    only where the disk has less free space than the weights it saves (the adapter's for a PEFT model)."""
+    if not os.path.isdir(output_dir):
+        return None
+    needed, free = _model_bytes(model)[0], shutil.disk_usage(output_dir).free
+    return _final_save_error(output_dir, needed, free) if free < needed else None
+
+
+@contextlib.contextmanager
+def reporting_full_disk_at_final_save(output_dir: str, model):
+    """Around the final `save_model` into ``output_dir``: a save that fails for lack of space raises the one-line
+    [`FullDiskError`], and the files it left torn at the top of ``output_dir`` (new or rewritten since it began) go;
+    the checkpoints in their sub-folders are not touched. Other errors keep their traceback (as
+    [`reporting_full_disk`])."""
+    def top_files() -> dict[str, int]:
+        if not os.path.isdir(output_dir):
+            return {}
+        return {e.path: e.stat().st_mtime_ns for e in os.scandir(output_dir) if e.is_file(follow_symlinks=False)}
+
+    before = top_files()
+    try:
+        yield
+    except _writer_errors() as err:
+        needed = _model_bytes(model)[0]
+        free = shutil.disk_usage(output_dir).free if os.path.isdir(output_dir) else None
+        enospc = isinstance(err, OSError) and err.errno == errno.ENOSPC
+        if not (enospc or (any(s in str(err).lower() for s in _FULL_DISK) and free is not None and free < needed)):
+            raise
+        for path, mtime in top_files().items():
+            if before.get(path) != mtime:
+                os.remove(path)
+        if free is not None:
+            free = shutil.disk_usage(output_dir).free
+        raise _final_save_error(output_dir, needed, free) from err
+
+
 def _previous_checkpoint_bytes(run_dir: str, step: int | None = None) -> int | None:
     partial = os.path.join(run_dir, f"checkpoint-{step}")
     for path in checkpoints(run_dir):
