@@ -127,12 +127,13 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
         block_kv_cache (`bool`, *optional*, defaults to `True`):
             Block-diffusion models: reuse an exact KV cache of the prompt and the committed blocks while denoising the
             next block.
-        generation_cuda_graphs (`bool`, *optional*, defaults to `False`):
+        generation_cuda_graphs (`bool` or `None`, *optional*, defaults to `None`):
             Block-diffusion models with `block_kv_cache` on a CUDA device: replay each denoising step of a fixed shape
             as a CUDA graph (captured the second time its shape is seen; two per rollout), one launch instead of one
             per operation. A cached step forwards a few tokens per row, so its time is the host's, not the GPU's
             (docs/generation.md). The same tokens as without. Mixture-of-experts models only with experts run as
-            grouped / batched GEMMs (LLaDA2's default), which read nothing on the host.
+            grouped / batched GEMMs (LLaDA2's default), which read nothing on the host. `None`: off, with one startup
+            line suggesting it where it could run; `False`: off, silently.
         generation_compile (`bool`, *optional*, defaults to `False`):
             Run the denoising steps of rollouts compiled by `torch.compile` (Inductor): the sampler's work after each
             forward (softmax, noise, sampling, selection, the commit) always; the forward too where it is a cached
@@ -306,8 +307,8 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
     block_kv_cache: bool = field(
         default=True, metadata={"help": "Block-diffusion models: exact KV cache of the prompt and committed blocks."}
     )
-    generation_cuda_graphs: bool = field(
-        default=False,
+    generation_cuda_graphs: bool | None = field(
+        default=None,
         metadata={"help": "Block-diffusion models on CUDA: replay the cached denoising step as a CUDA graph."},
     )
     generation_compile: bool = field(

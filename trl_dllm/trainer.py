@@ -99,15 +99,15 @@ class DiffusionGRPOTrainer(GRPOTrainer):
                                  self._tokenize_prompts)  # text-only, prompts + completion within its positions
         inputs.check_reward_functions(self)
         model_checks.warn_silent_settings(unwrapped, args, self.is_fsdp_enabled, self.accelerator.device.type)
-        model_checks.check_cuda_graphs(args, self.model_spec, unwrapped, self.accelerator.device.type,
-                                       self._shards_parameters)
+        graphs_hint = model_checks.check_cuda_graphs(args, self.model_spec, unwrapped, self.accelerator.device.type,
+                                                     self._shards_parameters)  # fmt: skip
         model_checks.check_compile(args, self.model_spec, self._shards_parameters)
         checks.check_rollback_backend(args, self.is_deepspeed_enabled or self.is_fsdp_enabled)
         model_checks.check_merge_adapters(unwrapped, args, self._shards_parameters)
         self.reward_funcs = inputs.checked_reward_functions(self.reward_funcs, self.reward_func_names)
         adaptive = self.model_spec.noise == "uniform"  # DiffusionGemma's own sampler stops canvases by itself
         notices = [*startup_lines(args, block_length, picked, adaptive), *model_setup.dropout_notice(unwrapped, args),
-                   *reentry, *([unweighted_kl] if unweighted_kl else [])]  # fmt: skip
+                   *reentry, *([unweighted_kl] if unweighted_kl else []), *([graphs_hint] if graphs_hint else [])]  # fmt: skip
         for line in unsaid(notices):  # once per `once_per_run()` block
             self.accelerator.print(line)
         self.scoring = Scoring(args, self.model_spec, block_length, self._entropy_bonus_enabled,

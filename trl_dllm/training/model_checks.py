@@ -132,17 +132,16 @@ SYNC_FREE_EXPERTS = ("grouped_mm", "batched_mm")
 offsets on the device), so a mixture-of-experts step can be recorded as a CUDA graph."""
 
 
-def check_cuda_graphs(args, spec: ModelSpec, model, device_type: str, sharded: bool) -> None:
-    """`generation_cuda_graphs` at construction: a block-diffusion model on a CUDA device, its experts (if any) run
-    by a sync-free implementation (:data:`SYNC_FREE_EXPERTS`: LLaDA2's stacked experts by default), its parameters
-    whole (a captured step replays fixed kernels: no host reads, no parameter gathering)."""
-    if not args.generation_cuda_graphs:
-        return
+def cuda_graphs_problem(args, spec: ModelSpec, model, device_type: str, sharded: bool) -> str | None:
+    """Why `generation_cuda_graphs` cannot run on this model and setup, or `None`: a block-diffusion model on a CUDA
+    device, its experts (if any) run by a sync-free implementation (:data:`SYNC_FREE_EXPERTS`: LLaDA2's stacked
+    experts by default), its parameters whole (a captured step replays fixed kernels: no host reads, no parameter
+    gathering)."""
     config = model.config.get_text_config()
     experts = next((getattr(config, name) for name in ("num_experts", "n_routed_experts") if getattr(config, name, 0)),
                    None)  # fmt: skip
     implementation = getattr(config, "_experts_implementation", None)
-    problem = (
+    return (
         f"this model ({spec.family!r} family) is not block-diffusion: its rollouts have no cached step to replay"
         if spec.family != "block"
         else f"the processes run on {device_type}, which has no CUDA graphs" if device_type != "cuda"
@@ -153,8 +152,27 @@ def check_cuda_graphs(args, spec: ModelSpec, model, device_type: str, sharded: b
         else "ZeRO-3 / FSDP gather the parameters inside each forward, which a graph cannot record" if sharded
         else None
     )  # fmt: skip
+
+
+CUDA_GRAPHS_HINT = (
+    "trl_dllm: generation_cuda_graphs=True would replay each cached denoising step as a CUDA graph: the same tokens, "
+    "steps 2.4x (SDAR-8B) and 2.2x (LLaDA2.0-mini) faster on one H200 (docs/generation.md); off by default until "
+    "measured through the trainer on a GPU. Set generation_cuda_graphs explicitly to silence this line."
+)
+
+
+def check_cuda_graphs(args, spec: ModelSpec, model, device_type: str, sharded: bool) -> str | None:
+    """`generation_cuda_graphs` at construction: `True` where it cannot run is refused with the reason
+    (:func:`cuda_graphs_problem`); left unset (`None`) where it could run, the startup line suggesting it
+    (:data:`CUDA_GRAPHS_HINT`) is returned; else `None`."""
+    if args.generation_cuda_graphs is False:
+        return None
+    problem = cuda_graphs_problem(args, spec, model, device_type, sharded)
+    if args.generation_cuda_graphs is None:
+        return CUDA_GRAPHS_HINT if problem is None and args.block_kv_cache else None
     if problem:
         raise ValueError(f"generation_cuda_graphs=True cannot be honoured: {problem}. Set generation_cuda_graphs=False.")
+    return None
 
 
 def compiled_step_refusal(spec: ModelSpec) -> str | None:

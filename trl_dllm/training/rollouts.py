@@ -133,7 +133,7 @@ def decoding_plan(
         fields.update(
             use_cache=args.block_kv_cache,
             decode_to_block_end=not return_trajectory,
-            cuda_graphs=args.generation_cuda_graphs,
+            cuda_graphs=bool(args.generation_cuda_graphs),
         )
     elif args.generation_cuda_graphs:
         fields["cuda_graphs"] = True  # refused by plan_decoding, with the reason
