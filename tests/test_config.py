@@ -97,7 +97,9 @@ def test_trl_gradient_checkpointing_name_reaches_transformers_without_deprecatio
         (dict(loss_type="justgrpo", estimator="elbo"), r"loss_type='justgrpo' cannot use estimator='elbo'"),
         (dict(dynamic_sampling=True, dynamic_sampling_patience=0), r"dynamic_sampling_patience=0 must be >= 1"),
         (dict(whole_group_batches=True, per_device_train_batch_size=2, steps_per_generation=2),
-         r"whole_group_batches=True needs per_device_train_batch_size=2 to be a multiple of num_generations=4"),
+         r"whole_group_batches=True needs per_device_train_batch_size=2 to be a multiple of num_generations=4.*"
+         r"set per_device_train_batch_size=4 .*The cost: each micro-step then holds 4 rows instead of 2, about 2x the "
+         r"activation memory"),
     ],
 )
 def test_bad_input_raises_clear_error(kwargs, pattern):

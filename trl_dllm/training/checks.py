@@ -329,7 +329,11 @@ def _check_whole_groups(args):
         raise ValueError(
             f"{why} needs per_device_train_batch_size={args.per_device_train_batch_size} to be a multiple of "
             f"num_generations={args.num_generations}, so that every micro-batch (and process) holds whole groups; set "
-            f"per_device_train_batch_size={_group_multiple(args)} (and gradient_accumulation_steps for a larger batch)."
+            f"per_device_train_batch_size={_group_multiple(args)} (and gradient_accumulation_steps for a larger batch). "
+            f"The cost: each micro-step then holds {_group_multiple(args)} rows instead of "
+            f"{args.per_device_train_batch_size}, about {_group_multiple(args) / args.per_device_train_batch_size:.2g}x "
+            "the activation memory of its rollout and update (`trl-dllm plan` says whether it fits); a group split "
+            "over micro-batches or processes is not supported."
         )
 
 
