@@ -61,6 +61,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import compat
 from ..core.sampling import GenerationOutput
 from ..models.families.diffusion_gemma import Denoiser
 
@@ -166,10 +167,8 @@ def diffusion_gemma_options(
 def generate_kwargs(model, options: DiffusionGemmaOptions) -> dict:
     """The keyword arguments of ``model.generate()`` for ``options``: what the model's generation config (else the
     family's defaults) says, with the completion length, steps, temperature and EOS handling of ``options``."""
-    from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
-
     own = getattr(model, "generation_config", None)
-    defaults = DiffusionGemmaGenerationConfig._get_default_generation_params()
+    defaults = compat.diffusion_gemma_generation_defaults()
     t_min = getattr(own, "t_min", None) or defaults["t_min"]
     t_max = getattr(own, "t_max", None) or defaults["t_max"]
     kwargs = {"max_new_tokens": options.gen_length, "t_min": t_min * options.temperature,
@@ -262,7 +261,7 @@ class _Sampler:
         from ..models import base_model
 
         inner = base_model(model)
-        config, _ = inner._prepare_generation_config(None, **generate_kwargs(model, options))
+        config = compat.prepare_generation_config(inner, **generate_kwargs(model, options))
         self.canvas_length, self.vocab_size = inner.config.canvas_length, inner.config.text_config.vocab_size
         self.steps = config.max_denoising_steps
         self.accept = EntropyBoundSampler(config.sampler_config, self.canvas_length, self.vocab_size, self.steps)

@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from .. import compat
 from ..core.likelihood import ESTIMATORS
 from ..core.methods import noise_problem, own_objective
 from ..models import ModelSpec, require_attention, scores_with_4d_mask
@@ -140,7 +141,7 @@ def cuda_graphs_problem(args, spec: ModelSpec, model, device_type: str, sharded:
     config = model.config.get_text_config()
     experts = next((getattr(config, name) for name in ("num_experts", "n_routed_experts") if getattr(config, name, 0)),
                    None)  # fmt: skip
-    implementation = getattr(config, "_experts_implementation", None)
+    implementation = compat.experts_implementation(config)
     return (
         f"this model ({spec.family!r} family) is not block-diffusion: its rollouts have no cached step to replay"
         if spec.family != "block"

@@ -12,7 +12,8 @@ extra forward: a committed block rides along with the first step of the next blo
 
 It calls the Hugging Face module directly (``past_key_values``, ``position_ids``, ``logits_to_keep``), which the
 logits-function interface of :mod:`trl_dllm.core.logits` does not carry. :class:`SlotCache` implements the part of the
-transformers cache interface that attention layers call, so this module imports only torch.
+transformers cache interface that attention layers call, so this module imports only torch (and, to register its
+attention function, transformers through :mod:`trl_dllm.compat`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import contextlib
 import torch
 from torch import nn
 
+from ... import compat
 from ..masks import block_attention, block_causal_mask
 from .graphs import StaticCall, StepGraphs, cache_keyword, compiled_forward, picked, static_forward
 
@@ -75,18 +77,18 @@ def grouped_attention(model):
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = getattr(text, "num_attention_heads", None)
     groups = getattr(text, "num_key_value_heads", None) or heads
-    if getattr(text, "_attn_implementation", None) != "sdpa" or not heads or groups == heads:
+    if compat.attention_implementation(text) != "sdpa" or not heads or groups == heads:
         yield
         return
     from transformers import AttentionInterface  # the models are transformers modules; registered once
 
-    if GROUPED_SDPA not in AttentionInterface._global_mapping:
+    if not compat.attention_registered(GROUPED_SDPA):
         AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
-    text._attn_implementation = GROUPED_SDPA
+    compat.set_attention_implementation(text, GROUPED_SDPA)
     try:
         yield
     finally:
-        text._attn_implementation = "sdpa"
+        compat.set_attention_implementation(text, "sdpa")
 
 
 class SlotCache:

@@ -28,6 +28,7 @@ import dataclasses
 import torch
 from torch import nn
 
+from ... import compat
 from .graphs import StaticCall, cache_keyword, compiled_forward, static_forward
 from .kv_cache import SlotCache, module_dtype
 from .loop import DecodingState, GenerationOutput, decode_blocks
@@ -126,8 +127,7 @@ class BidirectionalKVCache:
         # The refresh's K/V of every position, `(b, H, N, D)` per layer, become the static slots: a cached step
         # overwrites the slots it forwards and attends over all N (the positions outside R are its own, fresh).
         self.slots = SlotCache(canvas.shape[1], self.keyword)
-        self.slots.keys = [layer.keys for layer in past.layers]
-        self.slots.values = [layer.values for layer in past.layers]
+        self.slots.keys, self.slots.values = compat.cache_layer_tensors(past)
         self.cache_class = type(past)
         self.rows, self.block, self.calls_since_refresh = index, (start, end), 0
         self.row_ids = step_rows.active if step_rows is not None else tuple(index.tolist())

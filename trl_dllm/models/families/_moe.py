@@ -21,6 +21,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb, eager_attention_forward
 from transformers.models.phi.modeling_phi import PhiRotaryEmbedding
 
+from ... import compat
 from ..native import refuse_unsupported, rope_parameters
 
 # inclusionAI's 157184-token tokenizer, used by LLaDA-MoE and LLaDA2 alike (facts: the mask_id of LLaDA2's generate()
@@ -171,7 +172,8 @@ class MoEAttention(nn.Module):
         q, k = torch.cat([q_rot, q[..., rot:]], -1), torch.cat([k_rot, k[..., rot:]], -1)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
-        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(compat.attention_implementation(self.config),
+                                                          eager_attention_forward)  # fmt: skip
         out, _ = attention(self, q, k, v, attention_mask, scaling=self.scaling,
                            dropout=self.attention_dropout if self.training else 0.0)  # fmt: skip
         return out.reshape(batch, n, -1)

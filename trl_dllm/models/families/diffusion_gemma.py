@@ -28,6 +28,7 @@ import torch
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from ... import compat
 from ...core.methods import noise_estimator, noise_problem
 from ..specs import Family, ModelSpec
 from ..tiny import SYMBOLS, WORDS
@@ -183,11 +184,7 @@ class Denoiser:
 
         caches = [checkpoint(self._encode, context_ids[r : r + 1], context_mask[r : r + 1],
                              context_positions[r : r + 1], use_reentrant=False) for r in range(context_ids.size(0))]  # fmt: skip
-        joined = caches[0]
-        for i, layer in enumerate(joined.layers):
-            layer.keys = torch.cat([c.layers[i].keys for c in caches])
-            layer.values = torch.cat([c.layers[i].values for c in caches])
-        return joined
+        return compat.concatenate_caches(caches)
 
     def __call__(self, cache, visible, canvas_ids, canvas_positions, self_conditioning=None):
         extra = {}
