@@ -6,7 +6,7 @@ Swap two names in a TRL GRPO script — ``GRPOTrainer`` → ``DiffusionGRPOTrain
 Names are imported on first use, so ``import trl_dllm.core`` or ``trl_dllm.rewards`` does not pay for importing TRL.
 """
 
-import importlib
+import importlib as _importlib
 
 from .console import install_log_filters
 
@@ -35,10 +35,10 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'trl_dllm' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    value = getattr(_importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     globals()[name] = value
     return value
 
 
 def __dir__():
-    return sorted(list(globals()) + __all__)
+    return sorted({name for name in globals() if not name.startswith("_")} | set(__all__))

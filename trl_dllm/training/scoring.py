@@ -18,15 +18,15 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from ..core.likelihood import ESTIMATORS, LikelihoodOutput, estimate
+from ..core.methods import METHOD_OPTIONS
 from ..core.objectives import OBJECTIVES
-from ..core.options import option_sources
 from ..models import ModelSpec, model_logits_fn
 from ..models.families.diffusion_gemma import Denoiser
 from ..seeding import sample_seed
 from .rollouts import sampling_distribution
 
 # Every option a method declares, by keyword (`trl_dllm.core.options.Option`: its config field, or where the run sets it).
-OPTIONS = option_sources([*ESTIMATORS.values(), *OBJECTIVES.values()])
+OPTIONS = METHOD_OPTIONS
 
 # Option name (the core function's keyword) -> the `DiffusionGRPOConfig` field it is read from; derived from the
 # registries' declarations.

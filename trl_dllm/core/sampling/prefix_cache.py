@@ -89,14 +89,6 @@ class BidirectionalKVCache:
         self.calls_since_refresh = 0
         self.num_refreshes = 0
 
-    def _reused(self, length: int, start: int, end: int, device) -> torch.Tensor:
-        """Canvas positions whose K/V are reused: ``[0, P + start)`` (+ ``[P + end, N)`` for the dual cache)."""
-        positions = torch.arange(length, device=device)
-        keep = positions < self.prompt_length + start
-        if self.mode == "dual":
-            keep |= positions >= self.prompt_length + end
-        return positions[keep]
-
     def _needs_refresh(self, index: torch.Tensor, start: int, end: int, step_rows) -> bool:
         if self.block != (start, end):
             return True
