@@ -91,13 +91,17 @@ def test_hand_values_of_the_two_branches_and_the_clips():
 
 
 def test_without_sample_estimates_it_is_one_sample_on_the_row_sum():
-    # A fallback for a caller with only per-token contributions: K = 1, s = Σ_t m c.
+    # A fallback for a caller with only per-token contributions: K = 1, s = Σ_t m c, s_old = Σ_t m c_old.
     mask = torch.ones(2, 3)
     logps = torch.full((2, 3), -0.5, requires_grad=True)
     out = bgpo(logps, None, None, mask, torch.tensor([1.0, -1.0]))
     torch.testing.assert_close(out.loss, torch.tensor(0.0))  # r = 1: −mean(A) = 0
     out.loss.backward()
     torch.testing.assert_close(logps.grad, torch.tensor([[-1 / 6] * 3, [1 / 6] * 3]))  # −A_i /(L B)
+    # old row sums 0.3 lower: δ = 0.3 / 3 = 0.1 → r = [1.1, e^0.1], loss = mean(−1.1, e^0.1) (clip 0.2 inactive)
+    old = logps.detach() - 0.1
+    out = bgpo(logps, old, None, mask, torch.tensor([1.0, -1.0]))
+    torch.testing.assert_close(out.loss, torch.tensor((-1.1 + math.exp(0.1)) / 2))
 
 
 def test_k2_kl_on_the_mean_estimate():

@@ -59,9 +59,10 @@ def bgpo(
     `ref_logps` is given.
 
     Args:
-        logps (`torch.Tensor` of shape `(B, T)`): current per-token contributions (used for the KL and the length).
-        old_logps (`torch.Tensor` of shape `(B, T)` or `None`): unused beyond the calling convention (the per-sample
-            old estimates are `old_sample_estimates`).
+        logps (`torch.Tensor` of shape `(B, T)`): current per-token contributions (their row sums are the mean
+            estimates `S_i`, used for the length, the KL, and as the one sample when `sample_estimates` is `None`).
+        old_logps (`torch.Tensor` of shape `(B, T)` or `None`): the same under the rollout policy, read only when
+            `sample_estimates` is `None` (one sample: its row sums); `None` means on-policy.
         ref_logps (`torch.Tensor` of shape `(B, T)` or `None`): reference contributions; required iff `beta != 0`.
         mask (`torch.Tensor` of shape `(B, T)`): 0/1 mask of scored tokens.
         advantages (`torch.Tensor` of shape `(B,)`): sequence advantages `A_i`.
@@ -70,17 +71,22 @@ def bgpo(
         dual_clip (`float`, *optional*, defaults to `3.0`): dual-clip bound `c > 1` for `A_i < 0`.
         beta (`float`, *optional*, defaults to `0.0`): KL coefficient `β`.
         kl_estimator (`str`, *optional*, defaults to `"k2"`): `"k1"`, `"k2"` or `"k3"`, at sequence level.
-        sample_estimates (`torch.Tensor` of shape `(B, K)`): each MC sample's sequence estimate `s_ik` under the
-            current policy (differentiable); `None` falls back to one sample, the row sum of `logps`.
+        sample_estimates (`torch.Tensor` of shape `(B, K)` or `None`): each MC sample's sequence estimate `s_ik`
+            under the current policy (differentiable); `None` falls back to one sample, the row sums of `logps` and
+            `old_logps`.
         old_sample_estimates (`torch.Tensor` of shape `(B, K)` or `None`): the same samples under the rollout policy
-            (detached); `None` means on-policy, `s^old = s` detached.
+            (detached), read with `sample_estimates`; `None` means on-policy, `s^old = s` detached.
 
     Returns:
         [`ObjectiveOutput`].
     """
     seq, length = sequence_logps(logps, mask)
-    samples = seq[:, None] if sample_estimates is None else sample_estimates.to(seq.dtype)
-    old = samples.detach() if old_sample_estimates is None else old_sample_estimates.detach().to(seq.dtype)
+    if sample_estimates is None:  # one sample: the row sums of the per-token contributions
+        samples = seq[:, None]
+        old_samples = None if old_logps is None else sequence_logps(old_logps.detach(), mask)[0][:, None]
+    else:
+        samples, old_samples = sample_estimates.to(seq.dtype), old_sample_estimates
+    old = samples.detach() if old_samples is None else old_samples.detach().to(seq.dtype)
     delta = torch.nan_to_num((samples - old) / length[:, None], nan=0.0, posinf=LOG_RATIO_CLAMP,
                              neginf=-LOG_RATIO_CLAMP).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # fmt: skip
     adv = advantages.to(seq.dtype)[:, None].expand_as(delta)
