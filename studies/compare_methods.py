@@ -17,6 +17,7 @@ METHODS: dict[str, dict | None] = {
     "espo": dict(loss_type="espo", estimator="elbo", elbo_counts="espo", score_padding_eos=True, beta=3e-3,
                  leave_one_out=True),
     "stabledrl": dict(loss_type="stabledrl", estimator="elbo"),
+    "bgpo": dict(loss_type="bgpo", estimator="elbo", mc_samples=16, antithetic=False, scale_rewards="group"),
     "agrpo": dict(loss_type="agrpo", estimator="trajectory"),
     "spg": dict(loss_type="spg", estimator="spg", p_mask_prompt=0.15),
     "wd1": dict(loss_type="wd1", estimator="mean_field", p_mask_prompt=0.15),

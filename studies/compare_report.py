@@ -175,7 +175,7 @@ def scaled_to(ax, values: list[float]) -> None:
 def plot_compare(results: dict, path: Path) -> None:
     """Per task, three panels: held-out reward vs RL step and vs training seconds (the RL methods), and SFT against
     the best RL method (highest final mean) vs seconds; one line per method (the mean over seeds) with a band (lowest
-    to highest seed). At most 8 RL methods per panel; one legend, right of the panels."""
+    to highest seed). Ten distinct colours (9 RL methods + SFT); one legend, right of the panels."""
     plt = pyplot()
     tasks = results["config"]["tasks"]
     fig, axes = plt.subplots(len(tasks), 3, figsize=(17, 4 * len(tasks)), dpi=110, squeeze=False)

@@ -264,3 +264,26 @@ def test_justgrpo_trains_on_the_exact_left_to_right_likelihood(tmp_path, tiny_mo
     # The old pass of the first iteration scores the rollout's own weights: the exact likelihood gives ratio 1.
     assert first["ratio/max"] == pytest.approx(1.0) and first["ratio/min"] == pytest.approx(1.0)
     assert "valid_samples" in first
+
+
+@pytest.mark.parametrize("num_iterations", [1, 2])
+def test_bgpo_trains_on_per_sample_elbos(tmp_path, tiny_model_path, num_iterations):
+    """BGPO reads each MC sample's ELBO of the current and the old pass (`sample_estimates`, `old_sample_estimates`):
+    the old pass keeps them, one slice per inner iteration, and an on-policy iteration uses the current, detached."""
+    args = make_args(tmp_path, loss_type="bgpo", mc_samples=3, antithetic=False, num_iterations=num_iterations)
+    trainer = DiffusionGRPOTrainer(
+        model=tiny_model_path, reward_funcs=distinct_tokens_reward, args=args, train_dataset=make_dataset()
+    )
+    assert args.estimator == "elbo" and args.bgpo_dual_clip == 3.0
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([{"prompt": "add 1 and 2 ."}] * 3)
+    if num_iterations == 1:  # on policy: no old pass at all
+        assert "old_sample_estimates" not in batch and "old_logps" not in batch
+    else:  # iteration 0 is on policy (NaN slot); iteration 1 scored by the old pass, one value per MC sample
+        assert batch["old_sample_estimates"].shape == (3, 2, 3)
+        assert batch["old_sample_estimates"][:, 0].isnan().all() and batch["old_sample_estimates"][:, 1].isfinite().all()
+        old_rows = (batch["old_logps"][:, 1] * batch["completion_mask"]).sum(-1)  # their mean is the old estimate
+        torch.testing.assert_close(batch["old_sample_estimates"][:, 1].mean(-1), old_rows)
+    history = train_and_check(trainer)
+    first = next(log for log in history if "ratio/max" in log)
+    assert first["ratio/max"] == pytest.approx(1.0) and "clip_ratio/dual_mean" in first

@@ -187,34 +187,44 @@ class Scoring:
         row_chunk: int,
     ) -> dict[str, torch.Tensor]:
         """`old_logps` / `ref_logps` of shape `(B, iterations, L)`, one slice per inner iteration, with that iteration's
-        seeds. No old pass for an objective that reads no old log-probs; the old slice of an on-policy first iteration
-        is not computed (NaN; the loss uses the detached current estimate). `reference()` is a context yielding the
-        reference model."""
+        seeds, and `old_<field>` `(B, iterations, ...)` for each of the objective's `old_fields`. No old pass for an
+        objective that reads no old log-probs; the old slice of an on-policy first iteration is not computed (NaN; the
+        loss uses the detached current estimate). `reference()` is a context yielding the reference model."""
         olds, refs = [], []
-        nan = torch.full(batch["completion_ids"].shape, float("nan"), device=batch["completion_ids"].device)
+        old_fields = self.objective.old_fields if self.objective is not None else ()
         for it in range(iterations):
             seeds = batch["mc_seeds"][:, it]
             if self.uses_old:
                 if it == 0 and first_on_policy:
-                    olds.append(nan)
+                    olds.append(None)
                 else:
                     seeds_old = self.pass_seeds(seeds, "old", step)
-                    olds.append(self.estimate(model, batch, seeds_old, current=False, row_chunk=row_chunk)[0].logps)
+                    olds.append(self.estimate(model, batch, seeds_old, current=False, row_chunk=row_chunk)[0])
             if beta != 0.0:
                 with reference() as ref:
                     seeds_ref = self.pass_seeds(seeds, "ref", step)
                     refs.append(self.estimate(ref, batch, seeds_ref, current=False, row_chunk=row_chunk)[0].logps)
         out = {}
-        if olds and (iterations > 1 or not first_on_policy):
-            out["old_logps"] = torch.stack(olds, dim=1)
+        if any(old is not None for old in olds):
+            computed = next(old for old in olds if old is not None)
+            for name in ("logps", *old_fields):
+                nan = torch.full_like(getattr(computed, name), float("nan"))
+                out[f"old_{name}"] = torch.stack([nan if o is None else getattr(o, name) for o in olds], dim=1)
         if refs:
             out["ref_logps"] = torch.stack(refs, dim=1)
         return out
 
-    def objective_inputs(self, batch: dict, output: LikelihoodOutput) -> dict:
-        """The objective's declared batch inputs and estimator-output fields, by keyword."""
+    def objective_inputs(self, batch: dict, output: LikelihoodOutput, iteration: int | None = None) -> dict:
+        """The objective's declared batch inputs and estimator-output fields, by keyword, and its `old_fields` as
+        `old_<field>`: the old pass's slice of inner iteration `iteration`, or with `iteration=None` (on-policy: the
+        weights that generated) the current field, detached."""
         inputs = {name: batch[name] for name in self.objective.inputs}
-        return inputs | {name: getattr(output, name, None) for name in self.objective.estimate_fields}
+        inputs |= {name: getattr(output, name, None) for name in self.objective.estimate_fields}
+        for name in self.objective.old_fields:
+            current = getattr(output, name, None)
+            old = None if iteration is None else batch[f"old_{name}"][:, iteration]
+            inputs[f"old_{name}"] = old if old is not None else (None if current is None else current.detach())
+        return inputs
 
 
 @dataclass

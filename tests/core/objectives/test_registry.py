@@ -30,7 +30,8 @@ def agrpo_every_token(logps, *args, **kwargs):
     return agrpo(logps, *args, step_weights=torch.ones(logps.shape), num_steps=torch.ones(logps.shape[0]), **kwargs)
 
 
-OBJECTIVE_FNS = [_declared("espo"), _declared("stabledrl"), _declared("agrpo", agrpo_every_token)]
+# BGPO without `sample_estimates` is its one-sample form on the row sums of `logps` and `old_logps`.
+OBJECTIVE_FNS = [_declared("espo"), _declared("bgpo"), _declared("stabledrl"), _declared("agrpo", agrpo_every_token)]
 
 
 # ---------------------------------------------------------------- entries

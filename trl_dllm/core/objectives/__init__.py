@@ -1,6 +1,7 @@
 """Policy objectives for masked diffusion language models, one module each, and their registry `OBJECTIVES`.
 
 - `espo` (ESPO) and `stabledrl` (StableDRL): sequence-level importance ratios of the estimated likelihood.
+- `bgpo` (BGPO): a lower bound of ESPO-style clipped ELBO ratios that is linear in the Monte Carlo samples.
 - `agrpo` (AGRPO): per-token PPO over the denoising steps the `trajectory` estimator samples.
 - `dipo` (DiPO, DiRL): per-token PPO on the step-level likelihood of block-diffusion rollouts, token mean.
 - `justgrpo` (JustGRPO): per-token PPO on the exact left-to-right likelihood, normalised by `L · N`.
@@ -39,6 +40,7 @@ from ._common import (
     sequence_logps,
 )
 from .agrpo import STEP_NORMALIZATION, STEP_NORMALIZATIONS, agrpo
+from .bgpo import DUAL_CLIP, bgpo
 from .dipo import DIPO_LOG_RATIO_CLAMP, dipo
 from .espo import espo
 from .justgrpo import justgrpo
@@ -55,6 +57,7 @@ __all__ = [
     "Objective",
     "ObjectiveOutput",
     "agrpo",
+    "bgpo",
     "dipo",
     "espo",
     "group_normalised_weights",
@@ -91,6 +94,10 @@ class Objective:
         estimate_fields (`tuple[str, ...]`, *optional*, defaults to `()`): fields of the likelihood estimator's
             output `fn` takes by keyword (`"step_weights"`, `"num_steps"`, `"eubo_logps"`); the trainer passes `None`
             for a field the estimator does not produce.
+        old_fields (`tuple[str, ...]`, *optional*, defaults to `()`): fields of the estimator's output `fn` also
+            takes from the old-policy pass, by keyword `old_<field>` (BGPO's `old_sample_estimates`: one value per MC
+            sample, where `old_logps` holds only their mean). The trainer keeps them from the old pass, one slice per
+            inner iteration, and passes the current field detached when the iteration is on-policy.
         uses_old (`bool`, *optional*, defaults to `True`): `fn` reads `old_logps` (an importance ratio). With `False`
             the trainer runs no old-policy pass and passes `old_logps=None`.
         needs_trajectory (`bool`, *optional*, defaults to `False`): the rollout must record its trajectory
@@ -114,6 +121,7 @@ class Objective:
     options: tuple[Option, ...] = ()
     inputs: tuple[str, ...] = ()
     estimate_fields: tuple[str, ...] = ()
+    old_fields: tuple[str, ...] = ()
     uses_old: bool = True
     needs_trajectory: bool = False
     whole_groups: bool = False
@@ -126,12 +134,16 @@ class Objective:
 
     @property
     def keywords(self) -> tuple[str, ...]:
-        """Every keyword `fn` takes: the options' names, `inputs` and `estimate_fields`."""
-        return self.option_names + self.inputs + self.estimate_fields
+        """Every keyword `fn` takes: the options' names, `inputs`, `estimate_fields` and `old_<field>` of `old_fields`."""
+        return self.option_names + self.inputs + self.estimate_fields + tuple(f"old_{name}" for name in self.old_fields)
 
 
 OBJECTIVES: dict[str, Objective] = {
     "espo": Objective(espo, ("elbo", "coupled", "block", "spg"), options=(*PPO_CLIP, *KL)),
+    "bgpo": Objective(
+        bgpo, ("elbo", "coupled", "block"), options=(*PPO_CLIP, DUAL_CLIP, *KL),
+        estimate_fields=("sample_estimates",), old_fields=("sample_estimates",),
+    ),
     "stabledrl": Objective(
         stabledrl,
         ("elbo", "coupled", "mean_field", "block", "spg"),
