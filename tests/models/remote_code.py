@@ -283,6 +283,12 @@ def _patch_llada(code: RemoteCode):
     config_class.__init__ = init_config
     model_class.__init__ = init_model
     model_class.tie_weights = tie
+    block_class = getattr(code.modeling_module, "LLaDALlamaBlock", None)
+    if block_class is not None and not hasattr(block_class, "flash_attn_with_kvcache"):
+        # yjyddq/DARE's copy (models/LLaDA-8B-Instruct/) sets `self.flash_attn_with_kvcache` only when flash-attn
+        # imports, then reads it on every attention call: without flash-attn, a class-level None (its "not
+        # available"), so the SDPA path runs as in the Hub copy.
+        block_class.flash_attn_with_kvcache = None
 
 
 def _patch_dream(code: RemoteCode):

@@ -5,11 +5,13 @@ Skipped unless ``$TRL_DLLM_REMOTE_CODE`` points to a folder with one sub-folder 
 remote-code files, unedited (see ``tests/models/remote_code.py`` for the transformers-5 shims applied test-side):
 
 * ``llada/``: ``configuration_llada.py``, ``modeling_llada.py`` and ``config.json`` of the Hub repository
-  ``GSAI-ML/LLaDA-8B-Instruct`` (the revision that honours ``attention_mask``);
+  ``GSAI-ML/LLaDA-8B-Instruct`` (the revision that honours ``attention_mask``; public copy: github.com/yjyddq/DARE,
+  ``models/LLaDA-8B-Instruct/``, which adds flash-attn paths: its ``config.json`` with ``flash_attention: false``);
 * ``dream/``: ``configuration_dream.py``, ``modeling_dream.py``, ``generation_utils.py`` and ``config.json`` of
-  ``Dream-org/Dream-v0-Instruct-7B``;
+  ``Dream-org/Dream-v0-Instruct-7B`` (public copy: github.com/yjyddq/DARE at its first commit ``f4999da``,
+  ``models/Dream-v0-Instruct-7B/``; later commits edit ``modeling_dream.py``);
 * ``sdar/``: ``configuration_sdar.py``, ``modeling_sdar.py``, ``fused_linear_diffusion_cross_entropy.py`` and
-  ``config.json`` of ``JetLM/SDAR-1.7B-Chat``;
+  ``config.json`` of ``JetLM/SDAR-1.7B-Chat`` (public copy: github.com/yjyddq/DARE, ``models/SDAR-1dot7B-Chat/``);
 * ``llada2/`` and ``llada21/``: ``configuration_llada2_moe.py``, ``modeling_llada2_moe.py`` and ``config.json`` of
   ``inclusionAI/LLaDA2.0-mini`` and ``inclusionAI/LLaDA2.1-mini`` (public copies: github.com/yjyddq/DARE,
   ``models/LLaDA2.0-mini/`` and ``models/LLaDA2.1-mini/``). Their forwards are the same; their ``generate()`` differ
@@ -24,7 +26,8 @@ remote-code files, unedited (see ``tests/models/remote_code.py`` for the transfo
   (``dllm/pipelines/llada/models/``, which honours the mask). No public copy of LLaDA-MoE's ``config.json`` was found:
   the tiny checkpoints use ``trl_dllm.testing.tiny_original_config("llada_moe")`` (see ``tiny_families``).
 
-The checkpoints are tiny random ones written by the families' own classes (``remote_code.build_tiny_checkpoint``:
+The same families' outputs, recorded once from this code, are checked on every run without it by
+``tests/models/test_family_reference.py``. The checkpoints are tiny random ones written by the families' own classes (``remote_code.build_tiny_checkpoint``:
 the released config with tiny sizes, real vocabulary and special ids, every weight drawn so that it matters).
 """
 

@@ -1,16 +1,19 @@
-"""Native LLaDA2 and LLaDA-MoE equal the families' own code, every run, without the remote code: logits and gradients
-recorded from that code (``tests/models/fixtures/moe_reference_*.json``, written by
-``tests/models/fixtures/make_moe_reference.py``; regenerate with
-``TRL_DLLM_REMOTE_CODE=/path/to/remote python -m tests.models.fixtures.make_moe_reference``).
+"""Native LLaDA, Dream, SDAR, LLaDA2 and LLaDA-MoE equal the families' own code, every run, without the remote code:
+logits, a loss and gradients recorded from that code (``tests/models/fixtures/reference_*.json``, written by
+``tests/models/fixtures/make_family_reference.py``; regenerate with
+``TRL_DLLM_REMOTE_CODE=/path/to/remote python -m tests.models.fixtures.make_family_reference``).
 
 Each fixture's tiny checkpoint is rebuilt bit for bit from its stored config and key list (every weight drawn from its
-key and shape alone), loaded natively (``load_pretrained``, released per-expert tensors stacked at load) and run on
-the recorded batch, called as the family's code was: LLaDA2 with the 4-D block mask, LLaDA-MoE with the 2-D padding
-mask. Checked: the released key names and shapes of the native model are the recorded ones; at every visible
-position, ``logsumexp`` over the full vocabulary and the logits at 64 ids within 1e-4; for the recorded loss, the
-loss and every parameter's gradient (the native gradients put back under the released per-expert names by
-transformers' ``revert_weight_conversion``, what ``save_pretrained`` does to weights): its norm and its values at the
-recorded indices within a relative 1e-4.
+key and shape alone), loaded natively (``load_pretrained``: LLaDA's, Dream's and SDAR's keys renamed to transformers'
+classes, LLaDA2's and LLaDA-MoE's released per-expert tensors stacked at load) and run on the recorded left-padded
+batch, called as the library calls it and as the family's code was called: SDAR and LLaDA2 with the 4-D block mask
+(blocks of 4), LLaDA, Dream and LLaDA-MoE with the 2-D padding mask (Dream's logits compared unshifted, as both
+forwards return them). Checked: the released key names and shapes of the native model are the recorded ones; at every
+visible position, ``logsumexp`` over the full vocabulary and the logits at 64 ids within 1e-4; for the recorded loss,
+the loss and every parameter's gradient (the native gradients put back under the released names by transformers'
+``revert_weight_conversion``, what ``save_pretrained`` does to weights): its norm and its values at the recorded
+indices within a relative 1e-4. The gradient pass runs in the recorded mode (train; SDAR's in eval mode, as
+its own code can only be differentiated there).
 """
 
 import json
@@ -21,7 +24,7 @@ from transformers.core_model_loading import revert_weight_conversion
 
 from trl_dllm.models.loading import load_pretrained
 
-from .fixtures.make_moe_reference import (
+from .fixtures.make_family_reference import (
     REFERENCES,
     fixture_path,
     forward_mask,
@@ -57,7 +60,7 @@ def test_released_keys_are_the_recorded_ones(reference):
     """What the native model saves (per-expert names and shapes) is the key list of the family's model."""
     name, ref, _ = reference
     assert native_released_shapes(ref["config"]) == ref["weights"]
-    assert ref["vocab_ids"] == vocab_ids(ref["config"]["vocab_size"])
+    assert ref["vocab_ids"] == vocab_ids(ref["config"]["vocab_size"], ref["mask_token_id"], ref["eos_token_id"])
 
 
 def test_logits_equal_the_family_code(reference):
@@ -80,7 +83,7 @@ def test_gradients_equal_the_family_code(reference):
     token chose has a zero gradient on both sides."""
     name, ref, model = reference
     ids, mask, call_mask = batch(ref)
-    model.train()  # as recorded (every dropout is 0)
+    model.train(ref["grad_mode"] == "train")  # as recorded (every dropout is 0)
     model.zero_grad(set_to_none=True)
     try:
         loss = loss_of(model(input_ids=ids, attention_mask=call_mask).logits, torch.tensor(ref["targets"]), mask)
