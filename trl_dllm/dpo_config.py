@@ -82,7 +82,7 @@ class DiffusionDPOConfig(PreferenceOptionFields, DPOConfig):
         metadata={"help": "Id of the mask token. None: model.config, then the model family, then the tokenizer."},
     )
     native_loading: bool = field(
-        default=True, metadata={"help": "Load LLaDA / Dream / SDAR natively (no remote code). False: their remote code."}
+        default=True, metadata={"help": "Load LLaDA / Dream / SDAR natively (no remote code). False: remote code."}
     )
     estimator: str = field(
         default="elbo",

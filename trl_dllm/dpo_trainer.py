@@ -87,7 +87,8 @@ class DiffusionDPOTrainer(DPOTrainer):
         }  # fmt: skip
         values = {}
         for option in entry.options:
-            value = getattr(self.args, option.field) if option.field in vars(self.args) else from_run.get(option.keyword)
+            declared = option.field in vars(self.args)
+            value = getattr(self.args, option.field) if declared else from_run.get(option.keyword)
             if value is not None:
                 values[option.keyword] = value
         if "block_length" in entry.option_names and values.get("block_length") is None:

@@ -118,11 +118,11 @@ def install_estimate_head(model, spec: ModelSpec, estimator: str, options: dict,
                                          options=options)  # fmt: skip
         per_token = torch.zeros(input_ids.shape, device=input_ids.device)
         per_entropy = torch.zeros(input_ids.shape, device=input_ids.device)
-        pieces = [(b, start, logp, entropy) for b, ((_, _, start), logp, entropy) in enumerate(zip(rows, logps, entropies))]
-        for b, start, logp, entropy in pieces:
-            index = torch.arange(start, start + len(logp), device=input_ids.device)
-            per_token = per_token.index_put((torch.full_like(index, b), index), logp.float())
-            per_entropy = per_entropy.index_put((torch.full_like(index, b), index), entropy.detach().float())
+        for b, ((_, _, start), logp, entropy) in enumerate(zip(rows, logps, entropies)):
+            index = (torch.full((len(logp),), b, device=input_ids.device),
+                     torch.arange(start, start + len(logp), device=input_ids.device))  # fmt: skip
+            per_token = per_token.index_put(index, logp.float())  # out of place: keeps each row's graph
+            per_entropy = per_entropy.index_put(index, entropy.detach().float())
         log_probs, label_mask = per_token[:, 1:], labels[:, 1:] != -100
         return FusedCausalLMOutput(
             loss=-log_probs.sum() / label_mask.sum().clamp(min=1),
