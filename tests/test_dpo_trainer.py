@@ -212,3 +212,30 @@ def test_config_fields_documented():
     for name in ours:
         assert by_name[name].metadata.get("help"), name
         assert f"        {name} (" in DiffusionDPOConfig.__doc__, name
+
+
+def test_cli_trains_two_steps(tmp_path, tiny_model_path):
+    import json
+
+    from trl_dllm.cli import main
+
+    out = tmp_path / "out"
+    status = main([
+        "dpo", "--model_name_or_path", str(tiny_model_path), "--dataset_name", "json", "--data_files", FIXTURE,
+        "--output_dir", str(out), "--max_steps", "2", "--per_device_train_batch_size", "2", "--logging_steps", "1",
+        "--use_cpu", "true", "--report_to", "none", "--save_strategy", "no", "--gradient_checkpointing", "false",
+        "--use_peft", "true", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules", "q_proj", "v_proj",
+        "--mc_samples", "2",
+    ])  # fmt: skip
+    assert status == 0
+    logs = [log for log in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in log]
+    assert len(logs) == 2 and set(TRL_METRICS) <= set(logs[0])
+    assert (out / "adapter_config.json").is_file()
+
+
+def test_cli_help_lists_the_estimator_fields(capsys):
+    from trl_dllm.scripts.dpo import make_parser
+
+    text = make_parser().format_help()
+    for name in ("--estimator", "--mc_samples", "--independent_mc_noise", "--beta", "--loss_type"):
+        assert name in text
