@@ -187,11 +187,27 @@ def test_trains_two_steps_with_lora_and_logs_trls_metrics(tmp_path, tiny_model_p
 @pytest.mark.parametrize(
     "field,value",
     [("use_weighting", True), ("ld_alpha", 0.5), ("precompute_ref_log_probs", True), ("padding_free", True),
-     ("use_liger_kernel", True), ("estimator", "trajectory"), ("mc_samples", 0)],
+     ("use_liger_kernel", True), ("estimator", "trajectory"), ("estimator", "spg"), ("mc_samples", 0)],
 )  # fmt: skip
 def test_refuses_what_it_cannot_honour(tmp_path, field, value):
     with pytest.raises(ValueError, match=f"{field}={value!r}"):
         make_args(tmp_path, **{field: value})
+
+
+def test_block_model_trains_with_its_own_blocks(tmp_path, tiny_block_model_path):
+    """On a block-diffusion model the estimator left unset is the staircase `"block"` one; completions of any length
+    are filled with EOS to whole blocks (not scored); policy and reference share masks there too."""
+    trainer = DiffusionDPOTrainer(tiny_block_model_path, args=make_args(tmp_path), train_dataset=preference_dataset(),
+                                  peft_config=lora())  # fmt: skip
+    assert trainer.estimator == "block"
+    lengths = {len(row["chosen_ids"]) % 4 for row in trainer.train_dataset}
+    assert lengths - {0}, "the fixture should hold completions that are not whole blocks"
+    trainer.train()
+    logs = [log for log in trainer.state.log_history if "loss" in log]
+    assert logs[0]["rewards/margins"] == 0.0 and all(torch.isfinite(torch.tensor(log["loss"])) for log in logs)
+    with pytest.raises(ValueError, match="estimator='elbo' scores with bidirectional attention"):
+        DiffusionDPOTrainer(tiny_block_model_path, args=make_args(tmp_path, estimator="elbo"),
+                            train_dataset=preference_dataset())  # fmt: skip
 
 
 def test_block_estimator_needs_a_block_model(tmp_path, tiny_model_path):

@@ -13,10 +13,11 @@ from .core.methods import declared_fields
 PREFERENCE_ESTIMATORS = tuple(
     name for name, entry in ESTIMATORS.items()
     if not entry.inputs and not entry.replays_rollout and not entry.step_logprobs and not entry.block_model_only
-    and entry.noise == "mask"
+    and entry.noise == "mask" and (entry.block_causal or "block_length" not in entry.option_names)
 )  # fmt: skip
 """The estimators a preference pair can be scored with: those that need nothing but the prompt and the completion
-(no rollout trajectory, no replayed sampling distribution) on a masked-diffusion model."""
+(no rollout trajectory, no replayed sampling distribution) on a masked-diffusion model, and no block length but a
+block-diffusion model's own (this config has no `block_length`: `"spg"`'s blocks on a bidirectional model are out)."""
 
 _OPTIONS = [
     option for option in declared_fields()
@@ -63,9 +64,10 @@ class DiffusionDPOConfig(PreferenceOptionFields, DPOConfig):
         native_loading (`bool`, *optional*, defaults to `True`):
             Load LLaDA, Dream and SDAR / TraDo checkpoints given by name into transformers' own classes (no remote
             code), as `DiffusionGRPOConfig` does.
-        estimator (`str`, *optional*, defaults to `"elbo"`):
+        estimator (`str` or `None`, *optional*, defaults to `None`):
             Sequence log-likelihood estimator of the policy and the reference: {estimators}. See
-            `docs/estimators.md`.
+            `docs/estimators.md`. `None`: `"block"` (staircase attention over the model's own blocks) on a
+            block-diffusion model (SDAR, TraDo), `"elbo"` otherwise.
 {estimation_options}
         mc_checkpointing (`bool` or `str`, *optional*, defaults to `"auto"`):
             Recompute each chunk of masked views in the backward pass, so activation memory is that of one chunk
@@ -84,9 +86,10 @@ class DiffusionDPOConfig(PreferenceOptionFields, DPOConfig):
     native_loading: bool = field(
         default=True, metadata={"help": "Load LLaDA / Dream / SDAR natively (no remote code). False: remote code."}
     )
-    estimator: str = field(
-        default="elbo",
-        metadata={"help": f"Likelihood estimator of policy and reference: {', '.join(PREFERENCE_ESTIMATORS)}."},
+    estimator: str | None = field(
+        default=None,
+        metadata={"help": f"Likelihood estimator of policy and reference: {', '.join(PREFERENCE_ESTIMATORS)}. "
+                  "None: block on a block-diffusion model, elbo otherwise."},
     )
     mc_checkpointing: str = field(
         default="auto",
@@ -102,11 +105,11 @@ class DiffusionDPOConfig(PreferenceOptionFields, DPOConfig):
 
         self._device_choices = choose_for_device(self)
         super().__post_init__()
-        if self.estimator not in PREFERENCE_ESTIMATORS:
+        if self.estimator is not None and self.estimator not in PREFERENCE_ESTIMATORS:
             raise ValueError(
                 f"estimator={self.estimator!r} cannot score a preference pair: set estimator to one of "
                 f"{list(PREFERENCE_ESTIMATORS)} (the others replay a rollout's trajectory, which a preference "
-                "dataset does not have)."
+                "dataset does not have, or need a block length of their own on a bidirectional model)."
             )
         for name, (allowed, why) in REFUSED.items():
             if getattr(self, name) not in (allowed, None):

@@ -30,7 +30,7 @@ from .core.likelihood import ESTIMATORS
 from .dpo_config import DiffusionDPOConfig
 from .models import base_model, resolve_model_spec
 from .models.embedded import resolve_model_name
-from .training import model_setup
+from .training import model_setup, preference
 from .training.preference import install_estimate_head, row_seeds
 
 UNMEASURED_METRICS = ("logits/chosen", "logits/rejected", "mean_token_accuracy")
@@ -68,18 +68,19 @@ class DiffusionDPOTrainer(DPOTrainer):
         self.model_spec = resolve_model_spec(unwrapped, self._tokenizer, args.mask_token_id)
         ref = base_model(self.ref_model) if self.ref_model is not None else None
         model_setup.make_models_bidirectional(unwrapped, ref)
+        self.estimator = preference.fit_estimator(args.estimator, self.model_spec)
         options = self._estimator_options()
         policy = unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped  # where TRL put its head
-        independent = args.independent_mc_noise
-        install_estimate_head(policy, self.model_spec, args.estimator, options, independent_noise=independent)
+        fill = self._tokenizer.eos_token_id if self._tokenizer.eos_token_id is not None else self.model_spec.eos_token_ids[0]
+        head = dict(independent_noise=args.independent_mc_noise, fill_token_id=fill)
+        install_estimate_head(policy, self.model_spec, self.estimator, options, **head)
         if ref is not None:
-            install_estimate_head(ref, self.model_spec, args.estimator, options, independent_noise=independent,
-                                  reference=True)  # fmt: skip
+            install_estimate_head(ref, self.model_spec, self.estimator, options, reference=True, **head)
 
     def _estimator_options(self) -> dict:
         """Exactly the options the configured estimator declares: from their config fields, or from the model (a
         block-diffusion family's own blocks)."""
-        entry, spec = ESTIMATORS[self.args.estimator], self.model_spec
+        entry, spec = ESTIMATORS[self.estimator], self.model_spec
         from_run = {
             "block_causal": spec.family == "block", "block_length": spec.decoding_block_length(None),
             "block_layout": spec.block_layout, "entropy_grad": False, "return_eubo": False,
@@ -91,12 +92,6 @@ class DiffusionDPOTrainer(DPOTrainer):
             value = getattr(self.args, option.field) if declared else from_run.get(option.keyword)
             if value is not None:
                 values[option.keyword] = value
-        if "block_length" in entry.option_names and values.get("block_length") is None:
-            raise ValueError(
-                f"estimator={self.args.estimator!r} scores block by block, and this model "
-                f"({spec.family!r} family) has no blocks of its own. Use estimator='elbo' (or 'mean_field', "
-                "'coupled') on a bidirectional model; 'block' and 'spg' need a block-diffusion model (SDAR, TraDo)."
-            )
         return values
 
     def _compute_loss(self, model, inputs, return_outputs):

@@ -22,11 +22,11 @@ from collections.abc import Callable
 import torch
 from trl.trainer.utils import FusedCausalLMOutput
 
-from ..core.likelihood import ESTIMATORS, estimate
-from ..models import ModelSpec, model_logits_fn
+from ..core.likelihood import BLOCK_FAMILY_ESTIMATOR, ESTIMATORS, estimate
+from ..models import ModelSpec, model_logits_fn, require_attention, scores_with_4d_mask
 from ..seeding import sample_seed
 
-__all__ = ["estimate_rows", "install_estimate_head", "reference_adapter_active", "row_seeds", "split_rows"]
+__all__ = ["estimate_rows", "fit_estimator", "install_estimate_head", "reference_adapter_active", "row_seeds", "split_rows"]
 
 
 def row_seeds(seed: int, mode: str, step: int, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -52,10 +52,16 @@ def split_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: to
     return out
 
 
-def estimate_rows(name: str, logits_fn: Callable, rows, seeds: torch.Tensor, *, mask_token_id: int, options: dict):
+def estimate_rows(name: str, logits_fn: Callable, rows, seeds: torch.Tensor, *, mask_token_id: int, options: dict,
+                  fill_token_id: int | None = None):  # fmt: skip
     """Per-token contributions and entropies of each row of :func:`split_rows`, as lists of 1-D tensors. Rows of equal
     completion length are estimated in one call, their prompts left-padded; a row's result depends only on its own
-    seed and tokens (`trl_dllm.core.likelihood._views`)."""
+    seed and tokens (`trl_dllm.core.likelihood._views`).
+
+    A staircase estimator (``"block"``) scores whole blocks: a completion is then followed by ``fill_token_id`` (EOS)
+    up to a multiple of ``options["block_length"]``, as a block-diffusion rollout's canvas is filled after its answer;
+    the fill is in the canvas (masked and seen like any completion position) but not scored."""
+    block = options.get("block_length") if ESTIMATORS[name].staircase else None
     by_length: dict[int, list[int]] = {}
     for i, (_, completion, _) in enumerate(rows):
         by_length.setdefault(len(completion), []).append(i)
@@ -70,12 +76,40 @@ def estimate_rows(name: str, logits_fn: Callable, rows, seeds: torch.Tensor, *, 
         prompt_ids = torch.stack([torch.cat([p.new_zeros(width - len(p)), p]) for p in prompts])
         prompt_mask = torch.stack([torch.cat([p.new_zeros(width - len(p)), torch.ones_like(p)]) for p in prompts])
         completion_ids = torch.stack([rows[i][1] for i in members])
-        output = estimate(name, logits_fn, prompt_ids, prompt_mask.long(), completion_ids,
-                          torch.ones_like(completion_ids), mask_token_id=mask_token_id, seeds=seeds[members],
-                          **options)  # fmt: skip
+        score_mask = torch.ones_like(completion_ids)
+        if block and length % block:
+            fill = torch.full((len(members), block - length % block), fill_token_id, dtype=completion_ids.dtype,
+                              device=completion_ids.device)  # fmt: skip
+            completion_ids = torch.cat([completion_ids, fill], dim=1)
+            score_mask = torch.cat([score_mask, torch.zeros_like(fill)], dim=1)
+        output = estimate(name, logits_fn, prompt_ids, prompt_mask.long(), completion_ids, score_mask,
+                          mask_token_id=mask_token_id, seeds=seeds[members], **options)  # fmt: skip
         for j, i in enumerate(members):
-            logps[i], entropies[i] = output.logps[j], output.entropies[j]
+            logps[i], entropies[i] = output.logps[j, :length], output.entropies[j, :length]
     return logps, entropies
+
+
+def fit_estimator(estimator: str | None, spec: ModelSpec) -> str:
+    """The estimator of a preference run: the configured one, checked against the model; `None`: `"block"`
+    (staircase attention over the model's own blocks) on a block-diffusion model, `"elbo"` otherwise. A block-causal
+    model is scored block-causally only, and a bidirectional one has no blocks to score ``"block"`` with."""
+    block_family = spec.family == "block"
+    if estimator is None:
+        estimator = BLOCK_FAMILY_ESTIMATOR if block_family else "elbo"
+    entry = ESTIMATORS[estimator]
+    if block_family and not entry.block_causal:
+        raise ValueError(
+            f"estimator={estimator!r} scores with bidirectional attention, which this block-causal model was not "
+            f"trained for: use estimator={BLOCK_FAMILY_ESTIMATOR!r} (staircase attention), or leave it unset."
+        )
+    if not block_family and entry.block_causal:
+        raise ValueError(
+            f"estimator={estimator!r} scores the blocks of a block-diffusion model (SDAR, TraDo), and this model "
+            f"({spec.family!r} family) has none: use estimator='elbo' (or 'mean_field', 'coupled'), or leave it unset."
+        )
+    require_attention(spec, f"the {estimator} estimator", four_d=scores_with_4d_mask(estimator, block_family),
+                      padded=True)  # fmt: skip
+    return estimator
 
 
 def reference_adapter_active(model) -> bool:
@@ -87,7 +121,7 @@ def reference_adapter_active(model) -> bool:
 
 
 def install_estimate_head(model, spec: ModelSpec, estimator: str, options: dict, *, independent_noise: bool = False,
-                          reference: bool = False) -> None:  # fmt: skip
+                          reference: bool = False, fill_token_id: int | None = None) -> None:  # fmt: skip
     """Make ``model(..., labels=labels, fused_lm_head=True, mc_seeds=seeds)`` (TRL's DPO scoring call) return a
     `FusedCausalLMOutput` whose ``log_probs`` `(B, T - 1)` hold the estimator's contributions (the contribution of
     token ``t`` at ``t - 1``, where TRL's shifted head puts its log-prob), ``entropy`` the estimator's entropies.
@@ -95,7 +129,8 @@ def install_estimate_head(model, spec: ModelSpec, estimator: str, options: dict,
     the trainer drops those metrics. Any other call goes to the forward TRL installed (and so the model's own).
 
     With ``independent_noise``, the reference's passes (a separate reference model, ``reference=True``, or the PEFT
-    model with its adapters off) draw their masks from a seed derived from the row's, not the row's own."""
+    model with its adapters off) draw their masks from a seed derived from the row's, not the row's own.
+    ``fill_token_id``: what fills a completion up to whole blocks for a staircase estimator (:func:`estimate_rows`)."""
     previous = model.forward
     if estimator not in ESTIMATORS:
         raise ValueError(f"Unknown estimator {estimator!r}.")
@@ -115,7 +150,7 @@ def install_estimate_head(model, spec: ModelSpec, estimator: str, options: dict,
         rows = split_rows(input_ids, attention_mask, labels)
         logits_fn = model_logits_fn(self, spec)
         logps, entropies = estimate_rows(estimator, logits_fn, rows, seeds.cpu(), mask_token_id=spec.mask_token_id,
-                                         options=options)  # fmt: skip
+                                         options=options, fill_token_id=fill_token_id)  # fmt: skip
         per_token = torch.zeros(input_ids.shape, device=input_ids.device)
         per_entropy = torch.zeros(input_ids.shape, device=input_ids.device)
         for b, ((_, _, start), logp, entropy) in enumerate(zip(rows, logps, entropies)):
