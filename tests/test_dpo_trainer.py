@@ -255,3 +255,10 @@ def test_cli_help_lists_the_estimator_fields(capsys):
     text = make_parser().format_help()
     for name in ("--estimator", "--mc_samples", "--independent_mc_noise", "--beta", "--loss_type"):
         assert name in text
+
+
+def test_budget_allocation_must_divide_the_budget(tmp_path, tiny_model_path):
+    """VRPO's allocation: mc_samples = timesteps x mc_masks_per_timestep (1, the default, is its optimal one)."""
+    args = make_args(tmp_path, mc_samples=3, mc_masks_per_timestep=2)
+    with pytest.raises(ValueError, match="mc_masks_per_timestep=2 must divide mc_samples=3"):
+        DiffusionDPOTrainer(tiny_model_path, args=args, train_dataset=preference_dataset())

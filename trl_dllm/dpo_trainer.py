@@ -69,6 +69,9 @@ class DiffusionDPOTrainer(DPOTrainer):
         ref = base_model(self.ref_model) if self.ref_model is not None else None
         model_setup.make_models_bidirectional(unwrapped, ref)
         self.estimator = preference.fit_estimator(args.estimator, self.model_spec)
+        check = ESTIMATORS[self.estimator].check  # its requirement on the run (elbo: the budget's allocation)
+        if check is not None and (problem := check(args)) is not None:
+            raise ValueError(problem)
         options = self._estimator_options()
         policy = unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped  # where TRL put its head
         fill = self._tokenizer.eos_token_id if self._tokenizer.eos_token_id is not None else self.model_spec.eos_token_ids[0]
