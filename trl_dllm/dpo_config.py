@@ -50,8 +50,10 @@ class DiffusionDPOConfig(PreferenceOptionFields, DPOConfig):
     The sequence log-probabilities DPO compares are Monte Carlo estimates of each model's ELBO (LLaDA 1.5's VRPO,
     arXiv 2505.19223), from the same estimator registry `DiffusionGRPOTrainer` uses. VRPO's three variance reductions
     map to: its *sampling budget* `n` is `mc_samples`; its *optimal allocation* (`n` distinct timesteps, one mask each)
-    is how `"elbo"` draws its samples (one stratified mask count per sample); its *antithetic sampling* (the policy
-    and the reference share timesteps and masks) is `independent_mc_noise=False`, the default.
+    is `mc_masks_per_timestep=1`, the default (`"elbo"` draws one stratified mask count per sample); its *antithetic
+    sampling* (the policy and the reference share timesteps and masks) is `independent_mc_noise=False`, the default.
+    `antithetic` is another variance reduction (ESPO's complementary masks: each sample also scores the complement of
+    its mask), which VRPO does not describe: `antithetic=False` is VRPO's estimator as the paper states it.
 
     Refused, because the diffusion likelihood cannot honour them: {refused}.
 
