@@ -262,3 +262,15 @@ def test_budget_allocation_must_divide_the_budget(tmp_path, tiny_model_path):
     args = make_args(tmp_path, mc_samples=3, mc_masks_per_timestep=2)
     with pytest.raises(ValueError, match="mc_masks_per_timestep=2 must divide mc_samples=3"):
         DiffusionDPOTrainer(tiny_model_path, args=args, train_dataset=preference_dataset())
+
+
+@pytest.mark.parametrize("family,estimator", [("llada", "elbo"), ("dream", "elbo"), ("sdar", "block")])
+def test_families_in_their_original_layout(tmp_path, original_checkpoints, family, estimator):
+    """LLaDA (loaded natively), Dream (shifted logits) and SDAR (block-causal: staircase estimator) by name, as a TRL DPO
+    script would pass them; policy = reference at the first step."""
+    trainer = DiffusionDPOTrainer(original_checkpoints[family], args=make_args(tmp_path, max_steps=1),
+                                  train_dataset=preference_dataset(), peft_config=lora())  # fmt: skip
+    assert (trainer.model_spec.family, trainer.estimator) == (family if family != "sdar" else "block", estimator)
+    trainer.train()
+    log = next(log for log in trainer.state.log_history if "loss" in log)
+    assert log["rewards/margins"] == 0.0 and log["loss"] == pytest.approx(0.6931, abs=1e-4)  # log 2: zero margins
