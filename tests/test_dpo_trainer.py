@@ -274,3 +274,43 @@ def test_families_in_their_original_layout(tmp_path, original_checkpoints, famil
     trainer.train()
     log = next(log for log in trainer.state.log_history if "loss" in log)
     assert log["rewards/margins"] == 0.0 and log["loss"] == pytest.approx(0.6931, abs=1e-4)  # log 2: zero margins
+
+
+LOSS_TYPES = ["sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
+              "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def perturbed_trainer(tiny_model_path, tmp_path_factory):
+    """One trainer (full fine-tuning, TRL's reference model) whose policy differs from its reference."""
+    args = make_args(tmp_path_factory.mktemp("loss-types"), label_smoothing=1e-3)
+    trainer = DiffusionDPOTrainer(tiny_model_path, args=args, train_dataset=preference_dataset())
+    with torch.no_grad():
+        for param in trainer.model.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    return trainer
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_every_trl_loss_type_back_propagates_through_the_estimates(perturbed_trainer, loss_type):
+    """TRL's loss types (`DPOConfig.loss_type`) take sequence log-likelihoods, which the estimate provides (`sft`: the
+    chosen completions' per-token contributions): each gives a finite loss whose gradient reaches the policy."""
+    trainer = perturbed_trainer
+    trainer.loss_types, trainer.loss_weights = [loss_type], [1.0]
+    trainer.model.zero_grad()
+    loss = trainer._compute_loss(trainer.model, first_batch(trainer), return_outputs=False)
+    loss.backward()
+    grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    assert torch.isfinite(loss) and grads and any(g.abs().sum() > 0 for g in grads)
+
+
+@pytest.mark.parametrize("divergence", ["forward_kl", "js_divergence", "alpha_divergence"])
+def test_trl_f_divergences_run_on_the_estimates(perturbed_trainer, divergence):
+    trainer = perturbed_trainer
+    trainer.loss_types, trainer.loss_weights, trainer.f_divergence_type = ["sigmoid"], [1.0], divergence
+    try:
+        with torch.no_grad():
+            loss = trainer._compute_loss(trainer.model, first_batch(trainer), return_outputs=False)
+    finally:
+        trainer.f_divergence_type = "reverse_kl"
+    assert torch.isfinite(loss)
