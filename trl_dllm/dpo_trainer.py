@@ -14,6 +14,7 @@ TRL 1.16's `DPOTrainer` has no narrower hook than its scoring call, ``model(...,
   estimator's per-token contributions where TRL expects next-token log-probs.
 - `_compute_loss`: adds one Monte Carlo seed per row to the batch (TRL passes it to the policy's and the reference's
   call alike, so both draw the same masks), then `super()`.
+- `save_model`: a LoRA adapter of a natively loaded LLaDA is saved in LLaDA's module names, as the GRPO trainer does.
 - `log`: drops TRL's `logits/chosen`, `logits/rejected` and `mean_token_accuracy`, which the estimate does not measure
   (a masked-diffusion model has no next-token distribution).
 """
@@ -29,7 +30,9 @@ from trl import DPOTrainer
 from .core.likelihood import ESTIMATORS
 from .dpo_config import DiffusionDPOConfig
 from .models import base_model, resolve_model_spec
+from .models.adapters import adapter_to_original_layout
 from .models.embedded import resolve_model_name
+from .models.loading import is_native_layout
 from .training import model_setup, preference
 from .training.preference import install_estimate_head, row_seeds
 
@@ -43,7 +46,7 @@ class DiffusionDPOTrainer(DPOTrainer):
     _tag_names = ["trl", "dpo", "trl_dllm", "diffusion"]
 
     def __init__(self, model, ref_model=None, args: DiffusionDPOConfig | None = None, *pargs, **kwargs):
-        model = resolve_model_name(model)  # "tiny", "tiny-block": the embedded models (models/embedded.py)
+        given, model = model, resolve_model_name(model)  # "tiny", "tiny-block": embedded models (models/embedded.py)
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = DiffusionDPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-DiffusionDPO")
@@ -64,6 +67,7 @@ class DiffusionDPOTrainer(DPOTrainer):
                 f"router_aux_loss_coef={self.router_aux_loss_coef}: the MoE load-balancing loss is not collected from "
                 "the estimator's forwards by DiffusionDPOTrainer yet. Set router_aux_loss_coef=0."
             )
+        self._embedded_name = given if given is not model else None  # read by `save_model`
         unwrapped = self.accelerator.unwrap_model(self.model)
         self.model_spec = resolve_model_spec(unwrapped, self._tokenizer, args.mask_token_id)
         ref = base_model(self.ref_model) if self.ref_model is not None else None
@@ -74,7 +78,8 @@ class DiffusionDPOTrainer(DPOTrainer):
             raise ValueError(problem)
         options = self._estimator_options()
         policy = unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped  # where TRL put its head
-        fill = self._tokenizer.eos_token_id if self._tokenizer.eos_token_id is not None else self.model_spec.eos_token_ids[0]
+        fill = self._tokenizer.eos_token_id
+        fill = self.model_spec.eos_token_ids[0] if fill is None else fill
         head = dict(independent_noise=args.independent_mc_noise, fill_token_id=fill)
         install_estimate_head(policy, self.model_spec, self.estimator, options, **head)
         if ref is not None:
@@ -103,6 +108,20 @@ class DiffusionDPOTrainer(DPOTrainer):
         mode = "train" if self.model.training else "eval"
         seeds = row_seeds(self.args.seed, mode, self.state.global_step, inputs["input_ids"], inputs["attention_mask"])
         return super()._compute_loss(model, {**inputs, "mc_seeds": seeds}, return_outputs)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+        """TRL's; then, as `DiffusionGRPOTrainer.save_model` does, an embedded model's adapter names its base by name
+        and a LoRA adapter of a natively loaded LLaDA is rewritten in LLaDA's own module names."""
+        super().save_model(output_dir, _internal_call)
+        output_dir = output_dir or self.args.output_dir
+        if not self.accelerator.is_main_process:
+            return
+        if self._embedded_name is not None:
+            model_setup.name_embedded_base(output_dir, self._embedded_name)
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        base = unwrapped.get_base_model() if callable(getattr(unwrapped, "get_base_model", None)) else None
+        if not _internal_call and base is not None and is_native_layout(base):
+            adapter_to_original_layout(output_dir, base.dllm_layout)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """TRL's, without the metrics of a causal head that the estimate does not measure (`UNMEASURED_METRICS`)."""

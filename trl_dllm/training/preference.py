@@ -26,7 +26,9 @@ from ..core.likelihood import BLOCK_FAMILY_ESTIMATOR, ESTIMATORS, estimate
 from ..models import ModelSpec, model_logits_fn, require_attention, scores_with_4d_mask
 from ..seeding import sample_seed
 
-__all__ = ["estimate_rows", "fit_estimator", "install_estimate_head", "reference_adapter_active", "row_seeds", "split_rows"]
+__all__ = [
+    "estimate_rows", "fit_estimator", "install_estimate_head", "reference_adapter_active", "row_seeds", "split_rows",
+]  # fmt: skip
 
 
 def row_seeds(seed: int, mode: str, step: int, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -65,9 +65,9 @@ MASKS_PER_TIMESTEP = Option(
     help="elbo: masks drawn per sampled mask count (VRPO's n_mask); mc_samples / this counts are drawn. 1: VRPO's "
     "optimal allocation.",
     doc="For {estimators}: masks drawn per sampled mask count (\"timestep\"), VRPO's `n_mask` (LLaDA 1.5): the "
-    "`mc_samples` samples are `mc_samples / mc_masks_per_timestep` stratified counts with this many masks each. `1` is "
-    "VRPO's optimal allocation (one mask per timestep, the lowest variance for a given budget); more reproduces its "
-    "ablation. Must divide `mc_samples`.",
+    "`mc_samples` samples are `mc_samples / mc_masks_per_timestep` stratified counts with this many masks each. "
+    "`1` is VRPO's optimal allocation (one mask per timestep, the lowest variance for a given budget); more "
+    "reproduces its ablation. Must divide `mc_samples`.",
     check=at_least(1),
 )  # fmt: skip
 
@@ -76,8 +76,8 @@ def check_allocation(run) -> str | None:
     """``mc_masks_per_timestep`` must divide ``mc_samples`` (each sampled count gets the same number of masks)."""
     per, samples = getattr(run, "mc_masks_per_timestep", 1), getattr(run, "mc_samples", 1)
     if per >= 1 and samples % per:
-        return (f"mc_masks_per_timestep={per} must divide mc_samples={samples}: the budget is mc_samples = timesteps x "
-                f"masks per timestep. Set mc_samples to a multiple of {per} (or mc_masks_per_timestep=1, VRPO's "
+        return (f"mc_masks_per_timestep={per} must divide mc_samples={samples}: the budget is mc_samples = "
+                f"timesteps x masks per timestep. Set mc_samples to a multiple of {per} (or mc_masks_per_timestep=1, VRPO's "
                 "optimal allocation).")  # fmt: skip
     return None
 
