@@ -77,8 +77,8 @@ def check_allocation(run) -> str | None:
     per, samples = getattr(run, "mc_masks_per_timestep", 1), getattr(run, "mc_samples", 1)
     if per >= 1 and samples % per:
         return (f"mc_masks_per_timestep={per} must divide mc_samples={samples}: the budget is mc_samples = "
-                f"timesteps x masks per timestep. Set mc_samples to a multiple of {per} (or mc_masks_per_timestep=1, VRPO's "
-                "optimal allocation).")  # fmt: skip
+                f"timesteps x masks per timestep. Set mc_samples to a multiple of {per} (or "
+                "mc_masks_per_timestep=1, VRPO's optimal allocation).")  # fmt: skip
     return None
 
 
