@@ -343,3 +343,30 @@ def test_shared_masks_reduce_the_variance_of_the_log_ratio(tmp_path, tiny_model_
     shared = torch.stack([estimates(trainer.model, s) - estimates(trainer.ref_model, s) for s in range(8)])
     independent = torch.stack([estimates(trainer.model, s) - estimates(trainer.ref_model, s + 100) for s in range(8)])
     assert (shared.var(0) * 10 < independent.var(0)).all(), (shared.var(0), independent.var(0))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["torchrun", "zero2_lora"])
+def test_two_processes(tiny_model_path, tmp_path, launcher):
+    """`trl-dllm dpo` under torchrun (DDP, full fine-tuning with TRL's reference model) and under `accelerate launch`
+    with DeepSpeed ZeRO-2 on CPU (LoRA, the adapter-disabled reference): trains 2 steps on 2 processes. (ZeRO-3 and
+    FSDP are refused: see `DiffusionDPOTrainer.__init__`.)"""
+    import json
+    import subprocess
+
+    from test_multiprocess import ROOT, accelerate, torchrun  # the launchers of the GRPO trainer's two-process tests
+
+    launch = torchrun() if launcher == "torchrun" else accelerate("zero2_cpu.yaml")
+    lora_flags = ["--use_peft", "true", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj"]
+    command = [
+        *launch, "-m", "trl_dllm", "dpo", "--model_name_or_path", str(tiny_model_path), "--dataset_name", "json",
+        "--data_files", FIXTURE, "--output_dir", str(tmp_path), "--max_steps", "2", "--per_device_train_batch_size",
+        "2", "--logging_steps", "1", "--use_cpu", "true", "--report_to", "none", "--save_strategy", "no",
+        "--mc_samples", "2", *(lora_flags if launcher != "torchrun" else []),
+    ]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    assert "trained on 2 process(es)" in result.stdout
+    logs = [log for log in json.loads((tmp_path / "trainer_state.json").read_text())["log_history"] if "loss" in log]
+    assert len(logs) == 2 and logs[0]["rewards/margins"] == 0.0 and all(set(TRL_METRICS) <= set(log) for log in logs)

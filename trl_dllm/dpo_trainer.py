@@ -62,6 +62,13 @@ class DiffusionDPOTrainer(DPOTrainer):
             kwargs["processing_class"] = model_setup.native_tokenizer(model, args)
         with model_setup.loading_models(args, peft_config, trainer_module=dpo_module):
             super().__init__(model, ref_model, args, *pargs, **kwargs)
+        if self._shards_parameters:
+            raise ValueError(
+                "DeepSpeed ZeRO-3 / FSDP are not supported by DiffusionDPOTrainer yet: it estimates the rows of a "
+                "batch in one call per completion length, so processes make different numbers of forwards, and "
+                "ZeRO-3 / FSDP gather the parameters collectively in every forward (a two-process run hangs). Use DDP "
+                "or ZeRO-2 (recipes/accelerate/zero2.yaml)."
+            )
         if self.aux_loss_enabled:
             raise ValueError(
                 f"router_aux_loss_coef={self.router_aux_loss_coef}: the MoE load-balancing loss is not collected from "
@@ -101,6 +108,13 @@ class DiffusionDPOTrainer(DPOTrainer):
             if value is not None:
                 values[option.keyword] = value
         return values
+
+    @property
+    def _shards_parameters(self) -> bool:
+        """ZeRO-3 / FSDP (as `DiffusionGRPOTrainer._shards_parameters`): refused for now (see `__init__`)."""
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        zero3 = self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3
+        return self.is_fsdp_enabled or zero3
 
     def _compute_loss(self, model, inputs, return_outputs):
         """TRL's, with one Monte Carlo seed per row added to the batch: TRL passes the batch's extra keys to the

@@ -106,7 +106,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(training_args.output_dir)
     trainer.save_state()
-    trainer.accelerator.print(f"Model saved to {training_args.output_dir}")
+    processes = trainer.accelerator.num_processes
+    trainer.accelerator.print(f"Model saved to {training_args.output_dir} (trained on {processes} process(es))")
     trainer.accelerator.wait_for_everyone()
 
 
