@@ -49,7 +49,7 @@ def test_help_and_unknown_command(capsys):
 
 def test_python_dash_m_is_the_cli():
     out = subprocess.run([sys.executable, "-m", "trl_dllm", "--help"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "trl-dllm {grpo,eval,lm-eval,merge,plan,demo,compare}" in out.stdout
+    assert out.returncode == 0 and "trl-dllm {grpo,dpo,eval,lm-eval,merge,plan,demo,compare}" in out.stdout
 
 
 def test_demo_forwards_its_arguments(monkeypatch):

@@ -80,3 +80,33 @@ def test_trl_loss_path_calls_our_likelihood_hook(tmp_path, tiny_model_path, monk
     loss = trainer._compute_loss(trainer.model, batch)
     assert torch.isfinite(loss)
     assert calls == [(True, True)], "TRL's _compute_loss did not score through our estimator"
+
+
+# DiffusionDPOTrainer: DPOTrainer hook -> parameters (after self) our override relies on
+DPO_HOOKS = {"_compute_loss": ["model", "inputs", "return_outputs"], "log": ["logs", "start_time"]}
+
+
+@pytest.mark.parametrize("hook", sorted(DPO_HOOKS))
+def test_dpo_hook_exists_with_expected_signature(hook):
+    from trl import DPOTrainer
+
+    from trl_dllm import DiffusionDPOTrainer
+
+    params = list(inspect.signature(getattr(DPOTrainer, hook)).parameters)[1:]
+    assert params[: len(DPO_HOOKS[hook])] == DPO_HOOKS[hook], f"DPOTrainer.{hook} signature changed: {params}"
+    assert hook in DiffusionDPOTrainer.__dict__
+
+
+def test_dpo_scores_through_the_fused_head_with_the_batch_keys():
+    """DiffusionDPOTrainer replaces the fused head TRL installs, and its seeds reach both scoring calls as an extra
+    batch key: TRL must still score the policy and the reference by `model(**model_kwargs, ..., fused_lm_head=True)`
+    with `model_kwargs` taken from the batch, and install the head on the policy's base model and the reference."""
+    from trl import DPOTrainer
+
+    loss = inspect.getsource(DPOTrainer._compute_loss)
+    assert "model_kwargs = {k: v for k, v in inputs.items() if k not in _non_model_keys}" in loss
+    assert "outputs = model(**model_kwargs, labels=labels, fused_lm_head=True)" in loss
+    assert "self.ref_model(**ref_model_kwargs, labels=labels, fused_lm_head=True)" in loss
+    init = inspect.getsource(DPOTrainer.__init__)
+    assert "add_fused_lm_head(self.model.get_base_model() if is_peft_model(self.model) else self.model" in init
+    assert "add_fused_lm_head(self.ref_model)" in init

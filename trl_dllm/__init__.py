@@ -15,6 +15,8 @@ __version__ = "0.1.0"
 install_log_filters()  # before TRL / transformers import DeepSpeed, which warns on every CPU run (see console.py)
 
 _EXPORTS = {
+    "DiffusionDPOConfig": "dpo_config",
+    "DiffusionDPOTrainer": "dpo_trainer",
     "DiffusionGRPOConfig": "config",
     "DiffusionGRPOTrainer": "trainer",
     "ESTIMATORS": "core.likelihood",

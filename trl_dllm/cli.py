@@ -15,9 +15,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-USAGE = """usage: trl-dllm {grpo,eval,lm-eval,merge,plan,demo,compare} [--help] [args ...]
+USAGE = """usage: trl-dllm {grpo,dpo,eval,lm-eval,merge,plan,demo,compare} [--help] [args ...]
 
   grpo     train with DiffusionGRPOTrainer from a YAML recipe: trl-dllm grpo --config recipe.yaml [--field value ...]
+  dpo      preference optimisation (VRPO) with DiffusionDPOTrainer: trl-dllm dpo --config recipe.yaml [--field ...]
   eval     accuracy of a model or checkpoint on a task, with diffusion decoding (greedy by default); writes JSON
   lm-eval  lm-evaluation-harness with the trl_dllm model: trl-dllm lm-eval --model_args pretrained=PATH --tasks ...
   merge    merge a LoRA adapter into a full model in the family's original layout (docs/evaluation.md)
@@ -33,6 +34,14 @@ def _grpo(argv: Sequence[str]) -> int | None:
     if _help("grpo", argv):
         return 0
     from .scripts.grpo import main
+
+    return main(argv)
+
+
+def _dpo(argv: Sequence[str]) -> int | None:
+    if _help("dpo", argv):
+        return 0
+    from .scripts.dpo import main
 
     return main(argv)
 
@@ -108,7 +117,7 @@ def _study(name: str):
     return None
 
 
-COMMANDS = {"grpo": _grpo, "eval": _eval, "lm-eval": _lm_eval, "merge": _merge, "plan": _plan, "demo": _demo, "compare": _compare}
+COMMANDS = {"grpo": _grpo, "dpo": _dpo, "eval": _eval, "lm-eval": _lm_eval, "merge": _merge, "plan": _plan, "demo": _demo, "compare": _compare}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

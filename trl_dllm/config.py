@@ -29,24 +29,29 @@ def _filled(option: Option, text: str, *, doc: bool) -> str:
     return text.replace("{estimators}", join(quoted)).replace("{objectives}", join(losses))
 
 
-def _method_option_fields():
-    """A dataclass holding the config fields that the method registries declare (`trl_dllm.core.methods`): each one's
-    type, default and ``--help`` come from its [`~trl_dllm.core.options.Option`]."""
+def method_option_fields(options: list[Option], name: str, doc: str):
+    """A dataclass holding the config fields that ``options`` declare (registry options,
+    `trl_dllm.core.methods.declared_fields`): each one's type, default and ``--help`` come from its
+    [`~trl_dllm.core.options.Option`]. `DiffusionGRPOConfig` takes every declared option, `DiffusionDPOConfig` those of
+    the estimators it can use."""
     specs = [
         (option.field, option.type, field(default=option.default,
                                           metadata={"help": _filled(option, option.help, doc=False)}))
-        for option in declared_fields()
+        for option in options
     ]  # fmt: skip
-    fields_class = make_dataclass("MethodOptionFields", specs)
+    fields_class = make_dataclass(name, specs)
     fields_class.__module__ = __name__  # its string annotations resolve in this module (HfArgumentParser)
-    fields_class.__doc__ = "The configuration fields the estimators and objectives declare (`DiffusionGRPOConfig`)."
+    fields_class.__doc__ = doc
     return fields_class
 
 
-MethodOptionFields = _method_option_fields()
+MethodOptionFields = method_option_fields(
+    declared_fields(), "MethodOptionFields",
+    "The configuration fields the estimators and objectives declare (`DiffusionGRPOConfig`).",
+)  # fmt: skip
 
 
-def _parameter_doc(name: str, annotation: str, default, text: str) -> str:
+def parameter_doc(name: str, annotation: str, default, text: str) -> str:
     """One ``Parameters:`` entry of the docstring, in the format of TRL's configuration classes."""
     kind = " or ".join(f"`{part.strip()}`" for part in annotation.split("|"))
     shown = f'"{default}"' if isinstance(default, str) else default
@@ -64,14 +69,19 @@ def _estimator_doc() -> str:
         "block-causal already or the loss type cannot use `\"block\"`. The trainer's start-up line says which it "
         "picked. A value you set is kept and checked."
     )
-    return _parameter_doc("estimator", "str | None", None, text).lstrip()
+    return parameter_doc("estimator", "str | None", None, text).lstrip()
+
+
+def options_doc(options: list[Option]) -> str:
+    """The ``Parameters:`` entries of the fields ``options`` declare, in TRL's docstring format."""
+    return "\n".join(
+        parameter_doc(option.field, option.type, option.default, _filled(option, option.doc, doc=True))
+        for option in options
+    )  # fmt: skip
 
 
 def _options_doc(section: str) -> str:
-    return "\n".join(
-        _parameter_doc(option.field, option.type, option.default, _filled(option, option.doc, doc=True))
-        for option in declared_fields() if option.section == section
-    )  # fmt: skip
+    return options_doc([option for option in declared_fields() if option.section == section])
 
 
 @dataclass

@@ -26,11 +26,11 @@ def wants_help(argv) -> bool:
 
 
 def help_text(command: str) -> str:
-    """The `--help` text of `trl-dllm <command>` (`grpo` or `eval`), from the cache when it is current."""
+    """The `--help` text of `trl-dllm <command>` (`grpo`, `dpo`, `eval`, `plan`), from the cache when it is current."""
     key = hashlib.sha256(f"{__version__} {shutil.get_terminal_size().columns}".encode())
     for dist in ("trl", "transformers"):
         key.update(metadata.version(dist).encode())
-    for source in [_PACKAGE / "config.py", *sorted((_PACKAGE / "scripts").glob("*.py"))]:
+    for source in [_PACKAGE / "config.py", _PACKAGE / "dpo_config.py", *sorted((_PACKAGE / "scripts").glob("*.py"))]:
         key.update(source.read_bytes())
     path = cache_dir() / "help" / f"{command}-{key.hexdigest()[:16]}.txt"
     if path.is_file():

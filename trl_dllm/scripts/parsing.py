@@ -120,7 +120,8 @@ class ScriptParser(TrlParser):
             others = [name for name in names if name not in covered]
             first.extend(groups)
             if groups and others:
-                last.append((f"inherited by {cls.__name__}: TRL's GRPOConfig and transformers' TrainingArguments",
+                trl_base = next((b.__name__ for b in cls.__mro__ if b.__module__.startswith("trl.")), "GRPOConfig")
+                last.append((f"inherited by {cls.__name__}: TRL's {trl_base} and transformers' TrainingArguments",
                              others))
             elif others:
                 first.append((_TITLES.get(cls.__name__, cls.__name__), others))

@@ -37,13 +37,16 @@ logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def loading_models(args, peft_config, adapter: ContinuedAdapter | None = None):
+def loading_models(args, peft_config, adapter: ContinuedAdapter | None = None, trainer_module=None):
     """While TRL's `__init__` runs, models it loads by name (the policy, and the reference when `beta > 0` without
     PEFT) go through `trl_dllm.models.loading.load_pretrained`: LLaDA / Dream / SDAR natively unless
     `args.native_loading` is off, the auto class from `auto_map` otherwise; then [`adapt_to_model`]. The folder of
-    `adapter` loads as its base with the adapter on, unmerged and trainable ([`continue_adapter`])."""
+    `adapter` loads as its base with the adapter on, unmerged and trainable ([`continue_adapter`]).
+    `trainer_module` is the TRL module whose loader is routed (default `trl.trainer.grpo_trainer`; the DPO trainer
+    passes `trl.trainer.dpo_trainer`)."""
     import trl.trainer.grpo_trainer as grpo_module
 
+    grpo_module = trainer_module or grpo_module
     trl_create = grpo_module.create_model_from_path
 
     def create(model_id, architecture=None, **kwargs):

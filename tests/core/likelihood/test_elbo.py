@@ -179,3 +179,34 @@ def test_bad_inputs():
         elbo(model, *batch, mask_token_id=MASK, seeds=torch.arange(2), mc_samples=0)
     with pytest.raises(ValueError, match="elbo_counts"):
         elbo(model, *batch, mask_token_id=MASK, seeds=torch.arange(2), elbo_counts="uniform")
+
+
+def test_masks_per_timestep_shares_each_count_among_its_masks():
+    """VRPO's allocation (LLaDA 1.5): K = n_t * r samples are n_t stratified counts, each with r independent masks;
+    r = 1 (the default) is K distinct stratified counts."""
+    import torch
+
+    from trl_dllm.core.likelihood.elbo import _elbo_views
+
+    for r in (1, 2, 4):
+        views, weights, sample = _elbo_views(8, 16, False, "llada", torch.Generator().manual_seed(0), r)
+        sizes = views.sum(1)
+        assert views.shape == (8, 16) and sample.tolist() == list(range(8))
+        assert torch.equal(sizes.view(8 // r, r), sizes.view(8 // r, r)[:, :1].expand(-1, r))  # one count per group
+        assert torch.allclose(weights, 16 / sizes.float())
+        if r == 2:  # the masks of one count are drawn independently
+            assert not torch.equal(views[0], views[1]) or sizes[0] in (16,)
+    strata = _elbo_views(8, 16, False, "llada", torch.Generator().manual_seed(0), 1)[0].sum(1)
+    assert [(s - 1) // 2 for s in strata.tolist()] == list(range(8))  # one count in each eighth of 1..16
+
+
+def test_masks_per_timestep_must_divide_the_budget():
+    import pytest
+    import torch
+
+    from trl_dllm.core.likelihood import elbo
+
+    with pytest.raises(ValueError, match="masks_per_timestep"):
+        elbo(lambda *a, **k: None, torch.ones(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.long),
+             torch.ones(1, 4, dtype=torch.long), torch.ones(1, 4), mask_token_id=0, seeds=torch.zeros(1, dtype=torch.long),
+             mc_samples=3, masks_per_timestep=2)  # fmt: skip

@@ -30,7 +30,7 @@ from ._views import LikelihoodOutput
 from .block import block, block_views
 from .block_steps import block_steps, block_steps_views
 from .coupled import T_MAX, T_MIN, coupled, coupled_views
-from .elbo import ELBO_COUNTS, ELBO_COUNTS_OPTION, elbo, elbo_views
+from .elbo import ELBO_COUNTS, ELBO_COUNTS_OPTION, MASKS_PER_TIMESTEP, check_allocation, elbo, elbo_views
 from .left_to_right import check_left_to_right_rollout, left_to_right, left_to_right_views
 from .mean_field import mean_field, mean_field_views
 from .spg import RETURN_EUBO, SPG_BETA, SPGOutput, spg_bounds, spg_views
@@ -146,7 +146,9 @@ ESTIMATORS: dict[str, Estimator] = {
     "mean_field": Estimator(mean_field, "d1's one-step estimate", mean_field_views, options=(P_MASK_PROMPT, *MEMORY)),
     "elbo": Estimator(
         elbo, "Monte Carlo ELBO, LLaDA/ESPO", elbo_views,
-        options=(MC_SAMPLES, ANTITHETIC, ELBO_COUNTS_OPTION, P_MASK_PROMPT, MC_BATCH_SIZE, *MEMORY),
+        options=(MC_SAMPLES, ANTITHETIC, ELBO_COUNTS_OPTION, MASKS_PER_TIMESTEP, P_MASK_PROMPT, MC_BATCH_SIZE,
+                 *MEMORY),
+        check=check_allocation,
         mc_weighted=True,  # L / n
     ),
     "coupled": Estimator(

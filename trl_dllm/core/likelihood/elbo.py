@@ -25,6 +25,11 @@ the pair's expectation is the ELBO with its fully-masked term replaced by the me
 ``(L + 1) / (L - x_k)`` on its complement; an empty view (``x = 0`` or ``x = L``) scores nothing. Each half is then
 *exactly* LLaDA's ELBO in expectation, ``Σ_{x=1..L} (1/(L+1)) · ((L+1)/x) · E_{|S|=x}[Σ_S ℓ] = Σ_x (1/x) E[...]``.
 
+``masks_per_timestep = r`` (VRPO's budget allocation, LLaDA 1.5, arXiv 2505.19223): the ``K = n_t · r`` samples are
+``n_t = K / r`` stratified mask counts ("timesteps"), each shared by ``r`` independently drawn masks. Every sample
+stays unbiased; VRPO shows that ``r = 1`` (the default: ``K`` distinct timesteps, one mask each) has the lowest
+variance for a fixed budget ``K``; larger ``r`` reproduces its ablation.
+
 Cost: ``K`` forwards (``2K`` with ``antithetic``), run ``mc_batch_size`` views per forward. Notation, randomness and
 memory: :mod:`._views`.
 """
@@ -34,10 +39,10 @@ from __future__ import annotations
 import torch
 
 from ..masks import random_subsets, stratified_counts
-from ..options import Option, one_of
+from ..options import Option, at_least, one_of
 from ._views import LikelihoodOutput, check_inputs, draw_views, score_views
 
-__all__ = ["ELBO_COUNTS", "ELBO_COUNTS_OPTION", "elbo", "elbo_views"]
+__all__ = ["ELBO_COUNTS", "ELBO_COUNTS_OPTION", "MASKS_PER_TIMESTEP", "check_allocation", "elbo", "elbo_views"]
 
 ELBO_COUNTS = ("llada", "espo")
 
@@ -55,12 +60,36 @@ ELBO_COUNTS_OPTION = Option(
 )  # fmt: skip
 
 
-def _elbo_views(mc_samples, length, antithetic, counts, generator):
+MASKS_PER_TIMESTEP = Option(
+    "masks_per_timestep", "mc_masks_per_timestep", 1, "int",
+    help="elbo: masks drawn per sampled mask count (VRPO's n_mask); mc_samples / this counts are drawn. 1: VRPO's "
+    "optimal allocation.",
+    doc="For {estimators}: masks drawn per sampled mask count (\"timestep\"), VRPO's `n_mask` (LLaDA 1.5): the "
+    "`mc_samples` samples are `mc_samples / mc_masks_per_timestep` stratified counts with this many masks each. "
+    "`1` is VRPO's optimal allocation (one mask per timestep, the lowest variance for a given budget); more "
+    "reproduces its ablation. Must divide `mc_samples`.",
+    check=at_least(1),
+)  # fmt: skip
+
+
+def check_allocation(run) -> str | None:
+    """``mc_masks_per_timestep`` must divide ``mc_samples`` (each sampled count gets the same number of masks)."""
+    per, samples = getattr(run, "mc_masks_per_timestep", 1), getattr(run, "mc_samples", 1)
+    if per >= 1 and samples % per:
+        return (f"mc_masks_per_timestep={per} must divide mc_samples={samples}: the budget is mc_samples = "
+                f"timesteps x masks per timestep. Set mc_samples to a multiple of {per} (or "
+                "mc_masks_per_timestep=1, VRPO's optimal allocation).")  # fmt: skip
+    return None
+
+
+def _elbo_views(mc_samples, length, antithetic, counts, generator, masks_per_timestep=1):
     """One row's ``elbo`` views: masked positions `(M, L)`, view weights `(M,)`, sample of each view `(M,)`."""
+    timesteps = mc_samples // masks_per_timestep  # VRPO's n_t; each count is repeated for its n_mask masks
     if counts == "espo":  # x ~ U{0..L}, t = x / (L + 1), weight 1 / t
-        sizes, scale = stratified_counts(mc_samples, length + 1, generator=generator) - 1, length + 1
+        sizes, scale = stratified_counts(timesteps, length + 1, generator=generator) - 1, length + 1
     else:  # n ~ U{1..L} (U{1..L-1} for pairs), weight L / n
-        sizes, scale = stratified_counts(mc_samples, length - 1 if antithetic else length, generator=generator), length
+        sizes, scale = stratified_counts(timesteps, length - 1 if antithetic else length, generator=generator), length
+    sizes = sizes.repeat_interleave(masks_per_timestep)
     subsets = random_subsets(sizes, length, generator=generator)
     first = torch.where(sizes > 0, scale / sizes.clamp(min=1), 0.0)  # an empty view scores nothing: weight 0, not inf
     if not antithetic:
@@ -84,6 +113,7 @@ def elbo(
     mc_samples=1,
     antithetic=False,
     elbo_counts="llada",
+    masks_per_timestep=1,
     p_mask_prompt=0.0,
     mc_batch_size=1,
     checkpoint_views=False,
@@ -101,6 +131,8 @@ def elbo(
         antithetic (`bool`, *optional*, defaults to `False`): score each subset and its complement (ESPO).
         elbo_counts (`str`, *optional*, defaults to `"llada"`): ``"llada"`` (``n ~ U{1..L}``, weight ``L/n``) or
             ``"espo"`` (``x ~ U{0..L}``, weight ``(L+1)/x``), see above.
+        masks_per_timestep (`int`, *optional*, defaults to `1`): masks per sampled count (VRPO's ``n_mask``); must
+            divide ``mc_samples``.
         mc_batch_size (`int`, *optional*, defaults to `1`): views stacked along the batch dim per forward.
 
     Returns:
@@ -110,11 +142,14 @@ def elbo(
                  mc_samples=mc_samples)
     if elbo_counts not in ELBO_COUNTS:
         raise ValueError(f"Unknown elbo_counts={elbo_counts!r}; expected one of {', '.join(ELBO_COUNTS)}.")
+    if masks_per_timestep < 1 or mc_samples % masks_per_timestep:
+        raise ValueError(f"`masks_per_timestep` ({masks_per_timestep}) must be >= 1 and divide `mc_samples` "
+                         f"({mc_samples}).")  # fmt: skip
     length = completion_ids.shape[1]
     antithetic = antithetic and (length > 1 or elbo_counts == "espo")
 
     def draw(generator):
-        return _elbo_views(mc_samples, length, antithetic, elbo_counts, generator)
+        return _elbo_views(mc_samples, length, antithetic, elbo_counts, generator, masks_per_timestep)
 
     views = draw_views(seeds, prompt_mask, p_mask_prompt, mc_samples, draw)
     return score_views(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, views, mask_token_id,

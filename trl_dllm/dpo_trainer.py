@@ -1,0 +1,145 @@
+"""`DiffusionDPOTrainer`: TRL's `DPOTrainer` with the sequence log-likelihoods of a masked diffusion model estimated.
+
+LLaDA 1.5's VRPO (arXiv 2505.19223): DPO whose log-likelihoods are Monte Carlo ELBO estimates, the policy's and the
+reference's drawn with the same timesteps and masks. Swap two names in a TRL DPO script (`DPOTrainer` →
+`DiffusionDPOTrainer`, `DPOConfig` → `DiffusionDPOConfig`); TRL's datasets, loss types, reference handling (a reference
+model, or the PEFT model with its adapter disabled), metrics (`rewards/chosen`, `rewards/margins`,
+`rewards/accuracies`, …) and launchers are TRL's own.
+
+TRL 1.16's `DPOTrainer` has no narrower hook than its scoring call, ``model(..., fused_lm_head=True)``, inside
+`_compute_loss` (300 lines of losses and metrics). So (TRL 1.16, see `trl_dllm.training.preference`):
+
+- `__init__`: `super()`, with models loaded by name going through our loaders; then the fused causal head TRL
+  installed on the policy (and the reference model) is replaced by an estimate head: the same call returns the
+  estimator's per-token contributions where TRL expects next-token log-probs.
+- `_compute_loss`: adds one Monte Carlo seed per row to the batch (TRL passes it to the policy's and the reference's
+  call alike, so both draw the same masks), then `super()`.
+- `save_model`: a LoRA adapter of a natively loaded LLaDA is saved in LLaDA's module names, as the GRPO trainer does.
+- `log`: drops TRL's `logits/chosen`, `logits/rejected` and `mean_token_accuracy`, which the estimate does not measure
+  (a masked-diffusion model has no next-token distribution).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import trl.trainer.dpo_trainer as dpo_module
+from accelerate.utils import is_peft_model
+from trl import DPOTrainer
+
+from .core.likelihood import ESTIMATORS
+from .dpo_config import DiffusionDPOConfig
+from .models import base_model, resolve_model_spec
+from .models.adapters import adapter_to_original_layout
+from .models.embedded import resolve_model_name
+from .models.loading import is_native_layout
+from .training import model_setup, preference
+from .training.preference import install_estimate_head, row_seeds
+
+UNMEASURED_METRICS = ("logits/chosen", "logits/rejected", "mean_token_accuracy")
+
+
+class DiffusionDPOTrainer(DPOTrainer):
+    """[`~trl.DPOTrainer`] for masked diffusion language models. Same arguments; `args` is a [`DiffusionDPOConfig`].
+    See `docs/dpo.md`."""
+
+    _tag_names = ["trl", "dpo", "trl_dllm", "diffusion"]
+
+    def __init__(self, model, ref_model=None, args: DiffusionDPOConfig | None = None, *pargs, **kwargs):
+        given, model = model, resolve_model_name(model)  # "tiny", "tiny-block": embedded models (models/embedded.py)
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = DiffusionDPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-DiffusionDPO")
+        if not isinstance(args, DiffusionDPOConfig):
+            raise TypeError(f"args must be a DiffusionDPOConfig, got {type(args).__name__}. Replace DPOConfig(...) "
+                            "with DiffusionDPOConfig(...): it accepts the same arguments.")  # fmt: skip
+        peft_config = kwargs.get("peft_config")
+        if peft_config is not None:
+            kwargs["peft_config"] = peft_config = copy.deepcopy(peft_config)  # adapted to the model, never the user's
+        if not isinstance(model, str):
+            model_setup.adapt_to_model(model, args, peft_config)
+        elif kwargs.get("processing_class") is None and args.native_loading:
+            kwargs["processing_class"] = model_setup.native_tokenizer(model, args)
+        with model_setup.loading_models(args, peft_config, trainer_module=dpo_module):
+            super().__init__(model, ref_model, args, *pargs, **kwargs)
+        if self._shards_parameters:
+            raise ValueError(
+                "DeepSpeed ZeRO-3 / FSDP are not supported by DiffusionDPOTrainer yet: it estimates the rows of a "
+                "batch in one call per completion length, so processes make different numbers of forwards, and "
+                "ZeRO-3 / FSDP gather the parameters collectively in every forward (a two-process run hangs). Use DDP "
+                "or ZeRO-2 (recipes/accelerate/zero2.yaml)."
+            )
+        if self.aux_loss_enabled:
+            raise ValueError(
+                f"router_aux_loss_coef={self.router_aux_loss_coef}: the MoE load-balancing loss is not collected from "
+                "the estimator's forwards by DiffusionDPOTrainer yet. Set router_aux_loss_coef=0."
+            )
+        self._embedded_name = given if given is not model else None  # read by `save_model`
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        self.model_spec = resolve_model_spec(unwrapped, self._tokenizer, args.mask_token_id)
+        ref = base_model(self.ref_model) if self.ref_model is not None else None
+        model_setup.make_models_bidirectional(unwrapped, ref)
+        self.estimator = preference.fit_estimator(args.estimator, self.model_spec)
+        check = ESTIMATORS[self.estimator].check  # its requirement on the run (elbo: the budget's allocation)
+        if check is not None and (problem := check(args)) is not None:
+            raise ValueError(problem)
+        options = self._estimator_options()
+        policy = unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped  # where TRL put its head
+        fill = self._tokenizer.eos_token_id
+        fill = self.model_spec.eos_token_ids[0] if fill is None else fill
+        head = dict(independent_noise=args.independent_mc_noise, fill_token_id=fill)
+        install_estimate_head(policy, self.model_spec, self.estimator, options, **head)
+        if ref is not None:
+            install_estimate_head(ref, self.model_spec, self.estimator, options, reference=True, **head)
+
+    def _estimator_options(self) -> dict:
+        """Exactly the options the configured estimator declares: from their config fields, or from the model (a
+        block-diffusion family's own blocks)."""
+        entry, spec = ESTIMATORS[self.estimator], self.model_spec
+        from_run = {
+            "block_causal": spec.family == "block", "block_length": spec.decoding_block_length(None),
+            "block_layout": spec.block_layout, "entropy_grad": False, "return_eubo": False,
+            "checkpoint_views": self.args.mc_checkpointing,
+        }  # fmt: skip
+        values = {}
+        for option in entry.options:
+            declared = option.field in vars(self.args)
+            value = getattr(self.args, option.field) if declared else from_run.get(option.keyword)
+            if value is not None:
+                values[option.keyword] = value
+        return values
+
+    @property
+    def _shards_parameters(self) -> bool:
+        """ZeRO-3 / FSDP (as `DiffusionGRPOTrainer._shards_parameters`): refused for now (see `__init__`)."""
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        zero3 = self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3
+        return self.is_fsdp_enabled or zero3
+
+    def _compute_loss(self, model, inputs, return_outputs):
+        """TRL's, with one Monte Carlo seed per row added to the batch: TRL passes the batch's extra keys to the
+        policy's and the reference's scoring call alike, so both estimates of a sequence use the same masks."""
+        mode = "train" if self.model.training else "eval"
+        seeds = row_seeds(self.args.seed, mode, self.state.global_step, inputs["input_ids"], inputs["attention_mask"])
+        return super()._compute_loss(model, {**inputs, "mc_seeds": seeds}, return_outputs)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+        """TRL's; then, as `DiffusionGRPOTrainer.save_model` does, an embedded model's adapter names its base by name
+        and a LoRA adapter of a natively loaded LLaDA is rewritten in LLaDA's own module names."""
+        super().save_model(output_dir, _internal_call)
+        output_dir = output_dir or self.args.output_dir
+        if not self.accelerator.is_main_process:
+            return
+        if self._embedded_name is not None:
+            model_setup.name_embedded_base(output_dir, self._embedded_name)
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        base = unwrapped.get_base_model() if callable(getattr(unwrapped, "get_base_model", None)) else None
+        if not _internal_call and base is not None and is_native_layout(base):
+            adapter_to_original_layout(output_dir, base.dllm_layout)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's, without the metrics of a causal head that the estimate does not measure (`UNMEASURED_METRICS`)."""
+        for metrics in self._metrics.values():
+            for name in UNMEASURED_METRICS:
+                metrics.pop(name, None)
+        super().log(logs, start_time)
