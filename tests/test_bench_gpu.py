@@ -430,7 +430,8 @@ def test_greedy_divergence_on_hand_made_rollouts():
     assert gpu_parts.greedy_divergence(eager, other, 4) == {"first_divergent_step": 2, "steps": 4,
                                                              "tokens_before_divergence": 0.5}  # fmt: skip
     # the same token committed a step later is a divergence too (the canvas differed at the step between)
-    later = SimpleNamespace(completion_ids=eager.completion_ids, unmask_step=torch.tensor([[0, 1, 2, 3], [0, 2, 2, 3]]))
+    later_steps = torch.tensor([[0, 1, 2, 3], [0, 2, 2, 3]])
+    later = SimpleNamespace(completion_ids=eager.completion_ids, unmask_step=later_steps)
     assert gpu_parts.greedy_divergence(eager, later, 4)["first_divergent_step"] == 1
     assert gpu_parts.greedy_divergence(eager, eager, 4) == {"first_divergent_step": None, "steps": 4,
                                                              "tokens_before_divergence": 1.0}  # fmt: skip
