@@ -470,7 +470,7 @@ def greedy_divergence(eager, other, steps: int) -> dict:
     same = (eager.completion_ids == other.completion_ids) & (eager.unmask_step == other.unmask_step)
     parted = torch.minimum(eager.unmask_step, other.unmask_step)[~same]
     first = int(parted.min()) if parted.numel() else None
-    before = eager.unmask_step < (steps if first is None else first)
+    before = torch.ones_like(same) if first is None else eager.unmask_step < first
     return {"first_divergent_step": first, "steps": steps,
             "tokens_before_divergence": round(float(before.float().mean()), 4)}  # fmt: skip
 
