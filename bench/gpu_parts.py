@@ -309,8 +309,9 @@ def decoding_block(model, tokenizer, recipe: Recipe) -> int:
     return spec.block_length if spec.family == "block" else recipe.block
 
 
-def rollout_runner(model, tokenizer, ids, mask):
-    """``run(args)``: one rollout of the prompts ``ids`` as the trainer decodes them, each row seeded by its index."""
+def rollout_runner(model, tokenizer, ids, mask, return_trajectory: bool = False):
+    """``run(args)``: one rollout of the prompts ``ids`` as the trainer decodes them, each row seeded by its index
+    (with ``return_trajectory``, the step each token was committed at too)."""
     from trl_dllm.seeding import device_generators
     from trl_dllm.training.rollouts import generate_rollouts
 
@@ -319,7 +320,8 @@ def rollout_runner(model, tokenizer, ids, mask):
     def run(args):
         noise = device_generators(torch.arange(ids.size(0)), device())
         with torch.no_grad():
-            return generate_rollouts(model, spec, args, ids, mask, noise, eos_token_ids=[], return_trajectory=False)
+            return generate_rollouts(model, spec, args, ids, mask, noise, eos_token_ids=[],
+                                     return_trajectory=return_trajectory)  # fmt: skip
 
     return run
 
@@ -424,7 +426,7 @@ def replayed_rollout(model, tokenizer, args, ids, mask, fixed: dict, steps: int,
     code bypasses the dispatcher, so neither torch's counter nor the shape recorder sees them: the forwards and FLOPs
     are those of ``fixed``, the same decoding without these options, and ``tokens_equal_fixed`` checks that it decoded
     the same tokens at temperature 0."""
-    run = rollout_runner(model, tokenizer, ids, mask)
+    run = rollout_runner(model, tokenizer, ids, mask, return_trajectory=True)
     start = clock()
     run(args)
     first = clock() - start
@@ -452,8 +454,25 @@ def replayed_rollout(model, tokenizer, args, ids, mask, fixed: dict, steps: int,
         "speedup_over_fixed": sig(fixed["seconds"] / seconds),
         "tokens_equal_fixed": bool(torch.equal(greedy[0].completion_ids, greedy[1].completion_ids)),
         "token_agreement_fixed": round(float((greedy[0].completion_ids == greedy[1].completion_ids).float().mean()), 4),
+        **greedy_divergence(greedy[0], greedy[1], steps),
         **memory_now, **({"forward_tokens": fixed["forward_tokens"]} if "forward_tokens" in fixed else {}),
     }  # fmt: skip
+
+
+def greedy_divergence(eager, other, steps: int) -> dict:
+    """Where two greedy rollouts of the same prompts part (``eager``, ``other``: rollouts with their trajectories):
+    ``first_divergent_step``, the first denoising step at which some row commits a different token or commits at a
+    different step (``None``: never), of ``steps``; ``tokens_before_divergence``, the fraction of tokens
+    committed before it (which agree by definition) — the decoding that numerics left identical. A compiled step
+    that reads a wrong cache column or mask diverges at its first call (step 1, the first cached step; step 0, which
+    fills the cache, runs eagerly) and agrees on almost nothing after; bf16 rounding flips a near-tied choice somewhere
+    and everything after it decodes a different canvas (docs/generation.md, compiled steps)."""
+    same = (eager.completion_ids == other.completion_ids) & (eager.unmask_step == other.unmask_step)
+    parted = torch.minimum(eager.unmask_step, other.unmask_step)[~same]
+    first = int(parted.min()) if parted.numel() else None
+    before = torch.ones_like(same) if first is None else eager.unmask_step < first
+    return {"first_divergent_step": first, "steps": steps,
+            "tokens_before_divergence": round(float(before.float().mean()), 4)}  # fmt: skip
 
 
 COMPILED_SETTINGS = {

@@ -413,9 +413,28 @@ def test_compiled_rollouts_on_the_quick_shapes(monkeypatch):
         for entry in compiled.values():
             assert entry["tokens_equal_fixed"] is True and entry["generation_compile"] is True
             assert entry["token_agreement_fixed"] == 1.0
+            assert entry["first_divergent_step"] is None and entry["tokens_before_divergence"] == 1.0
             assert entry["seconds"] > 0 and entry["first_rollout_seconds"] > 0 and entry["forwards"] > 0
     assert "skipped" in gpu_parts.compiled_rollouts(None, None, gpu_parts.QUICK_SHAPES["dream"], recipe, 1.0, {})
     torch._dynamo.reset()
+
+
+def test_greedy_divergence_on_hand_made_rollouts():
+    """Two rows of 4 tokens over 4 steps. Row 1 commits token 9 instead of 7 at step 2 (and so its step-3 token
+    differs too): the rollouts part at step 2; the tokens committed at steps 0 and 1 (4 of 8) came before it."""
+    from types import SimpleNamespace
+
+    steps = torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3]])
+    eager = SimpleNamespace(completion_ids=torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]), unmask_step=steps)
+    other = SimpleNamespace(completion_ids=torch.tensor([[1, 2, 3, 4], [5, 6, 9, 2]]), unmask_step=steps)
+    assert gpu_parts.greedy_divergence(eager, other, 4) == {"first_divergent_step": 2, "steps": 4,
+                                                             "tokens_before_divergence": 0.5}  # fmt: skip
+    # the same token committed a step later is a divergence too (the canvas differed at the step between)
+    later_steps = torch.tensor([[0, 1, 2, 3], [0, 2, 2, 3]])
+    later = SimpleNamespace(completion_ids=eager.completion_ids, unmask_step=later_steps)
+    assert gpu_parts.greedy_divergence(eager, later, 4)["first_divergent_step"] == 1
+    assert gpu_parts.greedy_divergence(eager, eager, 4) == {"first_divergent_step": None, "steps": 4,
+                                                             "tokens_before_divergence": 1.0}  # fmt: skip
 
 
 def test_moe_rollouts_record_floors_and_a_capture_that_fails(monkeypatch):

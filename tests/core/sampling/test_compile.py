@@ -451,3 +451,48 @@ def test_llada2_stacked_experts_compiled_and_static_steps(original_checkpoints, 
     out = run(model, tokenizer, cuda_graphs=True, compile=True, temperature=1.0)
     assert_same(out, reference)
     assert 0 < len(compiled) < out.num_forwards
+
+
+def _tiny_llada2():
+    """A tiny random LLaDA2 (2 layers: the dense first one and a routed one, 8 experts top-2 in 4 groups keeping 2)
+    through the native class, with a tokenizer-like namespace holding its mask id."""
+    from types import SimpleNamespace
+
+    from trl_dllm.models.families import native_config, native_layout
+    from trl_dllm.models.tiny_families import tiny_original_config
+
+    original = tiny_original_config("llada2", hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                                    intermediate_size=64, block_size=BLOCK)  # fmt: skip
+    original.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, n_group=4, topk_group=2)
+    torch.manual_seed(0)
+    model = native_layout(original).model_class(native_config(original)).eval()
+    return model, SimpleNamespace(mask_token_id=model.config.mask_token_id)
+
+
+@pytest.mark.parametrize("temperature", [pytest.param(0.0, marks=SLOW), 1.0])
+def test_llada2_rollout_compiles_its_step_three_times(counting_backend, temperature):
+    """A cached LLaDA2 rollout of four blocks of four steps compiles the fused step (the whole model and the sampler
+    after it) three times: static at the first cached step, then with the masked count and the step id symbolic
+    (the next step), then with the window's start symbolic (the next block); every later step and a second rollout
+    reuse them. The sampler's step alone compiles once (the first step, which fills the cache, forwards eagerly).
+    Before, a fourth variant compiled the whole model again: the logits kept were sliced as the last ``k`` of the
+    ``n`` forwarded positions, which guards ``n == k`` or ``n != k``, so the variant compiled for a block's first
+    step (``n = 2k``) did not serve its later ones. The tokens, steps and log-probs are the eager rollout's."""
+    model, tokenizer = _tiny_llada2()
+    ids = torch.randint(5, 60, (2, 8), generator=torch.Generator().manual_seed(0))  # unpadded, as the benchmark's
+
+    def rollout(compile):
+        options = BlockCausalOptions(mask_token_id=tokenizer.mask_token_id, gen_length=16, block_length=BLOCK,
+                                     diffusion_steps=16, temperature=temperature, return_trajectory=True,
+                                     compile=compile)  # fmt: skip
+        generators = [torch.Generator().manual_seed(seed) for seed in range(2)]
+        return generate_block_causal(model, ids, torch.ones_like(ids), options=options, generator=generators)
+
+    reference = rollout(compile=False)
+    out = rollout(compile=True)
+    sizes = sorted(len(graph.graph.nodes) for graph in counting_backend)
+    assert len(sizes) == 4 and sizes[0] < 150 < sizes[1]  # the sampler's step alone, then the fused step's variants
+    assert_same(out, reference)
+    again = rollout(compile=True)
+    assert len(counting_backend) == 4
+    assert_same(again, reference)

@@ -57,6 +57,12 @@ def static_forward(model, cache, input_ids, attention_mask, position_ids, column
     """The logits of one cached step whose keys and values go to the canvas ``columns`` (a tensor) of ``cache``
     (:class:`~.kv_cache.SlotCache`): the forward that a static step replays, and that :func:`compiled_forward`
     compiles. ``logits_to_keep``: an int (the trailing positions) or a tensor of positions."""
+    if isinstance(logits_to_keep, int) and logits_to_keep and torch.compiler.is_compiling():
+        # compiled, the kept positions as a tensor, not a trailing count: slicing the last k of n positions makes
+        # TorchDynamo guard n == k or n != k (a block's later steps forward k, its first step 2k), so the step whose
+        # forwarded positions became symbolic would not serve the later steps, and the model compiled once more
+        n = input_ids.shape[1]
+        logits_to_keep = torch.arange(n - logits_to_keep, n, device=input_ids.device)
     cache.columns = columns
     try:
         out = model(
