@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..dpo_config import DiffusionDPOConfig
-from ..training.inputs import check_model_path
 from ..training.state import OutputDirError, check_output_dir
-from .grpo import model_init_kwargs, resume_checkpoint
+from .grpo import construct_trainer, resume_checkpoint
 from .parsing import ScriptParser, UsageError, exit_on_bad_input
 
 PAIR_COLUMNS = ("chosen", "rejected")
@@ -72,26 +71,11 @@ def load_preferences(args: DPOScriptArguments):
 
 
 def build_trainer(script_args: DPOScriptArguments, training_args: DiffusionDPOConfig, model_args):
-    from trl import get_peft_config, get_quantization_config
-
+    """Everything that can fail on bad input, in the order that fails fastest: data, model path, trainer."""
     from ..dpo_trainer import DiffusionDPOTrainer
-    from ..models.embedded import resolve_model_name
 
     train_dataset = load_preferences(script_args)
-    name = model_args.model_name_or_path
-    path = check_model_path(name)  # an embedded model is built here
-    training_args.model_init_kwargs = model_init_kwargs(training_args, model_args)
-    try:
-        return DiffusionDPOTrainer(
-            model=name if resolve_model_name(name) != name else path,
-            args=training_args,
-            train_dataset=train_dataset,
-            peft_config=get_peft_config(model_args),
-            quantization_config=get_quantization_config(model_args),
-        )
-    except OSError as err:  # from_pretrained: not on the Hub, offline, no config.json, ...
-        first = (str(err).strip().splitlines() or [""])[0]
-        raise UsageError(f"model_name_or_path: cannot load {name!r} ({first})") from err
+    return construct_trainer(DiffusionDPOTrainer, training_args, model_args, train_dataset=train_dataset)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

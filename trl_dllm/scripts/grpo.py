@@ -176,31 +176,38 @@ def model_init_kwargs(training_args: DiffusionGRPOConfig, model_args) -> dict:
     return kwargs
 
 
-def build_trainer(script_args: GRPOScriptArguments, training_args: DiffusionGRPOConfig, model_args):
-    """Everything that can fail on bad input, in the order that fails fastest: rewards, data, model path, trainer."""
+def construct_trainer(trainer_class, training_args, model_args, **kwargs):
+    """``trainer_class(model=..., args=training_args, peft_config=..., quantization_config=..., **kwargs)`` as the
+    scripts build it: the model path checked (an embedded model is built here; the trainer gets its name, which
+    adapters record), `model_init_kwargs` from the model arguments, a load failure in one line."""
     from trl import get_peft_config, get_quantization_config
 
+    from ..models.embedded import resolve_model_name
+
+    name = model_args.model_name_or_path
+    path = check_model_path(name)
+    training_args.model_init_kwargs = model_init_kwargs(training_args, model_args)
+    try:
+        return trainer_class(
+            model=name if resolve_model_name(name) != name else path,
+            args=training_args,
+            peft_config=get_peft_config(model_args),
+            quantization_config=get_quantization_config(model_args),
+            **kwargs,
+        )
+    except OSError as err:  # from_pretrained: not on the Hub, offline, no config.json, ...
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise UsageError(f"model_name_or_path: cannot load {name!r} ({first})") from err
+
+
+def build_trainer(script_args: GRPOScriptArguments, training_args: DiffusionGRPOConfig, model_args):
+    """Everything that can fail on bad input, in the order that fails fastest: rewards, data, model path, trainer."""
     from ..trainer import DiffusionGRPOTrainer
 
     reward_funcs = resolve_reward_funcs(script_args.reward_funcs, script_args.task)
     train_dataset = load_dataset_for(script_args, script_args.dataset_split)
-    from ..models.embedded import resolve_model_name
-
-    name = model_args.model_name_or_path
-    path = check_model_path(name)  # an embedded model is built here; the trainer gets its name, which adapters record
-    training_args.model_init_kwargs = model_init_kwargs(training_args, model_args)
-    try:
-        return DiffusionGRPOTrainer(
-            model=name if resolve_model_name(name) != name else path,
-            reward_funcs=reward_funcs,
-            args=training_args,
-            train_dataset=train_dataset,
-            peft_config=get_peft_config(model_args),
-            quantization_config=get_quantization_config(model_args),
-        )
-    except OSError as err:  # from_pretrained: not on the Hub, offline, no config.json, ...
-        first = (str(err).strip().splitlines() or [""])[0]
-        raise UsageError(f"model_name_or_path: cannot load {model_args.model_name_or_path!r} ({first})") from err
+    return construct_trainer(DiffusionGRPOTrainer, training_args, model_args, reward_funcs=reward_funcs,
+                             train_dataset=train_dataset)  # fmt: skip
 
 
 def resume_checkpoint(value):
