@@ -172,25 +172,34 @@ def scaled_to(ax, values: list[float]) -> None:
         ax.set_ylim(max(0.0, low - pad), min(1.0, high + pad))
 
 
+PANEL_METHODS = 5  # RL methods per panel: at most 8 lines a panel (docs' figure rules), 9 RL methods today
+
+
 def plot_compare(results: dict, path: Path) -> None:
-    """Per task, three panels: held-out reward vs RL step and vs training seconds (the RL methods), and SFT against
-    the best RL method (highest final mean) vs seconds; one line per method (the mean over seeds) with a band (lowest
-    to highest seed). Ten distinct colours (9 RL methods + SFT); one legend, right of the panels."""
+    """Per task, held-out reward vs RL step and vs training seconds for the RL methods — split over as many panel
+    pairs as it takes to keep at most :data:`PANEL_METHODS` methods a panel — and SFT against the best RL method
+    (highest final mean) vs seconds; one line per method (the mean over seeds) with a band (lowest to highest seed).
+    Ten distinct colours (9 RL methods + SFT), the same in every panel; one legend, right of the panels."""
     plt = pyplot()
     tasks = results["config"]["tasks"]
-    fig, axes = plt.subplots(len(tasks), 3, figsize=(17, 4 * len(tasks)), dpi=110, squeeze=False)
+    rl_methods = [m for m in results["config"]["methods"]
+                  if any(r["method"] == m and r["rollouts"] for r in results["runs"])]  # fmt: skip
+    parts = [rl_methods[i : i + PANEL_METHODS] for i in range(0, len(rl_methods), PANEL_METHODS)] or [[]]
+    columns = 2 * len(parts) + 1
+    fig, axes = plt.subplots(len(tasks), columns, figsize=(5.7 * columns, 4 * len(tasks)), dpi=110, squeeze=False)
     colors = {m: f"C{i % 10}" for i, m in enumerate(results["config"]["methods"])}
     for row, task in enumerate(tasks):
-        by_step, by_time, vs_sft = axes[row]
-        drawn = {by_step: [], by_time: [], vs_sft: []}
+        steps, times, vs_sft = axes[row][: len(parts)], axes[row][len(parts) : 2 * len(parts)], axes[row][-1]
+        drawn = {ax: [] for ax in axes[row]}
         rl_runs, sft = {}, None
         for (t, method), runs in group_runs(results).items():
             if t != task:
                 continue
             label = f"{method} (mean of {len(runs)}, band: min–max)" if len(runs) > 1 else method
             if runs[0]["rollouts"]:
-                drawn[by_step] += draw_band(by_step, runs, "step", colors[method], label)
-                drawn[by_time] += draw_band(by_time, runs, "seconds", colors[method], label)
+                part = next(i for i, names in enumerate(parts) if method in names)
+                drawn[steps[part]] += draw_band(steps[part], runs, "step", colors[method], label)
+                drawn[times[part]] += draw_band(times[part], runs, "seconds", colors[method], label)
                 rl_runs[method] = (runs, label)
             else:
                 sft = (method, runs, label)
@@ -199,18 +208,21 @@ def plot_compare(results: dict, path: Path) -> None:
             drawn[vs_sft] += draw_band(vs_sft, rl_runs[best][0], "seconds", colors[best], rl_runs[best][1])
         if sft is not None:
             drawn[vs_sft] += draw_band(vs_sft, sft[1], "seconds", colors[sft[0]], sft[2], "--")
-        by_step.set(xlabel="RL step", ylabel="held-out reward (greedy)", title=f"{task}: held-out reward vs step")
-        by_time.set(xlabel="training seconds (evaluations excluded)", title=f"{task}: RL methods vs time")
+        which = [f" ({i + 1} of {len(parts)})" if len(parts) > 1 else "" for i in range(len(parts))]
+        for i, (by_step, by_time) in enumerate(zip(steps, times)):
+            by_step.set(xlabel="RL step", ylabel="held-out reward (greedy)",
+                        title=f"{task}: held-out reward vs step{which[i]}")  # fmt: skip
+            by_time.set(xlabel="training seconds (evaluations excluded)", title=f"{task}: RL methods vs time{which[i]}")
         vs_sft.set(xlabel="training seconds (evaluations excluded)", title=f"{task}: SFT (dashed) vs the best RL")
         demos = _demonstrations(results["warm_starts"][task])
-        for ax in (by_step, by_time, vs_sft):
+        for ax in axes[row]:
             if demos < 1:  # verifier-only: the most that imitating the demonstrations can reach
                 ax.axhline(demos, color="black", lw=0.8, ls=":", label="imitating the demonstrations")
                 drawn[ax].append(demos)
             scaled_to(ax, drawn[ax])
             ax.grid(alpha=0.3)
         handles = {}
-        for ax in (by_step, by_time, vs_sft):  # one entry per label, every panel's lines included
+        for ax in axes[row]:  # one entry per label, every panel's lines included
             for handle, text in zip(*ax.get_legend_handles_labels()):
                 handles.setdefault(text, handle)
         vs_sft.legend(handles.values(), handles.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
