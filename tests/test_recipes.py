@@ -13,7 +13,9 @@ from trl_dllm.scripts.grpo import make_parser
 from trl_dllm.tasks import TASK_REWARDS, TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if p.parent.name != "accelerate")
+ALL_RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if p.parent.name != "accelerate")
+DPO_RECIPES = [p for p in ALL_RECIPES if p.name.startswith("vrpo_")]  # `trl-dllm dpo` recipes
+RECIPES = [p for p in ALL_RECIPES if p not in DPO_RECIPES]  # `trl-dllm grpo` recipes
 ACCELERATE = sorted((ROOT / "recipes" / "accelerate").glob("*.yaml"))
 PAPER_RECIPES = [p for p in RECIPES if p.parent.name != "tiny"]
 TASK_NAMES = ("gsm8k", "math", "countdown", "sudoku")
@@ -190,7 +192,7 @@ def test_accelerate_config(path):
 
 def test_docs_list_every_recipe():
     text = (ROOT / "docs" / "recipes.md").read_text()
-    missing = [rel(p) for p in RECIPES + ACCELERATE if rel(p) not in text]
+    missing = [rel(p) for p in ALL_RECIPES + ACCELERATE if rel(p) not in text]
     assert not missing, f"docs/recipes.md does not list {missing}"
 
 
@@ -229,3 +231,26 @@ def test_fast_variant_differs_from_its_paper_recipe_only_in_decoding(path):
     assert f"Fast variant of {rel(paper)}" in path.read_text()
     _, args, _ = parse(path)  # and it parses (the generation checks of the config pass)
     assert args.confidence_threshold is not None or args.generation_cache != "none"
+
+
+@pytest.mark.parametrize("path", DPO_RECIPES, ids=rel)
+def test_dpo_recipe_parses(path):
+    """A `trl-dllm dpo` recipe fills the DPO script's dataclasses; a paper one states its source and launch command."""
+    from trl_dllm.scripts.dpo import make_parser as make_dpo_parser
+
+    argv = ["--config", str(path), "--bf16", "false", "--use_cpu", "true"]
+    script_args, args, _ = make_dpo_parser().parse(argv)
+    assert script_args.dataset_name and args.estimator in (None, "elbo", "mean_field", "coupled", "block")
+    if path.parent.name != "tiny":
+        text = path.read_text()
+        assert "# Source:" in text and "github.com/" in text and f"--config {rel(path)}" in text
+
+
+def test_vrpo_recipe_holds_the_released_values():
+    """LLaDA 1.5's VRPO as DARE's recipe sets it (the recipe's header names each file): budget 4 with one mask per
+    timestep, masks shared with the reference, beta 0.2, lr 5e-7, 64 pairs per update on 8 processes."""
+    config = yaml.safe_load((ROOT / "recipes" / "llada" / "vrpo_ultrafeedback.yaml").read_text())
+    assert (config["mc_samples"], config["mc_masks_per_timestep"], config["independent_mc_noise"]) == (4, 1, False)
+    assert (config["beta"], config["learning_rate"], config["weight_decay"], config["loss_type"]) == (
+        0.2, 5e-7, 0.01, "sigmoid")  # fmt: skip
+    assert 8 * config["per_device_train_batch_size"] * config["gradient_accumulation_steps"] == 64
