@@ -54,7 +54,7 @@ def accepted_estimators(objective: str) -> tuple[str, ...]:
     return listed + offered
 
 
-def block_model_problem(loss_type: str, family: str) -> str | None:
+def block_model_problem(loss_type: str | None, family: str) -> str | None:
     """What is wrong with objective ``loss_type`` on a model of family ``family`` (``ModelSpec.family``), with the fix,
     or `None`: an objective declared ``block_model_only`` (EBPO) needs a block-diffusion model."""
     objective = OBJECTIVES.get(loss_type)

@@ -342,7 +342,7 @@ def check_reentrant_forwards(args, noise: str, *, peft: bool, zero3: bool, reent
 def check_block_layout(args, spec: ModelSpec) -> None:
     """The config against the model's layout (the block length rollouts and estimates then use is
     ``spec.decoding_block_length(args.block_length)``). The config is never changed."""
-    if (problem := block_model_problem(args.loss_type, spec.family)) is not None:
+    if (problem := block_model_problem(getattr(args, "loss_type", None), spec.family)) is not None:
         raise ValueError(problem)
     estimator = ESTIMATORS[args.estimator]
     if estimator.block_model_only and spec.family != "block":
