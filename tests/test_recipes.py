@@ -41,6 +41,7 @@ def test_the_matrix_is_complete():
     assert {f"recipes/llada/bgpo_{task}.yaml" for task in ("math", "countdown", "sudoku")} <= names  # BGPO's three
     assert {"recipes/dream/stabledrl_gsm8k.yaml", "recipes/sdar/stabledrl_gsm8k.yaml"} <= names
     assert "recipes/sdar/dipo_math.yaml" in names
+    assert "recipes/llada2/ebpo_math.yaml" in names
     assert {p.name for p in ACCELERATE} >= {"ddp.yaml", "zero2.yaml", "zero3.yaml", "zero2_cpu.yaml", "zero3_cpu.yaml"}
 
 
@@ -76,6 +77,24 @@ def test_dipo_recipe_holds_the_released_values():
     assert (args.learning_rate, args.beta, args.num_generations, args.dynamic_sampling) == (1e-6, 0.0, 8, True)
     assert args.diffusion_steps == args.max_completion_length  # 4 steps per block of 4
     assert not model_args.use_peft
+
+
+def test_ebpo_recipe_holds_dares_values_and_names_their_origin():
+    path = ROOT / "recipes/llada2/ebpo_math.yaml"
+    _, args, model_args = parse(path)
+    assert (args.loss_type, args.estimator, args.mc_samples, args.antithetic) == ("ebpo", "block", 16, False)
+    assert (args.learning_rate, args.weight_decay, args.temperature, args.num_generations) == (5e-7, 0.01, 0.6, 8)
+    assert (args.block_length, args.max_completion_length, args.diffusion_steps) == (32, 2048, 1024)
+    assert (args.epsilon, args.epsilon_high, args.beta, args.num_iterations, args.max_grad_norm) == (0.2, 0.2, 0, 1, 1)
+    # 128 completions per update on 8 processes, as DARE's 16 prompts x 8 rollouts
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps * 8 == 16 * 8
+    assert not model_args.use_peft
+    # Every value line says where it came from: the paper gives none, so DARE's or ours.
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#") and line.split(":")[0] not in ("dtype", "task", "dataset_split",
+                                                                            "loss_type", "bf16", "logging_steps",
+                                                                            "save_strategy", "output_dir"):
+            assert "#" in line or line.startswith("adam_beta2"), line
 
 
 def test_sdar_recipe_is_block_diffusion():

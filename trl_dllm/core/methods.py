@@ -15,6 +15,7 @@ from .options import Option, option_sources
 __all__ = [
     "METHOD_OPTIONS",
     "accepted_estimators",
+    "block_model_problem",
     "declared_fields",
     "methods_taking",
     "noise_estimator",
@@ -51,6 +52,21 @@ def accepted_estimators(objective: str) -> tuple[str, ...]:
     listed = OBJECTIVES[objective].estimators
     offered = tuple(name for name, entry in ESTIMATORS.items() if objective in entry.objectives and name not in listed)
     return listed + offered
+
+
+def block_model_problem(loss_type: str | None, family: str) -> str | None:
+    """What is wrong with objective ``loss_type`` on a model of family ``family`` (``ModelSpec.family``), with the fix,
+    or `None`: an objective declared ``block_model_only`` (EBPO) needs a block-diffusion model."""
+    objective = OBJECTIVES.get(loss_type)
+    if objective is None or not objective.block_model_only or family == "block":
+        return None
+    own = accepted_estimators(loss_type)
+    others = [name for name, entry in OBJECTIVES.items() if not entry.block_model_only
+              and set(own) & set(accepted_estimators(name))]  # fmt: skip
+    estimator = f"estimator={own[0]!r}" if len(own) == 1 else f"estimator in {list(own)}"
+    return (f"loss_type={loss_type!r} is defined for block-diffusion models (LLaDA2.x, SDAR, TraDo), but this model "
+            f"({family!r} family) is not block-causal: train a block-diffusion model, or set loss_type to one of "
+            f"{others} with {estimator} on this one.")  # fmt: skip
 
 
 def noise_estimator(loss_type: str, noise: str) -> str | None:

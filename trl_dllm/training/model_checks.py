@@ -14,7 +14,7 @@ import torch
 
 from .. import compat
 from ..core.likelihood import ESTIMATORS
-from ..core.methods import noise_problem, own_objective
+from ..core.methods import block_model_problem, noise_problem, own_objective
 from ..models import ModelSpec, require_attention, scores_with_4d_mask
 from . import inputs
 from .trainer_inputs import check_text_only
@@ -342,6 +342,8 @@ def check_reentrant_forwards(args, noise: str, *, peft: bool, zero3: bool, reent
 def check_block_layout(args, spec: ModelSpec) -> None:
     """The config against the model's layout (the block length rollouts and estimates then use is
     ``spec.decoding_block_length(args.block_length)``). The config is never changed."""
+    if (problem := block_model_problem(getattr(args, "loss_type", None), spec.family)) is not None:
+        raise ValueError(problem)
     estimator = ESTIMATORS[args.estimator]
     if estimator.block_model_only and spec.family != "block":
         others = " or ".join(
