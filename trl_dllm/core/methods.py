@@ -77,7 +77,7 @@ def noise_problem(estimator: str, loss_type: str, noise: str, family: str) -> st
                 f"loss_type to one of {supported} (sequence-level objectives on estimator {own}).")  # fmt: skip
     entry = ESTIMATORS[estimator]
     if entry.noise != noise:
-        what = "has no mask token" if noise == "uniform" else "is a masked-diffusion model"
+        what = "has no mask token" if noise != "mask" else "is a masked-diffusion model"
         return (f"estimator={estimator!r} scores {entry.noise}-noise diffusion, but this model ({family!r} family) is a "
                 f"{noise}-noise diffusion model and {what}: set estimator to one of {own} (or leave it unset).")  # fmt: skip
     return None
