@@ -269,8 +269,8 @@ def model_logits_fn(model: nn.Module, spec: ModelSpec) -> LogitsFn:
     if spec.noise != "mask":
         raise NotImplementedError(
             f"The {spec.family} family is a {spec.noise}-noise diffusion model with no mask token: the masked-diffusion "
-            f"samplers and likelihood estimators do not apply to it; its estimator, {spec.kind.estimator!r}, takes its "
-            "kind's denoiser (spec.kind.denoiser(model)) instead, as DiffusionGRPOTrainer does. Decode it with "
+            f"samplers and likelihood estimators do not apply to it; its estimator, {spec.kind.estimator!r}, takes the "
+            "family's denoiser (spec.kind.denoiser(model)) instead, as DiffusionGRPOTrainer does. Decode it with "
             "trl_dllm.generate (its own generate()); see docs/models.md."
         )
     return module_logits_fn(model, shift_logits=spec.shift_logits, logits_to_keep=spec.accepts_logits_to_keep,
