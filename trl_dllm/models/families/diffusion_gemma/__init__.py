@@ -49,11 +49,6 @@ SPECIAL_TOKENS = {
     "<|tool_response>": TOOL_RESPONSE_ID, "<|turn>": TURN_START_ID, "<turn|>": TURN_END_ID,
 }  # fmt: skip
 
-# google/diffusiongemma-26B-A4B-it (`DiffusionGemmaForBlockDiffusion`, transformers-native since 5.11): an encoder-decoder
-# block-diffusion MoE with uniform noise and no mask token; blocks ("canvases") of config.canvas_length (256 released,
-# read from the config), its canvas EOS-filled past the response (TRL's SFT example). EOS <eos> and end of turn <turn|>
-# (Gemma 4's tokenizer; its generation_config also ends on <|tool_response>, which resolve_model_spec adds from there).
-
 
 def _decoder(model, spec: ModelSpec, fields: dict):
     """The kind's ``decoder`` (:attr:`~trl_dllm.models.specs.Kind.decoder`): the model's own ``generate()``
@@ -71,6 +66,7 @@ def _denoiser(model):
 
 
 def _model_class():
+    """The family's ``Family.model_class``: transformers' class, which ``AutoModelForCausalLM`` does not build."""
     from transformers import DiffusionGemmaForBlockDiffusion
 
     return DiffusionGemmaForBlockDiffusion
@@ -85,6 +81,10 @@ bidirectional decoder denoises one canvas (its block, ``config.canvas_length``) 
 scored by ``"uniform_block"`` through :class:`Denoiser`, decoded by the model's own ``generate()`` (which always
 samples). Reentrant checkpointing cannot train it (``training.model_checks.checkpoint_without_reentry``)."""
 
+# google/diffusiongemma-26B-A4B-it (`DiffusionGemmaForBlockDiffusion`, transformers-native since 5.11): an encoder-decoder
+# block-diffusion MoE with uniform noise and no mask token; blocks ("canvases") of config.canvas_length (256 released,
+# read from the config), its canvas EOS-filled past the response (TRL's SFT example). EOS <eos> and end of turn <turn|>
+# (Gemma 4's tokenizer; its generation_config also ends on <|tool_response>, which resolve_model_spec adds from there).
 DIFFUSION_GEMMA = ModelSpec(
     family="diffusion_gemma", mask_token_id=None, eos_token_ids=(EOS_ID, TURN_END_ID), kind=ENCODER_DECODER,
     mergeable_adapters=False, ignores_vision=True,
