@@ -103,7 +103,7 @@ class DiffusionDPOTrainer(DPOTrainer):
         block-diffusion family's own blocks)."""
         entry, spec = ESTIMATORS[self.estimator], self.model_spec
         from_run = {
-            "block_causal": spec.family == "block", "block_length": spec.decoding_block_length(None),
+            "block_causal": spec.kind.block_causal, "block_length": spec.decoding_block_length(None),
             "block_layout": spec.block_layout, "entropy_grad": False, "return_eubo": False,
             "checkpoint_views": self.args.mc_checkpointing,
         }  # fmt: skip

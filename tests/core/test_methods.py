@@ -47,9 +47,9 @@ def test_who_takes_what():
 
 
 def test_a_block_model_only_objective_is_refused_on_another_family_with_the_fix():
-    assert block_model_problem("ebpo", "block") is None
-    assert block_model_problem("espo", "llada") is None and block_model_problem("dapo", "llada") is None
-    problem = block_model_problem("ebpo", "llada")
+    assert block_model_problem("ebpo", "block", True) is None
+    assert block_model_problem("espo", "llada", False) is None and block_model_problem("dapo", "llada", False) is None
+    problem = block_model_problem("ebpo", "llada", False)
     assert problem.startswith("loss_type='ebpo' is defined for block-diffusion models")
     assert "('llada' family) is not block-causal" in problem
     # The fix names the objectives that take EBPO's estimator on any model.

@@ -54,11 +54,12 @@ def accepted_estimators(objective: str) -> tuple[str, ...]:
     return listed + offered
 
 
-def block_model_problem(loss_type: str | None, family: str) -> str | None:
-    """What is wrong with objective ``loss_type`` on a model of family ``family`` (``ModelSpec.family``), with the fix,
-    or `None`: an objective declared ``block_model_only`` (EBPO) needs a block-diffusion model."""
+def block_model_problem(loss_type: str | None, family: str, block_causal: bool) -> str | None:
+    """What is wrong with objective ``loss_type`` on a model of family ``family`` (``ModelSpec.family``, for the
+    message), block-causal or not (``ModelSpec.kind.block_causal``), with the fix, or `None`: an objective declared
+    ``block_model_only`` (EBPO) needs a block-diffusion model."""
     objective = OBJECTIVES.get(loss_type)
-    if objective is None or not objective.block_model_only or family == "block":
+    if objective is None or not objective.block_model_only or block_causal:
         return None
     own = accepted_estimators(loss_type)
     others = [name for name, entry in OBJECTIVES.items() if not entry.block_model_only
@@ -93,7 +94,7 @@ def noise_problem(estimator: str, loss_type: str, noise: str, family: str) -> st
                 f"loss_type to one of {supported} (sequence-level objectives on estimator {own}).")  # fmt: skip
     entry = ESTIMATORS[estimator]
     if entry.noise != noise:
-        what = "has no mask token" if noise == "uniform" else "is a masked-diffusion model"
+        what = "has no mask token" if noise != "mask" else "is a masked-diffusion model"
         return (f"estimator={estimator!r} scores {entry.noise}-noise diffusion, but this model ({family!r} family) is a "
                 f"{noise}-noise diffusion model and {what}: set estimator to one of {own} (or leave it unset).")  # fmt: skip
     return None

@@ -132,12 +132,13 @@ def _estimate_group(name: str, logits_fn: Callable, rows, seeds: torch.Tensor, *
 
 
 def fit_estimator(estimator: str | None, spec: ModelSpec) -> str:
-    """The estimator of a preference run: the configured one, checked against the model; `None`: `"block"`
-    (staircase attention over the model's own blocks) on a block-diffusion model, `"elbo"` otherwise. A block-causal
-    model is scored block-causally only, and a bidirectional one has no blocks to score ``"block"`` with."""
-    block_family = spec.family == "block"
+    """The estimator of a preference run: the configured one, checked against the model; `None`: its kind's
+    (``Kind.estimator``: `"block"`, staircase attention over the model's own blocks, on a block-diffusion model,
+    `"elbo"` on a masked one). A block-causal model is scored block-causally only, and a bidirectional one has no
+    blocks to score ``"block"`` with."""
+    block_family = spec.kind.block_causal
     if estimator is None:
-        estimator = BLOCK_FAMILY_ESTIMATOR if block_family else "elbo"
+        estimator = spec.kind.estimator
     entry = ESTIMATORS[estimator]
     if block_family and not entry.block_causal:
         raise ValueError(
