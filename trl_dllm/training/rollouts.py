@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core.likelihood.trajectory import trajectory_entropies
+from ..core.sampling.schedules import schedule_fields
 from ..core.sampling import (
     BlockCausalOptions,
     CachedOptions,
@@ -124,7 +125,11 @@ def decoding_plan(
         "generation_cache": args.generation_cache,
         "compile": args.generation_compile,
         **sampling_distribution(args, temperature),
+        **schedule_fields(args),  # EOSER / ASS, where set
     }
+    if spec.noise == "uniform" and schedule_fields(args):
+        raise ValueError(f"{sorted(schedule_fields(args))}: DiffusionGemma decodes with its own generate(), which has "
+                         "no EOS early rejection or step schedule; unset them.")  # fmt: skip
     if spec.noise == "uniform":
         # DiffusionGemma's canvas is its block; the config always holds a block_length (its default filled in), so it
         # is not read.

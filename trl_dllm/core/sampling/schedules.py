@@ -50,8 +50,10 @@ __all__ = [
     "STEP_SCHEDULE",
     "STEP_SCHEDULES",
     "ascending_counts",
+    "config_problem",
     "eos_gamma",
     "reject_eos",
+    "schedule_fields",
     "schedule_problem",
     "step_counts",
 ]
@@ -162,3 +164,27 @@ def reject_eos(confidence: torch.Tensor, tokens: torch.Tensor, opts, step: int) 
     for eos_id in opts.eos_token_ids:
         is_eos |= tokens == int(eos_id)
     return torch.where(is_eos, confidence * gamma, confidence)
+
+
+def schedule_fields(args) -> dict:
+    """The decoding fields of a config (any object with the fields of :data:`SAMPLER_OPTIONS`) that differ from their
+    defaults, as sampler keywords: ``{}`` leaves every sampler as it was."""
+    values = {option.keyword: getattr(args, option.field, option.default) for option in SAMPLER_OPTIONS}
+    return {name: value for name, value in values.items() if value != SAMPLER_OPTIONS_DEFAULTS[name]}
+
+
+def config_problem(args) -> str | None:
+    """At construction, before any rollout: each field's own check, then :func:`schedule_problem` in the config's
+    names (``max_completion_length``); the EOS ids are the tokenizer's, known later (the sampler checks them)."""
+    for option in SAMPLER_OPTIONS:
+        problem = option.problem(getattr(args, option.field))
+        if problem is not None:
+            return problem
+    return schedule_problem(
+        gen_length=args.max_completion_length, block_length=args.block_length, diffusion_steps=args.diffusion_steps,
+        remasking=args.remasking, confidence_threshold=args.confidence_threshold,
+        names={"gen_length": "max_completion_length"}, **schedule_fields(args),
+    )  # fmt: skip
+
+
+SAMPLER_OPTIONS_DEFAULTS = {option.keyword: option.default for option in SAMPLER_OPTIONS}
