@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from trl_dllm import DiffusionGRPOTrainer
 from tests.test_trainer import distinct_tokens_reward, make_args, make_dataset, train_and_check
+from trl_dllm import DiffusionGRPOTrainer
 
 
 @pytest.mark.parametrize("num_iterations", [1, 2])

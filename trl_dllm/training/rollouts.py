@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from ..core.likelihood.trajectory import trajectory_entropies
-from ..core.sampling.schedules import schedule_fields
 from ..core.sampling import (
     BlockCausalOptions,
     CachedOptions,
@@ -22,6 +21,7 @@ from ..core.sampling import (
     generate_block_causal,
     generate_cached,
 )
+from ..core.sampling.schedules import schedule_fields
 from ..models import ModelSpec, model_logits_fn, require_attention
 from .diffusion_gemma_rollouts import diffusion_gemma_options, generate_diffusion_gemma
 from .model_checks import check_block_guidance, check_cache_model, compiled_step_refusal

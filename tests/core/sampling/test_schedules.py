@@ -4,6 +4,7 @@ schedule (ASS), on their own and inside the bidirectional sampler."""
 import pytest
 import torch
 
+from tests.core.sampling.test_bidirectional import MASK, VOCAB, ToyDenoiser, run
 from trl_dllm.core.sampling import DecodingOptions, low_confidence
 from trl_dllm.core.sampling.schedules import (
     SAMPLER_OPTIONS,
@@ -13,7 +14,6 @@ from trl_dllm.core.sampling.schedules import (
     schedule_problem,
     step_counts,
 )
-from tests.core.sampling.test_bidirectional import MASK, VOCAB, ToyDenoiser, prompts, run
 
 
 def test_ascending_counts_double_then_take_the_rest():
