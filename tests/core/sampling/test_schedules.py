@@ -141,3 +141,22 @@ def test_options_declare_config_fields():
     assert [option.field for option in SAMPLER_OPTIONS] == ["eos_min_gamma", "eos_max_gamma", "step_schedule"]
     assert all(option.declares_field for option in SAMPLER_OPTIONS)
     assert SAMPLER_OPTIONS[2].problem("descending") is not None and SAMPLER_OPTIONS[0].problem(None) is None
+
+
+def test_config_fields_and_construction_problem():
+    from types import SimpleNamespace
+
+    from trl_dllm.core.sampling.schedules import config_problem, schedule_fields
+
+    args = SimpleNamespace(max_completion_length=16, block_length=16, diffusion_steps=4, remasking="low_confidence",
+                           confidence_threshold=None, eos_min_gamma=None, eos_max_gamma=1.0, step_schedule="uniform")  # fmt: skip
+    assert schedule_fields(args) == {} and config_problem(args) is None  # defaults: the samplers unchanged
+    args.step_schedule, args.eos_min_gamma = "ascending", 0.01
+    assert schedule_fields(args) == {"step_schedule": "ascending", "eos_min_gamma": 0.01}
+    assert config_problem(args) is None
+    args.block_length = 8  # named in the config's terms
+    assert "set block_length=16" in config_problem(args)
+    args.block_length, args.diffusion_steps = 16, 6
+    assert "max_completion_length >= 2^5" in config_problem(args)
+    args.eos_max_gamma = -1.0
+    assert config_problem(args).startswith("eos_max_gamma=-1.0 must be >= 0")
