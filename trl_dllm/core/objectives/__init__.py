@@ -3,6 +3,7 @@
 - `espo` (ESPO) and `stabledrl` (StableDRL): sequence-level importance ratios of the estimated likelihood.
 - `bgpo` (BGPO): a lower bound of ESPO-style clipped ELBO ratios that is linear in the Monte Carlo samples.
 - `agrpo` (AGRPO): per-token PPO over the denoising steps the `trajectory` estimator samples.
+- `cjgrpo` (CJ-GRPO): per-token PPO over every step of the recorded rollout, token mean per step, step mean per row.
 - `dipo` (DiPO, DiRL): per-token PPO on the step-level likelihood of block-diffusion rollouts, token mean.
 - `ebpo` (EBPO, LLaDA2.1): ESPO's clipped sequence ratio on the block ELBO of block-diffusion models, not normalised.
 - `justgrpo` (JustGRPO): per-token PPO on the exact left-to-right likelihood, normalised by `L · N`.
@@ -42,6 +43,7 @@ from ._common import (
 )
 from .agrpo import STEP_NORMALIZATION, STEP_NORMALIZATIONS, agrpo
 from .bgpo import DUAL_CLIP, bgpo
+from .cjgrpo import check_every_step_scored, cjgrpo
 from .dipo import DIPO_LOG_RATIO_CLAMP, dipo
 from .ebpo import ebpo
 from .espo import espo
@@ -60,6 +62,7 @@ __all__ = [
     "ObjectiveOutput",
     "agrpo",
     "bgpo",
+    "cjgrpo",
     "dipo",
     "ebpo",
     "espo",
@@ -165,6 +168,10 @@ OBJECTIVES: dict[str, Objective] = {
         options=(STEP_NORMALIZATION, *PPO_CLIP, *KL),
         estimate_fields=("step_weights", "num_steps"),
         needs_trajectory=True,
+    ),
+    "cjgrpo": Objective(
+        cjgrpo, ("trajectory",), options=(*PPO_CLIP, *KL), inputs=("unmask_step",), estimate_fields=("step_weights",),
+        needs_trajectory=True, check=check_every_step_scored,
     ),
     "dipo": Objective(
         dipo, ("block_steps",), options=(*PPO_CLIP, *KL), inputs=("unmask_step",), whole_groups=True
