@@ -2,6 +2,7 @@
 preference margin and the reward.
 
     python -m studies.preference --out pref_out [--seed 0] [--steps 120] [--pairs 512]
+    python -m studies.preference --quick --out /tmp/pref    # a 2-layer model, 2 steps: what the test suite runs
 
 1. The demo's warm start (`trl_dllm.demo.warmstart.prepare`, `make demo`'s first phase): the tiny bidirectional model
    on *sort six digits*, 40 SFT steps.
@@ -10,8 +11,8 @@ preference margin and the reward.
    `chosen`. Held-out pairs are made the same way from the test problems.
 3. `DiffusionDPOTrainer` with VRPO's estimate (`elbo`, 4 timesteps, one mask each, masks shared with the reference),
    TRL's sigmoid loss, the warm start as the reference; evaluated on the held-out pairs before and after
-   (`eval_rewards/margins`, `eval_rewards/accuracies`) and by greedy decoding of the test problems (the demo's held-out
-   reward).
+   (`eval_rewards/margins`, `eval_rewards/accuracies`), and by the reward on the test problems of completions sampled
+   as the pairs were (temperature 1: what the pairs rank) and greedily decoded (the demo's held-out reward).
 
 Writes `results.json` (every number, the command, the machine) to `--out`. The study's numbers in docs/dpo.md come from
 this command.
@@ -33,27 +34,38 @@ from transformers import AutoModelForCausalLM
 
 from trl_dllm import DiffusionDPOConfig, DiffusionDPOTrainer
 from trl_dllm.core.sampling import DecodingOptions, generate
-from trl_dllm.demo.run import DemoConfig
+from trl_dllm.demo.run import QUICK, DemoConfig
 from trl_dllm.demo.warmstart import decode_completions, encode_prompts, greedy_eval, prepare
 from trl_dllm.models import model_logits_fn, resolve_model_spec
 
 
 @torch.no_grad()
-def sampled_pairs(model, tokenizer, task, problems: list[dict], seed: int) -> list[dict]:
-    """Two sampled completions per problem, kept as a preference pair when the task's reward tells them apart."""
+def sampled(model, tokenizer, task, problems: list[dict], seed: int) -> tuple[list[str], list[float]]:
+    """One completion per problem sampled at temperature 1 (one token per step, row ``i`` from its own generator
+    seeded by ``seed`` and ``i``), and its reward."""
+    was_training = model.training
     model.eval()
     spec = resolve_model_spec(model, tokenizer)
     enc = encode_prompts(tokenizer, problems)
     length = task.completion_length
     options = DecodingOptions(mask_token_id=spec.mask_token_id, gen_length=length, diffusion_steps=length,
                               block_length=length, temperature=1.0)  # fmt: skip
-    texts, scores = [], []
-    for draw in range(2):
-        generators = [torch.Generator().manual_seed(seed * 1_000_003 + 2 * i + draw) for i in range(len(problems))]
-        out = generate(model_logits_fn(model, spec), enc["input_ids"], enc["attention_mask"], options=options,
-                       generator=generators)  # fmt: skip
-        texts.append(decode_completions(tokenizer, out.completion_ids))
-        scores.append(task.score(texts[-1], problems))
+    generators = [torch.Generator().manual_seed(seed * 1_000_003 + i) for i in range(len(problems))]
+    out = generate(model_logits_fn(model, spec), enc["input_ids"].to(model.device),
+                   enc["attention_mask"].to(model.device), options=options, generator=generators)  # fmt: skip
+    model.train(was_training)
+    texts = decode_completions(tokenizer, out.completion_ids)
+    return texts, task.score(texts, problems)
+
+
+def sampled_reward(model, tokenizer, task, problems: list[dict], seed: int) -> float:
+    rewards = sampled(model, tokenizer, task, problems, seed)[1]
+    return sum(rewards) / len(rewards)
+
+
+def sampled_pairs(model, tokenizer, task, problems: list[dict], seed: int) -> list[dict]:
+    """Two sampled completions per problem, kept as a preference pair when the task's reward tells them apart."""
+    texts, scores = zip(*(sampled(model, tokenizer, task, problems, 2 * seed + draw) for draw in range(2)))
     pairs = []
     for i, problem in enumerate(problems):
         (a, ra), (b, rb) = (texts[0][i], scores[0][i]), (texts[1][i], scores[1][i])
@@ -70,10 +82,12 @@ def preference_margin(trainer) -> dict:
             "loss": metrics["eval_loss"]}  # fmt: skip
 
 
-def run(out: str, seed: int, steps: int, num_pairs: int, learning_rate: float, beta: float) -> dict:
+def run(out: str, seed: int, steps: int, num_pairs: int, learning_rate: float, beta: float, quick: bool = False) -> dict:
     torch.set_num_threads(1)
     start = time.monotonic()
-    prep = prepare(DemoConfig(out_dir=out, seed=seed))
+    sizes = {k: v for k, v in QUICK.items() if k in ("hidden_size", "num_layers", "intermediate_size", "sft_steps",
+                                                     "num_train_problems", "num_val", "num_test")} if quick else {}
+    prep = prepare(DemoConfig(out_dir=out, seed=seed, **sizes))
     task, tokenizer = prep["task"], prep["tokenizer"]
     trainer_args = DiffusionDPOConfig(
         output_dir=os.path.join(out, "dpo"), seed=seed, use_cpu=True, report_to="none", save_strategy="no",
@@ -85,6 +99,7 @@ def run(out: str, seed: int, steps: int, num_pairs: int, learning_rate: float, b
     train_pairs = sampled_pairs(warm, tokenizer, task, prep["train"][:num_pairs], seed)
     held_out = sampled_pairs(warm, tokenizer, task, prep["test"], seed + 1)
     pair_seconds = time.monotonic() - start
+    sampled_before = sampled_reward(warm, tokenizer, task, prep["test"], seed + 2)
     trainer = DiffusionDPOTrainer(prep["path"], args=trainer_args, processing_class=tokenizer,
                                   train_dataset=Dataset.from_list(train_pairs), eval_dataset=Dataset.from_list(held_out))
     before = preference_margin(trainer)
@@ -93,6 +108,7 @@ def run(out: str, seed: int, steps: int, num_pairs: int, learning_rate: float, b
     train_seconds = time.monotonic() - train_start
     after = preference_margin(trainer)
     reward_after = greedy_eval(trainer.model, tokenizer, task, prep["test"])
+    sampled_after = sampled_reward(trainer.model, tokenizer, task, prep["test"], seed + 2)
     return {
         "command": "python -m " + " ".join(["studies.preference", *sys.argv[1:]]),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, one thread",
@@ -102,7 +118,8 @@ def run(out: str, seed: int, steps: int, num_pairs: int, learning_rate: float, b
                   "mean_reward_gap": sum(p["reward_gap"] for p in train_pairs) / max(len(train_pairs), 1)},
         "steps": steps, "learning_rate": learning_rate, "beta": beta,
         "held_out_pairs": {"before": before, "after": after},
-        "test_reward": {"before": prep["before"]["reward"], "after": reward_after["reward"]},
+        "test_reward_greedy": {"before": prep["before"]["reward"], "after": reward_after["reward"]},
+        "test_reward_sampled": {"before": sampled_before, "after": sampled_after},
         "test_accuracy": {"before": prep["before"]["accuracy"], "after": reward_after["accuracy"]},
         "seconds": {"warm_start_and_pairs": pair_seconds, "train": train_seconds},
     }  # fmt: skip
@@ -114,10 +131,12 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--pairs", type=int, default=512, help="training problems to sample pairs from")
-    parser.add_argument("--learning_rate", type=float, default=2e-4)
+    parser.add_argument("--learning_rate", type=float, default=1e-4)
     parser.add_argument("--beta", type=float, default=0.1)
+    parser.add_argument("--quick", action="store_true", help="a 2-layer model, 5 SFT steps, 2 DPO steps (the tests)")
     args = parser.parse_args(argv)
-    results = run(args.out, args.seed, args.steps, args.pairs, args.learning_rate, args.beta)
+    steps = 2 if args.quick else args.steps
+    results = run(args.out, args.seed, steps, args.pairs, args.learning_rate, args.beta, quick=args.quick)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
