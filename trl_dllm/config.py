@@ -125,6 +125,10 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
             first), `"random"`, `"entropy"`, `"margin"` or `"left_to_right"` (the leftmost masked positions; with
             `diffusion_steps = max_completion_length`, JustGRPO's autoregressive-order rollout). Sampling itself uses
             TRL's `temperature`, `top_k`, `top_p`, `min_p`.
+        running_confidence (`bool`, *optional*, defaults to `False`):
+            Running-confidence remasking (RCR, MDPO): a token committed earlier in the block is masked again when newer
+            candidates are more confident (docs/generation.md). Bidirectional sampler with the schedule only; not with
+            the estimators that replay the trajectory (`trajectory`, `block_steps`).
         cfg_scale (`float`, *optional*, defaults to `0.0`):
             Classifier-free guidance scale `s`: logits `u + (s + 1)(c - u)` with `u` the prompt-masked logits. `0`
             disables guidance (one forward per step).
@@ -305,6 +309,9 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
         default="low_confidence",
         metadata={"help": "Positions to commit per step: low_confidence, random, entropy, margin or left_to_right."},
     )
+    running_confidence: bool = field(
+        default=False, metadata={"help": "Running-confidence remasking (RCR, MDPO): committed tokens can be remasked."}
+    )
     cfg_scale: float = field(
         default=0.0, metadata={"help": "Classifier-free guidance scale; 0 disables guidance."}
     )
@@ -471,6 +478,11 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
         objective = OBJECTIVES.get(self.loss_type)
         estimator = ESTIMATORS.get(self.estimator)
         return bool(getattr(objective, "needs_trajectory", False)) or "unmask_step" in getattr(estimator, "inputs", ())
+
+    @property
+    def records_steps(self) -> bool:
+        """Whether rollouts record every step's canvas and prediction: the objective rewards steps (MDPO)."""
+        return bool(getattr(OBJECTIVES.get(self.loss_type), "records_steps", False))
 
     @property
     def num_blocks(self) -> int:

@@ -5,6 +5,7 @@
 - `agrpo` (AGRPO): per-token PPO over the denoising steps the `trajectory` estimator samples.
 - `dipo` (DiPO, DiRL): per-token PPO on the step-level likelihood of block-diffusion rollouts, token mean.
 - `justgrpo` (JustGRPO): per-token PPO on the exact left-to-right likelihood, normalised by `L · N`.
+- `mdpo` (MDPO): per-token PPO on the one-shot predictions of recorded denoising steps, with a reward per step.
 - `spg` (SPG) and `wd1` (wd1): weighted likelihoods without an importance ratio (no old policy).
 - `_common`: what they share (`ObjectiveOutput`, `sequence_logps`, `kl_divergence`, group weights, the clamped
   log-ratio, `sandwich`, `ratio_metrics`) and the notation `S_i`, `L_i`, `S̄_i`.
@@ -44,6 +45,7 @@ from .bgpo import DUAL_CLIP, bgpo
 from .dipo import DIPO_LOG_RATIO_CLAMP, dipo
 from .espo import espo
 from .justgrpo import justgrpo
+from .mdpo import check_mdpo, mdpo
 from .spg import spg
 from .stabledrl import CLIP_HIGH, CLIP_LOW, check_clip_bounds, stabledrl
 from .wd1 import wd1
@@ -64,6 +66,7 @@ __all__ = [
     "group_softmax",
     "justgrpo",
     "kl_divergence",
+    "mdpo",
     "ratio_metrics",
     "sandwich",
     "sequence_logps",
@@ -110,6 +113,9 @@ class Objective:
             papers' code does over one whole group per micro-step. TRL's row shuffle would split groups over
             micro-batches and processes and make the update depend on both, so the trainer keeps whole groups in every
             micro-batch (`whole_group_batches`, on by default for these objectives).
+        records_steps (`bool`, *optional*, defaults to `False`): the rollout records every step's canvas and one-shot
+            prediction, the trainer rewards each step and keeps the selected steps in the batch
+            (`trl_dllm.training.step_rewards`; MDPO).
         check (`Callable[[object], str | None]`, *optional*): a check across the values of its own options, called
             with the config at construction whatever the loss type (like each option's own check: a wrong value is
             refused even where the run does not read it): what is wrong and what to set, or `None` (StableDRL: a
@@ -125,6 +131,7 @@ class Objective:
     uses_old: bool = True
     needs_trajectory: bool = False
     whole_groups: bool = False
+    records_steps: bool = False
     check: Callable[[object], str | None] | None = None
 
     @property
@@ -162,6 +169,10 @@ OBJECTIVES: dict[str, Objective] = {
     ),
     "dipo": Objective(
         dipo, ("block_steps",), options=(*PPO_CLIP, *KL), inputs=("unmask_step",), whole_groups=True
+    ),
+    "mdpo": Objective(
+        mdpo, ("step_predictions",), options=PPO_CLIP, inputs=("mdpo_logprobs", "mdpo_advantages"),
+        estimate_fields=("step_logps", "step_mask"), uses_old=False, records_steps=True, check=check_mdpo,
     ),
     "justgrpo": Objective(justgrpo, ("left_to_right",), options=(*PPO_CLIP, *KL), whole_groups=True),
     "spg": Objective(

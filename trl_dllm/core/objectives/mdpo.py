@@ -1,0 +1,163 @@
+"""MDPO: Masked Diffusion Policy Optimization ([arXiv 2508.13148](https://huggingface.co/papers/2508.13148)).
+
+MDPO trains the model where it decodes: on the intermediate canvases of its own rollouts, with a reward for each
+step. At step ``t`` of a rollout (``T`` steps, one block) the model's one-shot prediction of the whole completion
+``x̂0_t`` (every masked position of the canvas ``x_t`` filled with the token sampled there) is scored by the reward
+functions: ``R_{i,t}`` (the weighted sum, as TRL sums them). Step advantages (the released code's "adv-v4": the step's
+reward gain plus the mean reward of the steps after it), normalised over the ``G`` completions of each prompt, per
+step:
+
+    Â_{i,t} = (R_{i,t} − R_{i,t−1}) + mean_{u>t} R_{i,u}        (R_{i,−1} = 0; the last step's mean is R_{i,T−1})
+    A_{i,t} = (Â_{i,t} − mean_g Â_{g,t}) / (std_g Â_{g,t} + 1e-4)      (unbiased std over the group)
+
+(:func:`step_advantages`; the released code also adds a constant 1 to ``Â``, which the group mean removes). Each row
+trains on ``M`` recorded steps: the ``M`` steps with the largest ``Σ_i |A_{i,t}|`` over the generation batch
+(:func:`select_steps`). At a selected step, with ``M_{i,t}`` the positions masked in ``x_t`` (``n = |M_{i,t}|``),
+``ℓ_j`` the current log-prob of ``x̂0_{t,j}`` given ``x_t`` (the ``step_predictions`` estimator), ``ℓ_j^old`` the
+rollout's, ``w_j = exp(ℓ_j^old) = q_old(x̂0_{t,j})`` (the rollout's confidence in that token, detached) and
+``λ = L / n`` (the completion length over the masked count):
+
+    ρ_j = exp(ℓ_j − ℓ_j^old)
+    ℓ_{i,t} = −(1/n) Σ_{j ∈ M_{i,t}} w_j λ min(ρ_j A_{i,t}, clip(ρ_j, 1 − ε_low, 1 + ε_high) A_{i,t})
+    loss = mean_i Σ_{t selected} ℓ_{i,t}
+
+The sum over steps is the released code's (each selected step is its own micro-batch, accumulated); its per-step mean
+over the masked tokens of the micro-batch is the per-row mean here (its recipes run one row per device). Its KL term
+(``β · ½(log ratio to the reference)²`` per token) is not built: ``beta`` must be 0 (the recipe's value). Log-ratios
+are ``nan → 0`` and clamped to ``±LOG_RATIO_CLAMP``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import ObjectiveOutput, ratio_metrics
+from .agrpo import _clamped_gap, _token_values
+
+__all__ = ["check_mdpo", "mdpo", "select_steps", "step_advantages"]
+
+ADVANTAGE_EPS = 1e-4  # the released code's `std + 1e-4`
+
+
+def step_advantages(step_rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """Per-step advantages `(N, T)` of per-step rewards `(N, T)` whose rows are ``N / G`` groups of ``G`` consecutive
+    completions of one prompt (TRL's order). Formula in the module docstring; a NaN reward (unscorable) counts as 0.
+
+    Example (one group of 2, three steps): ``R = [[0, 1, 1], [0, 0, 1]]`` gives ``Â = [[1, 2, 1], [0.5, 1, 2]]``
+    (gain ``[0, 1, 0]`` + future mean ``[1, 1, 1]``; gain ``[0, 0, 1]`` + ``[0.5, 1, 1]``); two values ``d`` apart
+    normalise to ``±(d / 2) / (d / √2 + 1e-4)``, here with ``d = [0.5, 1, 1]`` and the signs ``[[+, +, −], [−, −, +]]``.
+    """
+    rewards = torch.nan_to_num(step_rewards.float(), nan=0.0)
+    total, steps = rewards.shape
+    if total % num_generations:
+        raise ValueError(f"{total} rows are not whole groups of num_generations={num_generations}.")
+    gain = rewards - torch.nn.functional.pad(rewards[:, :-1], (1, 0))
+    later = rewards[:, 1:].flip(-1).cumsum(-1).flip(-1) / torch.arange(steps - 1, 0, -1, device=rewards.device)
+    raw = gain + torch.cat([later, rewards[:, -1:]], dim=-1)
+    grouped = raw.view(-1, num_generations, steps)
+    std = grouped.std(dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(grouped[:, :1])
+    return ((grouped - grouped.mean(dim=1, keepdim=True)) / (std + ADVANTAGE_EPS)).view(total, steps)
+
+
+def select_steps(advantages: torch.Tensor, count: int) -> torch.Tensor:
+    """The ``min(count, T)`` steps `(M,)` with the largest ``Σ_i |A_{i,t}|`` over the rows of ``advantages`` `(B, T)`,
+    in decreasing order (ties to the earlier step)."""
+    score = advantages.abs().sum(0)
+    return score.sort(descending=True, stable=True).indices[: min(count, score.numel())]
+
+
+def check_mdpo(args) -> str | None:
+    """What a run with ``loss_type="mdpo"`` asks that MDPO as built here cannot do (from the config's values), or
+    ``None`` (also for any other loss type)."""
+    if getattr(args, "loss_type", None) != "mdpo":
+        return None
+    length, block = getattr(args, "max_completion_length", None), getattr(args, "block_length", None)
+    if getattr(args, "beta", 0.0) != 0.0:
+        return (
+            f"loss_type='mdpo' with beta={args.beta}: MDPO's KL term over the recorded steps is not built; set beta=0 "
+            "(MDPO's released recipe)."
+        )
+    if block is not None and length is not None and block != length:
+        return (
+            f"loss_type='mdpo' rewards the one-shot prediction of the whole completion at every step, but with "
+            f"block_length={block} < max_completion_length={length} the sampler predicts the current block only: set "
+            f"block_length={length} (MDPO's recipes decode one block)."
+        )
+    if getattr(args, "confidence_threshold", None) is not None:
+        return (
+            f"loss_type='mdpo' with confidence_threshold={args.confidence_threshold}: MDPO's steps follow the "
+            "schedule; set confidence_threshold=None."
+        )
+    if getattr(args, "temperature", 1.0) <= 0:
+        return f"loss_type='mdpo' scores sampled predictions: temperature={args.temperature} must be > 0 (MDPO: 0.1)."
+    for name, off in (("generation_cache", "none"), ("generation_compile", False), ("eos_early_exit", False)):
+        if getattr(args, name, off) not in (off, None):
+            return (
+                f"loss_type='mdpo' records every step with the eager bidirectional sampler; {name}="
+                f"{getattr(args, name)!r} is not built for it: set {name}={off!r}."
+            )
+    return None
+
+
+def mdpo(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    ref_logps: torch.Tensor | None,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    step_logps: torch.Tensor,
+    step_mask: torch.Tensor,
+    mdpo_logprobs: torch.Tensor,
+    mdpo_advantages: torch.Tensor,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+) -> ObjectiveOutput:
+    """MDPO's clipped, confidence-weighted surrogate over recorded steps (formula in the module docstring).
+
+    Metrics: `ratio/{mean,std,max,min}` and `clip_ratio/{low,high,region}_mean` over scored tokens (as AGRPO's);
+    `mdpo/step_advantage_abs` the mean ``|A_{i,t}|`` of the trained steps.
+
+    Args:
+        logps, old_logps, ref_logps, mask, advantages: the common signature; not read (the per-step values below
+            replace them; ``ref_logps`` must be ``None``: no KL term).
+        step_logps (`torch.Tensor` of shape `(B, M, L)`): current ``ℓ`` (``StepPredictionOutput.step_logps``).
+        step_mask (`torch.BoolTensor` of shape `(B, M, L)`): the masked positions of each step's canvas.
+        mdpo_logprobs (`torch.Tensor` of shape `(B, M, L)`): the rollout's ``ℓ^old`` of the same predictions.
+        mdpo_advantages (`torch.Tensor` of shape `(B, M)`): ``A_{i,t}`` of the selected steps.
+        epsilon_low, epsilon_high (`float`, *optional*, default to `0.2`): the clip range (TRL's `epsilon`,
+            `epsilon_high`).
+
+    Returns:
+        [`ObjectiveOutput`].
+    """
+    if ref_logps is not None:
+        raise ValueError("loss_type='mdpo' has no KL term: ref_logps must be None (beta=0).")
+    if not (step_logps.shape == step_mask.shape == mdpo_logprobs.shape) or mdpo_advantages.shape != step_mask.shape[:2]:
+        raise ValueError(
+            f"step_logps {tuple(step_logps.shape)}, step_mask {tuple(step_mask.shape)} and mdpo_logprobs "
+            f"{tuple(mdpo_logprobs.shape)} must be (B, M, L) and mdpo_advantages {tuple(mdpo_advantages.shape)} (B, M)."
+        )
+    dtype = torch.promote_types(step_logps.dtype, torch.float32)
+    scored = step_mask.bool()
+    current = _token_values(step_logps, scored, dtype)
+    old = _token_values(mdpo_logprobs.detach(), scored, dtype)
+    ratio = torch.exp(_clamped_gap(current, old))
+    confidence = torch.where(scored, old.exp(), torch.zeros((), dtype=dtype))
+    count = scored.sum(-1, keepdim=True).to(dtype)
+    lam = step_mask.shape[-1] / count.clamp(min=1.0)
+    adv = mdpo_advantages.detach().to(dtype)[..., None]
+    term = torch.min(ratio * adv, ratio.clamp(1.0 - epsilon_low, 1.0 + epsilon_high) * adv)
+    per_step = (confidence * lam * term).sum(-1) / count.squeeze(-1).clamp(min=1.0)
+    loss = -per_step.sum(-1).mean()
+    any_scored = bool(scored.any())
+    scored_or_all = scored if any_scored else torch.ones_like(scored)
+    ratio_d = ratio.detach()[scored_or_all] if any_scored else torch.ones(1, dtype=dtype)
+    adv_d = adv.expand_as(scored)[scored_or_all] if any_scored else torch.zeros(1, dtype=dtype)
+    low = ((ratio_d < 1.0 - epsilon_low) & (adv_d < 0)).to(dtype)
+    high = ((ratio_d > 1.0 + epsilon_high) & (adv_d > 0)).to(dtype)
+    metrics = ratio_metrics(ratio_d)
+    metrics |= {"clip_ratio/low_mean": low.mean(), "clip_ratio/high_mean": high.mean()}
+    metrics["clip_ratio/region_mean"] = (low + high).mean()
+    metrics["mdpo/step_advantage_abs"] = mdpo_advantages.detach().abs().float().mean()
+    return ObjectiveOutput(loss=loss, metrics=metrics)
