@@ -293,7 +293,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         objective = self.scoring.objective
         result = objective.fn(
             out.logps, (out.logps.detach() if old is None else old) if objective.uses_old else None, ref, mask,
-            inputs["advantages"], **self.scoring.objective_inputs(inputs, out, None if old is None else iteration),
+            inputs["advantages"],
+            **self.scoring.objective_inputs(inputs, out, None if old is None else iteration, ref_iteration=iteration),
             **self.scoring.objective_options(),
         )  # fmt: skip
         self._log_metrics({**result.metrics, "entropy": (out.entropies * mask).sum() / mask.sum().clamp(min=1)})

@@ -42,8 +42,8 @@ def test_select_steps():
     assert select_steps(advantages, 9).tolist() == [1, 3, 2, 0]
 
 
-def _reference(step_logps, step_mask, old, adv, eps_low, eps_high):
-    """The loss written as loops over rows, steps and tokens."""
+def _reference(step_logps, step_mask, old, adv, eps_low, eps_high, ref=None, beta=0.0):
+    """The loss written as loops over rows, steps and tokens (the released code's per-token loss, k2 KL)."""
     batch, steps, length = step_mask.shape
     total = 0.0
     for i in range(batch):
@@ -57,12 +57,16 @@ def _reference(step_logps, step_mask, old, adv, eps_low, eps_high):
                 rho = torch.exp(step_logps[i, t, j] - old[i, t, j])
                 a = adv[i, t]
                 term = torch.min(rho * a, rho.clamp(1 - eps_low, 1 + eps_high) * a)
-                row = row - torch.exp(old[i, t, j]) * (length / n) * term / n
+                token = -(length / n) * term
+                if ref is not None:
+                    token = token + beta * (ref[i, t, j] - step_logps[i, t, j]) ** 2 / 2
+                row = row + torch.exp(old[i, t, j]) * token / n
         total = total + row
     return total / batch
 
 
-def test_loss_and_gradient_against_reference():
+@pytest.mark.parametrize("beta", [0.0, 0.3])
+def test_loss_and_gradient_against_reference(beta):
     torch.manual_seed(1)
     batch, steps, length = 3, 2, 5
     step_mask = torch.rand(batch, steps, length) < 0.6
@@ -70,16 +74,19 @@ def test_loss_and_gradient_against_reference():
     old = -torch.rand(batch, steps, length) * 2
     current = (old + torch.randn(batch, steps, length) * 0.4).requires_grad_()
     adv = torch.randn(batch, steps)
+    ref = old + torch.randn(batch, steps, length) * 0.3 if beta else None
     out = mdpo(None, None, None, torch.ones(batch, length), torch.zeros(batch), step_logps=current,
-               step_mask=step_mask, mdpo_logprobs=old, mdpo_advantages=adv, epsilon_low=0.2, epsilon_high=0.28)
+               step_mask=step_mask, mdpo_logprobs=old, mdpo_advantages=adv, ref_step_logps=ref, epsilon_low=0.2,
+               epsilon_high=0.28, beta=beta)  # fmt: skip
     reference_input = current.detach().clone().requires_grad_()
-    expected = _reference(reference_input, step_mask, old, adv, 0.2, 0.28)
+    expected = _reference(reference_input, step_mask, old, adv, 0.2, 0.28, ref, beta)
     torch.testing.assert_close(out.loss, expected)
     out.loss.backward()
     expected.backward()
     torch.testing.assert_close(current.grad, reference_input.grad)
     assert (current.grad[~step_mask] == 0).all()
     assert 0 < out.metrics["clip_ratio/region_mean"] < 1
+    assert ("kl" in out.metrics) == bool(beta)
 
 
 def test_on_policy_gradient_by_hand():
@@ -96,10 +103,10 @@ def test_on_policy_gradient_by_hand():
 
 
 def test_refusals():
-    with pytest.raises(ValueError, match="ref_logps"):
-        mdpo(None, None, torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1), step_logps=torch.zeros(1, 1, 2),
+    with pytest.raises(ValueError, match="ref_step_logps"):
+        mdpo(None, None, None, torch.ones(1, 2), torch.zeros(1), step_logps=torch.zeros(1, 1, 2),
              step_mask=torch.ones(1, 1, 2, dtype=torch.bool), mdpo_logprobs=torch.zeros(1, 1, 2),
-             mdpo_advantages=torch.zeros(1, 1))  # fmt: skip
+             mdpo_advantages=torch.zeros(1, 1), beta=0.1)  # fmt: skip
     with pytest.raises(ValueError, match=r"\(B, M\)"):
         mdpo(None, None, None, torch.ones(1, 2), torch.zeros(1), step_logps=torch.zeros(1, 1, 2),
              step_mask=torch.ones(1, 1, 2, dtype=torch.bool), mdpo_logprobs=torch.zeros(1, 1, 2),
@@ -107,8 +114,7 @@ def test_refusals():
     args = lambda **kw: type("Args", (), {"loss_type": "mdpo", "beta": 0.0, "max_completion_length": 8,  # noqa: E731
                                           "block_length": 8, "temperature": 0.4, **kw})()
     assert check_mdpo(args()) is None
-    assert "beta=0.02" in check_mdpo(args(beta=0.02))
-    assert check_mdpo(args(beta=0.02, loss_type="agrpo")) is None  # another method's run
+    assert check_mdpo(args(block_length=4, loss_type="agrpo")) is None  # another method's run
     assert "block_length=8" in check_mdpo(args(block_length=4))
     assert "temperature" in check_mdpo(args(temperature=0.0))
     assert "eos_early_exit" in check_mdpo(args(eos_early_exit=True))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from ..options import Option
 from ._common import (
+    BETA,
     KL,
     KL_ESTIMATORS,
     LOG_RATIO_CLAMP,
@@ -101,6 +102,9 @@ class Objective:
             takes from the old-policy pass, by keyword `old_<field>` (BGPO's `old_sample_estimates`: one value per MC
             sample, where `old_logps` holds only their mean). The trainer keeps them from the old pass, one slice per
             inner iteration, and passes the current field detached when the iteration is on-policy.
+        ref_fields (`tuple[str, ...]`, *optional*, defaults to `()`): fields of the estimator's output `fn` also
+            takes from the reference pass (when `beta != 0`), by keyword `ref_<field>` (`None` without one); MDPO's
+            per-step `step_logps`, where `ref_logps` holds only their sum.
         uses_old (`bool`, *optional*, defaults to `True`): `fn` reads `old_logps` (an importance ratio). With `False`
             the trainer runs no old-policy pass and passes `old_logps=None`.
         needs_trajectory (`bool`, *optional*, defaults to `False`): the rollout must record its trajectory
@@ -128,6 +132,7 @@ class Objective:
     inputs: tuple[str, ...] = ()
     estimate_fields: tuple[str, ...] = ()
     old_fields: tuple[str, ...] = ()
+    ref_fields: tuple[str, ...] = ()
     uses_old: bool = True
     needs_trajectory: bool = False
     whole_groups: bool = False
@@ -141,8 +146,10 @@ class Objective:
 
     @property
     def keywords(self) -> tuple[str, ...]:
-        """Every keyword `fn` takes: the options' names, `inputs`, `estimate_fields` and `old_<field>` of `old_fields`."""
-        return self.option_names + self.inputs + self.estimate_fields + tuple(f"old_{name}" for name in self.old_fields)
+        """Every keyword `fn` takes: the options' names, `inputs`, `estimate_fields`, `old_<field>` of `old_fields`
+        and `ref_<field>` of `ref_fields`."""
+        fields = tuple(f"old_{name}" for name in self.old_fields) + tuple(f"ref_{name}" for name in self.ref_fields)
+        return self.option_names + self.inputs + self.estimate_fields + fields
 
 
 OBJECTIVES: dict[str, Objective] = {
@@ -171,8 +178,9 @@ OBJECTIVES: dict[str, Objective] = {
         dipo, ("block_steps",), options=(*PPO_CLIP, *KL), inputs=("unmask_step",), whole_groups=True
     ),
     "mdpo": Objective(
-        mdpo, ("step_predictions",), options=PPO_CLIP, inputs=("mdpo_logprobs", "mdpo_advantages"),
-        estimate_fields=("step_logps", "step_mask"), uses_old=False, records_steps=True, check=check_mdpo,
+        mdpo, ("step_predictions",), options=(*PPO_CLIP, BETA), inputs=("mdpo_logprobs", "mdpo_advantages"),
+        estimate_fields=("step_logps", "step_mask"), ref_fields=("step_logps",), uses_old=False, records_steps=True,
+        check=check_mdpo,
     ),
     "justgrpo": Objective(justgrpo, ("left_to_right",), options=(*PPO_CLIP, *KL), whole_groups=True),
     "spg": Objective(

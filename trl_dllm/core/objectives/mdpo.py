@@ -18,13 +18,14 @@ rollout's, ``w_j = exp(ℓ_j^old) = q_old(x̂0_{t,j})`` (the rollout's confidenc
 ``λ = L / n`` (the completion length over the masked count):
 
     ρ_j = exp(ℓ_j − ℓ_j^old)
-    ℓ_{i,t} = −(1/n) Σ_{j ∈ M_{i,t}} w_j λ min(ρ_j A_{i,t}, clip(ρ_j, 1 − ε_low, 1 + ε_high) A_{i,t})
+    KL_j = ½ (ℓ_j^ref − ℓ_j)²                                         (k2, against the reference's ℓ^ref)
+    ℓ_{i,t} = (1/n) Σ_{j ∈ M_{i,t}} w_j [−λ min(ρ_j A_{i,t}, clip(ρ_j, 1 − ε_low, 1 + ε_high) A_{i,t}) + β KL_j]
     loss = mean_i Σ_{t selected} ℓ_{i,t}
 
 The sum over steps is the released code's (each selected step is its own micro-batch, accumulated); its per-step mean
-over the masked tokens of the micro-batch is the per-row mean here (its recipes run one row per device). Its KL term
-(``β · ½(log ratio to the reference)²`` per token) is not built: ``beta`` must be 0 (the recipe's value). Log-ratios
-are ``nan → 0`` and clamped to ``±LOG_RATIO_CLAMP``.
+over the masked tokens of the micro-batch is the per-row mean here (its recipes run one row per device). The KL term
+is the released one: ``k2`` per token, weighted by ``w_j`` but not by ``λ``. Log-ratios and KL gaps are ``nan → 0``
+and clamped to ``±LOG_RATIO_CLAMP``.
 """
 
 from __future__ import annotations
@@ -72,11 +73,6 @@ def check_mdpo(args) -> str | None:
     if getattr(args, "loss_type", None) != "mdpo":
         return None
     length, block = getattr(args, "max_completion_length", None), getattr(args, "block_length", None)
-    if getattr(args, "beta", 0.0) != 0.0:
-        return (
-            f"loss_type='mdpo' with beta={args.beta}: MDPO's KL term over the recorded steps is not built; set beta=0 "
-            "(MDPO's released recipe)."
-        )
     if block is not None and length is not None and block != length:
         return (
             f"loss_type='mdpo' rewards the one-shot prediction of the whole completion at every step, but with "
@@ -110,29 +106,33 @@ def mdpo(
     step_mask: torch.Tensor,
     mdpo_logprobs: torch.Tensor,
     mdpo_advantages: torch.Tensor,
+    ref_step_logps: torch.Tensor | None = None,
     epsilon_low: float = 0.2,
     epsilon_high: float = 0.2,
+    beta: float = 0.0,
 ) -> ObjectiveOutput:
     """MDPO's clipped, confidence-weighted surrogate over recorded steps (formula in the module docstring).
 
     Metrics: `ratio/{mean,std,max,min}` and `clip_ratio/{low,high,region}_mean` over scored tokens (as AGRPO's);
-    `mdpo/step_advantage_abs` the mean ``|A_{i,t}|`` of the trained steps.
+    `mdpo/step_advantage_abs` the mean ``|A_{i,t}|`` of the trained steps; `kl` the mean ``KL_j`` with a reference.
 
     Args:
         logps, old_logps, ref_logps, mask, advantages: the common signature; not read (the per-step values below
-            replace them; ``ref_logps`` must be ``None``: no KL term).
+            replace them).
         step_logps (`torch.Tensor` of shape `(B, M, L)`): current ``ℓ`` (``StepPredictionOutput.step_logps``).
         step_mask (`torch.BoolTensor` of shape `(B, M, L)`): the masked positions of each step's canvas.
         mdpo_logprobs (`torch.Tensor` of shape `(B, M, L)`): the rollout's ``ℓ^old`` of the same predictions.
         mdpo_advantages (`torch.Tensor` of shape `(B, M)`): ``A_{i,t}`` of the selected steps.
+        ref_step_logps (`torch.Tensor` of shape `(B, M, L)`, *optional*): ``ℓ^ref``; required iff ``beta != 0``.
         epsilon_low, epsilon_high (`float`, *optional*, default to `0.2`): the clip range (TRL's `epsilon`,
             `epsilon_high`).
+        beta (`float`, *optional*, defaults to `0.0`): KL coefficient ``β`` (TRL's `beta`).
 
     Returns:
         [`ObjectiveOutput`].
     """
-    if ref_logps is not None:
-        raise ValueError("loss_type='mdpo' has no KL term: ref_logps must be None (beta=0).")
+    if beta != 0.0 and ref_step_logps is None:
+        raise ValueError(f"beta={beta} needs ref_step_logps (the reference's per-step log-probs); got None.")
     if not (step_logps.shape == step_mask.shape == mdpo_logprobs.shape) or mdpo_advantages.shape != step_mask.shape[:2]:
         raise ValueError(
             f"step_logps {tuple(step_logps.shape)}, step_mask {tuple(step_mask.shape)} and mdpo_logprobs "
@@ -148,8 +148,14 @@ def mdpo(
     lam = step_mask.shape[-1] / count.clamp(min=1.0)
     adv = mdpo_advantages.detach().to(dtype)[..., None]
     term = torch.min(ratio * adv, ratio.clamp(1.0 - epsilon_low, 1.0 + epsilon_high) * adv)
-    per_step = (confidence * lam * term).sum(-1) / count.squeeze(-1).clamp(min=1.0)
-    loss = -per_step.sum(-1).mean()
+    token_loss = -lam * term
+    kl = None
+    if ref_step_logps is not None:
+        kl = 0.5 * _clamped_gap(_token_values(ref_step_logps.detach(), scored, dtype), current) ** 2
+        kl = torch.where(scored, kl, torch.zeros((), dtype=dtype))
+        token_loss = token_loss + beta * kl
+    per_step = (confidence * token_loss).sum(-1) / count.squeeze(-1).clamp(min=1.0)
+    loss = per_step.sum(-1).mean()
     any_scored = bool(scored.any())
     scored_or_all = scored if any_scored else torch.ones_like(scored)
     ratio_d = ratio.detach()[scored_or_all] if any_scored else torch.ones(1, dtype=dtype)
@@ -160,4 +166,6 @@ def mdpo(
     metrics |= {"clip_ratio/low_mean": low.mean(), "clip_ratio/high_mean": high.mean()}
     metrics["clip_ratio/region_mean"] = (low + high).mean()
     metrics["mdpo/step_advantage_abs"] = mdpo_advantages.detach().abs().float().mean()
+    if kl is not None:
+        metrics["kl"] = kl.detach()[scored].mean() if any_scored else torch.zeros((), dtype=dtype)
     return ObjectiveOutput(loss=loss, metrics=metrics)
