@@ -37,7 +37,7 @@ def make_args(tmp_path, **overrides):
 def test_step_batch_by_hand(tmp_path, tiny_model_path):
     # One group of two rows, three steps. Row 0's predictions start with "5" from step 1 on, row 1's at step 2 only:
     # R = [[0, 1, 1], [0, 0, 1]], so (core.objectives.mdpo.step_advantages' example) A = ±(d/2) / (d/√2 + 1e-4) with
-    # d = [0.5, 1, 1] and signs [[+, +, -], [-, -, +]]. Σ_i |A_i,t| is largest at steps 1 and 2 (a tie: step 1 first).
+    # d = [0.5, 1, 1] and signs [[+, +, -], [-, -, +]]. Each row's |A| is largest at steps 1 and 2 (a tie: 1 first).
     args = make_args(tmp_path)
     trainer = DiffusionGRPOTrainer(model=tiny_model_path, reward_funcs=starts_with_five, args=args,
                                    train_dataset=Dataset.from_dict({"prompt": ["add 1 ."] * 2}))  # fmt: skip

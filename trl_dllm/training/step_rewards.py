@@ -7,7 +7,7 @@ each step's prediction is decoded like a completion and scored by TRL's own rewa
 (`GRPOTrainer._calculate_rewards`: the same reward functions, columns and gathering over processes; our override's
 bookkeeping of the final rewards is not repeated), the weighted rewards give per-step advantages
 (:func:`~trl_dllm.core.objectives.mdpo.step_advantages`, normalised within each prompt's group on the gathered batch),
-and the ``step_samples`` steps with the largest advantages over this process's rows
+and each row's ``step_samples`` steps with the largest advantages
 (:func:`~trl_dllm.core.objectives.mdpo.select_steps`) go into the batch: their canvases, predictions, the rollout's
 log-probs of the predictions and their advantages, `(B, M, L)` and `(B, M)`, which TRL's shuffle and split carry
 like any row tensor.
@@ -66,10 +66,11 @@ def step_batch(trainer, inputs: list[dict], steps: StepRecord) -> dict[str, torc
     metrics["mdpo/step_reward_first"].append(step_rewards[:, 0].mean().item())
     metrics["mdpo/step_reward_last"].append(step_rewards[:, -1].mean().item())
     device = steps.predictions.device
+    rows = torch.arange(batch, device=device)[:, None]
     index = chosen.to(device)
     return {
-        "mdpo_canvases": steps.canvases[:, index],
-        "mdpo_targets": steps.predictions[:, index],
-        "mdpo_logprobs": steps.logprobs[:, index],
-        "mdpo_advantages": advantages[:, chosen.to(advantages.device)].to(device),
+        "mdpo_canvases": steps.canvases[rows, index],
+        "mdpo_targets": steps.predictions[rows, index],
+        "mdpo_logprobs": steps.logprobs[rows, index],
+        "mdpo_advantages": advantages.to(device)[rows, index],
     }

@@ -37,9 +37,9 @@ def test_step_advantages_match_the_released_formula():
 
 
 def test_select_steps():
-    advantages = torch.tensor([[0.1, -2.0, 0.5, 1.0], [0.1, 1.0, -0.5, -2.0]])  # Σ|A| = [0.2, 3, 1, 3]
-    assert select_steps(advantages, 2).tolist() == [1, 3]  # tie: the earlier step first
-    assert select_steps(advantages, 9).tolist() == [1, 3, 2, 0]
+    advantages = torch.tensor([[0.1, -2.0, 0.5, 1.0], [0.1, 1.0, -1.0, -2.0]])
+    assert select_steps(advantages, 2).tolist() == [[1, 3], [3, 1]]  # row 1: |1.0| = |-1.0|, the earlier step first
+    assert select_steps(advantages, 9).tolist() == [[1, 3, 2, 0], [3, 1, 2, 0]]
 
 
 def _reference(step_logps, step_mask, old, adv, eps_low, eps_high, ref=None, beta=0.0):

@@ -11,11 +11,12 @@ step:
     A_{i,t} = (Â_{i,t} − mean_g Â_{g,t}) / (std_g Â_{g,t} + 1e-4)      (unbiased std over the group)
 
 (:func:`step_advantages`; the released code also adds a constant 1 to ``Â``, which the group mean removes). Each row
-trains on ``M`` recorded steps: the ``M`` steps with the largest ``Σ_i |A_{i,t}|`` over the generation batch
-(:func:`select_steps`). At a selected step, with ``M_{i,t}`` the positions masked in ``x_t`` (``n = |M_{i,t}|``),
-``ℓ_j`` the current log-prob of ``x̂0_{t,j}`` given ``x_t`` (the ``step_predictions`` estimator), ``ℓ_j^old`` the
-rollout's, ``w_j = exp(ℓ_j^old) = q_old(x̂0_{t,j})`` (the rollout's confidence in that token, detached) and
-``λ = L / n`` (the completion length over the masked count):
+trains on ``M`` recorded steps: its ``M`` steps with the largest ``|A_{i,t}|`` (:func:`select_steps`; the released
+code takes the largest ``Σ_i |A_{i,t}|`` over a device's rows, and its recipes run one row per device). At a
+selected step, with ``M_{i,t}`` the positions masked in ``x_t`` (``n = |M_{i,t}|``), ``ℓ_j`` the current log-prob of
+``x̂0_{t,j}`` given ``x_t`` (the ``step_predictions`` estimator), ``ℓ_j^old`` the rollout's, ``w_j = exp(ℓ_j^old) =
+q_old(x̂0_{t,j})`` (the rollout's confidence in that token, detached) and ``λ = L / n`` (the completion length over
+the masked count):
 
     ρ_j = exp(ℓ_j − ℓ_j^old)
     KL_j = ½ (ℓ_j^ref − ℓ_j)²                                         (k2, against the reference's ℓ^ref)
@@ -61,10 +62,9 @@ def step_advantages(step_rewards: torch.Tensor, num_generations: int) -> torch.T
 
 
 def select_steps(advantages: torch.Tensor, count: int) -> torch.Tensor:
-    """The ``min(count, T)`` steps `(M,)` with the largest ``Σ_i |A_{i,t}|`` over the rows of ``advantages`` `(B, T)`,
-    in decreasing order (ties to the earlier step)."""
-    score = advantages.abs().sum(0)
-    return score.sort(descending=True, stable=True).indices[: min(count, score.numel())]
+    """Per row of ``advantages`` `(B, T)`, its ``min(count, T)`` steps with the largest ``|A_{i,t}|``, in decreasing
+    order (ties to the earlier step): `(B, M)`."""
+    return advantages.abs().sort(dim=-1, descending=True, stable=True).indices[:, : min(count, advantages.shape[-1])]
 
 
 def check_mdpo(args) -> str | None:
