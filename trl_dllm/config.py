@@ -119,7 +119,8 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
         block_length (`int` or `None`, *optional*, defaults to `None`):
             Length of a semi-autoregressive block. Must divide `max_completion_length`. `None` means the largest divisor
             of `max_completion_length` that is at most 32 (d1's block), or one block spanning the
-            completion when that divisor is below 8 or the completion is at most 32 tokens.
+            completion when that divisor is below 8 or the completion is at most 32 tokens (always one block with
+            `loss_type="mdpo"`).
         remasking (`str`, *optional*, defaults to `"low_confidence"`):
             Which masked positions to commit at each step: `"low_confidence"` (highest probability of the sampled token
             first), `"random"`, `"entropy"`, `"margin"` or `"left_to_right"` (the leftmost masked positions; with
@@ -465,8 +466,8 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
         # Whether `block_length` was left to its default: a family with blocks of its own (DiffusionGemma's canvas)
         # then uses them, and refuses only a value the user set (`training.rollouts.check_uniform_decoding`).
         self._block_length_defaulted = self.block_length is None
-        if self.block_length is None:
-            self.block_length = default_block_length(gen_length)
+        if self.block_length is None:  # MDPO rewards predictions of the whole completion: one block
+            self.block_length = gen_length if self.records_steps else default_block_length(gen_length)
         if self.diffusion_steps is None and self.block_length >= 1 and gen_length % self.block_length == 0:
             blocks, half = gen_length // self.block_length, (gen_length + 1) // 2
             self.diffusion_steps = -(-half // blocks) * blocks
