@@ -118,3 +118,4 @@ def test_refusals():
     assert "block_length=8" in check_mdpo(args(block_length=4))
     assert "temperature" in check_mdpo(args(temperature=0.0))
     assert "eos_early_exit" in check_mdpo(args(eos_early_exit=True))
+    assert "dynamic_sampling=True" in check_mdpo(args(dynamic_sampling=True))

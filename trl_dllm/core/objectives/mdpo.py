@@ -92,6 +92,13 @@ def check_mdpo(args) -> str | None:
                 f"loss_type='mdpo' records every step with the eager bidirectional sampler; {name}="
                 f"{getattr(args, name)!r} is not built for it: set {name}={off!r}."
             )
+    for name in ("dynamic_sampling", "mask_truncated_completions"):
+        if getattr(args, name, False):
+            return (
+                f"loss_type='mdpo' scores every masked position of its recorded steps with per-step advantages and "
+                f"reads no completion mask, so {name}=True (which acts through that mask) would change nothing: set "
+                f"{name}=False."
+            )
     return None
 
 

@@ -259,11 +259,7 @@ class DecodingState:
         early_exit, eos_ids = opts.eos_early_exit, opts.eos_token_ids
         self.eos = torch.tensor(list(eos_ids), device=input_ids.device) if early_exit else None
         self.num_forwards = self.num_row_forwards = 0
-        running = opts.running_confidence
-        self.recorder = None if not (running or opts.record_steps) else StepRecorder(
-            running=torch.zeros((batch, length), dtype=torch.float64, device=input_ids.device) if running else None,
-            steps=[] if opts.record_steps else None,
-        )  # fmt: skip
+        self.recorder = StepRecorder.for_options(opts, batch, length, input_ids.device)
 
     @property
     def completion(self) -> torch.Tensor:

@@ -107,6 +107,14 @@ class StepRecorder:
     running: torch.Tensor | None = None  # (B, L) float64, RCR
     steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = field(default=None)
 
+    @classmethod
+    def for_options(cls, opts, batch: int, length: int, device) -> StepRecorder | None:
+        """The recorder a decoding with ``opts`` needs (``running_confidence``, ``record_steps``), or ``None``."""
+        if not (opts.running_confidence or opts.record_steps):
+            return None
+        running = torch.zeros((batch, length), dtype=torch.float64, device=device) if opts.running_confidence else None
+        return cls(running=running, steps=[] if opts.record_steps else None)
+
     def record(self, completion, rows, start, end, masked, tokens, logprobs) -> None:
         """Append ``x_s``, ``x̂0_s`` and ``log q(x̂0_s)`` of the whole batch (rows not decoded at this step predict
         their own canvas) before the step commits."""
