@@ -10,6 +10,8 @@ SFT = "sft"
 # paper's released recipe (docs/algorithms.md); `None` is the SFT-equal-compute row. `justgrpo` decodes left to right
 # (block_length 1: the demo's steps already equal the canvas length). `dipo` trains block-diffusion models only: it is
 # compared in `BLOCK_METHODS`, on the block-diffusion twin of the demo's model (`--model block`, docs/compare.md).
+# `cjgrpo` replays every step (step_samples above any canvas here) of rollouts with EOS early rejection on the demo's
+# schedule (its released `eoser` decoding): the ascending schedule's step count depends on each task's canvas length.
 # fmt: off
 METHODS: dict[str, dict | None] = {
     "d1": dict(loss_type="bnpo", estimator="mean_field", p_mask_prompt=0.15, beta=0.04, epsilon=0.5),
@@ -19,6 +21,8 @@ METHODS: dict[str, dict | None] = {
     "stabledrl": dict(loss_type="stabledrl", estimator="elbo"),
     "bgpo": dict(loss_type="bgpo", estimator="elbo", mc_samples=16, antithetic=False, scale_rewards="group"),
     "agrpo": dict(loss_type="agrpo", estimator="trajectory"),
+    "cjgrpo": dict(loss_type="cjgrpo", estimator="trajectory", step_samples=256, eos_min_gamma=0.01,
+                   score_padding_eos=True, beta=0.04, epsilon=0.5),
     "spg": dict(loss_type="spg", estimator="spg", p_mask_prompt=0.15),
     "wd1": dict(loss_type="wd1", estimator="mean_field", p_mask_prompt=0.15),
     "justgrpo": dict(loss_type="justgrpo", estimator="left_to_right", block_length=1, score_padding_eos=True,
@@ -29,7 +33,8 @@ METHODS: dict[str, dict | None] = {
 # `--model block`: the demo's model as a block-diffusion model (blocks of `BLOCK_LENGTH`, counted from position 0 of
 # prompt + completion as SDAR / TraDo count them), warm-started by the same SFT in that layout, and the methods valid
 # on it: the staircase `block` estimator for GRPO and StableDRL (as recipes/sdar/stabledrl_gsm8k.yaml), AGRPO's replay
-# (block-causal on this model), and DiPO as recipes/sdar/dipo_math.yaml has it (step map, threshold 0.9 decoding with
+# (block-causal on this model), EBPO as recipes/llada2/ebpo_math.yaml has it (16 timesteps, std-scaled advantages),
+# and DiPO as recipes/sdar/dipo_math.yaml has it (step map, threshold 0.9 decoding with
 # top-k 50 at T 1, clip [0.8, 1.28], group-scaled advantages, dynamic sampling) on the demo's schedule, which is
 # already the recipe's: as many steps per block as the block has tokens (diffusion_steps = canvas length).
 BLOCK_LENGTH = 4  # SDAR / TraDo's block size
@@ -39,6 +44,7 @@ BLOCK_METHODS: dict[str, dict | None] = {
     "grpo": dict(loss_type="grpo", estimator="block"),
     "stabledrl": dict(loss_type="stabledrl", estimator="block"),
     "agrpo": dict(loss_type="agrpo", estimator="trajectory"),
+    "ebpo": dict(loss_type="ebpo", estimator="block", mc_samples=16, antithetic=False, scale_rewards="group"),
     SFT: None,
 }
 # fmt: on

@@ -3,7 +3,9 @@
 - `espo` (ESPO) and `stabledrl` (StableDRL): sequence-level importance ratios of the estimated likelihood.
 - `bgpo` (BGPO): a lower bound of ESPO-style clipped ELBO ratios that is linear in the Monte Carlo samples.
 - `agrpo` (AGRPO): per-token PPO over the denoising steps the `trajectory` estimator samples.
+- `cjgrpo` (CJ-GRPO): per-token PPO over every step of the recorded rollout, token mean per step, step mean per row.
 - `dipo` (DiPO, DiRL): per-token PPO on the step-level likelihood of block-diffusion rollouts, token mean.
+- `ebpo` (EBPO, LLaDA2.1): ESPO's clipped sequence ratio on the block ELBO of block-diffusion models, not normalised.
 - `justgrpo` (JustGRPO): per-token PPO on the exact left-to-right likelihood, normalised by `L · N`.
 - `mdpo` (MDPO): per-token PPO on the one-shot predictions of recorded denoising steps, with a reward per step.
 - `spg` (SPG) and `wd1` (wd1): weighted likelihoods without an importance ratio (no old policy).
@@ -43,7 +45,9 @@ from ._common import (
 )
 from .agrpo import STEP_NORMALIZATION, STEP_NORMALIZATIONS, agrpo
 from .bgpo import DUAL_CLIP, bgpo
+from .cjgrpo import check_every_step_scored, cjgrpo
 from .dipo import DIPO_LOG_RATIO_CLAMP, dipo
+from .ebpo import ebpo
 from .espo import espo
 from .justgrpo import justgrpo
 from .mdpo import check_mdpo, mdpo
@@ -61,7 +65,9 @@ __all__ = [
     "ObjectiveOutput",
     "agrpo",
     "bgpo",
+    "cjgrpo",
     "dipo",
+    "ebpo",
     "espo",
     "group_normalised_weights",
     "group_softmax",
@@ -117,6 +123,8 @@ class Objective:
             papers' code does over one whole group per micro-step. TRL's row shuffle would split groups over
             micro-batches and processes and make the update depend on both, so the trainer keeps whole groups in every
             micro-batch (`whole_group_batches`, on by default for these objectives).
+        block_model_only (`bool`, *optional*, defaults to `False`): its paper defines it for block-diffusion models
+            (EBPO's block ELBO of LLaDA2.x / SDAR): the trainer refuses a model of another family, with the fix.
         records_steps (`bool`, *optional*, defaults to `False`): the rollout records every step's canvas and one-shot
             prediction, the trainer rewards each step and keeps the selected steps in the batch
             (`trl_dllm.training.step_rewards`; MDPO).
@@ -136,6 +144,7 @@ class Objective:
     uses_old: bool = True
     needs_trajectory: bool = False
     whole_groups: bool = False
+    block_model_only: bool = False
     records_steps: bool = False
     check: Callable[[object], str | None] | None = None
 
@@ -174,6 +183,10 @@ OBJECTIVES: dict[str, Objective] = {
         estimate_fields=("step_weights", "num_steps"),
         needs_trajectory=True,
     ),
+    "cjgrpo": Objective(
+        cjgrpo, ("trajectory",), options=(*PPO_CLIP, *KL), inputs=("unmask_step",), estimate_fields=("step_weights",),
+        needs_trajectory=True, check=check_every_step_scored,
+    ),
     "dipo": Objective(
         dipo, ("block_steps",), options=(*PPO_CLIP, *KL), inputs=("unmask_step",), whole_groups=True
     ),
@@ -182,6 +195,7 @@ OBJECTIVES: dict[str, Objective] = {
         estimate_fields=("step_logps", "step_mask"), ref_fields=("step_logps",), uses_old=False, records_steps=True,
         check=check_mdpo,
     ),
+    "ebpo": Objective(ebpo, ("block",), options=(*PPO_CLIP, *KL), block_model_only=True),
     "justgrpo": Objective(justgrpo, ("left_to_right",), options=(*PPO_CLIP, *KL), whole_groups=True),
     "spg": Objective(
         spg, ("spg",), options=(SPG_OMEGA, *KL), estimate_fields=("eubo_logps",), uses_old=False,
