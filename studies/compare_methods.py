@@ -27,6 +27,7 @@ METHODS: dict[str, dict | None] = {
     "wd1": dict(loss_type="wd1", estimator="mean_field", p_mask_prompt=0.15),
     "justgrpo": dict(loss_type="justgrpo", estimator="left_to_right", block_length=1, score_padding_eos=True,
                      scale_rewards="group", mc_batch_size=8),
+    "mdpo": dict(loss_type="mdpo", estimator="step_predictions", step_samples=8),  # a reward per step; one block
     SFT: None,
 }
 # `--model block`: the demo's model as a block-diffusion model (blocks of `BLOCK_LENGTH`, counted from position 0 of

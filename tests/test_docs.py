@@ -101,7 +101,8 @@ def test_runnable_blocks_run(page, page_results):
 
 # Paths the docs cite from other repositories (ESPO's `recipes/`), next to that repository's name.
 UPSTREAM_PATHS = {"recipes/train.yaml", "recipes/run_gsm8k_llada.sh", "recipes/run_math_llada.sh",
-                  "recipes/run_countdown_llada.sh", "recipes/run_sudoku_llada.sh"}
+                  "recipes/run_countdown_llada.sh", "recipes/run_sudoku_llada.sh",
+                  "recipes/LLaDA-Instruct/mdpo/config_demo.yaml"}  # MDPO's released config
 _REPO_PATH = re.compile(r"(?<![\w/.~$-])((?:trl_dllm|tests|docs|recipes|bench|studies)/[\w./-]*\w)(?![\w{*])")
 _LINK = re.compile(r"\]\(([^)#\s]+)")
 

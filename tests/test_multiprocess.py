@@ -438,6 +438,8 @@ def objective_run(name: str, output_dir: Path, processes: int) -> list[dict]:
              "--gradient_accumulation_steps", str(2 // processes)]  # fmt: skip
     if estimator == "left_to_right":  # one token per forward, left to right: the rollout's exact likelihood
         flags += ["--block_length", "1", "--diffusion_steps", "8"]
+    if name == "mdpo":  # a reward for the prediction of the whole completion at every step: one block
+        flags += ["--block_length", "8"]
     launch(torchrun(processes), recipe, os.environ["TRL_DLLM_TINY_MODEL"], output_dir, *flags, processes=processes)
     return step_logs(output_dir)
 

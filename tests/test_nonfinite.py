@@ -55,8 +55,8 @@ def _weights(model):
 
 
 # What an objective's only estimator needs: JustGRPO's rollout decodes left to right, one token per forward; DiPO
-# and EBPO train a block-diffusion model.
-DECODING = {"justgrpo": dict(remasking="left_to_right", diffusion_steps=8)}
+# and EBPO train a block-diffusion model; MDPO rewards predictions of the whole completion, one block.
+DECODING = {"justgrpo": dict(remasking="left_to_right", diffusion_steps=8), "mdpo": dict(block_length=8)}
 BLOCK_MODEL = {"dipo", "ebpo"}
 
 

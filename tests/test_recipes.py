@@ -42,6 +42,7 @@ def test_the_matrix_is_complete():
     assert {"recipes/dream/stabledrl_gsm8k.yaml", "recipes/sdar/stabledrl_gsm8k.yaml"} <= names
     assert "recipes/sdar/dipo_math.yaml" in names
     assert "recipes/llada2/ebpo_math.yaml" in names
+    assert "recipes/llada/mdpo_math.yaml" in names  # MDPO's one released training configuration
     assert {p.name for p in ACCELERATE} >= {"ddp.yaml", "zero2.yaml", "zero3.yaml", "zero2_cpu.yaml", "zero3_cpu.yaml"}
 
 
@@ -132,7 +133,7 @@ def recipe_value(parsed, field):
 
 def test_fidelity_tables_cover_every_algorithm():
     patterns = [pattern for pattern, _ in fidelity_tables()]
-    algorithms = ("diffu_grpo", "espo", "stabledrl", "agrpo", "justgrpo", "bgpo", "cjgrpo")
+    algorithms = ("diffu_grpo", "espo", "stabledrl", "agrpo", "justgrpo", "bgpo", "cjgrpo", "mdpo")
     assert patterns == [f"recipes/llada/{algo}_{{task}}.yaml" for algo in algorithms]
     assert all(len(rows) >= 25 for _, rows in fidelity_tables())
 
@@ -144,7 +145,8 @@ def test_fidelity_table(pattern, rows, task):
     path = ROOT / pattern.replace("{task}", task)
     if not path.exists():  # JustGRPO released GSM8K and MATH only (and code, which has no task here)
         released = {"recipes/llada/justgrpo_{task}.yaml": ("countdown", "sudoku"),  # BGPO: no GSM8K-only run
-                    "recipes/llada/bgpo_{task}.yaml": ("gsm8k",)}  # fmt: skip
+                    "recipes/llada/bgpo_{task}.yaml": ("gsm8k",),
+                    "recipes/llada/mdpo_{task}.yaml": ("gsm8k", "countdown", "sudoku")}  # MDPO: math only  # fmt: skip
         assert task in released.get(pattern, ())
         return
     parsed = parse(path)

@@ -124,12 +124,17 @@ class DiffusionGRPOConfig(MethodOptionFields, SamplerOptionFields, GRPOConfig):
         block_length (`int` or `None`, *optional*, defaults to `None`):
             Length of a semi-autoregressive block. Must divide `max_completion_length`. `None` means the largest divisor
             of `max_completion_length` that is at most 32 (d1's block), or one block spanning the
-            completion when that divisor is below 8 or the completion is at most 32 tokens.
+            completion when that divisor is below 8 or the completion is at most 32 tokens (always one block with
+            `loss_type="mdpo"`).
         remasking (`str`, *optional*, defaults to `"low_confidence"`):
             Which masked positions to commit at each step: `"low_confidence"` (highest probability of the sampled token
             first), `"random"`, `"entropy"`, `"margin"` or `"left_to_right"` (the leftmost masked positions; with
             `diffusion_steps = max_completion_length`, JustGRPO's autoregressive-order rollout). Sampling itself uses
             TRL's `temperature`, `top_k`, `top_p`, `min_p`.
+        running_confidence (`bool`, *optional*, defaults to `False`):
+            Running-confidence remasking (RCR, MDPO): a token committed earlier in the block is masked again when newer
+            candidates are more confident (docs/generation.md). Bidirectional sampler with the schedule only; not with
+            the estimators that replay the trajectory (`trajectory`, `block_steps`).
         cfg_scale (`float`, *optional*, defaults to `0.0`):
             Classifier-free guidance scale `s`: logits `u + (s + 1)(c - u)` with `u` the prompt-masked logits. `0`
             disables guidance (one forward per step).
@@ -311,6 +316,9 @@ class DiffusionGRPOConfig(MethodOptionFields, SamplerOptionFields, GRPOConfig):
         default="low_confidence",
         metadata={"help": "Positions to commit per step: low_confidence, random, entropy, margin or left_to_right."},
     )
+    running_confidence: bool = field(
+        default=False, metadata={"help": "Running-confidence remasking (RCR, MDPO): committed tokens can be remasked."}
+    )
     cfg_scale: float = field(
         default=0.0, metadata={"help": "Classifier-free guidance scale; 0 disables guidance."}
     )
@@ -466,8 +474,8 @@ class DiffusionGRPOConfig(MethodOptionFields, SamplerOptionFields, GRPOConfig):
         # Whether `block_length` was left to its default: a family with blocks of its own (DiffusionGemma's canvas)
         # then uses them, and refuses only a value the user set (`training.rollouts.check_uniform_decoding`).
         self._block_length_defaulted = self.block_length is None
-        if self.block_length is None:
-            self.block_length = default_block_length(gen_length)
+        if self.block_length is None:  # MDPO rewards predictions of the whole completion: one block
+            self.block_length = gen_length if self.records_steps else default_block_length(gen_length)
         if self.diffusion_steps is None and self.block_length >= 1 and gen_length % self.block_length == 0:
             blocks, half = gen_length // self.block_length, (gen_length + 1) // 2
             self.diffusion_steps = -(-half // blocks) * blocks
@@ -479,6 +487,11 @@ class DiffusionGRPOConfig(MethodOptionFields, SamplerOptionFields, GRPOConfig):
         objective = OBJECTIVES.get(self.loss_type)
         estimator = ESTIMATORS.get(self.estimator)
         return bool(getattr(objective, "needs_trajectory", False)) or "unmask_step" in getattr(estimator, "inputs", ())
+
+    @property
+    def records_steps(self) -> bool:
+        """Whether rollouts record every step's canvas and prediction: the objective rewards steps (MDPO)."""
+        return bool(getattr(OBJECTIVES.get(self.loss_type), "records_steps", False))
 
     @property
     def num_blocks(self) -> int:

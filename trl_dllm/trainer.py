@@ -39,7 +39,7 @@ from .models.families import training_refusal
 from .models.loading import is_native_layout
 from .nonfinite import NonFiniteGuard
 from .seeding import device_generators, sample_seeds
-from .training import checks, inputs, model_checks, model_setup, rollouts, state, trainer_inputs
+from .training import checks, inputs, model_checks, model_setup, rollouts, state, step_rewards, trainer_inputs
 from .training.collapse import CollapseGuard
 from .training.dynamic_sampling import DynamicSampling, total_rewards
 from .training.scoring import EstimationPass, Scoring
@@ -185,8 +185,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             output = super()._generate_and_score_completions(inputs)
         rollout, self._pending_rollout = self._pending_rollout, None
         canvas = rollout.completion_ids
-        if rollout.unmask_step is not None:
-            output["unmask_step"] = rollout.unmask_step
+        output |= step_rewards.rollout_fields(self, inputs, rollout)  # unmask_step; MDPO's rewarded steps
         if rollout.unmask_step is not None and self.args.step_sampling == "entropy":
             replay = self.scoring.estimator_options("trajectory", current=False)
             output["token_entropies"] = rollouts.rollout_entropies(self.model, self.model_spec, {
@@ -294,7 +293,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         objective = self.scoring.objective
         result = objective.fn(
             out.logps, (out.logps.detach() if old is None else old) if objective.uses_old else None, ref, mask,
-            inputs["advantages"], **self.scoring.objective_inputs(inputs, out, None if old is None else iteration),
+            inputs["advantages"],
+            **self.scoring.objective_inputs(inputs, out, None if old is None else iteration, ref_iteration=iteration),
             **self.scoring.objective_options(),
         )  # fmt: skip
         self._log_metrics({**result.metrics, "entropy": (out.entropies * mask).sum() / mask.sum().clamp(min=1)})

@@ -28,6 +28,12 @@ def test_every_shipped_task_greedy(tiny_model_path, tmp_path, task):
     assert all(set(s["rewards"]) == set(report["mean_rewards"]) for s in report["samples"])
 
 
+def test_running_confidence_remasking_at_inference(tiny_model_path, tmp_path):
+    # MDPO's RCR is an inference option: `trl-dllm eval --running_confidence true` decodes with it and says so.
+    report = run_eval(tiny_model_path, tmp_path, "gsm8k", "--max_samples", "2", "--running_confidence", "true")
+    assert report["decoding"]["running_confidence"] is True and report["num_samples"] == 2
+
+
 def test_pass_at_k_with_sampled_completions(tiny_model_path, tmp_path):
     report = run_eval(tiny_model_path, tmp_path, "gsm8k", "--samples_per_prompt", "3", "--eval_temperature", "1.0")
     samples = report["samples"]

@@ -208,6 +208,7 @@ def evaluate(setup: EvalSetup, eval_args: EvalArguments, args, model_args, proce
             "block_length": spec.decoding_block_length(args.block_length),
             "diffusion_steps": args.diffusion_steps,
             "remasking": args.remasking,
+            "running_confidence": args.running_confidence,
             "temperature": eval_args.eval_temperature,
             "cfg_scale": args.cfg_scale,
             "mask_token_id": spec.mask_token_id,

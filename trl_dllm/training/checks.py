@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from ..core.likelihood import BLOCK_FAMILY_ESTIMATOR, ESTIMATORS
 from ..core.methods import METHOD_OPTIONS, accepted_estimators, noise_estimator
 from ..core.objectives import OBJECTIVES
-from ..core.sampling import GENERATION_CACHES, REMASKING
+from ..core.sampling import GENERATION_CACHES, REMASKING, DecodingOptions
 from . import inputs
 from .collapse import COLLAPSE_GUARD_MODES
 from .inputs import check_field_types  # noqa: F401  (config.py calls it before TRL's __post_init__)
@@ -319,6 +319,13 @@ def _check_generation(args):
         )
     if args.generation_chunk_size is not None and args.generation_chunk_size < 1:
         raise ValueError(f"generation_chunk_size={args.generation_chunk_size} must be >= 1 or None.")
+    if getattr(args, "running_confidence", False):  # RCR: the sampler's own refusals, before training
+        if args.generation_cache != "none":
+            raise ValueError(f"running_confidence=True is built for generation_cache='none', not {args.generation_cache!r}.")
+        DecodingOptions(mask_token_id=0, gen_length=gen_length, diffusion_steps=args.diffusion_steps,
+                        block_length=args.block_length, confidence_threshold=args.confidence_threshold,
+                        running_confidence=True, return_trajectory=getattr(args, "records_trajectory", False),
+                        compile=bool(args.generation_compile))  # fmt: skip
 
 
 def _check_whole_groups(args):

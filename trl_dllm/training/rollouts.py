@@ -21,6 +21,7 @@ from ..core.sampling import (
     generate_block_causal,
     generate_cached,
 )
+from ..core.sampling.running_confidence import StepRecord
 from ..core.sampling.schedules import schedule_fields
 from ..models import ModelSpec, model_logits_fn, require_attention
 from .model_checks import check_block_guidance, check_cache_model, compiled_step_refusal
@@ -105,17 +106,21 @@ def decoding_plan(
     eos_token_ids: Sequence[int],
     temperature: float | None = None,
     return_trajectory: bool = False,
+    record_steps: bool = False,
 ) -> DecodingPlan:
     """The [`DecodingPlan`] of a `DiffusionGRPOConfig` (or any object with its decoding fields): :func:`plan_decoding`
     with the config's fields. The family's own decoding finishes a last block that ends past `max_completion_length`
     and cuts it; a rollout whose trajectory is recorded is replayed (`trajectory`, `block_steps`) from the completion
-    alone, which lacks the cut tokens its steps saw: it stops at `max_completion_length`."""
+    alone, which lacks the cut tokens its steps saw: it stops at `max_completion_length`. `record_steps`: every
+    step's canvas and prediction too (MDPO's intermediate rewards)."""
     fields = {
         "mask_token_id": spec.mask_token_id,
         "gen_length": args.max_completion_length,
         "diffusion_steps": args.diffusion_steps,
         "block_length": args.block_length,
         "remasking": args.remasking,
+        **({"running_confidence": True} if getattr(args, "running_confidence", False) else {}),
+        **({"record_steps": True} if record_steps else {}),
         "confidence_threshold": args.confidence_threshold,
         "eos_token_ids": list(eos_token_ids),
         "eos_early_exit": args.eos_early_exit,
@@ -167,6 +172,7 @@ class Rollout:
     completion_ids: torch.Tensor  # (B, L)
     unmask_step: torch.Tensor | None  # (B, L) or None
     row_forwards: int
+    steps: StepRecord | None = None  # every step (`record_steps`)
 
 
 def generate_rollouts(
@@ -181,9 +187,12 @@ def generate_rollouts(
     return_trajectory: bool,
 ) -> Rollout:
     """Decode left-padded prompts `(B, P)` as `args` says, `args.generation_chunk_size` rows per sampler call, row `b`
-    drawing its noise from `generators[b]` (so a row's completion does not depend on its chunk)."""
+    drawing its noise from `generators[b]` (so a row's completion does not depend on its chunk); every step recorded
+    when the objective rewards steps (`args.records_steps`, MDPO)."""
+    record_steps = bool(getattr(args, "records_steps", False))
     chunk = args.generation_chunk_size or input_ids.size(0)
-    plan = decoding_plan(model, spec, args, eos_token_ids=eos_token_ids, return_trajectory=return_trajectory)
+    plan = decoding_plan(model, spec, args, eos_token_ids=eos_token_ids, return_trajectory=return_trajectory,
+                         record_steps=record_steps)  # fmt: skip
     outputs = [
         plan(input_ids[start : start + chunk], attention_mask[start : start + chunk], generators[start : start + chunk])
         for start in range(0, input_ids.size(0), chunk)
@@ -192,6 +201,7 @@ def generate_rollouts(
         completion_ids=torch.cat([out.completion_ids for out in outputs]),
         unmask_step=torch.cat([out.unmask_step for out in outputs]) if return_trajectory else None,
         row_forwards=sum(out.num_row_forwards for out in outputs),  # a forward of B rows counts B
+        steps=StepRecord.cat([out.steps for out in outputs]) if record_steps else None,
     )
 
 

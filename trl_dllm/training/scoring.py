@@ -186,11 +186,13 @@ class Scoring:
         row_chunk: int,
     ) -> dict[str, torch.Tensor]:
         """`old_logps` / `ref_logps` of shape `(B, iterations, L)`, one slice per inner iteration, with that iteration's
-        seeds, and `old_<field>` `(B, iterations, ...)` for each of the objective's `old_fields`. No old pass for an
+        seeds, and `old_<field>` / `ref_<field>` `(B, iterations, ...)` for each of the objective's `old_fields` /
+        `ref_fields`. No old pass for an
         objective that reads no old log-probs; the old slice of an on-policy first iteration is not computed (NaN; the
         loss uses the detached current estimate). `reference()` is a context yielding the reference model."""
         olds, refs = [], []
         old_fields = self.objective.old_fields if self.objective is not None else ()
+        ref_fields = self.objective.ref_fields if self.objective is not None else ()
         for it in range(iterations):
             seeds = batch["mc_seeds"][:, it]
             if self.uses_old:
@@ -202,27 +204,31 @@ class Scoring:
             if beta != 0.0:
                 with reference() as ref:
                     seeds_ref = self.pass_seeds(seeds, "ref", step)
-                    refs.append(self.estimate(ref, batch, seeds_ref, current=False, row_chunk=row_chunk)[0].logps)
+                    refs.append(self.estimate(ref, batch, seeds_ref, current=False, row_chunk=row_chunk)[0])
         out = {}
         if any(old is not None for old in olds):
             computed = next(old for old in olds if old is not None)
             for name in ("logps", *old_fields):
                 nan = torch.full_like(getattr(computed, name), float("nan"))
                 out[f"old_{name}"] = torch.stack([nan if o is None else getattr(o, name) for o in olds], dim=1)
-        if refs:
-            out["ref_logps"] = torch.stack(refs, dim=1)
+        for name in ("logps", *ref_fields) if refs else ():
+            out[f"ref_{name}"] = torch.stack([getattr(r, name) for r in refs], dim=1)
         return out
 
-    def objective_inputs(self, batch: dict, output: LikelihoodOutput, iteration: int | None = None) -> dict:
+    def objective_inputs(self, batch: dict, output: LikelihoodOutput, iteration: int | None = None,
+                         ref_iteration: int = 0) -> dict:  # fmt: skip
         """The objective's declared batch inputs and estimator-output fields, by keyword, and its `old_fields` as
         `old_<field>`: the old pass's slice of inner iteration `iteration`, or with `iteration=None` (on-policy: the
-        weights that generated) the current field, detached."""
+        weights that generated) the current field, detached; its `ref_fields` as `ref_<field>`, the reference pass's
+        slice of inner iteration `ref_iteration` (`None` without a reference pass, `beta = 0`)."""
         inputs = {name: batch[name] for name in self.objective.inputs}
         inputs |= {name: getattr(output, name, None) for name in self.objective.estimate_fields}
         for name in self.objective.old_fields:
             current = getattr(output, name, None)
             old = None if iteration is None else batch[f"old_{name}"][:, iteration]
             inputs[f"old_{name}"] = old if old is not None else (None if current is None else current.detach())
+        for name in self.objective.ref_fields:
+            inputs[f"ref_{name}"] = batch[f"ref_{name}"][:, ref_iteration] if f"ref_{name}" in batch else None
         return inputs
 
 

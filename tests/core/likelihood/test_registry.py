@@ -70,7 +70,9 @@ def test_flags():
     assert {name for name, entry in ESTIMATORS.items() if entry.block_causal} == {"block", "trajectory", "block_steps"}
     assert ESTIMATORS["trajectory"].inputs == ("unmask_step", "token_entropies")
     assert ESTIMATORS["block_steps"].inputs == ("unmask_step",)
-    assert {name for name, entry in ESTIMATORS.items() if entry.inputs} == {"trajectory", "block_steps"}
+    assert ESTIMATORS["step_predictions"].inputs == ("mdpo_canvases", "mdpo_targets")
+    assert {name for name, entry in ESTIMATORS.items() if entry.inputs} == {"trajectory", "block_steps",
+                                                                            "step_predictions"}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))

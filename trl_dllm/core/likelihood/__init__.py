@@ -1,7 +1,7 @@
 """Sequence log-likelihood estimators for masked diffusion language models, and their registry.
 
 One module per estimator (:mod:`.mean_field`, :mod:`.elbo`, :mod:`.coupled`, :mod:`.spg`, :mod:`.block`,
-:mod:`.trajectory`, :mod:`.left_to_right`, :mod:`.block_steps`, :mod:`.uniform_block`), each with its formula in its docstring; the view drawing and scoring they share, the notation
+:mod:`.trajectory`, :mod:`.left_to_right`, :mod:`.block_steps`, :mod:`.uniform_block`, :mod:`.step_predictions`), each with its formula in its docstring; the view drawing and scoring they share, the notation
 and the randomness / memory contract are in :mod:`._views`. Every estimator is called as
 ``fn(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, *, mask_token_id, seeds, **options)`` and
 returns per-token contributions (a [`LikelihoodOutput`]); [`ESTIMATORS`] describes what each one takes and returns,
@@ -34,6 +34,7 @@ from .elbo import ELBO_COUNTS, ELBO_COUNTS_OPTION, MASKS_PER_TIMESTEP, check_all
 from .left_to_right import check_left_to_right_rollout, left_to_right, left_to_right_views
 from .mean_field import mean_field, mean_field_views
 from .spg import RETURN_EUBO, SPG_BETA, SPGOutput, spg_bounds, spg_views
+from .step_predictions import StepPredictionOutput, step_predictions, step_predictions_views
 from .trajectory import (
     STEP_SAMPLES,
     STEP_SAMPLING_OPTION,
@@ -52,6 +53,7 @@ __all__ = [
     "Estimator",
     "LikelihoodOutput",
     "SPGOutput",
+    "StepPredictionOutput",
     "TrajectoryOutput",
     "block",
     "block_steps",
@@ -61,6 +63,7 @@ __all__ = [
     "left_to_right",
     "mean_field",
     "spg_bounds",
+    "step_predictions",
     "trajectory",
     "trajectory_entropies",
     "uniform_block",
@@ -201,6 +204,12 @@ ESTIMATORS: dict[str, Estimator] = {
         options=(BLOCK_LENGTH, MC_SAMPLES, P_MASK_PROMPT, SPG_BETA, MC_BATCH_SIZE, *MEMORY, RETURN_EUBO),
         output_fields=("eubo_logps",),
         mc_weighted=True,  # n / |M_j|
+    ),
+    "step_predictions": Estimator(
+        step_predictions, "MDPO: the rollout's one-shot predictions at recorded steps; `loss_type=\"mdpo\"` only",
+        step_predictions_views, options=(STEP_SAMPLES, *SAMPLING, MC_BATCH_SIZE, *MEMORY),
+        inputs=("mdpo_canvases", "mdpo_targets"), output_fields=("step_logps", "step_mask"),
+        step_logprobs=True, replays_rollout=True,
     ),
     "uniform_block": Estimator(
         uniform_block, "DiffusionGemma's per-block uniform-noise SFT surrogate (uniform-noise families only)",

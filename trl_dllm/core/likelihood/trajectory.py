@@ -48,8 +48,10 @@ __all__ = [
 STEP_SAMPLING = ("stratified", "entropy")
 STEP_SAMPLES = Option(
     "step_samples", "step_samples", 8, "int",
-    help="trajectory estimator: steps sampled per sequence.",
-    doc="For the `\"trajectory\"` estimator (AGRPO): denoising steps sampled per sequence from its rollout.",
+    help="trajectory / step_predictions estimators: denoising steps scored per sequence.",
+    doc="For the `\"trajectory\"` estimator (AGRPO): denoising steps sampled per sequence from its rollout; for "
+    "`\"step_predictions\"` (MDPO's `sample_train_steps`): the recorded steps each rollout trains on, those with the "
+    "largest advantages.",
     check=at_least(1),
 )  # fmt: skip
 STEP_SAMPLING_OPTION = Option(

@@ -7,6 +7,7 @@
 - `dipo` (DiPO, DiRL): per-token PPO on the step-level likelihood of block-diffusion rollouts, token mean.
 - `ebpo` (EBPO, LLaDA2.1): ESPO's clipped sequence ratio on the block ELBO of block-diffusion models, not normalised.
 - `justgrpo` (JustGRPO): per-token PPO on the exact left-to-right likelihood, normalised by `L · N`.
+- `mdpo` (MDPO): per-token PPO on the one-shot predictions of recorded denoising steps, with a reward per step.
 - `spg` (SPG) and `wd1` (wd1): weighted likelihoods without an importance ratio (no old policy).
 - `_common`: what they share (`ObjectiveOutput`, `sequence_logps`, `kl_divergence`, group weights, the clamped
   log-ratio, `sandwich`, `ratio_metrics`) and the notation `S_i`, `L_i`, `S̄_i`.
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 from ..options import Option
 from ._common import (
+    BETA,
     KL,
     KL_ESTIMATORS,
     LOG_RATIO_CLAMP,
@@ -48,6 +50,7 @@ from .dipo import DIPO_LOG_RATIO_CLAMP, dipo
 from .ebpo import ebpo
 from .espo import espo
 from .justgrpo import justgrpo
+from .mdpo import check_mdpo, mdpo
 from .spg import spg
 from .stabledrl import CLIP_HIGH, CLIP_LOW, check_clip_bounds, stabledrl
 from .wd1 import wd1
@@ -70,6 +73,7 @@ __all__ = [
     "group_softmax",
     "justgrpo",
     "kl_divergence",
+    "mdpo",
     "ratio_metrics",
     "sandwich",
     "sequence_logps",
@@ -104,6 +108,9 @@ class Objective:
             takes from the old-policy pass, by keyword `old_<field>` (BGPO's `old_sample_estimates`: one value per MC
             sample, where `old_logps` holds only their mean). The trainer keeps them from the old pass, one slice per
             inner iteration, and passes the current field detached when the iteration is on-policy.
+        ref_fields (`tuple[str, ...]`, *optional*, defaults to `()`): fields of the estimator's output `fn` also
+            takes from the reference pass (when `beta != 0`), by keyword `ref_<field>` (`None` without one); MDPO's
+            per-step `step_logps`, where `ref_logps` holds only their sum.
         uses_old (`bool`, *optional*, defaults to `True`): `fn` reads `old_logps` (an importance ratio). With `False`
             the trainer runs no old-policy pass and passes `old_logps=None`.
         needs_trajectory (`bool`, *optional*, defaults to `False`): the rollout must record its trajectory
@@ -118,6 +125,9 @@ class Objective:
             micro-batch (`whole_group_batches`, on by default for these objectives).
         block_model_only (`bool`, *optional*, defaults to `False`): its paper defines it for block-diffusion models
             (EBPO's block ELBO of LLaDA2.x / SDAR): the trainer refuses a model of another family, with the fix.
+        records_steps (`bool`, *optional*, defaults to `False`): the rollout records every step's canvas and one-shot
+            prediction, the trainer rewards each step and keeps the selected steps in the batch
+            (`trl_dllm.training.step_rewards`; MDPO).
         check (`Callable[[object], str | None]`, *optional*): a check across the values of its own options, called
             with the config at construction whatever the loss type (like each option's own check: a wrong value is
             refused even where the run does not read it): what is wrong and what to set, or `None` (StableDRL: a
@@ -130,10 +140,12 @@ class Objective:
     inputs: tuple[str, ...] = ()
     estimate_fields: tuple[str, ...] = ()
     old_fields: tuple[str, ...] = ()
+    ref_fields: tuple[str, ...] = ()
     uses_old: bool = True
     needs_trajectory: bool = False
     whole_groups: bool = False
     block_model_only: bool = False
+    records_steps: bool = False
     check: Callable[[object], str | None] | None = None
 
     @property
@@ -143,8 +155,10 @@ class Objective:
 
     @property
     def keywords(self) -> tuple[str, ...]:
-        """Every keyword `fn` takes: the options' names, `inputs`, `estimate_fields` and `old_<field>` of `old_fields`."""
-        return self.option_names + self.inputs + self.estimate_fields + tuple(f"old_{name}" for name in self.old_fields)
+        """Every keyword `fn` takes: the options' names, `inputs`, `estimate_fields`, `old_<field>` of `old_fields`
+        and `ref_<field>` of `ref_fields`."""
+        fields = tuple(f"old_{name}" for name in self.old_fields) + tuple(f"ref_{name}" for name in self.ref_fields)
+        return self.option_names + self.inputs + self.estimate_fields + fields
 
 
 OBJECTIVES: dict[str, Objective] = {
@@ -175,6 +189,11 @@ OBJECTIVES: dict[str, Objective] = {
     ),
     "dipo": Objective(
         dipo, ("block_steps",), options=(*PPO_CLIP, *KL), inputs=("unmask_step",), whole_groups=True
+    ),
+    "mdpo": Objective(
+        mdpo, ("step_predictions",), options=(*PPO_CLIP, BETA), inputs=("mdpo_logprobs", "mdpo_advantages"),
+        estimate_fields=("step_logps", "step_mask"), ref_fields=("step_logps",), uses_old=False, records_steps=True,
+        check=check_mdpo,
     ),
     "ebpo": Objective(ebpo, ("block",), options=(*PPO_CLIP, *KL), block_model_only=True),
     "justgrpo": Objective(justgrpo, ("left_to_right",), options=(*PPO_CLIP, *KL), whole_groups=True),

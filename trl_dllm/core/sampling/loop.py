@@ -26,6 +26,7 @@ from .graphs import compile_once, picked, static_forward
 from .noise import KeyedNoise, RowStreams, entry_keys
 from .options import DecodingOptions
 from .remasking import REMASKING, Noise, sample_tokens, sampling_log_probs, select_above, select_top
+from .running_confidence import StepRecord, StepRecorder, commit_running
 from .schedules import reject_eos, step_counts
 
 __all__ = [
@@ -67,6 +68,7 @@ class GenerationOutput:
             Sum over those calls of the number of rows whose logits were used (``B`` per call unless rows had nothing
             to commit in the block or were finished by EOS early exit; CFG's copy is not counted). The KV-cache path
             of block-causal generation also forwards unfinished rows that wait for the others; they are not counted.
+        steps (`StepRecord` or `None`): every step's canvas and prediction, only with ``record_steps=True``.
     """
 
     sequences: torch.Tensor
@@ -75,6 +77,7 @@ class GenerationOutput:
     logprobs: torch.Tensor | None
     num_forwards: int
     num_row_forwards: int = 0
+    steps: StepRecord | None = None
 
     @property
     def forwards_per_token(self) -> float:
@@ -91,6 +94,7 @@ class _StepResult:
     tokens: torch.Tensor  # (b, K) sampled token at every masked block position (0 elsewhere)
     commit: torch.Tensor  # (b, K) bool, positions committed this step (a subset of the masked ones)
     logprobs: torch.Tensor  # (b, K) float32, log q(tokens)
+    confidence: torch.Tensor  # (b, K) the remasking confidence of the sampled tokens (-inf where not masked)
 
 
 def _choose(
@@ -134,6 +138,7 @@ def _choose(
         tokens=_scatter(flat_tokens, index, masked.shape, 0),
         commit=commit,
         logprobs=_scatter(flat_logprobs, index, masked.shape, 0.0),
+        confidence=confidence,
     )
 
 
@@ -154,15 +159,23 @@ def _step(
     start: int,
     end: int,
     step: int,
+    recorder: StepRecorder | None = None,
 ) -> torch.Tensor:
     """Everything a denoising step does after the forward, on the decoding state's tensors (``canvas``,
     ``unmask_step``, ``logprobs`` of :class:`DecodingState`, written in place): choose (:func:`_choose`, on the
     ``rows``' masked positions ``row_masked`` of window ``[start, end)``, ``flat`` their flat indices), commit
     (:func:`_commit`, numbered ``step``), EOS early exit (:func:`_exit_finished_rows`, with ``eos`` the EOS ids or
-    ``None``), and return the window's masked positions after it `(B, end - start)` (:func:`_window_masked`)."""
+    ``None``), and return the window's masked positions after it `(B, end - start)` (:func:`_window_masked`).
+    ``recorder``: the step record and running-confidence remasking (:mod:`.running_confidence`), eager only."""
     result = _choose(logits, row_masked, num_transfer, opts, noise, index=flat, max_transfer=max_transfer, step=step)
     prompt_length = canvas.shape[1] - unmask_step.shape[1]
-    _commit(canvas, unmask_step, logprobs, rows, start, end, result, step)
+    if recorder is not None and recorder.steps is not None:
+        recorder.record(canvas[:, prompt_length:], rows, start, end, row_masked, result.tokens, result.logprobs)
+    if recorder is not None and recorder.running is not None:
+        commit_running(canvas, unmask_step, logprobs, recorder.running, rows, start, end, result, row_masked,
+                       num_transfer, step, opts.mask_token_id)  # fmt: skip
+    else:
+        _commit(canvas, unmask_step, logprobs, rows, start, end, result, step)
     if eos is not None:
         _exit_finished_rows(canvas[:, prompt_length:], opts.mask_token_id, eos, int(opts.eos_token_ids[0]))
     return _window_masked(canvas, prompt_length, opts.mask_token_id, start, end, member)
@@ -248,6 +261,7 @@ class DecodingState:
         early_exit, eos_ids = opts.eos_early_exit, opts.eos_token_ids
         self.eos = torch.tensor(list(eos_ids), device=input_ids.device) if early_exit else None
         self.num_forwards = self.num_row_forwards = 0
+        self.recorder = StepRecorder.for_options(opts, batch, length, input_ids.device)
 
     @property
     def completion(self) -> torch.Tensor:
@@ -265,6 +279,7 @@ class DecodingState:
             logprobs=self.logprobs[:, : end - self.prompt_length] if self.return_trajectory else None,
             num_forwards=self.num_forwards,
             num_row_forwards=self.num_row_forwards,
+            steps=None if self.recorder is None else self.recorder.output(end - self.prompt_length),
         )
 
 
@@ -448,7 +463,7 @@ def decode_blocks(
                         masked = compiled(logits, *tensors, streams, opts, start, end, step_id)
                 else:
                     keys = None if noise is None else noise.keys(rows, start, end, flat)
-                    masked = _step(logits, *tensors, keys, opts, start, end, step_id)
+                    masked = _step(logits, *tensors, keys, opts, start, end, step_id, state.recorder)
                 if read_every_step:
                     next_masked = None if upcoming is None else _state_masked(state, *upcoming)
                     counts = _HostCounts(state, masked, next_masked)

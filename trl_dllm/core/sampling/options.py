@@ -53,6 +53,14 @@ class DecodingOptions:
         eos_early_exit (`bool`, *optional*, defaults to `False`): stop decoding rows that are finished (their first
             EOS committed, nothing masked before it); needs ``eos_token_ids``.
         return_trajectory (`bool`, *optional*, defaults to `False`): also return ``unmask_step`` and ``logprobs``.
+        running_confidence (`bool`, *optional*, defaults to `False`): running-confidence remasking (RCR, MDPO): a
+            committed token of the current block is masked again when newer candidates are more confident
+            (:mod:`~trl_dllm.core.sampling.running_confidence`). Scheduled decoding, bidirectional
+            :func:`~trl_dllm.core.sampling.generate` only, eager; not with ``return_trajectory`` (a trajectory
+            replay would score steps that never happened).
+        record_steps (`bool`, *optional*, defaults to `False`): also return every step's canvas, one-shot prediction
+            of the completion and its log-probs (``GenerationOutput.steps``; MDPO's intermediate rewards).
+            Bidirectional :func:`~trl_dllm.core.sampling.generate` only, eager.
         compile (`bool`, *optional*, defaults to `False`): run everything a denoising step does after its forward
             (softmax, the keyed noise, sampling, confidence, selection, the commit, EOS early exit) compiled by
             ``torch.compile`` (:func:`~trl_dllm.core.sampling.graphs.compile_once`): Inductor fuses it into a few
@@ -82,6 +90,8 @@ class DecodingOptions:
     eos_token_ids: Sequence[int] | None = None
     eos_early_exit: bool = False
     return_trajectory: bool = False
+    running_confidence: bool = False
+    record_steps: bool = False
     compile: bool = False
     eos_min_gamma: float | None = None
     eos_max_gamma: float = 1.0
@@ -115,6 +125,7 @@ class DecodingOptions:
         )  # fmt: skip
         if problem is not None:
             raise ValueError(problem)
+        self._check_steps()
         if self.eos_early_exit and not self.eos_token_ids:
             raise ValueError(
                 "eos_early_exit=True needs eos_token_ids (the ids that end a completion; the first fills)."
@@ -141,6 +152,28 @@ class DecodingOptions:
                     "confidence_threshold needs a confidence in [0, 1], but remasking='entropy' scores -H <= 0: use "
                     "remasking='low_confidence' (Fast-dLLM) or 'margin' with threshold decoding."
                 )
+
+    def _check_steps(self) -> None:
+        """Running-confidence remasking and the step record."""
+        used = [name for name in ("running_confidence", "record_steps") if getattr(self, name)]
+        if self.running_confidence and self.confidence_threshold is not None:
+            raise ValueError(
+                f"running_confidence=True keeps the schedule's count of masked positions after each step; threshold "
+                f"decoding (confidence_threshold={self.confidence_threshold}) has no schedule: set one of them off."
+            )
+        if self.running_confidence and self.return_trajectory:
+            raise ValueError(
+                "running_confidence=True masks committed tokens again, so a step's canvas is no longer given by "
+                "unmask_step and a trajectory replay (the 'trajectory' / 'block_steps' estimators, AGRPO, DiPO) would "
+                "score steps that never happened: set running_confidence=False or return_trajectory=False."
+            )
+        if used and self.compile:
+            raise ValueError(f"{used[0]}=True runs the eager step only: set compile=False (generation_compile).")
+        if used and type(self) is not DecodingOptions:
+            raise ValueError(
+                f"{used[0]}=True is built for the bidirectional sampler (generate) only, not {type(self).__name__}: "
+                "decode without generation_cache, on a bidirectional model."
+            )
 
     def _check_no_guidance(self, sampler: str) -> None:
         if self.cfg_scale != 0:
