@@ -24,6 +24,7 @@ from ..core.sampling import (
 from ..models import ModelSpec, model_logits_fn, require_attention
 from .diffusion_gemma_rollouts import diffusion_gemma_options, generate_diffusion_gemma
 from .model_checks import check_block_guidance, check_cache_model, compiled_step_refusal
+from .tree_rollouts import branching
 
 
 def sampling_distribution(args, temperature: float | None = None) -> dict:
@@ -180,6 +181,7 @@ def generate_rollouts(
     """Decode left-padded prompts `(B, P)` as `args` says, `args.generation_chunk_size` rows per sampler call, row `b`
     drawing its noise from `generators[b]` (so a row's completion does not depend on its chunk)."""
     chunk = args.generation_chunk_size or input_ids.size(0)
+    generators = branching(args, generators, input_ids.device)  # d-TreeRPO: a group decoded as one tree
     plan = decoding_plan(model, spec, args, eos_token_ids=eos_token_ids, return_trajectory=return_trajectory)
     outputs = [
         plan(input_ids[start : start + chunk], attention_mask[start : start + chunk], generators[start : start + chunk])

@@ -3,6 +3,7 @@
 - `espo` (ESPO) and `stabledrl` (StableDRL): sequence-level importance ratios of the estimated likelihood.
 - `bgpo` (BGPO): a lower bound of ESPO-style clipped ELBO ratios that is linear in the Monte Carlo samples.
 - `agrpo` (AGRPO): per-token PPO over the denoising steps the `trajectory` estimator samples.
+- `dtreerpo` (d-TreeRPO): per-token PPO on tree rollouts, each segment with its node's advantage from the leaves.
 - `dipo` (DiPO, DiRL): per-token PPO on the step-level likelihood of block-diffusion rollouts, token mean.
 - `justgrpo` (JustGRPO): per-token PPO on the exact left-to-right likelihood, normalised by `L · N`.
 - `spg` (SPG) and `wd1` (wd1): weighted likelihoods without an importance ratio (no old policy).
@@ -41,7 +42,9 @@ from ._common import (
 )
 from .agrpo import STEP_NORMALIZATION, STEP_NORMALIZATIONS, agrpo
 from .bgpo import DUAL_CLIP, bgpo
+from ..sampling.tree import TREE_OPTIONS
 from .dipo import DIPO_LOG_RATIO_CLAMP, dipo
+from .dtreerpo import check_tree, dtreerpo, tree_advantages
 from .espo import espo
 from .justgrpo import justgrpo
 from .spg import spg
@@ -59,6 +62,7 @@ __all__ = [
     "agrpo",
     "bgpo",
     "dipo",
+    "dtreerpo",
     "espo",
     "group_normalised_weights",
     "group_softmax",
@@ -69,6 +73,7 @@ __all__ = [
     "sequence_logps",
     "spg",
     "stabledrl",
+    "tree_advantages",
     "wd1",
 ]
 
@@ -162,6 +167,10 @@ OBJECTIVES: dict[str, Objective] = {
     ),
     "dipo": Objective(
         dipo, ("block_steps",), options=(*PPO_CLIP, *KL), inputs=("unmask_step",), whole_groups=True
+    ),
+    "dtreerpo": Objective(
+        dtreerpo, ("tree_segments",), options=(*TREE_OPTIONS, *PPO_CLIP, *KL), inputs=("group_ids", "group_rank"),
+        estimate_fields=("segments",), whole_groups=True, check=check_tree,
     ),
     "justgrpo": Objective(justgrpo, ("left_to_right",), options=(*PPO_CLIP, *KL), whole_groups=True),
     "spg": Objective(
