@@ -31,7 +31,7 @@ def parse(path: Path):
 
 def test_the_matrix_is_complete():
     names = {rel(p) for p in RECIPES}
-    for algo in ("diffu_grpo", "espo", "stabledrl", "agrpo"):
+    for algo in ("diffu_grpo", "espo", "stabledrl", "agrpo", "dtreerpo"):
         for task in TASK_NAMES:
             assert f"recipes/llada/{algo}_{task}.yaml" in names
     assert {"recipes/llada/stabledrl_gsm8k_lora.yaml", "recipes/llada/stabledrl_gsm8k_crn.yaml"} <= names
@@ -111,7 +111,7 @@ def recipe_value(parsed, field):
 
 def test_fidelity_tables_cover_every_algorithm():
     patterns = [pattern for pattern, _ in fidelity_tables()]
-    algorithms = ("diffu_grpo", "espo", "stabledrl", "agrpo", "justgrpo", "bgpo")
+    algorithms = ("diffu_grpo", "espo", "stabledrl", "agrpo", "justgrpo", "bgpo", "dtreerpo")
     assert patterns == [f"recipes/llada/{algo}_{{task}}.yaml" for algo in algorithms]
     assert all(len(rows) >= 25 for _, rows in fidelity_tables())
 

@@ -2,11 +2,10 @@
 
 import pytest
 import torch
+from test_trainer import distinct_tokens_reward, make_args, make_dataset, train_and_check
 
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 from trl_dllm.core.sampling import tree_nodes
-
-from test_trainer import distinct_tokens_reward, make_args, make_dataset, train_and_check
 
 # A tree of 2 x 2 leaves over 4 diffusion steps: rows branch at step 0 (root) and step 2.
 TREE = dict(loss_type="dtreerpo", dtreerpo_root_branches=2, dtreerpo_branch_factor=2, dtreerpo_depth=2,

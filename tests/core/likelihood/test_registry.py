@@ -70,7 +70,8 @@ def test_flags():
     assert {name for name, entry in ESTIMATORS.items() if entry.block_causal} == {"block", "trajectory", "block_steps"}
     assert ESTIMATORS["trajectory"].inputs == ("unmask_step", "token_entropies")
     assert ESTIMATORS["block_steps"].inputs == ("unmask_step",)
-    assert {name for name, entry in ESTIMATORS.items() if entry.inputs} == {"trajectory", "block_steps"}
+    assert ESTIMATORS["tree_segments"].inputs == ("unmask_step",)
+    assert {name for name, entry in ESTIMATORS.items() if entry.inputs} == {"trajectory", "block_steps", "tree_segments"}
 
 
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))

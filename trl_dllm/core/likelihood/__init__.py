@@ -1,7 +1,8 @@
 """Sequence log-likelihood estimators for masked diffusion language models, and their registry.
 
 One module per estimator (:mod:`.mean_field`, :mod:`.elbo`, :mod:`.coupled`, :mod:`.spg`, :mod:`.block`,
-:mod:`.trajectory`, :mod:`.left_to_right`, :mod:`.block_steps`, :mod:`.tree_segments`, :mod:`.uniform_block`), each with its formula in its docstring; the view drawing and scoring they share, the notation
+:mod:`.trajectory`, :mod:`.left_to_right`, :mod:`.block_steps`, :mod:`.tree_segments`,
+:mod:`.uniform_block`), each with its formula in its docstring; the view drawing and scoring they share, the notation
 and the randomness / memory contract are in :mod:`._views`. Every estimator is called as
 ``fn(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, *, mask_token_id, seeds, **options)`` and
 returns per-token contributions (a [`LikelihoodOutput`]); [`ESTIMATORS`] describes what each one takes and returns,

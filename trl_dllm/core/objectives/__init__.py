@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..options import Option
+from ..sampling.tree import TREE_OPTIONS
 from ._common import (
     KL,
     KL_ESTIMATORS,
@@ -42,7 +43,6 @@ from ._common import (
 )
 from .agrpo import STEP_NORMALIZATION, STEP_NORMALIZATIONS, agrpo
 from .bgpo import DUAL_CLIP, bgpo
-from ..sampling.tree import TREE_OPTIONS
 from .dipo import DIPO_LOG_RATIO_CLAMP, dipo
 from .dtreerpo import check_tree, dtreerpo, tree_advantages
 from .espo import espo

@@ -1,4 +1,4 @@
-"""d-TreeRPO: tree-structured rollouts with step-wise advantages ([arXiv 2512.09675](https://huggingface.co/papers/2512.09675)).
+"""d-TreeRPO: tree rollouts with step-wise advantages ([arXiv 2512.09675](https://huggingface.co/papers/2512.09675)).
 
 A group is one tree (:mod:`trl_dllm.core.sampling.tree`): its ``G`` rows are the leaves, row ``b``'s node at depth
 ``k + 1`` is ``n_k(b)``, and level ``k`` of the row is the transition from its node at depth ``k`` (the parent) to
@@ -22,8 +22,8 @@ TRL's advantages ``A_b = r_b − mean_group r`` (``scale_rewards="none"``) give 
     loss = −Σ_{b,k} ω_{b,k} ℓ_{b,k} / Σ_{b,k} ω_{b,k},    ω_{b,k} = 1 / |leaves(n_k(b))|
 
 A node's segment is the same transition in each of its ``|leaves|`` rows (they share it), so ``ω`` counts it once:
-the loss is the mean over the tree's nodes of their segments' token-mean surrogate, as d-TreeRPO averages its
-segments. ``KL_j = kl_divergence`` of the token (k3 by default: the released code's), no ``ρ`` factor.
+the loss is the mean over the tree's nodes of their segments' token-mean surrogate (a node's rows hold identical
+copies of it; their mean is taken), as d-TreeRPO averages its segments. ``KL_j = kl_divergence`` of the token (k3 by default: the released code's), no ``ρ`` factor.
 """
 
 from __future__ import annotations
