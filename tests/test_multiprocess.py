@@ -438,6 +438,8 @@ def objective_run(name: str, output_dir: Path, processes: int) -> list[dict]:
              "--gradient_accumulation_steps", str(2 // processes)]  # fmt: skip
     if estimator == "left_to_right":  # one token per forward, left to right: the rollout's exact likelihood
         flags += ["--block_length", "1", "--diffusion_steps", "8"]
+    if name == "dtreerpo":  # a group of 2 is a one-level tree of 2 leaves
+        flags += ["--dtreerpo_root_branches", "2", "--dtreerpo_depth", "1"]
     launch(torchrun(processes), recipe, os.environ["TRL_DLLM_TINY_MODEL"], output_dir, *flags, processes=processes)
     return step_logs(output_dir)
 
