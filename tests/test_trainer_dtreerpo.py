@@ -1,5 +1,7 @@
 """d-TreeRPO end to end on the embedded tiny model: each group decoded as one tree, two training steps."""
 
+import math
+
 import pytest
 import torch
 from test_trainer import distinct_tokens_reward, make_args, make_dataset, train_and_check
@@ -52,3 +54,16 @@ def test_dtreerpo_refuses_a_group_that_is_not_its_tree(tmp_path):
         make_args(tmp_path, **TREE, confidence_threshold=0.5)
     with pytest.raises(ValueError, match="dtreerpo_branch_factor=1"):
         DiffusionGRPOConfig(output_dir=str(tmp_path), **{**TREE, "dtreerpo_branch_factor": 1}, use_cpu=True)
+
+
+def test_dtreerpo_self_distillation_follows_the_training_progress(tmp_path, tiny_model_path):
+    """λ(t) is 0 at the first rollout (t = 0) and positive at the second (t/T = 1/2 of max_steps=2)."""
+    args = make_args(tmp_path, **TREE, dtreerpo_distill_lambda=0.5)
+    trainer = DiffusionGRPOTrainer(
+        model=tiny_model_path, reward_funcs=distinct_tokens_reward, args=args, train_dataset=make_dataset()
+    )
+    history = train_and_check(trainer)
+    lambdas = [log["tree/distill_lambda"] for log in history if "tree/distill_lambda" in log]
+    assert lambdas[0] == 0.0 and lambdas[-1] == pytest.approx(0.5 * (math.e - 1) / (math.e**2 - 1))
+    with pytest.raises(ValueError, match="max_steps"):
+        make_args(tmp_path, **TREE, dtreerpo_distill_lambda=0.5, max_steps=-1)

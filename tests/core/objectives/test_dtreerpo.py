@@ -1,6 +1,8 @@
 """d-TreeRPO (`trl_dllm.core.objectives.dtreerpo`): tree credit on a hand-built tree; the loss against a loop
 reference under autograd."""
 
+import math
+
 import pytest
 import torch
 
@@ -90,7 +92,8 @@ def test_on_policy_gradient_is_the_segment_policy_gradient():
 def test_registry_entry():
     entry = OBJECTIVES["dtreerpo"]
     assert entry.fn is dtreerpo and entry.estimators == ("tree_segments",) and entry.whole_groups
-    assert entry.inputs == ("group_ids", "group_rank") and entry.estimate_fields == ("segments",)
+    assert entry.inputs == ("group_ids", "group_rank", "completion_ids", "train_progress")
+    assert entry.estimate_fields == ("segments",)
 
 
 def test_beta_needs_ref():
@@ -98,3 +101,55 @@ def test_beta_needs_ref():
     with pytest.raises(ValueError, match="ref_logps"):
         dtreerpo(z, z, None, torch.ones(2, 2), torch.ones(2), group_ids=torch.zeros(2).long(),
                  group_rank=torch.arange(2), segments=torch.zeros(2, 2).long(), root_branches=2, depth=1, beta=0.1)
+
+
+def test_distill_schedule():
+    from trl_dllm.core.objectives.dtreerpo import distill_schedule
+
+    assert distill_schedule(0.0, 3e-3, 2.0, 2.0, 0.7) == (0.0, 2.0)
+    weight, tau = distill_schedule(0.5, 3e-3, 2.0, 2.0, 0.7)
+    assert weight == pytest.approx(3e-3 * (math.e - 1) / (math.e**2 - 1)) and tau == pytest.approx(2.0 * 0.5**0.7)
+    assert distill_schedule(2.0, 3e-3, 2.0, 2.0, 0.7) == (pytest.approx(3e-3), 1e-6)  # clamped at the end
+
+
+def test_self_distillation_is_the_released_kl_to_the_parent():
+    """One level, four children of the root with rewards 1, .5, 0, 0: A = r − mean of the others = 5/6, 1/6, −1/2,
+    −1/2; the two positive children weigh softmax(A/τ). Their tokens at each position against a parent distribution
+    p_j: the released KL(q ‖ p_j) over the distinct tokens, averaged over the positions some positive child revealed."""
+    from trl_dllm.core.objectives.dtreerpo import self_distillation
+
+    g = torch.Generator().manual_seed(0)
+    parent = torch.randn(3, 9, generator=g).log_softmax(-1)  # (L, V): log p_j of the shared parent canvas
+    tokens = torch.tensor([[5, 6, 7], [5, 2, 7], [1, 1, 1], [3, 3, 3]])
+    logps = parent.gather(1, tokens.T).T.clone().requires_grad_()  # each child's token read on the parent canvas
+    scored = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 1]]).bool()
+    adv, _ = tree_advantages(torch.tensor([1.0, 0.5, 0.0, 0.0]), torch.zeros(4).long(), torch.arange(4), (4,))
+    tau = 0.7
+    got, count = self_distillation(logps, tokens, scored, torch.zeros(4, 3).long(), adv, torch.zeros(4).long(),
+                                   torch.arange(4), (4,), tau)  # fmt: skip
+    w = torch.softmax(torch.tensor([5 / 6, 1 / 6]) / tau, 0)
+    expected = []
+    for j, active in ((0, [0, 1]), (1, [0, 1]), (2, [0])):  # row 1 did not score position 2
+        share = w[active] / w[active].sum()
+        q = {}
+        for c, s in zip(active, share):
+            q[int(tokens[c, j])] = q.get(int(tokens[c, j]), 0.0) + s
+        expected.append(sum(v * (torch.log(v) - parent[j, t]) for t, v in q.items()))
+    assert count == 3
+    torch.testing.assert_close(got.float(), torch.stack(expected).mean().float())
+    got.backward()  # the gradient reaches only the positive children's scored tokens
+    assert (logps.grad[2:] == 0).all() and logps.grad[1, 2] == 0 and (logps.grad[:2, :2] < 0).all()
+
+
+def test_self_distillation_enters_the_loss_with_its_schedule():
+    logps = -torch.rand(4, 3, generator=torch.Generator().manual_seed(1))
+    base = dict(group_ids=torch.zeros(4).long(), group_rank=torch.arange(4), segments=torch.zeros(4, 3).long(),
+                completion_ids=torch.tensor([[5, 6, 7], [5, 2, 7], [1, 1, 1], [3, 3, 3]]), root_branches=4, depth=1)
+    rewards, mask = torch.tensor([1.0, 0.5, 0.0, 0.0]), torch.ones(4, 3)
+    off = dtreerpo(logps, None, None, mask, rewards, **base)
+    start = dtreerpo(logps, None, None, mask, rewards, **base, train_progress=torch.zeros(4), distill_lambda=3e-3)
+    torch.testing.assert_close(start.loss, off.loss)  # λ(0) = 0
+    mid = dtreerpo(logps, None, None, mask, rewards, **base, train_progress=torch.full((4,), 0.5), distill_lambda=0.1)
+    lam = mid.metrics["tree/distill_lambda"]
+    torch.testing.assert_close(mid.loss, off.loss + lam * mid.metrics["tree/self_distillation"])
+    assert lam > 0

@@ -44,7 +44,7 @@ from ._common import (
 from .agrpo import STEP_NORMALIZATION, STEP_NORMALIZATIONS, agrpo
 from .bgpo import DUAL_CLIP, bgpo
 from .dipo import DIPO_LOG_RATIO_CLAMP, dipo
-from .dtreerpo import check_tree, dtreerpo, tree_advantages
+from .dtreerpo import DISTILL_OPTIONS, check_tree, dtreerpo, tree_advantages
 from .espo import espo
 from .justgrpo import justgrpo
 from .spg import spg
@@ -169,8 +169,9 @@ OBJECTIVES: dict[str, Objective] = {
         dipo, ("block_steps",), options=(*PPO_CLIP, *KL), inputs=("unmask_step",), whole_groups=True
     ),
     "dtreerpo": Objective(
-        dtreerpo, ("tree_segments",), options=(*TREE_OPTIONS, *PPO_CLIP, *KL), inputs=("group_ids", "group_rank"),
-        estimate_fields=("segments",), whole_groups=True, check=check_tree,
+        dtreerpo, ("tree_segments",), options=(*TREE_OPTIONS, *PPO_CLIP, *KL, *DISTILL_OPTIONS),
+        inputs=("group_ids", "group_rank", "completion_ids", "train_progress"), estimate_fields=("segments",),
+        whole_groups=True, check=check_tree,
     ),
     "justgrpo": Objective(justgrpo, ("left_to_right",), options=(*PPO_CLIP, *KL), whole_groups=True),
     "spg": Objective(
