@@ -31,7 +31,7 @@ def test_each_token_is_read_on_its_levels_canvas():
     out = tree_segments(model, prompt_ids, prompt_mask, completion_ids, score, mask_token_id=MASK,
                         seeds=torch.arange(2), unmask_step=unmask_step, depth=2, diffusion_steps=6,
                         temperature=0.7)  # fmt: skip
-    assert len(model.calls) == 1 and model.calls[0].shape[0] == 4  # one forward of D x B canvases
+    assert len(model.calls) == 1 and model.calls[0].shape[0] == 4  # one forward of the D x B (distinct) canvases
     assert out.segments.tolist() == [[0, 0, 0, 1, 1, 1], [1, 1, 1, 0, 0, -1]]
     expected = torch.zeros(2, 6)
     for b in range(2):
@@ -62,3 +62,21 @@ def test_needs_the_trajectory():
     with pytest.raises(ValueError, match="unmask_step"):
         estimate("tree_segments", ContextModel(), *batch, mask_token_id=MASK, seeds=torch.arange(1),
                  diffusion_steps=4)  # fmt: skip
+
+
+def test_rows_of_a_tree_share_their_parent_canvases():
+    """A (2, 2) tree over 4 steps: all rows share the root's canvas, rows 0-1 and 2-3 their depth-1 node's. One
+    forward of the 1 + 2 distinct canvases; each row's tokens read as if its levels were scored apart."""
+    prompt_ids, prompt_mask, _, score = _batch(1, 3, 4)
+    prompt_ids, prompt_mask, score = prompt_ids.repeat(4, 1), prompt_mask.repeat(4, 1), score.repeat(4, 1)
+    completion_ids = torch.tensor([[1, 2, 3, 4], [1, 2, 5, 6], [3, 1, 2, 2], [3, 1, 4, 5]])
+    unmask_step = torch.tensor([[0, 1, 2, 3], [0, 1, 3, 2], [1, 0, 2, 3], [1, 0, 3, 3]])
+    model = ContextModel(seed=1)
+    shared = tree_segments(model, prompt_ids, prompt_mask, completion_ids, score, mask_token_id=MASK,
+                           seeds=torch.arange(4), unmask_step=unmask_step, depth=2, diffusion_steps=4)  # fmt: skip
+    assert [call.shape[0] for call in model.calls] == [3]
+    apart = [tree_segments(model, prompt_ids[b : b + 1], prompt_mask[b : b + 1], completion_ids[b : b + 1],
+                           score[b : b + 1], mask_token_id=MASK, seeds=torch.arange(1),
+                           unmask_step=unmask_step[b : b + 1], depth=2, diffusion_steps=4).logps
+             for b in range(4)]  # fmt: skip
+    torch.testing.assert_close(shared.logps, torch.cat(apart))

@@ -12,8 +12,9 @@ a mean-field estimate of the segment (the tokens revealed later in the segment a
 canvas, not from the canvases they were sampled on), which is why the paper adds a self-distillation term that makes
 the policy more deterministic. The parent canvas is rebuilt exactly as the trajectory estimator does
 (:func:`~.trajectory.rebuild_canvas` at ``t_k``); ``q`` is the rollout's sampling distribution (temperature, top-k,
-top-p, min-p, guidance: :func:`~trl_dllm.core.sampling.sampling_log_probs`). Cost: ``D`` canvases per row. No
-randomness: ``seeds`` are not read.
+top-p, min-p, guidance: :func:`~trl_dllm.core.sampling.sampling_log_probs`). Cost: one forward per distinct
+canvas, at most ``D`` per row; the rows of a tree share their nodes' canvases (the released 4 x 4 tree: 1 + 4
+canvases for its 16 rows, where scoring each row's levels apart takes 32). No randomness: ``seeds`` are not read.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ DIFFUSION_STEPS = Option("diffusion_steps", "diffusion_steps")
 
 
 def tree_segments_views(s) -> tuple[int, float]:
-    """For the planner (``trl_dllm.planning``): ``D`` canvases per row, each scoring the ``L / D`` tokens of a level."""
+    """For the planner (``trl_dllm.planning``): at most ``D`` canvases per row (fewer where tree rows share them),
+    each scoring the ``L / D`` tokens of a level."""
     depth = getattr(s, "dtreerpo_depth", 2)
     return depth, s.completion_length / depth
 
@@ -90,8 +92,8 @@ def tree_segments(
         depth (`int`, *optional*, defaults to `2`): the tree's levels ``D``.
         diffusion_steps (`int`): the rollout's ``N`` (required).
         temperature, top_k, top_p, min_p, cfg_scale: the rollout's sampling distribution.
-        checkpoint_views (`bool`, *optional*, defaults to `False`): accepted for the shared memory switch; the ``D``
-            canvases are scored in one forward, so there is nothing to recompute.
+        checkpoint_views (`bool`, *optional*, defaults to `False`): accepted for the shared memory switch; the
+            distinct canvases are scored in one forward, so there is nothing to recompute.
 
     Returns:
         [`TreeSegmentsOutput`]: ``logps`` (raw), ``entropies`` (of ``q``, where scored), ``sample_estimates`` `(B, 1)`
@@ -111,25 +113,28 @@ def tree_segments(
     prompt_length = prompt_ids.shape[1]
     canvases = torch.cat([rebuild_canvas(completion_ids, unmask_step, start, mask_token_id) for start in starts])
     canvas = torch.cat([prompt_ids.repeat(depth, 1), canvases], dim=1)  # (D B, P + L): level-major
+    visible = prompt_mask.repeat(depth, 1)
     keep = torch.cat([segments == k for k in range(depth)])  # (D B, L): the tokens each canvas scores
-    columns = keep.any(0).nonzero().squeeze(1)
+    # The rows below one node share its canvas at their common levels: one forward per distinct canvas.
+    distinct, inverse = torch.unique(torch.cat([visible.long(), canvas], dim=1), dim=0, return_inverse=True)
     logps = torch.zeros(batch, length, device=completion_ids.device)
     entropies = torch.zeros(batch, length, device=completion_ids.device)
-    if columns.numel():
+    rows, cols = keep.nonzero(as_tuple=True)
+    if rows.numel():
         logits_fn = as_logits_fn(logits_fn)
-        attention_mask, _ = _replay_attention(logits_fn, prompt_mask.repeat(depth, 1), length, None)
-        logits = _replay_logits(logits_fn, canvas, attention_mask, prompt_length, prompt_length + columns, cfg_scale,
+        columns, column_of = torch.unique(cols, return_inverse=True)  # only these positions' logits are computed
+        shared_mask, shared = distinct[:, :prompt_length], distinct[:, prompt_length:]
+        attention_mask, _ = _replay_attention(logits_fn, shared_mask, length, None)
+        logits = _replay_logits(logits_fn, shared, attention_mask, prompt_length, prompt_length + columns, cfg_scale,
                                 mask_token_id)  # fmt: skip
-        selected = keep[:, columns]
-        log_q = sampling_log_probs(logits[selected], temperature=temperature, top_k=top_k, top_p=top_p,
-                                   mask_token_id=mask_token_id, min_p=min_p)  # fmt: skip
-        tokens = completion_ids.repeat(depth, 1)[:, columns][selected]
+        log_q = sampling_log_probs(logits[inverse[rows], column_of], temperature=temperature, top_k=top_k,
+                                   top_p=top_p, mask_token_id=mask_token_id, min_p=min_p)  # fmt: skip
+        tokens = completion_ids[rows % batch, cols]
         source = log_q if entropy_grad else log_q.detach()
         probs = source.exp()
         entropy = -(probs * source.masked_fill(probs == 0, 0.0)).sum(-1)
-        rows = torch.arange(depth * batch, device=canvas.device)[:, None].expand_as(selected)[selected] % batch
-        cols = columns[None, :].expand_as(selected)[selected]
-        logps = logps.index_put((rows, cols), log_q.gather(-1, tokens[:, None]).squeeze(-1).float(), accumulate=True)
-        entropies = entropies.index_put((rows, cols), entropy.float(), accumulate=True)
+        index = (rows % batch, cols)  # each (b, j) belongs to one level: written once
+        logps = logps.index_put(index, log_q.gather(-1, tokens[:, None]).squeeze(-1).float(), accumulate=True)
+        entropies = entropies.index_put(index, entropy.float(), accumulate=True)
     return TreeSegmentsOutput(logps=logps, entropies=entropies, sample_estimates=logps.sum(-1, keepdim=True),
                               segments=segments)  # fmt: skip
