@@ -135,6 +135,9 @@ def check_tree(args) -> str | None:
     if rows % group:
         return (f"loss_type='dtreerpo' decodes whole trees on each process: per_device_train_batch_size x "
                 f"steps_per_generation = {rows} must be a multiple of num_generations={group}.")  # fmt: skip
+    if getattr(args, "eval_strategy", "no") != "no" and args.per_device_eval_batch_size % group:  # a str enum
+        return (f"loss_type='dtreerpo' decodes whole trees in evaluation too: per_device_eval_batch_size="
+                f"{args.per_device_eval_batch_size} must be a multiple of num_generations={group}.")
     if getattr(args, "confidence_threshold", None) is not None:
         return ("loss_type='dtreerpo' branches at scheduled steps; confidence_threshold="
                 f"{args.confidence_threshold} decodes a row-dependent number of steps: set confidence_threshold=None.")

@@ -100,7 +100,7 @@ class TreeNoise:
             raise ValueError(
                 f"A tree rollout decodes whole groups: {batch} rows is not a multiple of the tree's {group} leaves "
                 f"(num_generations). Make each process's generation batch (per_device_train_batch_size x "
-                f"steps_per_generation, or generation_chunk_size) a multiple of {group}."
+                f"steps_per_generation; per_device_eval_batch_size when evaluating) a multiple of {group}."
             )
         keys = row_keys(list(generators), batch, device)
         rows = torch.arange(batch, device=keys.device)
