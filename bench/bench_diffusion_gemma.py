@@ -4,7 +4,7 @@
 
 On the tiny DiffusionGemma checkpoint (:func:`trl_dllm.models.families.diffusion_gemma.build_tiny_model`, float32),
 ``rows`` left-padded chat prompts are decoded by
-:func:`trl_dllm.training.diffusion_gemma_rollouts.generate_diffusion_gemma` twice per repeat, interleaved: once with
+:func:`trl_dllm.models.families.diffusion_gemma.sampling.generate_diffusion_gemma` twice per repeat, interleaved: once with
 every row in one call, once row by row (one call per row, without its padding). Each row draws from its own
 generator, so both give the same completions, which the benchmark checks. Reports, medians over repeats:
 
@@ -21,7 +21,7 @@ import torch
 
 from bench.common import emit, environment, median, parser, ratio, setup, target, timed
 from trl_dllm.models.families import diffusion_gemma as dg
-from trl_dllm.training.diffusion_gemma_rollouts import diffusion_gemma_options, generate_diffusion_gemma
+from trl_dllm.models.families.diffusion_gemma.sampling import diffusion_gemma_options, generate_diffusion_gemma
 
 QUESTIONS = ("sum 2 3", "what is the sum of 4 and 5 ?", "one", "what is 7 times 6 ?", "add 1 and 1",
              "how many apples ?", "two plus two", "what is the answer ?")  # fmt: skip

@@ -1,4 +1,4 @@
-"""DiffusionGemma's sampler alone (``_Sampler.denoise`` of trl_dllm.training.diffusion_gemma_rollouts), on CPU, at the
+"""DiffusionGemma's sampler alone (``_Sampler.denoise`` of trl_dllm.models.families.diffusion_gemma.sampling), on CPU, at the
 released vocabulary and canvas: what one denoising step costs after the model's forward.
 
     python -m bench.bench_diffusion_gemma_sampler [--rows 1] [--steps 3] [--dtype float32|bfloat16] [--out bench_out]
@@ -103,7 +103,7 @@ def _rss_bytes() -> int:
 def run(rows: int = 1, steps: int = 3, repeats: int = 3, vocab: int = 262144, canvas: int = 256,
         dtype: str = "float32") -> dict:  # fmt: skip
     from trl_dllm.models.families import diffusion_gemma as dg
-    from trl_dllm.training.diffusion_gemma_rollouts import _Sampler, diffusion_gemma_options
+    from trl_dllm.models.families.diffusion_gemma.sampling import _Sampler, diffusion_gemma_options
 
     model = dg.build_tiny_model()
     model.generation_config.stability_threshold = None  # every step runs: no adaptive stopping

@@ -31,7 +31,8 @@ METHODS: dict[str, dict | None] = {
 # `--model block`: the demo's model as a block-diffusion model (blocks of `BLOCK_LENGTH`, counted from position 0 of
 # prompt + completion as SDAR / TraDo count them), warm-started by the same SFT in that layout, and the methods valid
 # on it: the staircase `block` estimator for GRPO and StableDRL (as recipes/sdar/stabledrl_gsm8k.yaml), AGRPO's replay
-# (block-causal on this model), and DiPO as recipes/sdar/dipo_math.yaml has it (step map, threshold 0.9 decoding with
+# (block-causal on this model), EBPO as recipes/llada2/ebpo_math.yaml has it (16 timesteps, std-scaled advantages),
+# and DiPO as recipes/sdar/dipo_math.yaml has it (step map, threshold 0.9 decoding with
 # top-k 50 at T 1, clip [0.8, 1.28], group-scaled advantages, dynamic sampling) on the demo's schedule, which is
 # already the recipe's: as many steps per block as the block has tokens (diffusion_steps = canvas length).
 BLOCK_LENGTH = 4  # SDAR / TraDo's block size
@@ -41,6 +42,7 @@ BLOCK_METHODS: dict[str, dict | None] = {
     "grpo": dict(loss_type="grpo", estimator="block"),
     "stabledrl": dict(loss_type="stabledrl", estimator="block"),
     "agrpo": dict(loss_type="agrpo", estimator="trajectory"),
+    "ebpo": dict(loss_type="ebpo", estimator="block", mc_samples=16, antithetic=False, scale_rewards="group"),
     SFT: None,
 }
 # fmt: on

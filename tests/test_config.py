@@ -197,7 +197,8 @@ def test_estimator_left_unset_is_the_loss_types_own(loss_type):
     expected = OBJECTIVES[loss_type].estimators[0] if loss_type in OBJECTIVES else "elbo"
     assert (args.estimator, args._estimator_defaulted) == (expected, True)
     assert {"agrpo": "trajectory", "dipo": "block_steps", "justgrpo": "left_to_right", "spg": "spg",
-            "wd1": "mean_field", "espo": "elbo", "stabledrl": "elbo", "dtreerpo": "tree_segments"}.get(loss_type, "elbo") == expected  # fmt: skip
+            "wd1": "mean_field", "espo": "elbo", "stabledrl": "elbo",
+            "ebpo": "block", "dtreerpo": "tree_segments"}.get(loss_type, "elbo") == expected  # fmt: skip
     if "block" in getattr(OBJECTIVES.get(loss_type), "estimators", ("block",)):
         explicit = make(loss_type=loss_type, estimator="block", **extra)
         assert (explicit.estimator, explicit._estimator_defaulted) == ("block", False)

@@ -230,19 +230,16 @@ def test_config_fields_documented():
         assert f"        {name} (" in DiffusionDPOConfig.__doc__, name
 
 
-def test_cli_trains_two_steps(tmp_path, tiny_model_path):
+def test_cli_trains_two_steps(tmp_path, monkeypatch):
+    """`trl-dllm dpo --config recipes/tiny/vrpo_preference.yaml` (the embedded tiny model, LoRA, VRPO's allocation and
+    shared masks) trains 2 steps and saves its adapter."""
     import json
 
     from trl_dllm.cli import main
 
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the recipe's paths
     out = tmp_path / "out"
-    status = main([
-        "dpo", "--model_name_or_path", str(tiny_model_path), "--dataset_name", "json", "--data_files", FIXTURE,
-        "--output_dir", str(out), "--max_steps", "2", "--per_device_train_batch_size", "2", "--logging_steps", "1",
-        "--use_cpu", "true", "--report_to", "none", "--save_strategy", "no", "--gradient_checkpointing", "false",
-        "--use_peft", "true", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules", "q_proj", "v_proj",
-        "--mc_samples", "2",
-    ])  # fmt: skip
+    status = main(["dpo", "--config", "recipes/tiny/vrpo_preference.yaml", "--output_dir", str(out), "--max_steps", "2"])
     assert status == 0
     logs = [log for log in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in log]
     assert len(logs) == 2 and set(TRL_METRICS) <= set(logs[0])
@@ -346,17 +343,18 @@ def test_shared_masks_reduce_the_variance_of_the_log_ratio(tmp_path, tiny_model_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", ["torchrun", "zero2_lora"])
+@pytest.mark.parametrize("launcher", ["torchrun", "zero2_lora", "zero3_lora"])
 def test_two_processes(tiny_model_path, tmp_path, launcher):
     """`trl-dllm dpo` under torchrun (DDP, full fine-tuning with TRL's reference model) and under `accelerate launch`
-    with DeepSpeed ZeRO-2 on CPU (LoRA, the adapter-disabled reference): trains 2 steps on 2 processes. (ZeRO-3 and
-    FSDP are refused: see `DiffusionDPOTrainer.__init__`.)"""
+    with DeepSpeed ZeRO-2 and ZeRO-3 on CPU (LoRA, the adapter-disabled reference, TRL's default activation
+    checkpointing): trains 2 steps on 2 processes. Under ZeRO-3 the processes' batches hold different sets of
+    completion lengths (before the equal-calls rule this launch hung in a forward). FSDP is refused."""
     import json
     import subprocess
 
     from test_multiprocess import ROOT, accelerate, torchrun  # the launchers of the GRPO trainer's two-process tests
 
-    launch = torchrun() if launcher == "torchrun" else accelerate("zero2_cpu.yaml")
+    launch = torchrun() if launcher == "torchrun" else accelerate(f"{launcher.split('_')[0]}_cpu.yaml")
     lora_flags = ["--use_peft", "true", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj"]
     command = [
         *launch, "-m", "trl_dllm", "dpo", "--model_name_or_path", str(tiny_model_path), "--dataset_name", "json",
@@ -370,3 +368,32 @@ def test_two_processes(tiny_model_path, tmp_path, launcher):
     assert "trained on 2 process(es)" in result.stdout
     logs = [log for log in json.loads((tmp_path / "trainer_state.json").read_text())["log_history"] if "loss" in log]
     assert len(logs) == 2 and logs[0]["rewards/margins"] == 0.0 and all(set(TRL_METRICS) <= set(log) for log in logs)
+
+
+def test_extra_calls_change_no_estimate_and_no_gradient(tiny_model_path):
+    """Under ZeRO-3 a process with fewer completion lengths makes the busiest process's number of estimator calls
+    (`calls`): the extra ones forward and backward like the others, and every row's estimate and every gradient are
+    those of the plain rows."""
+    from trl_dllm.models import resolve_model_spec
+    from trl_dllm.training.preference import estimate_rows
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    spec = resolve_model_spec(model, AutoTokenizer.from_pretrained(tiny_model_path), None)
+    rows = [(torch.tensor([5, 6, 7]), torch.tensor([8, 9]), 3), (torch.tensor([5, 6]), torch.tensor([8, 9, 10]), 2),
+            (torch.tensor([7]), torch.tensor([9, 8]), 1)]  # fmt: skip
+    forwards = []
+    model.register_forward_pre_hook(lambda *_: forwards.append(1))
+
+    def run(calls):
+        model.zero_grad()
+        forwards.clear()
+        logps, _ = estimate_rows("elbo", model_logits_fn(model, spec), rows, torch.tensor([1, 2, 3]),
+                                 mask_token_id=spec.mask_token_id, options={"mc_samples": 2}, calls=calls)  # fmt: skip
+        torch.stack([row.sum() for row in logps]).sum().backward()
+        return [row.detach() for row in logps], [p.grad.clone() for p in model.parameters()], len(forwards)
+
+    plain, padded = run(None), run(lambda n: n + 3)
+    assert all(torch.equal(a, b) for a, b in zip(plain[0], padded[0]))
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(plain[1], padded[1]))
+    per_call = plain[2] // 2  # two lengths: two calls
+    assert padded[2] == plain[2] + 3 * per_call > plain[2]

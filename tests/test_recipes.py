@@ -13,7 +13,9 @@ from trl_dllm.scripts.grpo import make_parser
 from trl_dllm.tasks import TASK_REWARDS, TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if p.parent.name != "accelerate")
+ALL_RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if p.parent.name != "accelerate")
+DPO_RECIPES = [p for p in ALL_RECIPES if p.name.startswith("vrpo_")]  # `trl-dllm dpo` recipes
+RECIPES = [p for p in ALL_RECIPES if p not in DPO_RECIPES]  # `trl-dllm grpo` recipes
 ACCELERATE = sorted((ROOT / "recipes" / "accelerate").glob("*.yaml"))
 PAPER_RECIPES = [p for p in RECIPES if p.parent.name != "tiny"]
 TASK_NAMES = ("gsm8k", "math", "countdown", "sudoku")
@@ -39,6 +41,7 @@ def test_the_matrix_is_complete():
     assert {f"recipes/llada/bgpo_{task}.yaml" for task in ("math", "countdown", "sudoku")} <= names  # BGPO's three
     assert {"recipes/dream/stabledrl_gsm8k.yaml", "recipes/sdar/stabledrl_gsm8k.yaml"} <= names
     assert "recipes/sdar/dipo_math.yaml" in names
+    assert "recipes/llada2/ebpo_math.yaml" in names
     assert {p.name for p in ACCELERATE} >= {"ddp.yaml", "zero2.yaml", "zero3.yaml", "zero2_cpu.yaml", "zero3_cpu.yaml"}
 
 
@@ -74,6 +77,24 @@ def test_dipo_recipe_holds_the_released_values():
     assert (args.learning_rate, args.beta, args.num_generations, args.dynamic_sampling) == (1e-6, 0.0, 8, True)
     assert args.diffusion_steps == args.max_completion_length  # 4 steps per block of 4
     assert not model_args.use_peft
+
+
+def test_ebpo_recipe_holds_dares_values_and_names_their_origin():
+    path = ROOT / "recipes/llada2/ebpo_math.yaml"
+    _, args, model_args = parse(path)
+    assert (args.loss_type, args.estimator, args.mc_samples, args.antithetic) == ("ebpo", "block", 16, False)
+    assert (args.learning_rate, args.weight_decay, args.temperature, args.num_generations) == (5e-7, 0.01, 0.6, 8)
+    assert (args.block_length, args.max_completion_length, args.diffusion_steps) == (32, 2048, 1024)
+    assert (args.epsilon, args.epsilon_high, args.beta, args.num_iterations, args.max_grad_norm) == (0.2, 0.2, 0, 1, 1)
+    # 128 completions per update on 8 processes, as DARE's 16 prompts x 8 rollouts
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps * 8 == 16 * 8
+    assert not model_args.use_peft
+    # Every value line says where it came from: the paper gives none, so DARE's or ours.
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#") and line.split(":")[0] not in ("dtype", "task", "dataset_split",
+                                                                            "loss_type", "bf16", "logging_steps",
+                                                                            "save_strategy", "output_dir"):
+            assert "#" in line or line.startswith("adam_beta2"), line
 
 
 def test_sdar_recipe_is_block_diffusion():
@@ -190,7 +211,7 @@ def test_accelerate_config(path):
 
 def test_docs_list_every_recipe():
     text = (ROOT / "docs" / "recipes.md").read_text()
-    missing = [rel(p) for p in RECIPES + ACCELERATE if rel(p) not in text]
+    missing = [rel(p) for p in ALL_RECIPES + ACCELERATE if rel(p) not in text]
     assert not missing, f"docs/recipes.md does not list {missing}"
 
 
@@ -229,3 +250,26 @@ def test_fast_variant_differs_from_its_paper_recipe_only_in_decoding(path):
     assert f"Fast variant of {rel(paper)}" in path.read_text()
     _, args, _ = parse(path)  # and it parses (the generation checks of the config pass)
     assert args.confidence_threshold is not None or args.generation_cache != "none"
+
+
+@pytest.mark.parametrize("path", DPO_RECIPES, ids=rel)
+def test_dpo_recipe_parses(path):
+    """A `trl-dllm dpo` recipe fills the DPO script's dataclasses; a paper one states its source and launch command."""
+    from trl_dllm.scripts.dpo import make_parser as make_dpo_parser
+
+    argv = ["--config", str(path), "--bf16", "false", "--use_cpu", "true"]
+    script_args, args, _ = make_dpo_parser().parse(argv)
+    assert script_args.dataset_name and args.estimator in (None, "elbo", "mean_field", "coupled", "block")
+    if path.parent.name != "tiny":
+        text = path.read_text()
+        assert "# Source:" in text and "github.com/" in text and f"--config {rel(path)}" in text
+
+
+def test_vrpo_recipe_holds_the_released_values():
+    """LLaDA 1.5's VRPO as DARE's recipe sets it (the recipe's header names each file): budget 4 with one mask per
+    timestep, masks shared with the reference, beta 0.2, lr 5e-7, 64 pairs per update on 8 processes."""
+    config = yaml.safe_load((ROOT / "recipes" / "llada" / "vrpo_ultrafeedback.yaml").read_text())
+    assert (config["mc_samples"], config["mc_masks_per_timestep"], config["independent_mc_noise"]) == (4, 1, False)
+    assert (config["beta"], config["learning_rate"], config["weight_decay"], config["loss_type"]) == (
+        0.2, 5e-7, 0.01, "sigmoid")  # fmt: skip
+    assert 8 * config["per_device_train_batch_size"] * config["gradient_accumulation_steps"] == 64

@@ -25,15 +25,15 @@ def generate(model: Any, input_ids, attention_mask=None, **kwargs: Any) -> Gener
     decodes as its family does in the trainer (:func:`trl_dllm.training.rollouts.plan_decoding`): a block-diffusion
     model (`block` family: SDAR / TraDo, LLaDA2) block by block in its own block size, with the fields of
     :class:`~trl_dllm.core.sampling.BlockCausalOptions` (no ``cfg_scale``); ``generation_cache="prefix"`` or
-    ``"dual"`` takes Fast-dLLM's approximate cache on a bidirectional model; DiffusionGemma decodes as its own
-    ``generate()`` does, all rows in one batch
-    (:func:`trl_dllm.training.diffusion_gemma_rollouts.generate_diffusion_gemma`; the fields
+    ``"dual"`` takes Fast-dLLM's approximate cache on a bidirectional model; a kind with its own sampler
+    (``Kind.decoder``) decodes with it: DiffusionGemma as its own ``generate()`` does, all rows in one batch
+    (:func:`trl_dllm.models.families.diffusion_gemma.sampling.generate_diffusion_gemma`; the fields
     that apply are listed there, the others refused; ``temperature`` defaults to `1.0`, the model's own schedule,
     ``eos_early_exit`` to `True`, its own stopping, and ``eos_token_ids`` to the family's)."""
     generator = kwargs.pop("generator", None)
     if isinstance(model, nn.Module):
         spec = resolve_model_spec(model, mask_token_id=kwargs.get("mask_token_id"))
-        if spec.family != "block":  # block-causal decoding passes a 4-D mask: checked by `plan_decoding`
+        if not spec.kind.block_causal:  # block-causal decoding passes a 4-D mask: checked by `plan_decoding`
             require_attention(spec, "trl_dllm.generate", padded=_padded(attention_mask), model=model, unpadded_fix=True)
         return plan_decoding(model, spec, kwargs)(input_ids, attention_mask, generator)
     return _generate(model, input_ids, attention_mask, options=DecodingOptions(**kwargs), generator=generator)

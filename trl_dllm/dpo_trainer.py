@@ -14,6 +14,9 @@ TRL 1.16's `DPOTrainer` has no narrower hook than its scoring call, ``model(...,
   estimator's per-token contributions where TRL expects next-token log-probs.
 - `_compute_loss`: adds one Monte Carlo seed per row to the batch (TRL passes it to the policy's and the reference's
   call alike, so both draw the same masks), then `super()`.
+- under DeepSpeed ZeRO-3, every process makes as many estimator forwards as the others, and LoRA's activation
+  checkpointing is made non-reentrant as `DiffusionGRPOTrainer` makes it (TRL forces it reentrant, which cannot
+  train a likelihood of several forwards).
 - `save_model`: a LoRA adapter of a natively loaded LLaDA is saved in LLaDA's module names, as the GRPO trainer does.
 - `log`: drops TRL's `logits/chosen`, `logits/rejected` and `mean_token_accuracy`, which the estimate does not measure
   (a masked-diffusion model has no next-token distribution).
@@ -60,14 +63,14 @@ class DiffusionDPOTrainer(DPOTrainer):
             model_setup.adapt_to_model(model, args, peft_config)
         elif kwargs.get("processing_class") is None and args.native_loading:
             kwargs["processing_class"] = model_setup.native_tokenizer(model, args)
+        asked_reentrant = (args.gradient_checkpointing_kwargs or {}).get("use_reentrant")  # before TRL sets it
         with model_setup.loading_models(args, peft_config, trainer_module=dpo_module):
             super().__init__(model, ref_model, args, *pargs, **kwargs)
-        if self._shards_parameters:
+        if self.is_fsdp_enabled:
             raise ValueError(
-                "DeepSpeed ZeRO-3 / FSDP are not supported by DiffusionDPOTrainer yet: it estimates the rows of a "
-                "batch in one call per completion length, so processes make different numbers of forwards, and "
-                "ZeRO-3 / FSDP gather the parameters collectively in every forward (a two-process run hangs). Use DDP "
-                "or ZeRO-2 (recipes/accelerate/zero2.yaml)."
+                "FSDP is not supported by DiffusionDPOTrainer yet: FSDP gathers the parameters collectively in every "
+                "forward, and the estimate's equal-forwards rule (training/preference.py) has been checked under "
+                "DeepSpeed ZeRO-3 only. Use ZeRO-3 (recipes/accelerate/zero3.yaml), ZeRO-2 or DDP."
             )
         if self.aux_loss_enabled:
             raise ValueError(
@@ -80,6 +83,9 @@ class DiffusionDPOTrainer(DPOTrainer):
         ref = base_model(self.ref_model) if self.ref_model is not None else None
         model_setup.make_models_bidirectional(unwrapped, ref)
         self.estimator = preference.fit_estimator(args.estimator, self.model_spec)
+        zero3_lora = self._shards_parameters and is_peft_model(unwrapped)
+        for line in preference.checkpoint_for_zero3_lora(args, self.model_spec, zero3_lora, asked_reentrant):
+            self.accelerator.print(line)
         check = ESTIMATORS[self.estimator].check  # its requirement on the run (elbo: the budget's allocation)
         if check is not None and (problem := check(args)) is not None:
             raise ValueError(problem)
@@ -87,7 +93,7 @@ class DiffusionDPOTrainer(DPOTrainer):
         policy = unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped  # where TRL put its head
         fill = self._tokenizer.eos_token_id
         fill = self.model_spec.eos_token_ids[0] if fill is None else fill
-        head = dict(independent_noise=args.independent_mc_noise, fill_token_id=fill)
+        head = dict(independent_noise=args.independent_mc_noise, fill_token_id=fill, sharded=self._shards_parameters)
         install_estimate_head(policy, self.model_spec, self.estimator, options, **head)
         if ref is not None:
             install_estimate_head(ref, self.model_spec, self.estimator, options, reference=True, **head)
@@ -97,7 +103,7 @@ class DiffusionDPOTrainer(DPOTrainer):
         block-diffusion family's own blocks)."""
         entry, spec = ESTIMATORS[self.estimator], self.model_spec
         from_run = {
-            "block_causal": spec.family == "block", "block_length": spec.decoding_block_length(None),
+            "block_causal": spec.kind.block_causal, "block_length": spec.decoding_block_length(None),
             "block_layout": spec.block_layout, "entropy_grad": False, "return_eubo": False,
             "checkpoint_views": self.args.mc_checkpointing,
         }  # fmt: skip
@@ -111,7 +117,8 @@ class DiffusionDPOTrainer(DPOTrainer):
 
     @property
     def _shards_parameters(self) -> bool:
-        """ZeRO-3 / FSDP (as `DiffusionGRPOTrainer._shards_parameters`): refused for now (see `__init__`)."""
+        """ZeRO-3 / FSDP (as `DiffusionGRPOTrainer._shards_parameters`): every process must then make as many
+        forwards as the others (`trl_dllm.training.preference.most_calls_of_all_processes`)."""
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
         zero3 = self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3
         return self.is_fsdp_enabled or zero3

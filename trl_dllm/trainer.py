@@ -35,7 +35,7 @@ from .core.objectives import ratio_metrics
 from .models import resolve_model_spec
 from .models.adapters import adapter_to_original_layout
 from .models.embedded import resolve_model_name
-from .models.families.diffusion_gemma import training_refusal
+from .models.families import training_refusal
 from .models.loading import is_native_layout
 from .nonfinite import NonFiniteGuard
 from .seeding import device_generators, sample_seeds
@@ -62,7 +62,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         adapter = model_setup.adapter_folder(model, kwargs.get("peft_config"))
         named = adapter.base if adapter is not None else model
         if (refusal := training_refusal(named, args, **(args.model_init_kwargs or {}))) is not None:
-            raise NotImplementedError(refusal)  # DiffusionGemma: StableDRL / ESPO on `uniform_block` only
+            raise NotImplementedError(refusal)  # a family's own refusal (DiffusionGemma: StableDRL / ESPO only)
         trainer_inputs.check_trainer_inputs(args, model, reward_funcs, pargs, kwargs)  # before any weights are loaded
         if adapter is not None:
             kwargs["peft_config"] = None
@@ -84,10 +84,10 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         model_setup.make_models_bidirectional(unwrapped, ref)
         # TRL lists the tokenizer's EOS first; early exit fills with the first id, so keep that order.
         self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *self.model_spec.eos_token_ids]))
-        picked = checks.fit_estimator(args, self.model_spec.family == "block", self.model_spec.noise)  # `estimator` unset
+        picked = checks.fit_estimator(args, self.model_spec.kind.block_causal, self.model_spec.noise)  # `estimator` unset
         unweighted_kl = checks.bias_correction_kl(args)  # for the fitted estimator: TRL's KL correction, or not
         model_checks.check_noise(args, self.model_spec)  # the estimator scores the family's noise (mask / uniform)
-        rollouts.check_uniform_decoding(unwrapped, self.model_spec, args, self.eos_token_ids)  # DiffusionGemma's sampler
+        rollouts.check_uniform_decoding(unwrapped, self.model_spec, args, self.eos_token_ids)  # a kind's own sampler
         peft = is_peft_model(unwrapped)
         reentry = model_checks.checkpoint_without_reentry(args, self.model_spec, asked=asked_reentrant,
                                                           zero3_lora=self._zero3 and peft)
@@ -105,7 +105,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         checks.check_rollback_backend(args, self.is_deepspeed_enabled or self.is_fsdp_enabled)
         model_checks.check_merge_adapters(unwrapped, args, self._shards_parameters)
         self.reward_funcs = inputs.checked_reward_functions(self.reward_funcs, self.reward_func_names)
-        adaptive = self.model_spec.noise == "uniform"  # DiffusionGemma's own sampler stops canvases by itself
+        adaptive = self.model_spec.kind.own_sampler  # its own sampler stops canvases by itself (DiffusionGemma's)
         notices = [*startup_lines(args, block_length, picked, adaptive), *model_setup.dropout_notice(unwrapped, args),
                    *reentry, *([unweighted_kl] if unweighted_kl else []), *([graphs_hint] if graphs_hint else [])]  # fmt: skip
         for line in unsaid(notices):  # once per `once_per_run()` block

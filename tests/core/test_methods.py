@@ -4,7 +4,13 @@ import dataclasses
 
 from trl_dllm import DiffusionGRPOConfig
 from trl_dllm.core.likelihood import ESTIMATORS
-from trl_dllm.core.methods import METHOD_OPTIONS, declared_fields, methods_taking, own_objective
+from trl_dllm.core.methods import (
+    METHOD_OPTIONS,
+    block_model_problem,
+    declared_fields,
+    methods_taking,
+    own_objective,
+)
 from trl_dllm.core.objectives import OBJECTIVES
 from trl_dllm.training.scoring import OPTION_FIELDS, RUN_OPTIONS
 
@@ -38,3 +44,15 @@ def test_who_takes_what():
     assert own_objective("coupled") is None
     help_text = {f.name: f.metadata["help"] for f in dataclasses.fields(DiffusionGRPOConfig)}["mc_samples"]
     assert "elbo, coupled, block, spg" in help_text
+
+
+def test_a_block_model_only_objective_is_refused_on_another_family_with_the_fix():
+    assert block_model_problem("ebpo", "block", True) is None
+    assert block_model_problem("espo", "llada", False) is None and block_model_problem("dapo", "llada", False) is None
+    problem = block_model_problem("ebpo", "llada", False)
+    assert problem.startswith("loss_type='ebpo' is defined for block-diffusion models")
+    assert "('llada' family) is not block-causal" in problem
+    # The fix names the objectives that take EBPO's estimator on any model.
+    assert problem.endswith(
+        "set loss_type to one of ['espo', 'bgpo', 'stabledrl', 'wd1'] with estimator='block' on this one."
+    )

@@ -91,7 +91,7 @@ def test_decoding_plan_picks_the_sampler_of_the_family_and_cache():
 def test_generation_compile_goes_to_every_sampler_of_our_loop():
     """Block-diffusion and cached rollouts compile their cached steps; the plain bidirectional rollout compiles the
     sampler's work after its forward (`DecodingOptions.compile`). DiffusionGemma's own sampler refuses it
-    (test_diffusion_gemma_rollouts)."""
+    (tests/models/test_diffusion_gemma_sampling.py)."""
     model, args = torch.nn.Linear(1, 1), _Args()
     args.generation_compile = True
     assert decoding_plan(model, dataclasses.replace(BLOCK, block_length=2), args, eos_token_ids=[2]).options.compile

@@ -9,6 +9,7 @@ import torch
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 from trl_dllm.core.likelihood import ESTIMATORS
 from trl_dllm.core.objectives import OBJECTIVES
+from trl_dllm.models import ModelSpec
 from trl_dllm.training.scoring import OPTION_FIELDS, RUN_OPTIONS, Scoring, config_values
 
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(DiffusionGRPOConfig)}
@@ -44,8 +45,7 @@ def _scoring(estimator, loss_type, spec=None, **fields):
     args = DiffusionGRPOConfig(output_dir="unused", per_device_train_batch_size=2, num_generations=2,
                                max_completion_length=8, estimator=estimator, loss_type=loss_type, report_to="none",
                                use_cpu=True, **fields)  # fmt: skip
-    spec = spec or type("Spec", (), {"family": "generic", "mask_token_id": 3, "block_layout": "absolute",
-                                     "noise": "mask"})()  # fmt: skip
+    spec = spec or ModelSpec(family="generic", mask_token_id=3)
     return Scoring(args, spec, block_length=args.block_length, entropy_grad=False, shards_parameters=False,
                    vocab_size=11)  # fmt: skip
 

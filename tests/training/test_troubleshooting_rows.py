@@ -52,7 +52,7 @@ ROWS = {
                                        "was saved from another model (", "resume with the model_name_or_path that run"]),
     51: ("trl_dllm/training/checks.py", [" process(es) x steps_per_generation=", " completions per generation, not a whole",
                                         "number of groups of num_generations=", ": set per_device_train_batch_size="]),
-    52: ("trl_dllm/training/diffusion_gemma_rollouts.py", ["does not apply to DiffusionGemma: "]),
+    52: ("trl_dllm/models/families/diffusion_gemma/sampling.py", ["does not apply to DiffusionGemma: "]),
     53: ("trl_dllm/training/model_checks.py", [" scores each row in ", "), which DeepSpeed ZeRO-3 cannot train with LoRA",
                                              "and reentrant activation checkpointing ("]),
     54: ("trl_dllm/nonfinite.py", ["trl_dllm: optimizer step ", " skipped: ", "gradient norm ", "x the median ",

@@ -15,6 +15,7 @@ from .options import Option, option_sources
 __all__ = [
     "METHOD_OPTIONS",
     "accepted_estimators",
+    "block_model_problem",
     "declared_fields",
     "methods_taking",
     "noise_estimator",
@@ -53,6 +54,22 @@ def accepted_estimators(objective: str) -> tuple[str, ...]:
     return listed + offered
 
 
+def block_model_problem(loss_type: str | None, family: str, block_causal: bool) -> str | None:
+    """What is wrong with objective ``loss_type`` on a model of family ``family`` (``ModelSpec.family``, for the
+    message), block-causal or not (``ModelSpec.kind.block_causal``), with the fix, or `None`: an objective declared
+    ``block_model_only`` (EBPO) needs a block-diffusion model."""
+    objective = OBJECTIVES.get(loss_type)
+    if objective is None or not objective.block_model_only or block_causal:
+        return None
+    own = accepted_estimators(loss_type)
+    others = [name for name, entry in OBJECTIVES.items() if not entry.block_model_only
+              and set(own) & set(accepted_estimators(name))]  # fmt: skip
+    estimator = f"estimator={own[0]!r}" if len(own) == 1 else f"estimator in {list(own)}"
+    return (f"loss_type={loss_type!r} is defined for block-diffusion models (LLaDA2.x, SDAR, TraDo), but this model "
+            f"({family!r} family) is not block-causal: train a block-diffusion model, or set loss_type to one of "
+            f"{others} with {estimator} on this one.")  # fmt: skip
+
+
 def noise_estimator(loss_type: str, noise: str) -> str | None:
     """The first estimator of forward process ``noise`` (``ModelSpec.noise``) that ``loss_type`` can use (any, for
     TRL's loss types), or `None`."""
@@ -77,7 +94,7 @@ def noise_problem(estimator: str, loss_type: str, noise: str, family: str) -> st
                 f"loss_type to one of {supported} (sequence-level objectives on estimator {own}).")  # fmt: skip
     entry = ESTIMATORS[estimator]
     if entry.noise != noise:
-        what = "has no mask token" if noise == "uniform" else "is a masked-diffusion model"
+        what = "has no mask token" if noise != "mask" else "is a masked-diffusion model"
         return (f"estimator={estimator!r} scores {entry.noise}-noise diffusion, but this model ({family!r} family) is a "
                 f"{noise}-noise diffusion model and {what}: set estimator to one of {own} (or leave it unset).")  # fmt: skip
     return None

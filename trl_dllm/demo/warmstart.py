@@ -119,7 +119,7 @@ def warm_start(
     make_bidirectional(model)  # a no-op on a block-diffusion model: it is driven with block-causal 4-D masks
     spec = resolve_model_spec(model, tokenizer, None)
     logits_fn = model_logits_fn(model, spec)
-    sft_loss = functools.partial(block_sft_loss, spec=spec) if spec.family == "block" else diffusion_sft_loss
+    sft_loss = functools.partial(block_sft_loss, spec=spec) if spec.kind.block_causal else diffusion_sft_loss
     data = encode_examples(tokenizer, prompts, answers, completion_length)
     generator, order_rng = torch.Generator().manual_seed(seed), random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
@@ -168,7 +168,7 @@ def greedy_eval(model, tokenizer, task: Task, problems: list[dict]) -> dict:
     enc = encode_prompts(tokenizer, problems)
     length = task.completion_length
     greedy = dict(mask_token_id=spec.mask_token_id, gen_length=length, diffusion_steps=length)  # one token per step
-    if spec.family == "block":  # block by block in the model's own blocks, prompt and committed blocks in a KV cache
+    if spec.kind.block_causal:  # block by block in the model's own blocks, prompt and committed blocks in a KV cache
         options = BlockCausalOptions(block_length=spec.block_length, block_layout=spec.block_layout, use_cache=True,
                                      **greedy)  # fmt: skip
         out = generate_block_causal(model, enc["input_ids"], enc["attention_mask"], options=options)
@@ -208,7 +208,7 @@ def canvas_logits(model, spec: ModelSpec, ids: torch.Tensor, mask: torch.Tensor,
     or for a block-diffusion model under its block-causal 4-D mask and position ids (`spec.block_layout`)."""
     positions = torch.arange(ids.shape[1] - length, ids.shape[1])
     logits_fn = model_logits_fn(model, spec)
-    if spec.family != "block":
+    if not spec.kind.block_causal:
         return logits_fn(ids, mask, positions)
     blocks, position_ids = layout_ids(mask[:, : ids.shape[1] - length], length, spec.block_length, spec.block_layout)
     attention = block_attention(blocks, mask, dtype=next(model.parameters()).dtype)

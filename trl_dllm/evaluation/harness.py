@@ -115,13 +115,13 @@ class DiffusionLM(TemplateLM):
             use_cpu=self._device.type == "cpu",
         )  # fmt: skip
         self._load(pretrained, dtype, _flag("trust_remote_code", trust_remote_code), block_length)
-        estimator = "block" if self.spec.family == "block" else "elbo"
+        estimator = self.spec.kind.estimator  # the kind's own: "block" on a block-diffusion model, else "elbo"
         self.estimator_options = {
             "mc_samples": self._positive("mc_samples", mc_samples),
             "mc_batch_size": self._positive("mc_batch_size", mc_batch_size),
             "antithetic": _flag("antithetic", antithetic),
-            **({"block_length": self.spec.decoding_block_length(self.config.block_length)} if estimator == "block"
-               else {}),
+            **({"block_length": self.spec.decoding_block_length(self.config.block_length)}
+               if self.spec.kind.block_causal else {}),
         }
         self.estimator = estimator
         self.loglikelihood_stderrs: list[float] = []
@@ -166,8 +166,8 @@ class DiffusionLM(TemplateLM):
         self.model = model.to(self._device).eval()
         make_bidirectional(self.model)
         self.spec = resolve_model_spec(self.model, self.tokenizer, self.config.mask_token_id)
-        if self.spec.family == "block":
-            self.config.estimator = "block"
+        if self.spec.kind.block_causal:
+            self.config.estimator = self.spec.kind.estimator
             if block_length is None:
                 self.config.block_length = self.spec.decoding_block_length(None)
         check_block_layout(self.config, self.spec)
@@ -290,7 +290,7 @@ class DiffusionLM(TemplateLM):
         from ..api import generate
 
         length = len(continuation)
-        if self.spec.family == "block":  # whole blocks of the model's own size
+        if self.spec.kind.block_causal:  # whole blocks of the model's own size
             block = self.spec.decoding_block_length(None)
             length = -(-length // block) * block
         context = self._fit(context, length)

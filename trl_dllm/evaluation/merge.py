@@ -99,8 +99,7 @@ def merge(model_name_or_path: str, output_dir: str, *, dtype: str = "float32", t
     """
     from transformers import AutoTokenizer
 
-    from ..models import make_bidirectional, resolve_model_spec
-    from ..models.families.diffusion_gemma import is_diffusion_gemma
+    from ..models import family_spec, make_bidirectional, resolve_model_spec
     from ..models.loading import load_adapter, load_pretrained
 
     if dtype not in DTYPES:
@@ -108,11 +107,13 @@ def merge(model_name_or_path: str, output_dir: str, *, dtype: str = "float32", t
     base_path, adapter = _source(model_name_or_path)
     init = {"dtype": torch.float32, "trust_remote_code": trust_remote_code}
     model = load_pretrained(base_path, **init).eval()
-    if adapter and is_diffusion_gemma(model):
+    spec = family_spec(model)
+    if adapter and spec is not None and not spec.mergeable_adapters:
         raise UsageError(
-            f"{model_name_or_path} is a LoRA adapter of DiffusionGemma, whose encoder and decoder share their base "
-            "weights but not their adapters: a merge would fold both deltas into the one tensor. Keep the adapter "
-            "unmerged (PeftModel.from_pretrained, or trl-dllm eval on the adapter folder)."
+            f"{model_name_or_path} is a LoRA adapter of the {spec.family} family, whose modules share their base "
+            "weights but not their adapters (DiffusionGemma's encoder and decoder): a merge would fold both deltas "
+            "into the one tensor. Keep the adapter unmerged (PeftModel.from_pretrained, or trl-dllm eval on the "
+            "adapter folder)."
         )
     make_bidirectional(model)
     tokenizer_source = adapter if adapter and os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else None

@@ -107,15 +107,13 @@ def family_spec(model: Any) -> ModelSpec | None:
     family = next((s for s in by_architecture if s is not None), None) or MODEL_SPECS.get(
         getattr(config, "model_type", None))
     marked = MARKED_SPECS.get(_config_value(config, FAMILY_MARKER))
-    if family is not None and family.noise == "uniform":  # DiffusionGemma: its blocks are config.canvas_length
-        size = _config_value(config, "canvas_length")
-        return replace(family, block_length=int(size) if size else None)
-    if family is not None and family.family == "block":  # remote-code block family: its block size from the config
-        size = _config_value(config, "block_size") or _config_value(config, "block_length") or family.block_length
+    if family is not None and family.kind.own_block_size:  # its block size from the config (its kind's fields)
+        found = (_config_value(config, name) for name in family.kind.block_size_fields)
+        size = next((value for value in found if value), None) or family.block_length
         return replace(family, block_length=int(size) if size else None)
     if family is not None or marked is None:
         return family
-    if marked.family != "block":
+    if not marked.kind.block_causal:
         return replace(marked, accepts_logits_to_keep=generic_spec(model).accepts_logits_to_keep)
     block_length = _config_value(config, "block_length")
     if block_length is None or int(block_length) < 1:
@@ -182,7 +180,7 @@ def resolve_model_spec(model: Any, tokenizer: Any = None, mask_token_id: int | N
     config = base.config
     family = family_spec(base)
     tokenizer = _inner_tokenizer(tokenizer)
-    if family is not None and family.noise == "uniform":
+    if family is not None and family.noise != "mask":
         return _uniform_noise_spec(base, family, tokenizer, mask_token_id)
     tokenizer_mask = getattr(tokenizer, "mask_token_id", None)
 
@@ -227,7 +225,7 @@ def _eos_ids(base: Any, family: ModelSpec | None, tokenizer: Any) -> set[int]:
 
 
 def _uniform_noise_spec(base: Any, family: ModelSpec, tokenizer: Any, mask_token_id: int | None) -> ModelSpec:
-    """The spec of a uniform-noise family (DiffusionGemma): no mask token, so an explicit one is refused."""
+    """The spec of a uniform-noise family: no mask token, so an explicit one is refused."""
     if mask_token_id is not None:
         raise ValueError(
             f"mask_token_id={mask_token_id}, but {type(base).__name__} is a uniform-noise diffusion model: it corrupts "
@@ -271,9 +269,9 @@ def model_logits_fn(model: nn.Module, spec: ModelSpec) -> LogitsFn:
     if spec.noise != "mask":
         raise NotImplementedError(
             f"The {spec.family} family is a {spec.noise}-noise diffusion model with no mask token: the masked-diffusion "
-            "samplers and likelihood estimators do not apply to it; its estimator, 'uniform_block', takes the family's "
-            "denoiser (trl_dllm.models.families.diffusion_gemma.Denoiser(model)) instead, as DiffusionGRPOTrainer "
-            "does. Decode it with trl_dllm.generate (its own generate()); see docs/models.md, 'DiffusionGemma'."
+            f"samplers and likelihood estimators do not apply to it; its estimator, {spec.kind.estimator!r}, takes the "
+            "family's denoiser (spec.kind.denoiser(model)) instead, as DiffusionGRPOTrainer does. Decode it with "
+            "trl_dllm.generate (its own generate()); see docs/models.md."
         )
     return module_logits_fn(model, shift_logits=spec.shift_logits, logits_to_keep=spec.accepts_logits_to_keep,
                             head_scorer=chunked_head_scores)  # fmt: skip

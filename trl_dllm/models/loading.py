@@ -23,7 +23,6 @@ from ..errors import UsageError
 from .adapters import adapter_in_original_layout, adapter_to_native
 from .embedded import resolve_model_name
 from .families import NATIVE_LAYOUTS, native_config, native_layout
-from .families.diffusion_gemma import is_diffusion_gemma
 from .families.llada import LLADA_MODULE_NAMES
 from .native import read_config_dict
 
@@ -268,9 +267,9 @@ def load_model_and_tokenizer(name_or_path: str, init_kwargs: dict, native: bool 
             check_adapter_base(name_or_path, base)
             model = load_pretrained(base, native=native, **init_kwargs)
             adapted = load_adapter_of(model, name_or_path, base)
-            # DiffusionGemma's encoder and decoder share their base weights but not their adapters: a merge would
-            # fold both deltas into the one tensor, so its adapters stay unmerged.
-            model = adapted if is_diffusion_gemma(model) else adapted.merge_and_unload()
+            # Modules sharing a base weight with adapters of their own (DiffusionGemma's encoder and decoder): a merge
+            # would fold both deltas into the one tensor, so such adapters stay unmerged (`ModelSpec.mergeable_adapters`).
+            model = adapted if not _mergeable_adapters(model) else adapted.merge_and_unload()
             has_tokenizer = os.path.isfile(os.path.join(name_or_path, "tokenizer_config.json"))
             tokenizer_source = name_or_path if has_tokenizer else base
         else:
@@ -280,6 +279,13 @@ def load_model_and_tokenizer(name_or_path: str, init_kwargs: dict, native: bool 
         first = (str(err).strip().splitlines() or [""])[0]
         raise UsageError(f"model_name_or_path: cannot load {name_or_path!r} ({first})") from err
     return model.eval(), tokenizer
+
+
+def _mergeable_adapters(model) -> bool:
+    from . import family_spec
+
+    spec = family_spec(model)
+    return spec is None or spec.mergeable_adapters
 
 
 def eos_ids(tokenizer, spec) -> list[int]:

@@ -1,6 +1,12 @@
-"""The records a family module fills in: :class:`ModelSpec` (what the trainer and the cores need to know about a
-model), :class:`Family` (everything the library knows about one family) and :class:`TinyCheckpoint` (what a tiny random
-checkpoint in the family's original layout is made of).
+"""The records a family module fills in: :class:`Kind` (what a kind of diffusion model can do), :class:`ModelSpec`
+(what the trainer and the cores need to know about a model), :class:`Family` (everything the library knows about one
+family) and :class:`TinyCheckpoint` (what a tiny random checkpoint in the family's original layout is made of).
+
+The package asks a spec what its kind can do (``spec.kind.block_causal``, ``spec.kind.decoder``, ...), never which
+family it is: ``ModelSpec.family`` is a name for messages. The kinds whose samplers are the package's own
+(:mod:`trl_dllm.core.sampling`) are declared here (:data:`MASKED`, :data:`BLOCK_CAUSAL`); a kind whose sampler and
+denoiser are its family's own code declares them as hooks in its family module (the encoder-decoder kind of
+:mod:`trl_dllm.models.families.diffusion_gemma`).
 
 The families themselves are modules of :mod:`trl_dllm.models.families`, one each, listed in that package's registry;
 nothing registers itself at import time. Every id is documented, with its source, in ``docs/models.md``.
@@ -18,14 +24,75 @@ class UnsupportedCheckpointError(ValueError):
 
 
 @dataclass(frozen=True)
+class Kind:
+    """What a kind of diffusion model can do: the one table the trainer, the samplers' choice, the estimators' checks,
+    ``trl_dllm.generate``, ``trl-dllm eval`` and the lm-eval model read, instead of a family's name.
+
+    Args:
+        name (`str`): the kind's name, for messages: `"masked"`, `"block_causal"`, `"encoder_decoder"`.
+        noise (`str`, *optional*, defaults to `"mask"`): the forward (corruption) process: ``"mask"``, tokens are
+            replaced by the mask token; ``"uniform"``, by uniformly random vocabulary tokens, with no mask token. The
+            masked-diffusion samplers and estimators need ``"mask"`` (``Estimator.noise``).
+        block_causal (`bool`, *optional*, defaults to `False`): decodes and scores block by block under a block-causal
+            4-D mask, with the exact block KV cache (``block_kv_cache``): its rollouts have a cached step (CUDA graphs,
+            a compiled forward), Fast-dLLM's approximate cache and guidance do not apply, and it is scored by
+            block-causal estimators only.
+        own_block_size (`bool`, *optional*, defaults to `False`): decodes and scores in blocks of its own size
+            (``ModelSpec.block_length``, read from the checkpoint's config), never the configured ``block_length``.
+        block_size_fields (`tuple[str, ...]`, *optional*): the config fields that hold that size, first found wins.
+        estimator (`str`, *optional*, defaults to `"elbo"`): the estimator that scores a sequence of this kind when
+            none is asked for (lm-eval's log-likelihoods, preference runs, a block run's default).
+        greedy (`bool`, *optional*, defaults to `True`): its sampler can decode greedily (``temperature=0``).
+        reentrant_checkpointing (`bool`, *optional*, defaults to `True`): reentrant activation checkpointing can train
+            it (`False`: the trainer makes checkpointing non-reentrant, ``training.model_checks``).
+        decoder (`Callable`, *optional*): for a kind that decodes with its own sampler, not the package's loop:
+            ``decoder(model, spec, fields) -> (sampler, denoiser, options)``, the pieces of a
+            ``training.rollouts.DecodingPlan`` for the decoding ``fields``, refusing those it cannot honour. `None`:
+            the package's samplers (full canvas, or block-causal).
+        denoiser (`Callable`, *optional*): for a kind scored through its own denoiser (no mask token):
+            ``denoiser(model)`` is the logits function its estimators call. `None`: ``models.model_logits_fn``.
+    """
+
+    name: str
+    noise: str = "mask"
+    block_causal: bool = False
+    own_block_size: bool = False
+    block_size_fields: tuple[str, ...] = ()
+    estimator: str = "elbo"
+    greedy: bool = True
+    reentrant_checkpointing: bool = True
+    decoder: Callable | None = None
+    denoiser: Callable | None = None
+
+    @property
+    def own_sampler(self) -> bool:
+        """Decodes with its own sampler (:attr:`decoder`): ``diffusion_steps`` is a maximum (it stops a canvas by
+        itself), ``confidence_threshold`` and ``generation_compile`` (which compiles our loop's steps) do not apply."""
+        return self.decoder is not None
+
+
+MASKED = Kind("masked")
+"""Masked diffusion with bidirectional attention over the whole canvas (LLaDA, Dream, LLaDA-MoE, any decoder run
+bidirectionally): the package's full-canvas samplers, any masked-diffusion estimator."""
+
+BLOCK_CAUSAL = Kind(
+    "block_causal", block_causal=True, own_block_size=True, block_size_fields=("block_size", "block_length"),
+    estimator="block",
+)
+"""Block diffusion with block-causal attention (SDAR, TraDo, LLaDA2): decoded block by block in its own blocks with an
+exact KV cache (``core.sampling.generate_block_causal``), scored by the block-causal estimators (``"block"``, staircase
+attention, by default)."""
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """What the trainer and the cores need to know about one model family.
 
     Args:
         family (`str`):
-            Family name: `"llada"`, `"dream"`, `"block"` (block-causal diffusion), `"diffusion_gemma"`
-            (encoder-decoder block diffusion with uniform noise) or `"generic"` (any Hugging Face decoder run with
-            bidirectional attention).
+            Family name, for messages: `"llada"`, `"dream"`, `"block"` (SDAR / TraDo / LLaDA2, block-causal),
+            `"diffusion_gemma"` or `"generic"` (any Hugging Face decoder run with bidirectional attention). What the
+            model can do is asked of its :attr:`kind`, never of this name.
         mask_token_id (`int` or `None`):
             Id of the mask token. In :data:`MODEL_SPECS` this is the family default; :func:`resolve_model_spec` returns
             a spec with the id actually used by the model.
@@ -58,11 +125,19 @@ class ModelSpec:
             How a block-diffusion family counts its blocks over ``[prompt | completion]``
             (``trl_dllm.core.masks.BLOCK_LAYOUTS``): ``"absolute"``, block = true position // ``block_length`` per
             sample, prompt included (SDAR / TraDo's own generation, serving and SFT); ``"prompt"``, the prompt is one
-            block and completion blocks start at its end. Read only for family ``"block"``.
-        noise (`str`, *optional*, defaults to `"mask"`):
-            The forward (corruption) process the family was trained with: ``"mask"``, tokens are replaced by the mask
-            token (every other family); ``"uniform"``, tokens are replaced by uniformly random vocabulary tokens and
-            there is no mask token (DiffusionGemma). The masked-diffusion samplers and estimators need ``"mask"``.
+            block and completion blocks start at its end. Read only for a block-causal kind.
+        kind (`Kind`, *optional*, defaults to `MASKED`):
+            What the model can do (:class:`Kind`): its noise, its attention, its blocks, its sampler and denoiser.
+        assumed_bidirectional (`bool`, *optional*, defaults to `False`):
+            Bidirectional only by ``make_bidirectional``'s switch (``config.is_causal=False``), not by its family's
+            own design (`"generic"`): remote code that ignores the switch is caught by a probe forward.
+        mergeable_adapters (`bool`, *optional*, defaults to `True`):
+            A LoRA adapter can be merged into the base weights. `False` where modules that share one base weight get
+            adapters of their own (an encoder and a decoder tied together): a merge would fold them into one tensor,
+            so the adapters stay unmerged.
+        ignores_vision (`bool`, *optional*, defaults to `False`):
+            The checkpoint carries a vision tower that text prompts never reach: the text-only checks accept it, and
+            its tokenizer is loaded alone (TRL's ``AutoProcessor`` would want an image processor).
     """
 
     family: str
@@ -76,14 +151,22 @@ class ModelSpec:
     accepts_kv_cache: bool = True
     block_length: int | None = None
     block_layout: str = "absolute"
-    noise: str = "mask"
+    kind: Kind = MASKED
+    assumed_bidirectional: bool = False
+    mergeable_adapters: bool = True
+    ignores_vision: bool = False
+
+    @property
+    def noise(self) -> str:
+        """The forward process its kind was trained with (:attr:`Kind.noise`): ``"mask"`` or ``"uniform"``."""
+        return self.kind.noise
 
     def decoding_block_length(self, configured: int | None) -> int | None:
-        """The block length decoding and the block estimators use: a block-diffusion family's own block size (its
-        checkpoint was trained with it; DiffusionGemma's canvas), any other family the configured one (``block_length``
-        of the config). The one definition of this rule: the trainer, ``trl_dllm.generate``, ``trl-dllm eval`` and the
-        lm-eval model call it."""
-        return self.block_length if self.family in ("block", "diffusion_gemma") else configured
+        """The block length decoding and the block estimators use: a kind with blocks of its own (``Kind.own_block_size``:
+        a block-diffusion checkpoint was trained with them; an encoder-decoder's canvas) its own, any other the
+        configured one (``block_length`` of the config). The one definition of this rule: the trainer,
+        ``trl_dllm.generate``, ``trl-dllm eval`` and the lm-eval model call it."""
+        return self.block_length if self.kind.own_block_size else configured
 
 
 FAMILY_MARKER = "dllm_family"
@@ -139,6 +222,13 @@ class Family:
         tiny (`TinyCheckpoint`, *optional*): what its tiny original-layout checkpoint is made of.
         released_configs (`Mapping[str, Mapping[str, Any]]`, *optional*): the ``config.json`` of released checkpoints
             by Hub id, embedded so that ``trl-dllm plan`` plans them without the Hub (``RELEASED_CONFIGS``).
+        training_refusal (`Callable`, *optional*): ``training_refusal(model, args, **hub_kwargs) -> str | None``, the
+            message refusing a run the trainer cannot do with this family's ``model`` (a model, or a Hub id / folder
+            read without its weights), else `None` (also for a model of another family); called before the weights
+            are loaded, by the trainer and ``trl-dllm plan`` (``families.training_refusal``).
+        model_class (`Callable`, *optional*): ``model_class()`` is the transformers class of the family's
+            ``model_types``, for a model ``AutoModelForCausalLM`` does not build (an encoder-decoder): the planner
+            builds it on the meta device.
     """
 
     name: str
@@ -148,3 +238,5 @@ class Family:
     layout: Any = None  # trl_dllm.models.native.NativeLayout (that module imports transformers; this one does not)
     tiny: TinyCheckpoint | None = None
     released_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    training_refusal: Callable[..., str | None] | None = None
+    model_class: Callable[[], type] | None = None

@@ -123,13 +123,13 @@ def _build_on_meta(config, model_class):
     import torch
     from transformers.initialization import no_init_weights
 
+    from ..models.families import MODEL_CLASSES
+
+    own = MODEL_CLASSES.get(getattr(config, "model_type", None))  # a family AutoModelForCausalLM does not build
+    model_class = model_class or (own() if own is not None else None)
     with torch.device("meta"), no_init_weights():  # nothing to initialise: only shapes are read
         if model_class is not None:
             model = model_class(config)
-        elif getattr(config, "model_type", None) == "diffusion_gemma":
-            from transformers import DiffusionGemmaForBlockDiffusion
-
-            model = DiffusionGemmaForBlockDiffusion(config)
         else:
             from transformers import AutoModelForCausalLM
 
@@ -153,7 +153,8 @@ def _experts(module):
 
 def architecture_from_config(config, family: str | None = None, model_class=None) -> Architecture:
     """The :class:`Architecture` of a transformers ``config``: the model is built on the meta device (no memory) from
-    ``model_class`` (default: ``AutoModelForCausalLM``; DiffusionGemma's own class for its config) and its modules
+    ``model_class`` (default: the family's own class where it declares one, ``Family.model_class``: DiffusionGemma's;
+    else ``AutoModelForCausalLM``) and its modules
     counted, each parameter once (tied ones are one)."""
     import re
 

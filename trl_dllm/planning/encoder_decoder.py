@@ -4,7 +4,7 @@ Pure arithmetic, as :mod:`trl_dllm.planning.phases` (whose notation it shares: `
 ``E``, ``V``, ``ℓ``, ``P``, ``L``, ``r``), for the passes the code makes (transformers' ``DiffusionGemmaForBlockDiffusion``;
 the likelihood :func:`trl_dllm.core.likelihood.uniform_block.uniform_block` through
 :class:`trl_dllm.models.families.diffusion_gemma.Denoiser`; rollouts
-:func:`trl_dllm.training.diffusion_gemma_rollouts.generate_diffusion_gemma`). Per layer ``i``: ``q_i`` the query
+:func:`trl_dllm.models.families.diffusion_gemma.sampling.generate_diffusion_gemma`). Per layer ``i``: ``q_i`` the query
 width, ``kv_i`` the key/value width (the full-attention layers have wider heads and fewer of them), ``S_i`` the keys
 a decoder layer reads from the encoder's cache (``S``, or the window of a sliding layer). ``C`` the canvas, ``B``
 the micro-batch rows, ``S = P + L`` the context.

@@ -1,7 +1,7 @@
 """`trl-dllm dpo`: preference optimisation of a diffusion LM with `DiffusionDPOTrainer` (VRPO) from a YAML recipe.
 
     trl-dllm dpo --config recipes/tiny/vrpo_preference.yaml [--field value ...]
-    accelerate launch --config_file recipes/accelerate/zero2.yaml -m trl_dllm dpo --config recipes/llada/vrpo_lora.yaml
+    accelerate launch --config_file recipes/accelerate/zero3.yaml -m trl_dllm dpo --config recipes/llada/vrpo_ultrafeedback.yaml
 
 The recipe and flags fill `DPOScriptArguments` (the preference data: `prompt`, `chosen`, `rejected` columns, TRL's
 format), `DiffusionDPOConfig` and TRL's `ModelConfig` (model path, dtype, LoRA), as `trl dpo` does.

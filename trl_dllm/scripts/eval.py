@@ -143,10 +143,10 @@ def prepare(eval_args: EvalArguments, args, model_args, device: torch.device) ->
     model, tokenizer = load_model_and_tokenizer(name, model_init_kwargs(args, model_args), args.native_loading)
     model.to(device)
     spec = resolve_model_spec(model, tokenizer, args.mask_token_id)
-    if spec.noise == "uniform" and eval_args.eval_temperature <= 0:
+    if not spec.kind.greedy and eval_args.eval_temperature <= 0:
         raise UsageError(
-            f"eval_temperature={eval_args.eval_temperature}: {name} is DiffusionGemma, whose generate() always samples "
-            "(no greedy decoding); pass --eval_temperature 1.0 (the model's own temperature schedule)"
+            f"eval_temperature={eval_args.eval_temperature}: {name} is of the {spec.family} family, whose sampler "
+            "always samples (no greedy decoding); pass --eval_temperature 1.0 (the model's own temperature schedule)"
         )
     make_bidirectional(model)
     sampler_for(model, spec, args, eval_args, eos_ids(tokenizer, spec))  # a decoding field it refuses: before decoding

@@ -82,22 +82,23 @@ def check_plan_arguments(options: PlanArguments) -> None:
 def build_report(options: PlanArguments, training_args, model_args) -> dict:
     """The plan of every strategy, the headline one's phases, its largest batch and the changes that make it fit."""
     from .. import planning
-    from ..models.families.diffusion_gemma import training_refusal
+    from ..models.families import MODEL_SPECS, training_refusal
     from ..training.checks import fit_estimator
 
     if not model_args.model_name_or_path:
         raise UsageError("model_name_or_path is not set: pass --model_name_or_path (a Hub id or a folder with config.json)")
-    # a Hub id with an embedded config.json (LLaDA2) is planned from it, without the Hub; the refusal is DiffusionGemma's
+    # a Hub id with an embedded config.json (LLaDA2) is planned from it, without the Hub; a refusal is a family's own
     embedded = planning.embedded_config(model_args.model_name_or_path, model_args.model_revision) is not None
     refusal = None if embedded else training_refusal(model_args.model_name_or_path, training_args,
                                                      revision=model_args.model_revision)  # fmt: skip
-    if refusal is not None:  # DiffusionGemma with a run the trainer refuses: nothing to plan
+    if refusal is not None:  # a run the trainer refuses (DiffusionGemma's): nothing to plan
         raise UsageError(f"{refusal} There is no training run to plan.")
     arch = planning.read_architecture(model_args.model_name_or_path, revision=model_args.model_revision)
-    if arch.canvas_length:  # DiffusionGemma: the generation fields its sampler refuses, refused as the trainer does
-        _check_uniform_decoding(arch.canvas_length, training_args)
-    # `estimator` not set: the one the trainer would pick (an encoder-decoder model's noise is uniform)
-    fit_estimator(training_args, arch.block_causal, "uniform" if arch.canvas_length else "mask")
+    spec = MODEL_SPECS.get(arch.family)  # a family's own spec, by model_type (an encoder-decoder's: its kind's hooks)
+    if spec is not None and spec.kind.own_sampler:  # the generation fields its sampler refuses, refused as the trainer
+        _check_own_decoding(replace(spec, block_length=arch.canvas_length), training_args)
+    # `estimator` not set: the one the trainer would pick (for the model's noise)
+    fit_estimator(training_args, arch.block_causal, spec.noise if spec is not None else "mask")
     settings = planning.settings_from_args(training_args, model_args, prompt_length=options.prompt_length,
                                            logits=options.logits, auto_kept_chunks=options.auto_kept_chunks)  # fmt: skip
     if options.strategy == "zero3" and not arch.canvas_length:  # refused by the trainer: LoRA, reentrant checkpointing
@@ -166,16 +167,15 @@ def _check_reentrant_forwards(training_args, peft: bool) -> None:
         raise UsageError(f"{error} There is no training run to plan.") from None
 
 
-def _check_uniform_decoding(canvas_length: int, training_args) -> None:
-    """`training.rollouts.check_uniform_decoding` without the weights: its options read the model's
-    `config.canvas_length` alone, so a stand-in holding it takes the model's place."""
+def _check_own_decoding(spec, training_args) -> None:
+    """`training.rollouts.check_uniform_decoding` without the weights: a kind's own sampler reads the model's block
+    size from its config alone (`Kind.block_size_fields`: DiffusionGemma's `config.canvas_length`), so a stand-in
+    holding it takes the model's place."""
     from types import SimpleNamespace
 
-    from ..models.families.diffusion_gemma import DIFFUSION_GEMMA
     from ..training.rollouts import check_uniform_decoding
 
-    spec = replace(DIFFUSION_GEMMA, block_length=canvas_length)
-    stand_in = SimpleNamespace(config=SimpleNamespace(canvas_length=canvas_length))
+    stand_in = SimpleNamespace(config=SimpleNamespace(**dict.fromkeys(spec.kind.block_size_fields, spec.block_length)))
     check_uniform_decoding(stand_in, spec, training_args, spec.eos_token_ids)
 
 

@@ -14,7 +14,7 @@ import torch
 
 from .. import compat
 from ..core.likelihood import ESTIMATORS
-from ..core.methods import noise_problem, own_objective
+from ..core.methods import block_model_problem, noise_problem, own_objective
 from ..models import ModelSpec, require_attention, scores_with_4d_mask
 from . import inputs
 from .trainer_inputs import check_text_only
@@ -113,7 +113,7 @@ def check_cache_model(spec: ModelSpec, cache: str) -> None:
     with `past_key_values`, `position_ids`, a 4-D mask and `logits_to_keep`, and reads unshifted logits)."""
     if cache == "none":
         return
-    if spec.family == "block":
+    if spec.kind.block_causal:
         raise ValueError(
             f"generation_cache={cache!r} is for bidirectional models; block-diffusion models decode with an exact KV "
             "cache already (block_kv_cache=True): set generation_cache='none'."
@@ -144,7 +144,7 @@ def cuda_graphs_problem(args, spec: ModelSpec, model, device_type: str, sharded:
     implementation = compat.experts_implementation(config)
     return (
         f"this model ({spec.family!r} family) is not block-diffusion: its rollouts have no cached step to replay"
-        if spec.family != "block"
+        if not spec.kind.block_causal
         else f"the processes run on {device_type}, which has no CUDA graphs" if device_type != "cuda"
         else f"its {experts} experts per layer run through experts_implementation={implementation!r}, which reads "
         "the experts' counts on the host, which a graph cannot record: load it with experts_implementation="
@@ -177,9 +177,9 @@ def check_cuda_graphs(args, spec: ModelSpec, model, device_type: str, sharded: b
 
 
 def compiled_step_refusal(spec: ModelSpec) -> str | None:
-    """The message refusing `generation_compile` for a family whose rollouts do not run our decoding loop
-    (DiffusionGemma's own sampler), or `None`."""
-    if spec.noise != "uniform":
+    """The message refusing `generation_compile` for a kind whose rollouts do not run our decoding loop
+    (`Kind.own_sampler`: DiffusionGemma's own sampler), or `None`."""
+    if not spec.kind.own_sampler:
         return None
     return (f"generation_compile=True compiles the denoising steps of our decoding loop; this model ({spec.family!r} "
             "family) decodes with its own generate()'s sampler, which is not compiled here: set "
@@ -189,7 +189,7 @@ def compiled_step_refusal(spec: ModelSpec) -> str | None:
 def compiles_forward(spec: ModelSpec, generation_cache: str) -> bool:
     """Whether `generation_compile` compiles the model's forward too: the cached steps of block-diffusion models and
     of Fast-dLLM's caches do; without a cache only the sampler's work after the forward is compiled."""
-    return spec.family == "block" or generation_cache != "none"
+    return spec.kind.block_causal or generation_cache != "none"
 
 
 def check_compile(args, spec: ModelSpec, sharded: bool) -> None:
@@ -202,12 +202,12 @@ def check_compile(args, spec: ModelSpec, sharded: bool) -> None:
     if (refusal := compiled_step_refusal(spec)) is not None:
         raise ValueError(refusal)
     if sharded and compiles_forward(spec, args.generation_cache):
-        cache = "block_kv_cache" if spec.family == "block" else f"generation_cache={args.generation_cache!r}"
+        cache = "block_kv_cache" if spec.kind.block_causal else f"generation_cache={args.generation_cache!r}"
         raise ValueError(
             f"generation_compile=True with {cache} compiles the cached forward, which cannot be honoured under "
             "DeepSpeed ZeRO-3 / FSDP: their parameters are gathered by hooks inside each forward, which a compiled "
             "step would trace. Use ZeRO-2 or DDP, or set generation_compile=False"
-            + ("" if spec.family == "block" else ", or generation_cache='none' (only the sampler's work is then "
+            + ("" if spec.kind.block_causal else ", or generation_cache='none' (only the sampler's work is then "
                "compiled, which shards do not touch)") + "."
         )
 
@@ -263,7 +263,7 @@ def checkpoint_without_reentry(args, spec: ModelSpec, *, zero3_lora: bool = Fals
     """Activation checkpointing made non-reentrant where reentrant checkpointing cannot train; one line when it was
     reentrant.
 
-    - **A uniform-noise family (DiffusionGemma)**, always. Its decoder layers read the encoder's keys and values from
+    - **A kind reentrant checkpointing cannot train** (``Kind.reentrant_checkpointing``: DiffusionGemma's), always. Its decoder layers read the encoder's keys and values from
       the cache inside the checkpointed region, not as inputs: reentrant checkpointing recomputes each layer in a nested
       backward that runs on into the encoder's graph, which every decoder layer shares, and the second layer's fails
       ("Trying to backward through the graph a second time"; tiny DiffusionGemma, one process, `use_reentrant=True`).
@@ -277,17 +277,17 @@ def checkpoint_without_reentry(args, spec: ModelSpec, *, zero3_lora: bool = Fals
     backpropagates through the one graph: 2-process ZeRO-3 CPU launches train with it
     (`tests/test_multiprocess.py::test_deepspeed_zero3_diffusion_gemma_lora`, `::test_deepspeed_zero3_lora_views`).
     """
-    uniform = spec.noise == "uniform"
-    version = deepspeed_version() if zero3_lora and not uniform else None
+    own = not spec.kind.reentrant_checkpointing
+    version = deepspeed_version() if zero3_lora and not own else None
     lora = zero3_lora and not stays_reentrant(asked, version)
-    if not args.gradient_checkpointing or not (uniform or lora):
+    if not args.gradient_checkpointing or not (own or lora):
         return []
     kwargs = dict(args.gradient_checkpointing_kwargs or {})
     # transformers reads the new name when it enables checkpointing, TRL the old one when it re-enables it
     args.gradient_checkpointing_kwargs = args.activation_checkpointing_kwargs = {**kwargs, "use_reentrant": False}
     if not kwargs.get("use_reentrant"):
         return []
-    if not uniform:
+    if not own:
         return [f"use_reentrant=True (TRL's choice for LoRA under ZeRO-3) is set to False: DeepSpeed {version} "
                 "recomputes frozen weights whole, and reentrant checkpointing cannot train an estimate of several "
                 "forwards per micro-batch under ZeRO-3 (docs/trainer.md)."]  # fmt: skip
@@ -342,8 +342,11 @@ def check_reentrant_forwards(args, noise: str, *, peft: bool, zero3: bool, reent
 def check_block_layout(args, spec: ModelSpec) -> None:
     """The config against the model's layout (the block length rollouts and estimates then use is
     ``spec.decoding_block_length(args.block_length)``). The config is never changed."""
+    problem = block_model_problem(getattr(args, "loss_type", None), spec.family, spec.kind.block_causal)
+    if problem is not None:
+        raise ValueError(problem)
     estimator = ESTIMATORS[args.estimator]
-    if estimator.block_model_only and spec.family != "block":
+    if estimator.block_model_only and not spec.kind.block_causal:
         others = " or ".join(
             f"estimator={name!r} (loss_type={own_objective(name)!r})" for name, entry in ESTIMATORS.items()
             if entry.replays_rollout and not entry.block_model_only and own_objective(name)
@@ -354,10 +357,10 @@ def check_block_layout(args, spec: ModelSpec) -> None:
             f"or use {others} here."
         )
     # Prompts of different lengths are left-padded: the estimator's mask and the rollouts' (below) must honour it.
-    four_d = scores_with_4d_mask(args.estimator, block_causal=spec.family == "block")
+    four_d = scores_with_4d_mask(args.estimator, block_causal=spec.kind.block_causal)
     require_attention(spec, f"the {args.estimator} estimator", four_d=four_d, padded=True)
     check_cache_model(spec, args.generation_cache)
-    if spec.family != "block":
+    if not spec.kind.block_causal:
         return
     require_attention(spec, "block-causal generation", four_d=True, use_cache=args.block_kv_cache)
     block = spec.block_length

@@ -18,8 +18,7 @@ from typing import Any
 from ..console import quiet_trl_internals
 from ..models import base_model, is_transformers_native, make_bidirectional
 from ..models.embedded import resolve_model_name
-from ..models.families import native_config, native_layout
-from ..models.families.diffusion_gemma import is_diffusion_gemma
+from ..models.families import MODEL_SPECS, native_config, native_layout
 from ..models.loading import (
     attends_bidirectionally,
     check_adapter_base,
@@ -140,14 +139,16 @@ def adapter_tokenizer(adapter: ContinuedAdapter, args):
 
 def native_tokenizer(name_or_path: str, args):
     """The tokenizer of a LLaDA / Dream / SDAR checkpoint loaded natively, with `AutoTokenizer` given the native config
-    (TRL would use `AutoProcessor`, which resolves the family's remote config class first), or of DiffusionGemma (text
-    prompts only); `None` (TRL decides) for other models."""
+    (TRL would use `AutoProcessor`, which resolves the family's remote config class first), or of a family whose
+    vision tower its text prompts never reach (`ModelSpec.ignores_vision`: DiffusionGemma); `None` (TRL decides) for
+    other models."""
     from transformers import AutoTokenizer
 
     init_kwargs = args.model_init_kwargs or {}
     config_dict = read_config_dict(name_or_path, **init_kwargs)
     hub = {k: init_kwargs[k] for k in ("revision", "cache_dir", "token") if init_kwargs.get(k) is not None}
-    if is_diffusion_gemma(config_dict):  # TRL's AutoProcessor would want its vision tower's image processor
+    spec = MODEL_SPECS.get(config_dict.get("model_type"))
+    if spec is not None and spec.ignores_vision:  # TRL's AutoProcessor would want its vision tower's image processor
         return AutoTokenizer.from_pretrained(name_or_path, **hub)  # text prompts only: the tokenizer
     if native_layout(config_dict) is None:
         return None
@@ -235,7 +236,7 @@ def probe_remote_code(model, spec, shards_parameters: bool) -> None:
         return
     if spec.padding_mask != "honoured":
         return
-    if spec.family == "generic" and not attends_bidirectionally(model):
+    if spec.assumed_bidirectional and not attends_bidirectionally(model):
         config = base_model(model).config
         raise ValueError(
             f"{type(model).__name__} (model_type={getattr(config, 'model_type', None)!r}, remote code) attends "

@@ -22,7 +22,6 @@ from ..core.sampling import (
     generate_cached,
 )
 from ..models import ModelSpec, model_logits_fn, require_attention
-from .diffusion_gemma_rollouts import diffusion_gemma_options, generate_diffusion_gemma
 from .model_checks import check_block_guidance, check_cache_model, compiled_step_refusal
 from .tree_rollouts import branching
 
@@ -59,18 +58,18 @@ def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
     [`~trl_dllm.core.sampling.DecodingOptions`], plus `generation_cache` and `compile`, and the block-causal ones for a
     block-diffusion model).
 
-    - A block-diffusion family decodes block by block in its own blocks (`ModelSpec.decoding_block_length`) and its
+    - A kind with its own sampler (`Kind.decoder`: DiffusionGemma's `generate()`) decodes with it; the fields it
+      cannot honour are refused there.
+    - A block-causal kind decodes block by block in its own blocks (`ModelSpec.decoding_block_length`) and its
       layout, with the exact KV cache, called on the module (the cache needs `past_key_values`); no guidance, no
       approximate cache.
     - A bidirectional model with `generation_cache` (Fast-dLLM's approximate cache) is called on the module; no
       guidance.
-    - DiffusionGemma (uniform noise) decodes as its own `generate()` does, all rows in one batch; the fields it
-      cannot honour are refused (`training.diffusion_gemma_rollouts`).
     - Any other decodes on the full canvas through its logits function (Dream's shift undone, `logits_to_keep` where
       the model takes it).
     """
     fields = dict(fields)
-    if spec.family != "block" and fields.pop("cuda_graphs", False):
+    if not spec.kind.block_causal and fields.pop("cuda_graphs", False):
         raise ValueError(
             f"generation_cuda_graphs=True replays the cached step of a block-diffusion model; this model ({spec.family!r} "
             "family) decodes without that cache: set generation_cuda_graphs=False."
@@ -78,11 +77,10 @@ def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
     compile = fields.pop("compile", False)
     if compile and (refusal := compiled_step_refusal(spec)) is not None:
         raise ValueError(refusal)
-    if spec.noise == "uniform":
-        fields.setdefault("eos_token_ids", spec.eos_token_ids)
-        return DecodingPlan(generate_diffusion_gemma, model, diffusion_gemma_options(model, **fields))
+    if spec.kind.decoder is not None:
+        return DecodingPlan(*spec.kind.decoder(model, spec, fields))
     cache = fields.pop("generation_cache", "none")
-    if spec.family == "block":
+    if spec.kind.block_causal:
         # A model that cannot take the KV cache (remote code) decodes without it unless asked for it.
         fields.setdefault("use_cache", spec.accepts_kv_cache)
         require_attention(spec, "block-causal generation", four_d=True, use_cache=fields["use_cache"], model=model)
@@ -126,11 +124,11 @@ def decoding_plan(
         "compile": args.generation_compile,
         **sampling_distribution(args, temperature),
     }
-    if spec.noise == "uniform":
-        # DiffusionGemma's canvas is its block; the config always holds a block_length (its default filled in), so it
-        # is not read.
+    if spec.kind.own_sampler:
+        # Its blocks are its own (DiffusionGemma's canvas); the config always holds a block_length (its default filled
+        # in), so it is not read.
         fields.update(block_length=None, use_cache=args.block_kv_cache)
-    if spec.family == "block":
+    if spec.kind.block_causal:
         fields.update(
             use_cache=args.block_kv_cache,
             decode_to_block_end=not return_trajectory,
@@ -142,17 +140,17 @@ def decoding_plan(
 
 
 def check_uniform_decoding(model, spec: ModelSpec, args, eos_token_ids: Sequence[int]) -> None:
-    """Before training, on a uniform-noise family (DiffusionGemma): the rollouts' own checks of the generation fields
-    (:func:`~.diffusion_gemma_rollouts.diffusion_gemma_options`, through :func:`decoding_plan` as each rollout builds
-    it), so that a field its sampler cannot honour stops the run at construction, not at the first rollout; and a
-    ``block_length`` the user set must be its canvas (a defaulted one is not read). Other families: nothing."""
-    if spec.noise != "uniform":
+    """Before training, on a kind with its own sampler (`Kind.decoder`: DiffusionGemma): the sampler's own checks of
+    the generation fields (through :func:`decoding_plan` as each rollout builds it), so that a field it cannot honour
+    stops the run at construction, not at the first rollout; and a ``block_length`` the user set must be its own
+    block (a defaulted one is not read). Other kinds: nothing."""
+    if not spec.kind.own_sampler:
         return
-    canvas = spec.block_length
+    canvas, where = spec.block_length, ", ".join(f"config.{name}" for name in spec.kind.block_size_fields)
     if not getattr(args, "_block_length_defaulted", True) and args.block_length != canvas:
         raise ValueError(
-            f"block_length={args.block_length} does not apply to this model: DiffusionGemma decodes and scores canvases "
-            f"of its own config.canvas_length={canvas}. Leave block_length unset (or set it to {canvas})."
+            f"block_length={args.block_length} does not apply to this model: the {spec.family} family decodes and "
+            f"scores blocks of its own {where}={canvas}. Leave block_length unset (or set it to {canvas})."
         )
     decoding_plan(model, spec, args, eos_token_ids=eos_token_ids, return_trajectory=args.records_trajectory)
 

@@ -21,7 +21,6 @@ from ..core.likelihood import ESTIMATORS, LikelihoodOutput, estimate
 from ..core.methods import METHOD_OPTIONS
 from ..core.objectives import OBJECTIVES
 from ..models import ModelSpec, model_logits_fn
-from ..models.families.diffusion_gemma import Denoiser
 from ..seeding import sample_seed
 from .rollouts import sampling_distribution
 
@@ -82,10 +81,10 @@ class Scoring:
         if self.shards_parameters:
             self.values["checkpoint_views"] = False  # tests/test_multiprocess.py: ZeRO-3 recompute sees empty shards
         self.values.update(
-            block_causal=self.spec.family == "block", block_length=self.block_length, entropy_grad=self.entropy_grad,
+            block_causal=self.spec.kind.block_causal, block_length=self.block_length, entropy_grad=self.entropy_grad,
             block_layout=self.spec.block_layout,
         )
-        if self.spec.noise == "uniform":  # DiffusionGemma: its canvas, vocabulary and EOS fill (`uniform_block`)
+        if self.spec.kind.denoiser is not None:  # scored by its own denoiser: its canvas, vocabulary, EOS fill
             fill = self.spec.eos_token_ids[0] if self.fill_token_id is None else self.fill_token_id
             self.values.update(canvas_length=self.spec.block_length, vocab_size=self.vocab_size, fill_token_id=fill)
         self.estimator = ESTIMATORS[self.args.estimator]
@@ -153,8 +152,8 @@ class Scoring:
         the estimator's declared row inputs), `row_chunk` rows per call, under the accelerator's autocast. Returns the
         output and, with `aux_loss`, the mean MoE router loss of its forwards."""
         router = RouterLoss(model) if aux_loss else None
-        if self.spec.noise == "uniform":  # no mask token: the family's denoiser (encoder on the context, decoder on a canvas)
-            logits_fn = Denoiser(router or model)
+        if self.spec.kind.denoiser is not None:  # no mask token: its kind's (DiffusionGemma: encoder, then decoder)
+            logits_fn = self.spec.kind.denoiser(router or model)
         else:
             logits_fn = model_logits_fn(router or model, self.spec)
         options = self.estimator_options(current=current)

@@ -11,7 +11,6 @@ import os
 from collections.abc import Mapping, Sequence
 
 from ..models import base_model, family_spec, is_transformers_native, require_attention
-from ..models.families.diffusion_gemma import is_diffusion_gemma
 from . import inputs
 
 
@@ -78,7 +77,7 @@ def check_remote_code_object(model, args) -> None:
     spec = family_spec(base)
     if spec is None or not spec.trust_remote_code:
         return
-    block = spec.family == "block"
+    block = spec.kind.block_causal
     what = "DiffusionGRPOTrainer's block-causal rollouts" if block else "DiffusionGRPOTrainer (prompts are left-padded)"
     require_attention(spec, what, four_d=block, padded=True, use_cache=args.block_kv_cache, model=base)
 
@@ -140,6 +139,12 @@ def _is_dataset_dict(dataset) -> bool:
     return isinstance(dataset, (DatasetDict, IterableDatasetDict))
 
 
+def _ignores_vision(model) -> bool:
+    """``model``'s family declares that its text prompts never reach the vision tower it carries."""
+    spec = family_spec(base_model(model))
+    return spec is not None and spec.ignores_vision
+
+
 def check_text_only(processing_class, model) -> None:
     """Diffusion rollouts are text-only: refuse a processor or a vision-language model now, not at the first rollout."""
     from transformers import ProcessorMixin
@@ -151,8 +156,8 @@ def check_text_only(processing_class, model) -> None:
             "text-only model."
         )
     config = getattr(model, "config", None)
-    # DiffusionGemma carries a vision tower its text prompts never reach (its encoder reads token ids only).
-    if config is not None and getattr(config, "vision_config", None) is not None and not is_diffusion_gemma(config):
+    # A family may carry a vision tower its text prompts never reach (`ModelSpec.ignores_vision`: DiffusionGemma's).
+    if config is not None and getattr(config, "vision_config", None) is not None and not _ignores_vision(model):
         raise ValueError(
             f"{type(model).__name__} is a vision-language model ({config.model_type}): DiffusionGRPOTrainer supports "
             "text-only models and prompts."

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trl_dllm.core.objectives import OBJECTIVES, agrpo, espo, spg, stabledrl, wd1
+from trl_dllm.core.objectives import OBJECTIVES, agrpo, ebpo, espo, spg, stabledrl, wd1
 
 ROOT = Path(__file__).resolve().parents[3]
 POSITIONAL = ["logps", "old_logps", "ref_logps", "mask", "advantages"]
@@ -31,7 +31,8 @@ def agrpo_every_token(logps, *args, **kwargs):
 
 
 # BGPO without `sample_estimates` is its one-sample form on the row sums of `logps` and `old_logps`.
-OBJECTIVE_FNS = [_declared("espo"), _declared("bgpo"), _declared("stabledrl"), _declared("agrpo", agrpo_every_token)]
+OBJECTIVE_FNS = [_declared("espo"), _declared("bgpo"), _declared("ebpo"), _declared("stabledrl"),
+                 _declared("agrpo", agrpo_every_token)]
 
 
 # ---------------------------------------------------------------- entries
@@ -63,6 +64,8 @@ def test_registry():
 
 def test_registry_entries():
     assert OBJECTIVES["wd1"].fn is wd1 and "group_ids" in OBJECTIVES["wd1"].inputs
+    assert OBJECTIVES["ebpo"].fn is ebpo and OBJECTIVES["ebpo"].estimators == ("block",)
+    assert {name for name, entry in OBJECTIVES.items() if entry.block_model_only} == {"ebpo"}
     assert OBJECTIVES["spg"].fn is spg and OBJECTIVES["spg"].estimators == ("spg",)
 
 

@@ -5,6 +5,7 @@
 - `agrpo` (AGRPO): per-token PPO over the denoising steps the `trajectory` estimator samples.
 - `dtreerpo` (d-TreeRPO): per-token PPO on tree rollouts, each segment with its node's advantage from the leaves.
 - `dipo` (DiPO, DiRL): per-token PPO on the step-level likelihood of block-diffusion rollouts, token mean.
+- `ebpo` (EBPO, LLaDA2.1): ESPO's clipped sequence ratio on the block ELBO of block-diffusion models, not normalised.
 - `justgrpo` (JustGRPO): per-token PPO on the exact left-to-right likelihood, normalised by `L · N`.
 - `spg` (SPG) and `wd1` (wd1): weighted likelihoods without an importance ratio (no old policy).
 - `_common`: what they share (`ObjectiveOutput`, `sequence_logps`, `kl_divergence`, group weights, the clamped
@@ -45,6 +46,7 @@ from .agrpo import STEP_NORMALIZATION, STEP_NORMALIZATIONS, agrpo
 from .bgpo import DUAL_CLIP, bgpo
 from .dipo import DIPO_LOG_RATIO_CLAMP, dipo
 from .dtreerpo import DISTILL_OPTIONS, check_tree, dtreerpo, tree_advantages
+from .ebpo import ebpo
 from .espo import espo
 from .justgrpo import justgrpo
 from .spg import spg
@@ -63,6 +65,7 @@ __all__ = [
     "bgpo",
     "dipo",
     "dtreerpo",
+    "ebpo",
     "espo",
     "group_normalised_weights",
     "group_softmax",
@@ -115,6 +118,8 @@ class Objective:
             papers' code does over one whole group per micro-step. TRL's row shuffle would split groups over
             micro-batches and processes and make the update depend on both, so the trainer keeps whole groups in every
             micro-batch (`whole_group_batches`, on by default for these objectives).
+        block_model_only (`bool`, *optional*, defaults to `False`): its paper defines it for block-diffusion models
+            (EBPO's block ELBO of LLaDA2.x / SDAR): the trainer refuses a model of another family, with the fix.
         check (`Callable[[object], str | None]`, *optional*): a check across the values of its own options, called
             with the config at construction whatever the loss type (like each option's own check: a wrong value is
             refused even where the run does not read it): what is wrong and what to set, or `None` (StableDRL: a
@@ -130,6 +135,7 @@ class Objective:
     uses_old: bool = True
     needs_trajectory: bool = False
     whole_groups: bool = False
+    block_model_only: bool = False
     check: Callable[[object], str | None] | None = None
 
     @property
@@ -168,6 +174,7 @@ OBJECTIVES: dict[str, Objective] = {
     "dipo": Objective(
         dipo, ("block_steps",), options=(*PPO_CLIP, *KL), inputs=("unmask_step",), whole_groups=True
     ),
+    "ebpo": Objective(ebpo, ("block",), options=(*PPO_CLIP, *KL), block_model_only=True),
     "dtreerpo": Objective(
         dtreerpo, ("tree_segments",), options=(*TREE_OPTIONS, *PPO_CLIP, *KL, *DISTILL_OPTIONS),
         inputs=("group_ids", "group_rank", "completion_ids", "train_progress"), estimate_fields=("segments",),

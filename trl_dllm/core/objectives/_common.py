@@ -165,15 +165,35 @@ def group_softmax(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor
 # ---------------------------------------------------------------- ratios, KL, metrics
 
 
-def log_ratio(logps, old_logps, mask):
-    """`S`, `L` and the per-token-normalised, clamped log-ratio `(S − S_old) / L` (nan → 0, ±inf → ±clamp)."""
+def log_ratio(logps, old_logps, mask, per_token=True):
+    """`S`, `L` and the clamped log-ratio `(S − S_old) / L` (nan → 0, ±inf → ±clamp); `S − S_old` with
+    `per_token=False` (EBPO's sequence-level ratio)."""
     seq, length = sequence_logps(logps, mask)
     if old_logps is None:  # on-policy (a single inner iteration): π_old = π_θ, the ratio is exactly 1
         old_seq = seq.detach()
     else:
         old_seq, _ = sequence_logps(old_logps.detach(), mask)
-    gap = torch.nan_to_num((seq - old_seq) / length, nan=0.0, posinf=LOG_RATIO_CLAMP, neginf=-LOG_RATIO_CLAMP)
+    gap = (seq - old_seq) / length if per_token else seq - old_seq
+    gap = torch.nan_to_num(gap, nan=0.0, posinf=LOG_RATIO_CLAMP, neginf=-LOG_RATIO_CLAMP)
     return seq, length, gap.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def clipped_sequences(log_rho, advantages, epsilon_low, epsilon_high):
+    """PPO's clipped surrogate with one ratio per sequence, `ℓ_i = −min(ρ_i A_i, clip(ρ_i, 1 − ε_low, 1 + ε_high) A_i)`
+    with `ρ_i = exp(log_rho_i)`, and its metrics: `ratio/*`, `clip_ratio/low_mean` (`ρ_i < 1 − ε_low`, `A_i < 0`),
+    `clip_ratio/high_mean` (`ρ_i > 1 + ε_high`, `A_i > 0`: where the clip is active, as in TRL) and
+    `clip_ratio/region_mean` (their sum). Returns `(ℓ (B,), metrics)`."""
+    adv = advantages.to(log_rho.dtype)
+    ratio = torch.exp(log_rho)
+    clipped = ratio.clamp(1.0 - epsilon_low, 1.0 + epsilon_high)
+    per_seq = -torch.min(ratio * adv, clipped * adv)
+    ratio_d = ratio.detach()
+    low = ((ratio_d < 1.0 - epsilon_low) & (adv < 0)).to(log_rho.dtype)
+    high = ((ratio_d > 1.0 + epsilon_high) & (adv > 0)).to(log_rho.dtype)
+    metrics = ratio_metrics(ratio)
+    metrics |= {"clip_ratio/low_mean": low.mean(), "clip_ratio/high_mean": high.mean()}
+    metrics["clip_ratio/region_mean"] = (low + high).mean()
+    return per_seq, metrics
 
 
 def kl_term(seq, length, ref_logps, mask, beta, kl_estimator):

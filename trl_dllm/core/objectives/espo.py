@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import ObjectiveOutput, kl_term, log_ratio, ratio_metrics
+from ._common import ObjectiveOutput, clipped_sequences, kl_term, log_ratio
 
 __all__ = ["espo"]
 
@@ -55,18 +55,9 @@ def espo(
     """
     seq, length, log_rho = log_ratio(logps, old_logps, mask)
     kl = kl_term(seq, length, ref_logps, mask, beta, kl_estimator)
-    adv = advantages.to(seq.dtype)
-    ratio = torch.exp(log_rho)
-    clipped = ratio.clamp(1.0 - epsilon_low, 1.0 + epsilon_high)
-    per_seq = -torch.min(ratio * adv, clipped * adv)
+    per_seq, metrics = clipped_sequences(log_rho, advantages, epsilon_low, epsilon_high)
     if kl is not None and beta != 0.0:
         per_seq = per_seq + beta * kl
-    ratio_d = ratio.detach()
-    low = ((ratio_d < 1.0 - epsilon_low) & (adv < 0)).to(seq.dtype)
-    high = ((ratio_d > 1.0 + epsilon_high) & (adv > 0)).to(seq.dtype)
-    metrics = ratio_metrics(ratio)
-    metrics |= {"clip_ratio/low_mean": low.mean(), "clip_ratio/high_mean": high.mean()}
-    metrics["clip_ratio/region_mean"] = (low + high).mean()
     if kl is not None:
         metrics["kl"] = kl.detach().mean()
     return ObjectiveOutput(loss=per_seq.mean(), metrics=metrics)

@@ -41,6 +41,17 @@ RELEASED_IDS: dict[str, str] = {i: f.name for f in FAMILIES if f.tiny is not Non
 (:func:`trl_dllm.models.tiny_families.released_original_config`), planned without the Hub."""
 RELEASED_CONFIGS: dict[str, dict] = {k: dict(c) for family in FAMILIES for k, c in family.released_configs.items()}
 """Released checkpoints' ``config.json`` by Hub id, embedded: ``trl-dllm plan`` plans them without the Hub."""
+MODEL_CLASSES = {k: family.model_class for family in FAMILIES if family.model_class for k in family.model_types}
+"""``model_class()`` by ``config.model_type``, for the families ``AutoModelForCausalLM`` does not build
+(:attr:`~trl_dllm.models.specs.Family.model_class`)."""
+
+
+def training_refusal(model, args, **hub_kwargs) -> str | None:
+    """The message refusing a run the trainer cannot do with ``model`` (a model, or a Hub id / folder read without its
+    weights), from the first family whose ``training_refusal`` refuses it, else `None`. Called before the weights are
+    loaded, by the trainer and ``trl-dllm plan``."""
+    refusals = (family.training_refusal(model, args, **hub_kwargs) for family in FAMILIES if family.training_refusal)
+    return next((refusal for refusal in refusals if refusal is not None), None)
 
 
 def native_layout(config_dict: dict) -> NativeLayout | None:

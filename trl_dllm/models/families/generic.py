@@ -35,6 +35,7 @@ def generic_spec(model: Any) -> ModelSpec:
         mask_token_id=None,
         accepts_logits_to_keep=keeps,
         accepts_4d_mask=is_transformers_native(model),
+        assumed_bidirectional=True,
     )
 
 

@@ -48,7 +48,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MLP, 
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from ..native import NativeLayout, OriginalLayoutMixin
-from ..specs import Family, ModelSpec, TinyCheckpoint
+from ..specs import BLOCK_CAUSAL, Family, ModelSpec, TinyCheckpoint
 from . import _moe
 from ._moe import EOS_TOKEN_ID, MASK_TOKEN_ID, additive_4d_mask
 
@@ -74,6 +74,7 @@ LLADA2_REMOTE = ModelSpec(
     padding_mask="none",
     accepts_kv_cache=False,
     block_length=BLOCK_LENGTH,
+    kind=BLOCK_CAUSAL,
 )
 
 # The released LLaDA2.0-mini / 2.1-mini config.json fields this class reads, with their released values as defaults

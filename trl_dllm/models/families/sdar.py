@@ -14,7 +14,7 @@ from __future__ import annotations
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from ..native import NativeLayout, OriginalLayoutMixin
-from ..specs import Family, ModelSpec, TinyCheckpoint, UnsupportedCheckpointError
+from ..specs import BLOCK_CAUSAL, Family, ModelSpec, TinyCheckpoint, UnsupportedCheckpointError
 from . import _qwen
 from ._qwen import ENDOFTEXT_ID, IM_END_ID
 
@@ -35,10 +35,11 @@ SDAR_REMOTE = ModelSpec(
     accepts_logits_to_keep=False,
     padding_mask="none",
     accepts_kv_cache=False,
+    kind=BLOCK_CAUSAL,
 )
 # config.dllm_family == "block": block_length from config.block_length (SDAR / TraDo / LLaDA2 loaded natively, the tiny
 # block model, any marked checkpoint); mask id from the config or the tokenizer.
-BLOCK = ModelSpec(family="block", mask_token_id=None, accepts_4d_mask=True)
+BLOCK = ModelSpec(family="block", mask_token_id=None, accepts_4d_mask=True, kind=BLOCK_CAUSAL)
 
 
 def sdar_config(original: dict) -> Qwen3Config:

@@ -1,4 +1,4 @@
-"""DiffusionGemma rollouts (trl_dllm.training.diffusion_gemma_rollouts): equal to the model's own generate() at the
+"""DiffusionGemma rollouts (trl_dllm.models.families.diffusion_gemma.sampling): equal to the model's own generate() at the
 same seed, per-row seeds independent of batch companions and padding, EOS handling, the global RNG untouched, the
 trainer's decoding plan, and every field generate() cannot honour refused by name."""
 
@@ -11,7 +11,7 @@ import trl_dllm
 from trl_dllm import DiffusionGRPOConfig
 from trl_dllm.models import resolve_model_spec
 from trl_dllm.models.families import diffusion_gemma as dg
-from trl_dllm.training.diffusion_gemma_rollouts import (
+from trl_dllm.models.families.diffusion_gemma.sampling import (
     diffusion_gemma_options,
     generate_diffusion_gemma,
     generate_kwargs,
@@ -273,7 +273,7 @@ class _StandIn:
 
 
 def _sampler(model, steps, canvas, vocab, confidence=5.0, stability=1):
-    from trl_dllm.training.diffusion_gemma_rollouts import _Sampler
+    from trl_dllm.models.families.diffusion_gemma.sampling import _Sampler
 
     config = model.generation_config
     saved = config.stability_threshold, config.confidence_threshold
@@ -317,7 +317,7 @@ def test_row_by_row_step_equals_the_batched_one_bit_for_bit(model, dtype, stabil
 
 @pytest.mark.parametrize("shape", [(2, 3, 262144), (3, 32, 174), (1, 5, 7)])
 def test_entropy_equals_categoricals_bit_for_bit(shape):
-    from trl_dllm.training.diffusion_gemma_rollouts import _entropy
+    from trl_dllm.models.families.diffusion_gemma.sampling import _entropy
 
     logits = torch.randn(shape, generator=torch.Generator().manual_seed(1)) * 8
     logits[0, 0, :3] = -1e30  # near float32's lowest: the clamp matters
@@ -334,7 +334,7 @@ def test_acceptance_and_stopping_equal_transformers_from_the_entropies(model, st
         StableAndConfidentStoppingCriteria,
     )
 
-    from trl_dllm.training.diffusion_gemma_rollouts import _entropy
+    from trl_dllm.models.families.diffusion_gemma.sampling import _entropy
 
     sampler = _sampler(model, 4, 16, 50, confidence=3.0, stability=stability)
     sampler.accept = EntropyBoundSampler(EntropyBoundSamplerConfig(entropy_bound=0.7), 16, 50, 4)

@@ -61,9 +61,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import compat
-from ..core.sampling import GenerationOutput
-from ..models.families.diffusion_gemma import Denoiser
+from .... import compat
+from ....core.sampling import GenerationOutput
+from . import Denoiser
 
 
 @dataclass(frozen=True)
@@ -249,7 +249,7 @@ class _Sampler:
     (:func:`_row_step`: the shapes ``generate()`` of one row computes); acceptance and stopping take the entropies
     (:meth:`_accepted`, :meth:`_stop`: ``EntropyBoundSampler.accept_canvas`` and ``StableAndConfidentStoppingCriteria``
     less their ``Categorical(logits=...).entropy()``, which both computed on the whole `(B, C, V)`). The same bits as
-    transformers' pieces on the whole batch (``tests/training/test_diffusion_gemma_rollouts.py``)."""
+    transformers' pieces on the whole batch (``tests/models/test_diffusion_gemma_sampling.py``)."""
 
     def __init__(self, model, options: DiffusionGemmaOptions):
         from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
@@ -258,7 +258,7 @@ class _Sampler:
             StableAndConfidentStoppingCriteria,
         )
 
-        from ..models import base_model
+        from ... import base_model
 
         inner = base_model(model)
         config = compat.prepare_generation_config(inner, **generate_kwargs(model, options))

@@ -1,16 +1,17 @@
-"""DiffusionGemma (``DiffusionGemmaForBlockDiffusion``, ``model_type`` "diffusion_gemma"): the family's ids, its LoRA
-targets, the training refusal, and a tiny checkpoint for tests, built offline.
+"""DiffusionGemma (``DiffusionGemmaForBlockDiffusion``, ``model_type`` "diffusion_gemma"): the family's ids, its kind
+(:data:`ENCODER_DECODER`), its LoRA targets, the training refusal, and a tiny checkpoint for tests, built offline.
 
 The model is transformers' own class (transformers >= 5.11; no remote code): a causal encoder reads the clean context
 (prompt and committed blocks) into a KV cache, and a bidirectional decoder denoises one block of ``config.canvas_length``
 tokens (the canvas) cross-attending to that cache (``decoder_input_ids``, ``decoder_attention_mask``,
 ``decoder_position_ids``), self-conditioned on its own previous logits, with final-logit softcapping. The noise is
 uniform: a corrupted position holds a uniformly random vocabulary token, and there is **no mask token**. Its spec is
-:data:`DIFFUSION_GEMMA` (``noise="uniform"``, ``block_length`` = ``canvas_length``).
+:data:`DIFFUSION_GEMMA`, of kind :data:`ENCODER_DECODER` (uniform noise, its canvas as its block, its own sampler and
+denoiser as the kind's hooks); the rest of the package asks the kind, never the family's name.
 
 Loading needs nothing of ours: :func:`trl_dllm.models.loading.load_pretrained` (and TRL's ``create_model_from_path``)
 resolve the class from ``config.architectures``, and ``AutoTokenizer`` reads the tokenizer and its chat template.
-Rollouts go through the model's own ``generate()`` (:mod:`trl_dllm.training.diffusion_gemma_rollouts`).
+Rollouts go through the model's own ``generate()`` (:mod:`.sampling`, the kind's ``decoder``).
 
 Training: ``DiffusionGRPOTrainer`` trains it with ``loss_type="stabledrl"`` or ``"espo"`` on the ``"uniform_block"``
 estimator (``trl_dllm.core.likelihood.uniform_block``, called with :class:`Denoiser`); every other combination is
@@ -28,10 +29,10 @@ import torch
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from ... import compat
-from ...core.methods import noise_estimator, noise_problem
-from ..specs import Family, ModelSpec
-from ..tiny import SYMBOLS, WORDS
+from .... import compat
+from ....core.methods import noise_estimator, noise_problem
+from ...specs import Family, Kind, ModelSpec
+from ...tiny import SYMBOLS, WORDS
 
 MODEL_TYPE = "diffusion_gemma"
 ARCHITECTURE = "DiffusionGemmaForBlockDiffusion"
@@ -48,15 +49,46 @@ SPECIAL_TOKENS = {
     "<|tool_response>": TOOL_RESPONSE_ID, "<|turn>": TURN_START_ID, "<turn|>": TURN_END_ID,
 }  # fmt: skip
 
+
+def _decoder(model, spec: ModelSpec, fields: dict):
+    """The kind's ``decoder`` (:attr:`~trl_dllm.models.specs.Kind.decoder`): the model's own ``generate()``
+    (:func:`.sampling.generate_diffusion_gemma`), with the fields it cannot honour refused
+    (:func:`.sampling.diffusion_gemma_options`) and the family's EOS ids unless others are given."""
+    from .sampling import diffusion_gemma_options, generate_diffusion_gemma
+
+    options = diffusion_gemma_options(model, **{"eos_token_ids": spec.eos_token_ids, **fields})
+    return generate_diffusion_gemma, model, options
+
+
+def _denoiser(model):
+    """The kind's ``denoiser``: :class:`Denoiser` (encoder on the context, decoder on a canvas)."""
+    return Denoiser(model)
+
+
+def _model_class():
+    """The family's ``Family.model_class``: transformers' class, which ``AutoModelForCausalLM`` does not build."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    return DiffusionGemmaForBlockDiffusion
+
+
+ENCODER_DECODER = Kind(
+    "encoder_decoder", noise="uniform", own_block_size=True, block_size_fields=("canvas_length",),
+    estimator="uniform_block", greedy=False, reentrant_checkpointing=False, decoder=_decoder, denoiser=_denoiser,
+)  # fmt: skip
+"""Encoder-decoder block diffusion with uniform noise: a causal encoder reads the clean context into a KV cache, a
+bidirectional decoder denoises one canvas (its block, ``config.canvas_length``) cross-attending to it. No mask token:
+scored by ``"uniform_block"`` through :class:`Denoiser`, decoded by the model's own ``generate()`` (which always
+samples). Reentrant checkpointing cannot train it (``training.model_checks.checkpoint_without_reentry``)."""
+
 # google/diffusiongemma-26B-A4B-it (`DiffusionGemmaForBlockDiffusion`, transformers-native since 5.11): an encoder-decoder
 # block-diffusion MoE with uniform noise and no mask token; blocks ("canvases") of config.canvas_length (256 released,
 # read from the config), its canvas EOS-filled past the response (TRL's SFT example). EOS <eos> and end of turn <turn|>
 # (Gemma 4's tokenizer; its generation_config also ends on <|tool_response>, which resolve_model_spec adds from there).
 DIFFUSION_GEMMA = ModelSpec(
-    family="diffusion_gemma", mask_token_id=None, eos_token_ids=(EOS_ID, TURN_END_ID), noise="uniform"
-)
-
-FAMILY = Family(name="diffusion_gemma", model_types={MODEL_TYPE: DIFFUSION_GEMMA})
+    family="diffusion_gemma", mask_token_id=None, eos_token_ids=(EOS_ID, TURN_END_ID), kind=ENCODER_DECODER,
+    mergeable_adapters=False, ignores_vision=True,
+)  # fmt: skip
 
 LORA_TARGET_MODULES = (
     r"model\.(?:encoder\.language_model|decoder)\.layers\.\d+\."
@@ -106,7 +138,7 @@ def training_refusal(model: Any, args: Any, **hub_kwargs: Any) -> str | None:
     read is left to the loader, which says why."""
     name = model
     if isinstance(model, (str, os.PathLike)):
-        from ..native import read_config_dict
+        from ...native import read_config_dict
 
         try:
             config = read_config_dict(str(model), **hub_kwargs)
@@ -127,6 +159,10 @@ def training_refusal(model: Any, args: Any, **hub_kwargs: Any) -> str | None:
         problem = ("its config sets output_router_logits=True, which asks TRL for an MoE router loss, and "
                    "DiffusionGemmaForBlockDiffusion returns none (no aux_loss in its output): set it to False.")
     return None if problem is None else TRAINING_REFUSAL.format(name=name, why=problem)
+
+
+FAMILY = Family(name="diffusion_gemma", model_types={MODEL_TYPE: DIFFUSION_GEMMA}, training_refusal=training_refusal,
+                model_class=_model_class)  # fmt: skip
 
 
 def _get(config: Any, name: str) -> Any:
@@ -153,7 +189,7 @@ class Denoiser:
     (``tests/models/test_diffusion_gemma.py``)."""
 
     def __init__(self, model: Any):
-        from .. import base_model
+        from ... import base_model
 
         self.model = model
         self.inner = base_model(model)  # through PEFT, DDP and DeepSpeed: the encoder is not reached through them
