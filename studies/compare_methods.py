@@ -10,6 +10,8 @@ SFT = "sft"
 # paper's released recipe (docs/algorithms.md); `None` is the SFT-equal-compute row. `justgrpo` decodes left to right
 # (block_length 1: the demo's steps already equal the canvas length). `dipo` trains block-diffusion models only: it is
 # compared in `BLOCK_METHODS`, on the block-diffusion twin of the demo's model (`--model block`, docs/compare.md).
+# `cjgrpo` replays every step (step_samples above any canvas here) of rollouts with EOS early rejection on the demo's
+# schedule (its released `eoser` decoding): the ascending schedule's step count depends on each task's canvas length.
 # fmt: off
 METHODS: dict[str, dict | None] = {
     "d1": dict(loss_type="bnpo", estimator="mean_field", p_mask_prompt=0.15, beta=0.04, epsilon=0.5),
@@ -19,6 +21,8 @@ METHODS: dict[str, dict | None] = {
     "stabledrl": dict(loss_type="stabledrl", estimator="elbo"),
     "bgpo": dict(loss_type="bgpo", estimator="elbo", mc_samples=16, antithetic=False, scale_rewards="group"),
     "agrpo": dict(loss_type="agrpo", estimator="trajectory"),
+    "cjgrpo": dict(loss_type="cjgrpo", estimator="trajectory", step_samples=256, eos_min_gamma=0.01,
+                   score_padding_eos=True, beta=0.04, epsilon=0.5),
     # the released tree is 4 x 4 leaves; the demo's group of 8 is 2 x 4 (branching at its steps 0 and L / 2)
     "dtreerpo": dict(loss_type="dtreerpo", estimator="tree_segments", dtreerpo_root_branches=2,
                      dtreerpo_branch_factor=4, num_generations=8),

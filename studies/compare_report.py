@@ -172,14 +172,14 @@ def scaled_to(ax, values: list[float]) -> None:
         ax.set_ylim(max(0.0, low - pad), min(1.0, high + pad))
 
 
-PANEL_METHODS = 5  # RL methods per panel: at most 8 lines a panel (docs' figure rules), 10 RL methods today
+PANEL_METHODS = 5  # RL methods per panel: at most 8 lines a panel (docs' figure rules), 11 RL methods today
 
 
 def plot_compare(results: dict, path: Path) -> None:
     """Per task, held-out reward vs RL step and vs training seconds for the RL methods — split over as many panel
     pairs as it takes to keep at most :data:`PANEL_METHODS` methods a panel — and SFT against the best RL method
     (highest final mean) vs seconds; one line per method (the mean over seeds) with a band (lowest to highest seed).
-    Distinct colours (Matplotlib's ten, tab20's beyond ten methods: 10 RL methods + SFT), the same in every panel;
+    Distinct colours (Matplotlib's ten, tab20's beyond ten methods: 11 RL methods + SFT), the same in every panel;
     one legend, right of the panels."""
     plt = pyplot()
     tasks = results["config"]["tasks"]

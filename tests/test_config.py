@@ -196,8 +196,8 @@ def test_estimator_left_unset_is_the_loss_types_own(loss_type):
     args = make(loss_type=loss_type, **extra)
     expected = OBJECTIVES[loss_type].estimators[0] if loss_type in OBJECTIVES else "elbo"
     assert (args.estimator, args._estimator_defaulted) == (expected, True)
-    assert {"agrpo": "trajectory", "dipo": "block_steps", "justgrpo": "left_to_right", "spg": "spg",
-            "wd1": "mean_field", "espo": "elbo", "stabledrl": "elbo",
+    assert {"agrpo": "trajectory", "cjgrpo": "trajectory", "dipo": "block_steps", "justgrpo": "left_to_right",
+            "spg": "spg", "wd1": "mean_field", "espo": "elbo", "stabledrl": "elbo",
             "ebpo": "block", "dtreerpo": "tree_segments"}.get(loss_type, "elbo") == expected  # fmt: skip
     if "block" in getattr(OBJECTIVES.get(loss_type), "estimators", ("block",)):
         explicit = make(loss_type=loss_type, estimator="block", **extra)

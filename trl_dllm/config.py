@@ -12,6 +12,7 @@ from .core.likelihood import ESTIMATORS
 from .core.methods import declared_fields, methods_taking
 from .core.objectives import OBJECTIVES
 from .core.options import Option
+from .core.sampling.schedules import SAMPLER_OPTIONS, config_problem
 from .training import checks
 
 
@@ -50,6 +51,10 @@ MethodOptionFields = method_option_fields(
     "The configuration fields the estimators and objectives declare (`DiffusionGRPOConfig`).",
 )  # fmt: skip
 
+SamplerOptionFields = method_option_fields(
+    list(SAMPLER_OPTIONS), "SamplerOptionFields", "The decoding fields of the samplers' schedules (EOSER, ASS)."
+)
+
 
 def parameter_doc(name: str, annotation: str, default, text: str) -> str:
     """One ``Parameters:`` entry of the docstring, in the format of TRL's configuration classes."""
@@ -85,7 +90,7 @@ def _options_doc(section: str) -> str:
 
 
 @dataclass
-class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
+class DiffusionGRPOConfig(MethodOptionFields, SamplerOptionFields, GRPOConfig):
     r"""
     Configuration class for [`DiffusionGRPOTrainer`]: every field of TRL's [`~trl.GRPOConfig`] plus the fields below.
     The fields that only an estimator or objective reads (`mc_samples`, `stabledrl_clip_high`, …) are declared by that
@@ -162,6 +167,7 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
         eos_early_exit (`bool`, *optional*, defaults to `False`):
             Finish a row once its first EOS is committed and nothing before it is masked: fill the rest with EOS and
             stop computing it. An approximation of the full rollout (LLaDA-style models fill the tail with EOS).
+{sampler_options}
         generation_merge_adapters (`bool`, *optional*, defaults to `False`):
             LoRA: merge the adapters into the base weights for each rollout (PEFT's `merge_adapter()`) and put the base
             weights back, bit for bit, after it (PEFT's `unmerge_adapter()`, then the weights kept aside), so that a
@@ -446,6 +452,8 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
         self.mc_checkpointing = checks.auto_or_bool("mc_checkpointing", self.mc_checkpointing)
         self.whole_group_batches = checks.whole_group_batches(self)
         checks.check_config(self)
+        if (problem := config_problem(self)) is not None:  # EOSER / ASS, before any rollout
+            raise ValueError(problem)
         # Whether `use_bias_correction_kl` was left to its default: resolved for the estimator (again by the trainer,
         # after `fit_estimator` has fitted the estimator to the model's family).
         self._bias_correction_defaulted = self.use_bias_correction_kl is None
@@ -478,7 +486,8 @@ class DiffusionGRPOConfig(MethodOptionFields, GRPOConfig):
 
 
 for _name, _text in (("estimator", _estimator_doc()), ("estimation_options", _options_doc("estimation")),
-                     ("objective_options", _options_doc("objective"))):
+                     ("objective_options", _options_doc("objective")),
+                     ("sampler_options", options_doc(list(SAMPLER_OPTIONS)))):
     DiffusionGRPOConfig.__doc__ = DiffusionGRPOConfig.__doc__.replace("{" + _name + "}", _text)
 
 

@@ -21,6 +21,7 @@ from ..core.sampling import (
     generate_block_causal,
     generate_cached,
 )
+from ..core.sampling.schedules import schedule_fields
 from ..models import ModelSpec, model_logits_fn, require_attention
 from .model_checks import check_block_guidance, check_cache_model, compiled_step_refusal
 from .tree_rollouts import branching
@@ -123,7 +124,11 @@ def decoding_plan(
         "generation_cache": args.generation_cache,
         "compile": args.generation_compile,
         **sampling_distribution(args, temperature),
+        **schedule_fields(args),  # EOSER / ASS, where set
     }
+    if spec.kind.own_sampler and schedule_fields(args):
+        raise ValueError(f"{sorted(schedule_fields(args))}: this {spec.family} model decodes with its own sampler, "
+                         "which has no EOS early rejection or step schedule; unset them.")  # fmt: skip
     if spec.kind.own_sampler:
         # Its blocks are its own (DiffusionGemma's canvas); the config always holds a block_length (its default filled
         # in), so it is not read.

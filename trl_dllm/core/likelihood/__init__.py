@@ -162,7 +162,7 @@ ESTIMATORS: dict[str, Estimator] = {
         mc_weighted=True,  # 1 / t
     ),
     "trajectory": Estimator(
-        trajectory, "AGRPO: replays sampled steps of the recorded rollout; `loss_type=\"agrpo\"` only",
+        trajectory, "AGRPO, CJ-GRPO: replays steps of the recorded rollout; `loss_type=\"agrpo\"` or `\"cjgrpo\"` only",
         trajectory_views,
         options=(STEP_SAMPLES, STEP_SAMPLING_OPTION, *SAMPLING, CFG_SCALE, BLOCK_CAUSAL, *_BLOCK, MC_BATCH_SIZE,
                  *MEMORY),

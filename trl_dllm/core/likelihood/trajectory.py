@@ -323,7 +323,7 @@ def _check_trajectory(completion_ids, unmask_step, step_samples, step_sampling, 
         raise ValueError(
             "The `trajectory` estimator needs `unmask_step`, the step that revealed each completion token: record the "
             "trajectory during the rollout (`DecodingOptions(..., return_trajectory=True)`; the trainer records it "
-            "for `loss_type='agrpo'`) and pass `unmask_step=`."
+            "for `loss_type='agrpo'` and `'cjgrpo'`) and pass `unmask_step=`."
         )
     if unmask_step.shape != completion_ids.shape:
         raise ValueError(

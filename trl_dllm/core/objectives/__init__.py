@@ -3,6 +3,7 @@
 - `espo` (ESPO) and `stabledrl` (StableDRL): sequence-level importance ratios of the estimated likelihood.
 - `bgpo` (BGPO): a lower bound of ESPO-style clipped ELBO ratios that is linear in the Monte Carlo samples.
 - `agrpo` (AGRPO): per-token PPO over the denoising steps the `trajectory` estimator samples.
+- `cjgrpo` (CJ-GRPO): per-token PPO over every step of the recorded rollout, token mean per step, step mean per row.
 - `dtreerpo` (d-TreeRPO): per-token PPO on tree rollouts, each segment with its node's advantage from the leaves.
 - `dipo` (DiPO, DiRL): per-token PPO on the step-level likelihood of block-diffusion rollouts, token mean.
 - `ebpo` (EBPO, LLaDA2.1): ESPO's clipped sequence ratio on the block ELBO of block-diffusion models, not normalised.
@@ -44,6 +45,7 @@ from ._common import (
 )
 from .agrpo import STEP_NORMALIZATION, STEP_NORMALIZATIONS, agrpo
 from .bgpo import DUAL_CLIP, bgpo
+from .cjgrpo import check_every_step_scored, cjgrpo
 from .dipo import DIPO_LOG_RATIO_CLAMP, dipo
 from .dtreerpo import DISTILL_OPTIONS, check_tree, dtreerpo, tree_advantages
 from .ebpo import ebpo
@@ -63,6 +65,7 @@ __all__ = [
     "ObjectiveOutput",
     "agrpo",
     "bgpo",
+    "cjgrpo",
     "dipo",
     "dtreerpo",
     "ebpo",
@@ -170,6 +173,10 @@ OBJECTIVES: dict[str, Objective] = {
         options=(STEP_NORMALIZATION, *PPO_CLIP, *KL),
         estimate_fields=("step_weights", "num_steps"),
         needs_trajectory=True,
+    ),
+    "cjgrpo": Objective(
+        cjgrpo, ("trajectory",), options=(*PPO_CLIP, *KL), inputs=("unmask_step",), estimate_fields=("step_weights",),
+        needs_trajectory=True, check=check_every_step_scored,
     ),
     "dipo": Objective(
         dipo, ("block_steps",), options=(*PPO_CLIP, *KL), inputs=("unmask_step",), whole_groups=True

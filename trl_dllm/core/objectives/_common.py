@@ -31,10 +31,10 @@ EPSILON_HIGH = Option("epsilon_high", "epsilon_high")  # TRL's; None is epsilon
 BETA = Option("beta", "beta")  # TRL's KL weight
 KL_ESTIMATOR = Option(
     "kl_estimator", "kl_estimator", None, "str | None",
-    help="KL estimator of {objectives}: k1, k2 or k3. None: the objective's own (k2; agrpo k3).",
+    help="KL estimator of {objectives}: k1, k2 or k3. None: the objective's own (k2; agrpo, cjgrpo k3).",
     doc="KL estimator of the diffusion objectives: `\"k1\"`, `\"k2\"` (`½(S - S_ref)²`) or `\"k3\"`. `None` takes "
     "each objective's own: `k2` at sequence level for `\"espo\"` and `\"stabledrl\"` (ESPO's choice), per-token `k3` "
-    "for `\"agrpo\"` (AGRPO's code). TRL's own loss types keep TRL's per-token `k3`.",
+    "for `\"agrpo\"` and `\"cjgrpo\"` (their code). TRL's own loss types keep TRL's per-token `k3`.",
     check=one_of(KL_ESTIMATORS), section="objective",
 )  # fmt: skip
 SPG_OMEGA = Option(

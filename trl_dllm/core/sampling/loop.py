@@ -26,6 +26,7 @@ from .graphs import compile_once, picked, static_forward
 from .noise import KeyedNoise, RowStreams, entry_keys
 from .options import DecodingOptions
 from .remasking import REMASKING, Noise, sample_tokens, sampling_log_probs, select_above, select_top
+from .schedules import reject_eos, step_counts
 
 __all__ = [
     "BlockLogits",
@@ -101,6 +102,7 @@ def _choose(
     *,
     index: torch.Tensor | None = None,
     max_transfer: int | None = None,
+    step: int = 0,
 ) -> _StepResult:
     """Sample a token per still-masked block position and pick the positions to commit: the ``num_transfer`` most
     confident, or (threshold decoding, ``num_transfer is None``) those above ``opts.confidence_threshold``.
@@ -121,7 +123,7 @@ def _choose(
         mask_token_id=opts.mask_token_id, min_p=opts.min_p,
     )  # fmt: skip
     flat_tokens = sample_tokens(log_probs, opts.temperature, noise)
-    flat_confidence = REMASKING[opts.remasking](log_probs, flat_tokens, noise)
+    flat_confidence = reject_eos(REMASKING[opts.remasking](log_probs, flat_tokens, noise), flat_tokens, opts, step)
     confidence = _scatter(flat_confidence, index, masked.shape, float("-inf"))
     if num_transfer is None:
         commit = select_above(confidence, masked, opts.confidence_threshold)
@@ -158,7 +160,7 @@ def _step(
     ``rows``' masked positions ``row_masked`` of window ``[start, end)``, ``flat`` their flat indices), commit
     (:func:`_commit`, numbered ``step``), EOS early exit (:func:`_exit_finished_rows`, with ``eos`` the EOS ids or
     ``None``), and return the window's masked positions after it `(B, end - start)` (:func:`_window_masked`)."""
-    result = _choose(logits, row_masked, num_transfer, opts, noise, index=flat, max_transfer=max_transfer)
+    result = _choose(logits, row_masked, num_transfer, opts, noise, index=flat, max_transfer=max_transfer, step=step)
     prompt_length = canvas.shape[1] - unmask_step.shape[1]
     _commit(canvas, unmask_step, logprobs, rows, start, end, result, step)
     if eos is not None:
@@ -355,11 +357,6 @@ def _on_device(values: list[int], device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
 
 
-def _schedule(counts: list[int], steps: int) -> list[list[int]]:
-    """:func:`~.remasking.transfer_schedule` of host counts: ``n[b][s] = m_b // S + (s < m_b % S)``."""
-    return [[m // steps + (s < m % steps) for s in range(steps)] for m in counts]
-
-
 def decode_blocks(
     state: DecodingState,
     source: BlockLogits,
@@ -413,7 +410,7 @@ def decode_blocks(
         counts = following if following is not None else _HostCounts(state, masked)
         following = None
         upcoming = windows[index + 1] if index + 1 < len(windows) else None
-        schedule = None if threshold else _schedule(counts.window, steps_per_block)
+        schedule = None if threshold else step_counts(opts.step_schedule, counts.window, steps_per_block)
         step = 0
         while any(counts.window) and (threshold or step < steps_per_block):
             transfer = counts.window if threshold else [min(n[step], c) for n, c in zip(schedule, counts.window)]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from ..masks import BLOCK_LAYOUTS
 from .remasking import REMASKING
+from .schedules import schedule_problem
 
 __all__ = ["BlockCausalOptions", "CachedOptions", "DecodingOptions", "check_cache"]
 
@@ -59,6 +60,12 @@ class DecodingOptions:
             `(masked positions, V)` each. Here the forward of the whole canvas stays eager; the cached samplers
             compile their cached forward too (their options). The same tokens as eagerly, up to the rounding of
             fused kernels.
+        eos_min_gamma (`float`, *optional*): EOS early rejection (CJ-GRPO's EOSER): the scale of a sampled EOS's
+            confidence at the first step, rising to ``eos_max_gamma`` by the last; ``None`` turns it off
+            (:mod:`~trl_dllm.core.sampling.schedules`). Needs ``remasking="low_confidence"`` and ``eos_token_ids``.
+        eos_max_gamma (`float`, *optional*, defaults to `1.0`): EOSER's scale at the last step.
+        step_schedule (`str`, *optional*, defaults to `"uniform"`): tokens committed per step: ``"uniform"`` or
+            ``"ascending"`` (CJ-GRPO's ASS, ``2^s`` at step ``s``; one block, no ``confidence_threshold``).
     """
 
     mask_token_id: int
@@ -76,6 +83,9 @@ class DecodingOptions:
     eos_early_exit: bool = False
     return_trajectory: bool = False
     compile: bool = False
+    eos_min_gamma: float | None = None
+    eos_max_gamma: float = 1.0
+    step_schedule: str = "uniform"
 
     def __post_init__(self):
         gen_length, block_length, diffusion_steps = self.gen_length, self.block_length, self.diffusion_steps
@@ -98,6 +108,13 @@ class DecodingOptions:
                 "block_length."
             )
         self._check_distribution()
+        problem = schedule_problem(
+            gen_length=gen_length, block_length=block_length, diffusion_steps=diffusion_steps,
+            step_schedule=self.step_schedule, eos_min_gamma=self.eos_min_gamma, eos_max_gamma=self.eos_max_gamma,
+            remasking=self.remasking, confidence_threshold=self.confidence_threshold, eos_token_ids=self.eos_token_ids,
+        )  # fmt: skip
+        if problem is not None:
+            raise ValueError(problem)
         if self.eos_early_exit and not self.eos_token_ids:
             raise ValueError(
                 "eos_early_exit=True needs eos_token_ids (the ids that end a completion; the first fills)."
