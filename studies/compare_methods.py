@@ -23,6 +23,9 @@ METHODS: dict[str, dict | None] = {
     "agrpo": dict(loss_type="agrpo", estimator="trajectory"),
     "cjgrpo": dict(loss_type="cjgrpo", estimator="trajectory", step_samples=256, eos_min_gamma=0.01,
                    score_padding_eos=True, beta=0.04, epsilon=0.5),
+    # the released tree is 4 x 4 leaves; the demo's group of 8 is 2 x 4 (branching at its steps 0 and L / 2)
+    "dtreerpo": dict(loss_type="dtreerpo", estimator="tree_segments", dtreerpo_root_branches=2,
+                     dtreerpo_branch_factor=4, num_generations=8),
     "spg": dict(loss_type="spg", estimator="spg", p_mask_prompt=0.15),
     "wd1": dict(loss_type="wd1", estimator="mean_field", p_mask_prompt=0.15),
     "justgrpo": dict(loss_type="justgrpo", estimator="left_to_right", block_length=1, score_padding_eos=True,

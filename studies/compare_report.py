@@ -172,14 +172,15 @@ def scaled_to(ax, values: list[float]) -> None:
         ax.set_ylim(max(0.0, low - pad), min(1.0, high + pad))
 
 
-PANEL_METHODS = 5  # RL methods per panel: at most 8 lines a panel (docs' figure rules), 9 RL methods today
+PANEL_METHODS = 5  # RL methods per panel: at most 8 lines a panel (docs' figure rules), 11 RL methods today
 
 
 def plot_compare(results: dict, path: Path) -> None:
     """Per task, held-out reward vs RL step and vs training seconds for the RL methods — split over as many panel
     pairs as it takes to keep at most :data:`PANEL_METHODS` methods a panel — and SFT against the best RL method
     (highest final mean) vs seconds; one line per method (the mean over seeds) with a band (lowest to highest seed).
-    Ten distinct colours (9 RL methods + SFT), the same in every panel; one legend, right of the panels."""
+    Distinct colours (Matplotlib's ten, tab20's beyond ten methods: 11 RL methods + SFT), the same in every panel;
+    one legend, right of the panels."""
     plt = pyplot()
     tasks = results["config"]["tasks"]
     rl_methods = [m for m in results["config"]["methods"]
@@ -187,7 +188,8 @@ def plot_compare(results: dict, path: Path) -> None:
     parts = [rl_methods[i : i + PANEL_METHODS] for i in range(0, len(rl_methods), PANEL_METHODS)] or [[]]
     columns = 2 * len(parts) + 1
     fig, axes = plt.subplots(len(tasks), columns, figsize=(5.7 * columns, 4 * len(tasks)), dpi=110, squeeze=False)
-    colors = {m: f"C{i % 10}" for i, m in enumerate(results["config"]["methods"])}
+    methods = results["config"]["methods"]
+    colors = {m: f"C{i}" if len(methods) <= 10 else plt.get_cmap("tab20")(i % 20) for i, m in enumerate(methods)}
     for row, task in enumerate(tasks):
         steps, times, vs_sft = axes[row][: len(parts)], axes[row][len(parts) : 2 * len(parts)], axes[row][-1]
         drawn = {ax: [] for ax in axes[row]}

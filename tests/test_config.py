@@ -146,11 +146,15 @@ def test_estimator_helps_follow_the_registry():
         "elbo", "coupled", "block", "spg", "uniform_block"}  # fmt: skip
 
 
+# d-TreeRPO's group is one tree: `make`'s groups of 4 are a 2 x 2 tree.
+TREE = {"dtreerpo": dict(dtreerpo_root_branches=2, dtreerpo_branch_factor=2)}
+
+
 def _objective_config(name, **kwargs):
     """A config of objective `name` with the first estimator of its registry entry."""
     estimator = OBJECTIVES[name].estimators[0]
     decoding = dict(block_length=1, diffusion_steps=16) if estimator == "left_to_right" else {}
-    return make(loss_type=name, estimator=estimator, **decoding, **kwargs)
+    return make(loss_type=name, estimator=estimator, **decoding, **TREE.get(name, {}), **kwargs)
 
 
 @pytest.mark.parametrize("name", sorted(OBJECTIVES))
@@ -188,12 +192,14 @@ def test_estimator_left_unset_is_the_loss_types_own(loss_type):
     """`estimator=None` (the default) becomes the first estimator the objective's registry entry lists (its paper's),
     `"elbo"` for TRL's loss types; a value the user sets is kept."""
     extra = dict(diffusion_steps=16, remasking="left_to_right") if loss_type == "justgrpo" else {}
+    extra |= TREE.get(loss_type, {})
     args = make(loss_type=loss_type, **extra)
     expected = OBJECTIVES[loss_type].estimators[0] if loss_type in OBJECTIVES else "elbo"
     assert (args.estimator, args._estimator_defaulted) == (expected, True)
     assert {"agrpo": "trajectory", "cjgrpo": "trajectory", "dipo": "block_steps", "justgrpo": "left_to_right",
             "spg": "spg", "wd1": "mean_field", "espo": "elbo", "stabledrl": "elbo",
-            "ebpo": "block", "mdpo": "step_predictions"}.get(loss_type, "elbo") == expected  # fmt: skip
+            "ebpo": "block", "mdpo": "step_predictions",
+            "dtreerpo": "tree_segments"}.get(loss_type, "elbo") == expected  # fmt: skip
     if "block" in getattr(OBJECTIVES.get(loss_type), "estimators", ("block",)):
         explicit = make(loss_type=loss_type, estimator="block", **extra)
         assert (explicit.estimator, explicit._estimator_defaulted) == ("block", False)

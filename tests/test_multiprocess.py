@@ -440,6 +440,8 @@ def objective_run(name: str, output_dir: Path, processes: int) -> list[dict]:
         flags += ["--block_length", "1", "--diffusion_steps", "8"]
     if name == "mdpo":  # a reward for the prediction of the whole completion at every step: one block
         flags += ["--block_length", "8"]
+    if name == "dtreerpo":  # a group of 2 is a one-level tree of 2 leaves
+        flags += ["--dtreerpo_root_branches", "2", "--dtreerpo_depth", "1"]
     launch(torchrun(processes), recipe, os.environ["TRL_DLLM_TINY_MODEL"], output_dir, *flags, processes=processes)
     return step_logs(output_dir)
 

@@ -55,8 +55,10 @@ def _weights(model):
 
 
 # What an objective's only estimator needs: JustGRPO's rollout decodes left to right, one token per forward; DiPO
-# and EBPO train a block-diffusion model; MDPO rewards predictions of the whole completion, one block.
-DECODING = {"justgrpo": dict(remasking="left_to_right", diffusion_steps=8), "mdpo": dict(block_length=8)}
+# and EBPO train a block-diffusion model; MDPO rewards predictions of the whole completion, one block; d-TreeRPO's group
+# is its tree.
+DECODING = {"justgrpo": dict(remasking="left_to_right", diffusion_steps=8), "mdpo": dict(block_length=8),
+            "dtreerpo": dict(dtreerpo_root_branches=2, dtreerpo_depth=1)}  # d-TreeRPO: a group of 2 is a 1-level tree
 BLOCK_MODEL = {"dipo", "ebpo"}
 
 

@@ -33,7 +33,7 @@ def parse(path: Path):
 
 def test_the_matrix_is_complete():
     names = {rel(p) for p in RECIPES}
-    for algo in ("diffu_grpo", "espo", "stabledrl", "agrpo", "cjgrpo"):
+    for algo in ("diffu_grpo", "espo", "stabledrl", "agrpo", "cjgrpo", "dtreerpo"):
         for task in TASK_NAMES:
             assert f"recipes/llada/{algo}_{task}.yaml" in names
     assert {"recipes/llada/stabledrl_gsm8k_lora.yaml", "recipes/llada/stabledrl_gsm8k_crn.yaml"} <= names
@@ -133,7 +133,7 @@ def recipe_value(parsed, field):
 
 def test_fidelity_tables_cover_every_algorithm():
     patterns = [pattern for pattern, _ in fidelity_tables()]
-    algorithms = ("diffu_grpo", "espo", "stabledrl", "agrpo", "justgrpo", "bgpo", "cjgrpo", "mdpo")
+    algorithms = ("diffu_grpo", "espo", "stabledrl", "agrpo", "justgrpo", "bgpo", "cjgrpo", "mdpo", "dtreerpo")
     assert patterns == [f"recipes/llada/{algo}_{{task}}.yaml" for algo in algorithms]
     assert all(len(rows) >= 25 for _, rows in fidelity_tables())
 

@@ -201,7 +201,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
                                                            self._metrics["train"]).to(mask.device)  # fmt: skip
         output["completion_ids"], output["completion_mask"] = canvas, mask
         output["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
-        output["group_ids"] = rows // num_generations
+        output["group_ids"], output["group_rank"] = rows // num_generations, rows % num_generations
         if self.args.leave_one_out and num_generations > 1:  # r_i − mean of the other G − 1 = G/(G − 1) · (r_i − mean)
             output["advantages"] = output["advantages"] * (num_generations / (num_generations - 1))
         output["mc_seeds"] = self._sample_seeds("mc", batch, iterations).to(canvas.device)

@@ -25,6 +25,7 @@ from ..core.sampling.running_confidence import StepRecord
 from ..core.sampling.schedules import schedule_fields
 from ..models import ModelSpec, model_logits_fn, require_attention
 from .model_checks import check_block_guidance, check_cache_model, compiled_step_refusal
+from .tree_rollouts import branching
 
 
 def sampling_distribution(args, temperature: float | None = None) -> dict:
@@ -191,6 +192,7 @@ def generate_rollouts(
     when the objective rewards steps (`args.records_steps`, MDPO)."""
     record_steps = bool(getattr(args, "records_steps", False))
     chunk = args.generation_chunk_size or input_ids.size(0)
+    generators = branching(args, generators, input_ids.device)  # d-TreeRPO: a group decoded as one tree
     plan = decoding_plan(model, spec, args, eos_token_ids=eos_token_ids, return_trajectory=return_trajectory,
                          record_steps=record_steps)  # fmt: skip
     outputs = [

@@ -213,7 +213,15 @@ class Scoring:
                 out[f"old_{name}"] = torch.stack([nan if o is None else getattr(o, name) for o in olds], dim=1)
         for name in ("logps", *ref_fields) if refs else ():
             out[f"ref_{name}"] = torch.stack([getattr(r, name) for r in refs], dim=1)
+        if self.objective is not None and "train_progress" in self.objective.inputs:  # d-TreeRPO's schedule
+            out["train_progress"] = torch.full_like(batch["mc_seeds"][:, 0], 0, dtype=torch.float32) + self.progress(step)
         return out
+
+    def progress(self, step: int) -> float:
+        """Training progress `t / T` at micro-step `step` (TRL's `_step`): optimizer steps over `max_steps`; 0 when
+        `max_steps` is not set (a schedule over it is then refused at construction)."""
+        max_steps = getattr(self.args, "max_steps", -1)
+        return step / self.args.gradient_accumulation_steps / max_steps if max_steps and max_steps > 0 else 0.0
 
     def objective_inputs(self, batch: dict, output: LikelihoodOutput, iteration: int | None = None,
                          ref_iteration: int = 0) -> dict:  # fmt: skip

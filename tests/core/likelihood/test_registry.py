@@ -71,8 +71,9 @@ def test_flags():
     assert ESTIMATORS["trajectory"].inputs == ("unmask_step", "token_entropies")
     assert ESTIMATORS["block_steps"].inputs == ("unmask_step",)
     assert ESTIMATORS["step_predictions"].inputs == ("mdpo_canvases", "mdpo_targets")
+    assert ESTIMATORS["tree_segments"].inputs == ("unmask_step",)
     assert {name for name, entry in ESTIMATORS.items() if entry.inputs} == {"trajectory", "block_steps",
-                                                                            "step_predictions"}  # fmt: skip
+                                                                            "step_predictions", "tree_segments"}
 
 
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))

@@ -91,7 +91,7 @@ def test_declared_keywords_are_exactly_the_keyword_parameters(name):
 @pytest.mark.parametrize("name", sorted(OBJECTIVES))
 def test_every_objective_has_a_doc_section_and_a_test_file(name):
     text = (ROOT / "docs/algorithms.md").read_text()
-    headings = {h.strip().lower().replace("-", "") for h in re.findall(r"^## (.+)$", text, re.M)}  # CJ-GRPO: cjgrpo
+    headings = {h.strip().lower().replace("-", "") for h in re.findall(r"^## (.+)$", text, re.M)}  # CJ-GRPO, d-TreeRPO
     assert name.lower() in headings, f"docs/algorithms.md has no `## {name}` section"
     assert (Path(__file__).parent / f"test_{name}.py").is_file()
 

@@ -1,7 +1,8 @@
 """Sequence log-likelihood estimators for masked diffusion language models, and their registry.
 
 One module per estimator (:mod:`.mean_field`, :mod:`.elbo`, :mod:`.coupled`, :mod:`.spg`, :mod:`.block`,
-:mod:`.trajectory`, :mod:`.left_to_right`, :mod:`.block_steps`, :mod:`.uniform_block`, :mod:`.step_predictions`), each with its formula in its docstring; the view drawing and scoring they share, the notation
+:mod:`.trajectory`, :mod:`.left_to_right`, :mod:`.block_steps`, :mod:`.tree_segments`, :mod:`.uniform_block`,
+:mod:`.step_predictions`), each with its formula in its docstring; the view drawing and scoring they share, the notation
 and the randomness / memory contract are in :mod:`._views`. Every estimator is called as
 ``fn(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, *, mask_token_id, seeds, **options)`` and
 returns per-token contributions (a [`LikelihoodOutput`]); [`ESTIMATORS`] describes what each one takes and returns,
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..options import Option
+from ..sampling.tree import TREE_DEPTH
 from ._options import (
     ANTITHETIC,
     BLOCK_CAUSAL,
@@ -43,6 +45,7 @@ from .trajectory import (
     trajectory_entropies,
     trajectory_views,
 )
+from .tree_segments import DIFFUSION_STEPS, TreeSegmentsOutput, tree_segments, tree_segments_views
 from .uniform_block import UNIFORM_BLOCK_OPTIONS, uniform_block, uniform_block_views
 
 __all__ = [
@@ -55,6 +58,7 @@ __all__ = [
     "SPGOutput",
     "StepPredictionOutput",
     "TrajectoryOutput",
+    "TreeSegmentsOutput",
     "block",
     "block_steps",
     "coupled",
@@ -66,6 +70,7 @@ __all__ = [
     "step_predictions",
     "trajectory",
     "trajectory_entropies",
+    "tree_segments",
     "uniform_block",
 ]
 
@@ -196,6 +201,15 @@ ESTIMATORS: dict[str, Estimator] = {
         options=(*SAMPLING, MC_BATCH_SIZE, *MEMORY),
         replays_rollout=True,
         check=check_left_to_right_rollout,
+    ),
+    "tree_segments": Estimator(
+        tree_segments, "d-TreeRPO: each token read on the canvas its tree level started from; `loss_type=\"dtreerpo\"`",
+        tree_segments_views,
+        options=(TREE_DEPTH, DIFFUSION_STEPS, *SAMPLING, CFG_SCALE, *MEMORY),
+        inputs=("unmask_step",),
+        output_fields=("segments",),
+        step_logprobs=True,
+        replays_rollout=True,
     ),
     "spg": Estimator(
         spg_bounds,

@@ -4,6 +4,7 @@
 - `bgpo` (BGPO): a lower bound of ESPO-style clipped ELBO ratios that is linear in the Monte Carlo samples.
 - `agrpo` (AGRPO): per-token PPO over the denoising steps the `trajectory` estimator samples.
 - `cjgrpo` (CJ-GRPO): per-token PPO over every step of the recorded rollout, token mean per step, step mean per row.
+- `dtreerpo` (d-TreeRPO): per-token PPO on tree rollouts, each segment with its node's advantage from the leaves.
 - `dipo` (DiPO, DiRL): per-token PPO on the step-level likelihood of block-diffusion rollouts, token mean.
 - `ebpo` (EBPO, LLaDA2.1): ESPO's clipped sequence ratio on the block ELBO of block-diffusion models, not normalised.
 - `justgrpo` (JustGRPO): per-token PPO on the exact left-to-right likelihood, normalised by `L · N`.
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..options import Option
+from ..sampling.tree import TREE_OPTIONS
 from ._common import (
     BETA,
     KL,
@@ -47,6 +49,7 @@ from .agrpo import STEP_NORMALIZATION, STEP_NORMALIZATIONS, agrpo
 from .bgpo import DUAL_CLIP, bgpo
 from .cjgrpo import check_every_step_scored, cjgrpo
 from .dipo import DIPO_LOG_RATIO_CLAMP, dipo
+from .dtreerpo import DISTILL_OPTIONS, check_tree, dtreerpo, tree_advantages
 from .ebpo import ebpo
 from .espo import espo
 from .justgrpo import justgrpo
@@ -67,6 +70,7 @@ __all__ = [
     "bgpo",
     "cjgrpo",
     "dipo",
+    "dtreerpo",
     "ebpo",
     "espo",
     "group_normalised_weights",
@@ -79,6 +83,7 @@ __all__ = [
     "sequence_logps",
     "spg",
     "stabledrl",
+    "tree_advantages",
     "wd1",
 ]
 
@@ -196,6 +201,11 @@ OBJECTIVES: dict[str, Objective] = {
         check=check_mdpo,
     ),
     "ebpo": Objective(ebpo, ("block",), options=(*PPO_CLIP, *KL), block_model_only=True),
+    "dtreerpo": Objective(
+        dtreerpo, ("tree_segments",), options=(*TREE_OPTIONS, *PPO_CLIP, *KL, *DISTILL_OPTIONS),
+        inputs=("group_ids", "group_rank", "completion_ids", "train_progress"), estimate_fields=("segments",),
+        whole_groups=True, check=check_tree,
+    ),
     "justgrpo": Objective(justgrpo, ("left_to_right",), options=(*PPO_CLIP, *KL), whole_groups=True),
     "spg": Objective(
         spg, ("spg",), options=(SPG_OMEGA, *KL), estimate_fields=("eubo_logps",), uses_old=False,

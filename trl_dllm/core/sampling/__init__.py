@@ -15,7 +15,9 @@ commits the most confident ones. The leaves:
 - :mod:`~trl_dllm.core.sampling.block_causal`: :func:`generate_block_causal`, block-causal models;
 - :mod:`~trl_dllm.core.sampling.kv_cache`: the exact KV cache of block-causal models (:class:`BlockCausalKVCache`);
 - :mod:`~trl_dllm.core.sampling.prefix_cache`: Fast-dLLM's approximate prefix / dual caches of bidirectional models
-  (:class:`BidirectionalKVCache`, :func:`generate_cached`).
+  (:class:`BidirectionalKVCache`, :func:`generate_cached`);
+- :mod:`~trl_dllm.core.sampling.tree`: d-TreeRPO's tree rollouts (:class:`TreeNoise`: a group's rows share their
+  noise until each branch step).
 
 See ``docs/generation.md`` for the options, formulas and trajectory fields.
 """
@@ -44,6 +46,7 @@ from .remasking import (
     transfer_schedule,
     uniform_noise,
 )
+from .tree import TreeNoise, tree_fanouts, tree_level_starts, tree_nodes, tree_size
 
 __all__ = [
     "GENERATION_CACHES",
@@ -71,6 +74,11 @@ __all__ = [
     "sampling_log_probs",
     "select_above",
     "select_top",
+    "TreeNoise",
     "transfer_schedule",
+    "tree_fanouts",
+    "tree_level_starts",
+    "tree_nodes",
+    "tree_size",
     "uniform_noise",
 ]

@@ -95,9 +95,12 @@ class RowStreams:
     """
 
     def __init__(self, generator, batch: int, length: int, max_steps: int, device):
-        key = row_keys(generator, batch, device)
-        steps = torch.arange(max_steps, device=device)
-        self.step_keys = hash32((key[:, None] + steps[None, :] * _GOLDEN) & _WORD)  # (B, max_steps)
+        if hasattr(generator, "step_keys"):  # a tree rollout's noise (tree.py): a row's key changes at branch steps
+            self.step_keys = generator.step_keys(batch, max_steps, device)
+        else:
+            key = row_keys(generator, batch, device)
+            steps = torch.arange(max_steps, device=device)
+            self.step_keys = hash32((key[:, None] + steps[None, :] * _GOLDEN) & _WORD)  # (B, max_steps)
         self.row_step = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self.length, self.device = length, device
         self.window_keys: dict[tuple[int, int], torch.Tensor] = {}
