@@ -1,7 +1,7 @@
 """VRPO in miniature: preference pairs made from the demo task's reward, and `DiffusionDPOTrainer` moving the
 preference margin and the reward.
 
-    python -m studies.preference --out pref_out [--seed 0] [--steps 120] [--pairs 512]
+    python -m studies.preference --out pref_out [--seed 0] [--steps 180] [--pairs 4000]
     python -m studies.preference --quick --out /tmp/pref    # a 2-layer model, 2 steps: what the test suite runs
 
 1. The demo's warm start (`trl_dllm.demo.warmstart.prepare`, `make demo`'s first phase): the tiny bidirectional model
@@ -129,8 +129,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="pref_out")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--pairs", type=int, default=512, help="training problems to sample pairs from")
+    parser.add_argument("--steps", type=int, default=180)
+    parser.add_argument("--pairs", type=int, default=4000, help="training problems to sample pairs from")
     parser.add_argument("--learning_rate", type=float, default=1e-4)
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--quick", action="store_true", help="a 2-layer model, 5 SFT steps, 2 DPO steps (the tests)")

@@ -121,7 +121,8 @@ def test_plan_help_lists_its_options(capsys):
     assert "--gpu_memory_gb" in out and "--num_processes" in out and "--per_device_train_batch_size" in out
 
 
-PAPER_RECIPES = sorted(p for p in Path("recipes").glob("*/*.yaml") if p.parent.name in RECIPES)
+PAPER_RECIPES = sorted(p for p in Path("recipes").glob("*/*.yaml")
+                       if p.parent.name in RECIPES and not p.name.startswith("vrpo_"))  # vrpo_: `trl-dllm dpo`, not planned
 
 
 @pytest.mark.parametrize("recipe", PAPER_RECIPES, ids=lambda p: f"{p.parent.name}/{p.stem}")
@@ -131,7 +132,7 @@ def test_every_paper_recipe_fits_8_gpus_of_80gb_under_its_launch_config(recipe, 
     rollout chunks, `llada2/stabledrl_gsm8k` rollout chunks)."""
     launch = re.search(r"--config_file recipes/accelerate/(\w+)\.yaml", recipe.read_text())
     assert launch, f"{recipe}: its header names no launch command"
-    model = re.search(r"^model_name_or_path: (\S+)$", recipe.read_text(), re.M).group(1)
+    model = re.search(r"^model_name_or_path: (\S+)", recipe.read_text(), re.M).group(1)
     # a model whose config.json is embedded (LLaDA2.0 mini and flash) is planned by its name, else from the folder
     folder = [] if embedded_config(model) else ["--model_name_or_path", config_folders[recipe.parent.name]]
     status, out, _ = run(capsys, "--config", str(recipe), *folder, "--num_processes", "8", "--strategy",
