@@ -525,7 +525,9 @@ def test_quick_moe_run_prints_the_missed_targets(tmp_path, capsys):
         assert entry["lora_update"]["recipe"] == f"recipes/{family}/stabledrl_gsm8k_lora.yaml"
     assert result["families"]["llada2"]["rollouts"]["cuda_graphs"]["x_floor"] > 0
     out = capsys.readouterr().out
-    assert "[bench.gpu] targets: " in out and "MISSED llada2_plain_forward_mfu" in out  # tiny CPU figures miss
+    # which targets a tiny CPU run meets depends on the machine's load (the peak it divides by is measured in the run)
+    assert "[bench.gpu] targets: " in out and all(f"MISSED {line}" in out for line in gpu_report.missed(result))
+    assert any(name.startswith(("llada2_", "llada_moe_", "rollout_mfu_llada")) for name in result["targets"])
     assert "llada2 LoRA update" in out and "llada2 plain forward" in out
 
 
