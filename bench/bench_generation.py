@@ -109,7 +109,8 @@ def _choose_full_block(logits, masked, num_transfer, opts, generator, **_):
     else:
         commit = select_top(confidence, masked, num_transfer)
     token_logprobs = log_probs.gather(-1, tokens[..., None]).squeeze(-1).float()
-    return sampling_loop._StepResult(tokens=tokens, commit=commit, logprobs=token_logprobs)
+    return sampling_loop._StepResult(tokens=tokens, commit=commit, logprobs=token_logprobs,
+                                     confidence=confidence.masked_fill(~masked, float("-inf")))  # fmt: skip
 
 
 @contextmanager
