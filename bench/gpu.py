@@ -1,7 +1,7 @@
 """GPU benchmark: the README's 8B run measured on one CUDA device — throughput, memory, numerics — beside TRL's trainer.
 
     python -m bench.gpu [--quick] [--steps 32] [--budget 480] [--families llada dream sdar llada2 llada_moe]
-                        [--batch 16] [--threshold] [--compile] [--skip-trl] [--skip-launch] [--skip-moe-update]
+                        [--batch 16] [--threshold] [--compile [--compiled-settings S ...]] [--skip-trl] [--skip-launch] [--skip-moe-update]
                         [--skip-soak] [--soak-steps 20] [--diffusion-gemma] [--diffusion-gemma-steps 128]
                         [--out DIR]
 
@@ -118,6 +118,10 @@ def parse(argv=None) -> argparse.Namespace:
                    help="also measure confidence_threshold decoding (--quick: on LLaDA)")
     p.add_argument("--compile", action="store_true",
                    help="also measure generation_compile rollouts (SDAR, LLaDA's dual cache; compiles the step)")
+    p.add_argument("--compiled-settings", nargs="+", default=None, metavar="SETTING",
+                   choices=sorted({n for settings in gpu_parts.COMPILED_SETTINGS.values() for n in settings}),
+                   help="with --compile, only these settings (e.g. cuda_graphs_compile; default every setting of the "
+                        "family: bench.gpu_parts.COMPILED_SETTINGS)")
     p.add_argument("--skip-trl", action="store_true", help="no TRL GRPOTrainer comparison")
     p.add_argument("--skip-launch", action="store_true", help="no accelerate launches (ZeRO-2/3, FSDP2)")
     p.add_argument("--skip-soak", action="store_true", help="no soak (bench.gpu_soak: many steps, a resume)")
@@ -204,10 +208,12 @@ def rollout_estimate(family: str, recipe, block: int) -> float:
 
 
 def family_part(parts: Parts, shape, recipe, peak: float, threshold: bool, compile: bool = False,
-                skip_numerics: bool = False, lora_update: str | None = None) -> dict:  # fmt: skip
+                skip_numerics: bool = False, lora_update: str | None = None,
+                compiled_settings: list[str] | None = None) -> dict:  # fmt: skip
     """A family's parts: build, plain forward, rollouts, compiled rollouts, numerics, each with its floor
     (:func:`bench.gpu_report.attach_floors`); for a MoE family, its LoRA update after the model is freed
-    (``lora_update``: ``"run"``, or the reason it is skipped)."""
+    (``lora_update``: ``"run"``, or the reason it is skipped); ``compiled_settings`` keeps only those compiled
+    settings (the others are recorded as skipped)."""
     entry = parts.result["families"][shape.family] = {}
     holder = {}  # the model stays out of the JSON
     built = parts(holder, "model", f"{shape.family}: build", ESTIMATES["build"], gpu_parts.build_model, shape)
@@ -228,7 +234,12 @@ def family_part(parts: Parts, shape, recipe, peak: float, threshold: bool, compi
     elif compile and isinstance(entry.get("rollouts"), dict) and "fixed_steps" in entry["rollouts"]:
         compiled = entry["compiled_rollouts"] = {}
         # one part per setting, so that the JSON is written after each
-        for i, name in enumerate(gpu_parts.COMPILED_SETTINGS[shape.family]):
+        chosen = [n for n in gpu_parts.COMPILED_SETTINGS[shape.family] if compiled_settings in (None, []) or n in
+                  compiled_settings]  # fmt: skip
+        for name in gpu_parts.COMPILED_SETTINGS[shape.family]:
+            if name not in chosen:
+                compiled[name] = {"skipped": "not in --compiled-settings"}
+        for i, name in enumerate(chosen):
             first = ESTIMATES["compiled rollout"].get(f"{shape.family} first", ESTIMATES["compiled rollout"]["first"])
             estimate = ESTIMATES["compiled rollout"]["next"] if i else first
             parts(compiled, name, f"{shape.family}: compiled rollout {name}", estimate,
@@ -367,7 +378,7 @@ def run(args, save=lambda result: None) -> dict:
         for family in names:
             # --quick measures the threshold setting on one family: the same code path for all
             family_part(parts, shapes[family], recipe, peak, args.threshold or (quick and family == "llada"),
-                        args.compile, args.skip_numerics, update)  # fmt: skip
+                        args.compile, args.skip_numerics, update, args.compiled_settings)  # fmt: skip
 
     families([f for f in args.families if f in gpu_parts.DENSE])
     if not gpu_parts.installed("trl"):  # the trainer subclasses TRL's: its parts need TRL too

@@ -17,7 +17,10 @@ checkpoint half-way; then a second trainer resumes from that checkpoint and runs
   the first and the last cycle over that median;
 - ``resume``: the resumed run's losses against the first run's for the same steps (``max_abs_loss_diff``; the
   rollouts' random state is restored from the checkpoint, so on CPU they are equal; a GPU's non-deterministic kernels
-  may move them a little);
+  may move them a little), and where the two runs first part (``first_difference``): each step also records digests
+  of what its loss depends on — ``weights`` (the trainable parameters at the step's start), ``rng`` (torch's CPU and
+  CUDA generators at the step's start), ``rollout`` (the completions, advantages, old log-probs and Monte Carlo seeds
+  of a rollout made at that step) — so a resume that does not retrace the first run says which input moved first;
 - ``ok``: every loss and grad norm finite, some gradient, memory flat (GPU), the resumed run reached the last step.
 
 ``--quick`` runs it on CPU with a one-layer model and 4 steps (the test suite runs it); its numbers mean nothing.
@@ -27,6 +30,7 @@ Writes ``<out>/soak.json``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import statistics
@@ -58,6 +62,36 @@ def arguments(model_path: str, output_dir: str, steps: int, quick: bool) -> list
     return argv
 
 
+def digest(*tensors) -> str:
+    """12 hex digits of the tensors' values (float32 bytes; `None` skipped): equal digests, equal values."""
+    h = hashlib.sha1()
+    for t in tensors:
+        if t is not None:
+            h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
+def _rng_digest() -> str:
+    states = [torch.get_rng_state()] + ([torch.cuda.get_rng_state()] if gpu_parts.cuda() else [])
+    return hashlib.sha1(b"".join(s.numpy().tobytes() for s in states)).hexdigest()[:12]
+
+
+def _record_rollouts(trainer, rollouts: dict) -> None:
+    """Wrap this trainer's `_generate_and_score_completions` (an instance attribute: the class is untouched) to keep a
+    digest of what each rollout hands the loss, under the optimizer step it is made for."""
+    generate = trainer._generate_and_score_completions
+
+    def recorded(inputs):
+        out = generate(inputs)
+        fields = ("prompt_ids", "completion_ids", "completion_mask", "advantages", "old_per_token_logps", "mc_seeds")
+        rollouts[trainer.state.global_step + 1] = {
+            "rollout": digest(*(out.get(k) for k in fields)),
+            "completion_ids": digest(out["completion_ids"]), "advantages": digest(out["advantages"])}  # fmt: skip
+        return out
+
+    trainer._generate_and_score_completions = recorded
+
+
 def _trainer(argv: list[str]):
     from trl_dllm.scripts.grpo import build_trainer, make_parser
 
@@ -71,15 +105,17 @@ def _train(argv: list[str], resume: str | None = None) -> list[dict]:
     records: list[dict] = []
 
     class Record(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kwargs):
+        def on_step_begin(self, args, state, control, model=None, **kwargs):
             gpu_parts.sync()
+            self.inputs = {"rng": _rng_digest(),
+                           "weights": digest(*(p for p in model.parameters() if p.requires_grad))}  # fmt: skip
             if gpu_parts.cuda():
                 torch.cuda.reset_peak_memory_stats()
             self.start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
             gpu_parts.sync()
-            record = {"step": state.global_step, "seconds": round(time.perf_counter() - self.start, 4)}
+            record = {"step": state.global_step, "seconds": round(time.perf_counter() - self.start, 4), **self.inputs}
             if gpu_parts.cuda():
                 record["allocated_gb"] = round(torch.cuda.memory_allocated() / 1e9, 4)
                 record["peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 3)
@@ -87,11 +123,14 @@ def _train(argv: list[str], resume: str | None = None) -> list[dict]:
 
     trainer = _trainer(argv)
     trainer.add_callback(Record())
+    rollouts: dict[int, dict] = {}
+    _record_rollouts(trainer, rollouts)
     trainer.train(resume_from_checkpoint=resume)
     logged = {h["step"]: h for h in trainer.state.log_history if "loss" in h}
     for record in records:
         record["loss"] = logged.get(record["step"], {}).get("loss")
         record["grad_norm"] = logged.get(record["step"], {}).get("grad_norm")
+        record.update(rollouts.get(record["step"], {}))
     del trainer
     gpu_parts.free()
     return records
@@ -127,11 +166,28 @@ def summary(steps: list[dict], resumed: list[dict], total: int, cycle: int = 1) 
     pairs = [(first.get(s["step"]), s["loss"]) for s in resumed]
     diffs = [abs(a - b) for a, b in pairs if a is not None and b is not None]
     out["resume"] = {"from_step": total // 2, "steps": [s["step"] for s in resumed],
-                     "max_abs_loss_diff": max(diffs) if diffs else None}  # fmt: skip
+                     "max_abs_loss_diff": max(diffs) if diffs else None,
+                     "first_difference": first_difference(steps, resumed)}  # fmt: skip
     if not resumed or resumed[-1]["step"] != total:
         problems.append(f"the resumed run did not reach step {total}")
     out["ok"], out["problems"] = not problems, problems
     return out
+
+
+INPUTS = ("weights", "rng", "rollout", "loss")  # in the order a step consumes them
+
+
+def first_difference(steps: list[dict], resumed: list[dict]) -> dict | None:
+    """The first resumed step whose recorded inputs differ from the first run's same step, and which of them
+    (:data:`INPUTS` recorded in both; the loss compared exactly); `None` when every recorded one is equal."""
+    first = {s["step"]: s for s in steps}
+    for step in resumed:
+        other = first.get(step["step"], {})
+        differ = [k for k in INPUTS if k in step and k in other and step[k] != other[k]]
+        if differ:
+            return {"step": step["step"], "differ": differ,
+                    **{k: [other[k], step[k]] for k in differ if k != "loss"}}  # fmt: skip
+    return None
 
 
 def run(quick: bool = False, steps: int = 20) -> dict:
@@ -171,7 +227,8 @@ def main(argv=None) -> dict:
     memory = result.get("memory") or {}
     print(f"[bench.gpu_soak] {'ok' if result['ok'] else 'FAILED: ' + '; '.join(result['problems'])} — "
           f"{result['optimizer_steps']} steps, median cycle {result['step_time']['median_cycle_s']} s, memory growth "
-          f"{memory.get('growth_gb', '-')} GB, resumed max |Δloss| {result['resume']['max_abs_loss_diff']}; "
+          f"{memory.get('growth_gb', '-')} GB, resumed max |Δloss| {result['resume']['max_abs_loss_diff']}, first "
+          f"difference {result['resume']['first_difference']}; "
           f"wrote {out / 'soak.json'}", flush=True)  # fmt: skip
     return result
 

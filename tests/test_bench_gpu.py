@@ -575,7 +575,8 @@ def test_soak_summary_flags_growth_a_missing_resume_and_no_gradient():
     good = gpu_soak.summary(first, steps([5.2, 5.21], start=3), 4, cycle=2)
     assert good["ok"] and good["memory"]["growth_gb"] == 0.01 and good["memory"]["flat"]
     assert good["step_time"]["cycle_s"] == [3.0, 3.0] and good["step_time"]["last_cycle_over_median"] == 1.0
-    assert good["resume"] == {"from_step": 2, "steps": [3, 4], "max_abs_loss_diff": pytest.approx(0.2)}
+    assert good["resume"] == {"from_step": 2, "steps": [3, 4], "max_abs_loss_diff": pytest.approx(0.2),
+                              "first_difference": {"step": 3, "differ": ["loss"]}}
     leak = gpu_soak.summary(steps([5.0, 5.2, 5.4, 5.6]), steps([5.2], start=3), 4, cycle=2)
     assert not leak["ok"] and leak["problems"] == [
         "allocated memory grew by 0.400 GB after the warm-up step", "the resumed run did not reach step 4"]
@@ -583,3 +584,26 @@ def test_soak_summary_flags_growth_a_missing_resume_and_no_gradient():
     assert frozen["problems"] == ["no gradient flowed"]
     with pytest.raises(ValueError, match="even number of steps"):
         gpu_soak.run(quick=True, steps=5)
+
+
+def test_soak_names_the_first_input_a_resumed_step_does_not_share():
+    from bench import gpu_soak
+
+    def step(n, **inputs):
+        return {"step": n, "weights": "w", "rng": "r", "rollout": "o", "loss": 0.5, **inputs}
+
+    first = [step(1), step(2), step(3), step(4, rollout="o4", loss=0.25)]
+    assert gpu_soak.first_difference(first, [step(3), step(4, rollout="o4", loss=0.25)]) is None
+    moved = gpu_soak.first_difference(first, [step(3), step(4, rollout="x", loss=0.3)])
+    assert moved == {"step": 4, "differ": ["rollout", "loss"], "rollout": ["o4", "x"]}
+    assert gpu_soak.digest(torch.ones(2), None) == gpu_soak.digest(torch.ones(2, dtype=torch.bfloat16))
+    assert gpu_soak.digest(torch.ones(2)) != gpu_soak.digest(torch.zeros(2))
+
+
+def test_compiled_settings_filter_is_checked_by_the_parser():
+    from bench import gpu
+
+    assert gpu.parse(["--compile", "--compiled-settings", "cuda_graphs_compile"]).compiled_settings == [
+        "cuda_graphs_compile"]
+    with pytest.raises(SystemExit):
+        gpu.parse(["--compiled-settings", "no_such_setting"])
