@@ -180,7 +180,7 @@ def test_stabledrl_hyperparameters(path):
     assert args.temperature == (1.0 if path.parent.name == "diffusion_gemma" else 0.9)
     assert args.max_completion_length == 256
     if path.parent.name == "diffusion_gemma":
-        assert (args._block_length_defaulted, args.diffusion_steps, args.estimator) == (True, 128, "uniform_block")
+        assert ("block_length" in args.defaulted, args.diffusion_steps, args.estimator) == (True, 128, "uniform_block")
     elif path.parent.name != "sdar":  # SDAR decodes in its native blocks of 4
         assert (args.block_length, args.diffusion_steps) == (32, 128)
     assert model_args.use_peft == path.stem.removesuffix("_fast").endswith("_lora")

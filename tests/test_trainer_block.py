@@ -77,10 +77,10 @@ def test_staircase_block_estimator_trains(tmp_path, tiny_block_model_path, loss_
 def test_block_estimator_needs_a_4d_mask_model(tmp_path, tiny_model_path, monkeypatch):
     import dataclasses
 
-    import trl_dllm.trainer as trainer_module
+    import trl_dllm.training.setup as setup_module
 
-    real = trainer_module.resolve_model_spec
-    monkeypatch.setattr(trainer_module, "resolve_model_spec",
+    real = setup_module.resolve_model_spec
+    monkeypatch.setattr(setup_module, "resolve_model_spec",
                         lambda *a, **k: dataclasses.replace(real(*a, **k), accepts_4d_mask=False))
     with pytest.raises(ValueError, match=r"the block estimator needs a 4-D additive attention mask .* \(ModelSpec.accepts_4d_mask=False\)"):
         make_trainer(tmp_path, tiny_model_path, loss_type="stabledrl", estimator="block", block_length=4)
@@ -123,7 +123,8 @@ def test_estimator_left_unset_is_the_block_family_own(tmp_path, tiny_block_model
     would be refused: bidirectional attention), and the start-up line says so; a value set by the user is kept (see
     test_bidirectional_estimator_on_block_model_is_rejected)."""
     trainer = make_trainer(tmp_path, tiny_block_model_path, loss_type="stabledrl", max_steps=1)
-    assert trainer.args.estimator == "block"
+    assert (trainer.setup.estimator, trainer.setup.estimator_fitted) == ("block", True)
+    assert trainer.args.estimator == "elbo"  # the config keeps its value: the run's is resolved in `trainer.setup`
     assert "trl_dllm: estimator='block' (the block-diffusion family's own" in capsys.readouterr().out
     train_and_check(trainer)
 

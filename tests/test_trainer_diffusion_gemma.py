@@ -44,7 +44,7 @@ def test_trains_two_steps_with_lora(tmp_path, tiny_path, loss_type, beta, estima
     args = make_args(tmp_path, loss_type=loss_type, beta=beta, num_iterations=2, **estimation)
     trainer = DiffusionGRPOTrainer(tiny_path, reward_funcs=checksum_reward, args=args, train_dataset=dataset(),
                                    peft_config=dg.lora_config(r=4, lora_alpha=8))  # fmt: skip
-    assert args.estimator == "uniform_block" and trainer.ref_model is None  # the reference: the adapter-disabled base
+    assert trainer.setup.estimator == "uniform_block" and trainer.ref_model is None  # the reference: the adapter-disabled base
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert before and all("lora_" in n for n in before)
     trainer.train()

@@ -2,91 +2,25 @@
 
 from __future__ import annotations
 
-import textwrap
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from . import config_checks as checks
+from . import config_defaults as defaults
+from .config_defaults import choose_for_device, default_block_length  # noqa: F401  (public names of this module)
+from .config_fields import (  # noqa: F401  (public names of this module)
+    MethodOptionFields,
+    SamplerOptionFields,
+    fill_docstring,
+    method_option_fields,
+    options_doc,
+    parameter_doc,
+)
 from .console import announce_deepspeed_cpu_build
 from .core.likelihood import ESTIMATORS
-from .core.methods import declared_fields, methods_taking
 from .core.objectives import OBJECTIVES
-from .core.options import Option
-from .core.sampling.schedules import SAMPLER_OPTIONS, config_problem
-from .training import checks
-
-
-def _filled(option: Option, text: str, *, doc: bool) -> str:
-    """An option's help or doc with ``{estimators}`` / ``{objectives}`` replaced by the methods that declare it."""
-    estimators, objectives = methods_taking(option.keyword)
-    if not doc:
-        return text.replace("{estimators}", ", ".join(estimators)).replace("{objectives}", ", ".join(objectives))
-    quoted = [f'`"{name}"`' for name in estimators]
-    losses = [f'`loss_type="{objectives[0]}"`', *(f'`"{name}"`' for name in objectives[1:])] if objectives else []
-
-    def join(names):
-        return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
-
-    return text.replace("{estimators}", join(quoted)).replace("{objectives}", join(losses))
-
-
-def method_option_fields(options: list[Option], name: str, doc: str):
-    """A dataclass holding the config fields that ``options`` declare (registry options,
-    `trl_dllm.core.methods.declared_fields`): each one's type, default and ``--help`` come from its
-    [`~trl_dllm.core.options.Option`]. `DiffusionGRPOConfig` takes every declared option, `DiffusionDPOConfig` those of
-    the estimators it can use."""
-    specs = [
-        (option.field, option.type, field(default=option.default,
-                                          metadata={"help": _filled(option, option.help, doc=False)}))
-        for option in options
-    ]  # fmt: skip
-    fields_class = make_dataclass(name, specs)
-    fields_class.__module__ = __name__  # its string annotations resolve in this module (HfArgumentParser)
-    fields_class.__doc__ = doc
-    return fields_class
-
-
-MethodOptionFields = method_option_fields(
-    declared_fields(), "MethodOptionFields",
-    "The configuration fields the estimators and objectives declare (`DiffusionGRPOConfig`).",
-)  # fmt: skip
-
-SamplerOptionFields = method_option_fields(
-    list(SAMPLER_OPTIONS), "SamplerOptionFields", "The decoding fields of the samplers' schedules (EOSER, ASS)."
-)
-
-
-def parameter_doc(name: str, annotation: str, default, text: str) -> str:
-    """One ``Parameters:`` entry of the docstring, in the format of TRL's configuration classes."""
-    kind = " or ".join(f"`{part.strip()}`" for part in annotation.split("|"))
-    shown = f'"{default}"' if isinstance(default, str) else default
-    body = textwrap.fill(text, width=120, initial_indent=" " * 12, subsequent_indent=" " * 12)
-    return f"        {name} ({kind}, *optional*, defaults to `{shown}`):\n{body}"
-
-
-def _estimator_doc() -> str:
-    listed = ", ".join(f'`"{name}"` ({entry.summary})' for name, entry in ESTIMATORS.items())
-    own = "; ".join(f'`{name}`: `"{entry.estimators[0]}"`' for name, entry in OBJECTIVES.items())
-    text = (
-        f"Sequence log-likelihood estimator: {listed}. See `docs/estimators.md`. `None` picks the loss type's own: "
-        f"the first estimator its registry entry lists ({own}), `\"elbo\"` for TRL's loss types; and on a "
-        "block-diffusion model (SDAR, TraDo, LLaDA2) the family's own, `\"block\"`, unless that estimator is "
-        "block-causal already or the loss type cannot use `\"block\"`. The trainer's start-up line says which it "
-        "picked. A value you set is kept and checked."
-    )
-    return parameter_doc("estimator", "str | None", None, text).lstrip()
-
-
-def options_doc(options: list[Option]) -> str:
-    """The ``Parameters:`` entries of the fields ``options`` declare, in TRL's docstring format."""
-    return "\n".join(
-        parameter_doc(option.field, option.type, option.default, _filled(option, option.doc, doc=True))
-        for option in options
-    )  # fmt: skip
-
-
-def _options_doc(section: str) -> str:
-    return options_doc([option for option in declared_fields() if option.section == section])
+from .core.sampling.schedules import config_problem
 
 
 @dataclass
@@ -441,39 +375,36 @@ class DiffusionGRPOConfig(MethodOptionFields, SamplerOptionFields, GRPOConfig):
 
     def __post_init__(self):
         checks.check_field_types(self)  # integers are integers before TRL computes batch sizes from them
-        checks.check_num_generations(self)
+        defaults.check_num_generations(self)
         announce_deepspeed_cpu_build()  # before TRL / transformers set up the devices, which starts the build
         self._device_choices = choose_for_device(self)
         try:
             super().__post_init__()
         except ValueError as err:  # TRL's message for a batch of partial groups names a field nobody set
-            clearer = checks.partial_groups_problem(self, str(err))
+            clearer = defaults.partial_groups_problem(self, str(err))
             if clearer is None:
                 raise
             raise ValueError(clearer) from None
         checks.check_completion_length(self)
+        # The fields left unset whose default the trainer may fit to the model (`training.setup.resolve_run`).
+        self.defaulted = frozenset(name for name in ("estimator", "block_length", "use_bias_correction_kl")
+                                   if getattr(self, name) is None)  # fmt: skip
         self._fill_decoding_defaults()
-        # Whether `estimator` was left to its default: the trainer fits it to the model's family (`fit_estimator`).
-        self._estimator_defaulted = self.estimator is None
         if self.estimator is None:
-            self.estimator = checks.default_estimator(self.loss_type)
-        self.mc_checkpointing = checks.auto_or_bool("mc_checkpointing", self.mc_checkpointing)
-        self.whole_group_batches = checks.whole_group_batches(self)
+            self.estimator = defaults.default_estimator(self.loss_type)
+        self.mc_checkpointing = defaults.auto_or_bool("mc_checkpointing", self.mc_checkpointing)
+        self.whole_group_batches = defaults.whole_group_batches(self)
         checks.check_config(self)
         if (problem := config_problem(self)) is not None:  # EOSER / ASS, before any rollout
             raise ValueError(problem)
-        # Whether `use_bias_correction_kl` was left to its default: resolved for the estimator (again by the trainer,
-        # after `fit_estimator` has fitted the estimator to the model's family).
-        self._bias_correction_defaulted = self.use_bias_correction_kl is None
-        checks.bias_correction_kl(self)
+        if self.use_bias_correction_kl is None:  # TRL's True, unless the estimator's values carry MC weights
+            self.use_bias_correction_kl = defaults.default_bias_correction_kl(self.loss_type, self.estimator)
 
     def _fill_decoding_defaults(self):
         """`block_length=None`: :func:`default_block_length`; `diffusion_steps=None`: two tokens per step, rounded up to
-        a multiple of the number of blocks."""
+        a multiple of the number of blocks. A family with blocks of its own (DiffusionGemma's canvas) uses them when
+        `block_length` is in `defaulted`, and refuses only a value the user set (`training.setup`)."""
         gen_length = self.max_completion_length
-        # Whether `block_length` was left to its default: a family with blocks of its own (DiffusionGemma's canvas)
-        # then uses them, and refuses only a value the user set (`training.rollouts.check_uniform_decoding`).
-        self._block_length_defaulted = self.block_length is None
         if self.block_length is None:  # MDPO rewards predictions of the whole completion: one block
             self.block_length = gen_length if self.records_steps else default_block_length(gen_length)
         if self.diffusion_steps is None and self.block_length >= 1 and gen_length % self.block_length == 0:
@@ -484,9 +415,7 @@ class DiffusionGRPOConfig(MethodOptionFields, SamplerOptionFields, GRPOConfig):
     def records_trajectory(self) -> bool:
         """Whether rollouts must record their trajectory: the objective replays denoising steps (AGRPO), or the
         estimator takes the step map (`block_steps`, DiPO)."""
-        objective = OBJECTIVES.get(self.loss_type)
-        estimator = ESTIMATORS.get(self.estimator)
-        return bool(getattr(objective, "needs_trajectory", False)) or "unmask_step" in getattr(estimator, "inputs", ())
+        return defaults.records_trajectory(self.loss_type, self.estimator)
 
     @property
     def records_steps(self) -> bool:
@@ -498,54 +427,4 @@ class DiffusionGRPOConfig(MethodOptionFields, SamplerOptionFields, GRPOConfig):
         return self.max_completion_length // self.block_length
 
 
-for _name, _text in (("estimator", _estimator_doc()), ("estimation_options", _options_doc("estimation")),
-                     ("objective_options", _options_doc("objective")),
-                     ("sampler_options", options_doc(list(SAMPLER_OPTIONS)))):
-    DiffusionGRPOConfig.__doc__ = DiffusionGRPOConfig.__doc__.replace("{" + _name + "}", _text)
-
-
-def choose_for_device(args) -> tuple[str, ...]:
-    """Settings TRL's defaults get wrong for the machine, changed before `GRPOConfig.__post_init__` checks them; returns
-    what was changed (`"bf16=False"`), for the trainer's start-up line (`trl_dllm.console.startup_lines`).
-
-    - No bf16-capable GPU, or `use_cpu=True`: TRL's `bf16=None` (which TRL turns on) becomes `False` — transformers
-      refuses bf16 without such a GPU, and on CPU bf16 autocast only costs time. An explicit `bf16=True` without the
-      GPU is an error naming the fix.
-    - No accelerator, or `use_cpu=True`: `dataloader_pin_memory` becomes `False` (pinned memory needs a device to
-      copy to; torch warns when there is none).
-    - TRL's `gradient_checkpointing` (documented by TRL, on by default) goes to transformers' current name,
-      `activation_checkpointing`, when that is unset: transformers warns on the old name on every run otherwise.
-    """
-    from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
-
-    changed = []
-    if getattr(args, "activation_checkpointing", "absent") is None and args.gradient_checkpointing is not None:
-        args.activation_checkpointing = args.gradient_checkpointing
-        if args.gradient_checkpointing_kwargs is not None and args.activation_checkpointing_kwargs is None:
-            args.activation_checkpointing_kwargs = args.gradient_checkpointing_kwargs
-    if args.dataloader_pin_memory and (args.use_cpu or not _has_accelerator()):
-        args.dataloader_pin_memory = False  # nothing to pin for; torch warns at every epoch otherwise
-    bf16_device = not args.use_cpu and (is_torch_bf16_gpu_available() or is_torch_xla_available())
-    if not bf16_device and args.bf16 is None and not args.fp16:
-        args.bf16 = False
-        changed.append("bf16=False")
-    elif args.bf16 and not bf16_device and not args.use_cpu:
-        raise ValueError(
-            "bf16=True needs a GPU with bf16 support, and this machine has none. Set bf16=False (or use_cpu=True to "
-            "train on CPU under bf16 autocast)."
-        )
-    return tuple(changed)
-
-
-def _has_accelerator() -> bool:
-    import torch
-
-    accelerator = getattr(torch, "accelerator", None)
-    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
-
-
-def default_block_length(gen_length: int) -> int:
-    """`block_length=None`: the largest divisor of `gen_length` that is at most 32, or `gen_length` (one block) when the
-    completion is at most 32 tokens or that divisor is below 8 (blocks that small decode almost autoregressively)."""
-    divisor = checks.largest_divisor_at_most(gen_length, 32)
-    return gen_length if gen_length <= 32 or divisor < 8 else divisor
+fill_docstring(DiffusionGRPOConfig)

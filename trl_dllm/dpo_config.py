@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 from trl import DPOConfig
 
-from .config import choose_for_device, method_option_fields, options_doc
+from .config_defaults import auto_or_bool, choose_for_device
+from .config_fields import method_option_fields, options_doc
 from .core.likelihood import ESTIMATORS
 from .core.methods import declared_fields
 
@@ -103,8 +104,6 @@ class DiffusionDPOConfig(PreferenceOptionFields, DPOConfig):
     )
 
     def __post_init__(self):
-        from .training import checks
-
         self._device_choices = choose_for_device(self)
         super().__post_init__()
         if self.estimator is not None and self.estimator not in PREFERENCE_ESTIMATORS:
@@ -120,7 +119,7 @@ class DiffusionDPOConfig(PreferenceOptionFields, DPOConfig):
         for option in _OPTIONS:
             if (problem := option.problem(getattr(self, option.field))) is not None:
                 raise ValueError(problem)
-        self.mc_checkpointing = checks.auto_or_bool("mc_checkpointing", self.mc_checkpointing)
+        self.mc_checkpointing = auto_or_bool("mc_checkpointing", self.mc_checkpointing)
 
 
 DiffusionDPOConfig.__doc__ = (

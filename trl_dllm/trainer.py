@@ -21,25 +21,22 @@ not serve. The math is in `trl_dllm.core`. Overridden (TRL 1.16):
 from __future__ import annotations
 
 import contextlib
-import copy
 
 import torch
-from accelerate.utils import broadcast_object_list, is_peft_model
+from accelerate.utils import broadcast_object_list
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import pad, split_tensor_dict, use_adapter
 
 from .config import DiffusionGRPOConfig
-from .console import quiet_ddp_buffers, quiet_trl_internals, startup_lines, unsaid
+from .console import quiet_ddp_buffers, quiet_trl_internals
 from .core.objectives import ratio_metrics
-from .models import resolve_model_spec
 from .models.adapters import adapter_to_original_layout
 from .models.embedded import resolve_model_name
-from .models.families import training_refusal
 from .models.loading import is_native_layout
 from .nonfinite import NonFiniteGuard
 from .seeding import device_generators, sample_seeds
-from .training import checks, inputs, model_checks, model_setup, rollouts, state, step_rewards, trainer_inputs
+from .training import inputs, model_checks, model_setup, rollouts, setup, state, step_rewards
 from .training.collapse import CollapseGuard
 from .training.dynamic_sampling import DynamicSampling, total_rewards
 from .training.scoring import EstimationPass, Scoring
@@ -57,62 +54,20 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = DiffusionGRPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-DiffusionGRPO")
-        trainer_inputs.check_trainer_options(args, DiffusionGRPOConfig, kwargs)
-        # An SFT LoRA adapter folder: trained on from its values, on its base (TRL takes no peft_config with it).
-        adapter = model_setup.adapter_folder(model, kwargs.get("peft_config"))
-        named = adapter.base if adapter is not None else model
-        if (refusal := training_refusal(named, args, **(args.model_init_kwargs or {}))) is not None:
-            raise NotImplementedError(refusal)  # a family's own refusal (DiffusionGemma: StableDRL / ESPO only)
-        trainer_inputs.check_trainer_inputs(args, model, reward_funcs, pargs, kwargs)  # before any weights are loaded
-        if adapter is not None:
-            kwargs["peft_config"] = None
-        if kwargs.get("peft_config") is not None:
-            kwargs["peft_config"] = copy.deepcopy(kwargs["peft_config"])  # adapted to the model, never the user's
-        if not isinstance(model, str):
-            model_setup.adapt_to_model(model, args, kwargs.get("peft_config"))
-        elif kwargs.get("processing_class") is None and adapter is not None:
-            kwargs["processing_class"] = model_setup.adapter_tokenizer(adapter, args)
-        elif kwargs.get("processing_class") is None and args.native_loading:
-            kwargs["processing_class"] = model_setup.native_tokenizer(model, args)
+        adapter = setup.before_loading(args, DiffusionGRPOConfig, model, reward_funcs, pargs, kwargs)  # no weights yet
         asked_reentrant = (args.gradient_checkpointing_kwargs or {}).get("use_reentrant")  # before TRL sets it
         with model_setup.loading_models(args, kwargs.get("peft_config"), adapter):
             super().__init__(model, reward_funcs, args, *pargs, **kwargs)
-        unwrapped = self.accelerator.unwrap_model(self.model)
         self._embedded_name = given if given is not model else None  # read by `save_model`, called by TRL's hooks
-        self.model_spec = resolve_model_spec(self.model, self._tokenizer, args.mask_token_id)
-        ref = self.accelerator.unwrap_model(self.ref_model) if self.ref_model is not None else None
-        model_setup.make_models_bidirectional(unwrapped, ref)
-        # TRL lists the tokenizer's EOS first; early exit fills with the first id, so keep that order.
-        self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *self.model_spec.eos_token_ids]))
-        picked = checks.fit_estimator(args, self.model_spec.kind.block_causal, self.model_spec.noise)  # `estimator` unset
-        unweighted_kl = checks.bias_correction_kl(args)  # for the fitted estimator: TRL's KL correction, or not
-        model_checks.check_noise(args, self.model_spec)  # the estimator scores the family's noise (mask / uniform)
-        rollouts.check_uniform_decoding(unwrapped, self.model_spec, args, self.eos_token_ids)  # a kind's own sampler
-        peft = is_peft_model(unwrapped)
-        reentry = model_checks.checkpoint_without_reentry(args, self.model_spec, asked=asked_reentrant,
-                                                          zero3_lora=self._zero3 and peft)
-        model_checks.check_block_layout(args, self.model_spec)
-        model_checks.check_reentrant_forwards(args, self.model_spec.noise, peft=peft, zero3=self._zero3)
-        block_length = self.model_spec.decoding_block_length(args.block_length)
-        model_setup.probe_remote_code(unwrapped, self.model_spec, self._shards_parameters)
-        model_checks.check_model(unwrapped, args, self.processing_class, self._tokenizer, self.train_dataset,
-                                 self._tokenize_prompts)  # text-only, prompts + completion within its positions
-        inputs.check_reward_functions(self)
-        model_checks.warn_silent_settings(unwrapped, args, self.is_fsdp_enabled, self.accelerator.device.type)
-        graphs_hint = model_checks.check_cuda_graphs(args, self.model_spec, unwrapped, self.accelerator.device.type,
-                                                     self._shards_parameters)  # fmt: skip
-        model_checks.check_compile(args, self.model_spec, self._shards_parameters)
-        checks.check_rollback_backend(args, self.is_deepspeed_enabled or self.is_fsdp_enabled)
-        model_checks.check_merge_adapters(unwrapped, args, self._shards_parameters)
+        # The run resolved once (`training/setup.py`): spec, estimator, layout, checkpointing; every check, the notices.
+        self.setup = setup.resolve_run(self, asked_reentrant=asked_reentrant)
+        self.model_spec, self.eos_token_ids = self.setup.spec, self.setup.eos_token_ids
         self.reward_funcs = inputs.checked_reward_functions(self.reward_funcs, self.reward_func_names)
-        adaptive = self.model_spec.kind.own_sampler  # its own sampler stops canvases by itself (DiffusionGemma's)
-        notices = [*startup_lines(args, block_length, picked, adaptive), *model_setup.dropout_notice(unwrapped, args),
-                   *reentry, *([unweighted_kl] if unweighted_kl else []), *([graphs_hint] if graphs_hint else [])]  # fmt: skip
-        for line in unsaid(notices):  # once per `once_per_run()` block
-            self.accelerator.print(line)
-        self.scoring = Scoring(args, self.model_spec, block_length, self._entropy_bonus_enabled,
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        self.scoring = Scoring(args, self.model_spec, self.setup.block_length, self._entropy_bonus_enabled,
                                self._shards_parameters, self.accelerator.autocast,
-                               unwrapped.config.get_text_config().vocab_size, self.eos_token_ids[0])  # fmt: skip
+                               unwrapped.config.get_text_config().vocab_size, self.eos_token_ids[0],
+                               estimator_name=self.setup.estimator)  # fmt: skip
         # TRL's likelihood hook is given only ids and masks: the seeds (and row inputs) of the pass travel here.
         self._estimation: EstimationPass | None = None
         # TRL's `_generate_single_turn` returns id lists cut at EOS: the full canvas reaches the batch through here.
@@ -167,7 +122,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         ):  # fmt: skip
             rollout = rollouts.generate_rollouts(
                 unwrapped_model, self.model_spec, self.args, input_ids, attention_mask, noise,
-                eos_token_ids=self.eos_token_ids, return_trajectory=self.args.records_trajectory,
+                eos_token_ids=self.eos_token_ids, return_trajectory=self.setup.records_trajectory,
             )  # fmt: skip
         canvas = rollout.completion_ids
         self._metrics[self._mode]["generation/forwards_per_token"].append(rollout.row_forwards / max(1, canvas.numel()))

@@ -219,4 +219,4 @@ def test_trainer_trains_a_llada2_object_without_the_kv_cache(tmp_path):
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     moved = [n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])]
-    assert trainer.args.estimator == "block" and any("attention" in n for n in moved)
+    assert trainer.setup.estimator == "block" and any("attention" in n for n in moved)

@@ -1,6 +1,7 @@
 """Every bad config is refused before training, with a message that names the field, the value and the fix
-(trl_dllm/training/checks.py): in the config and through the CLI in one line. What the trainer is handed:
-test_trainer_inputs.py; the built model and its layout: test_model_checks.py."""
+(trl_dllm/config_checks.py, config_defaults.py; the estimator fitted to the model: training/setup.py): in the config
+and through the CLI in one line. What the trainer is handed: test_trainer_inputs.py; the built model and its layout:
+test_model_checks.py."""
 
 import dataclasses
 
@@ -142,24 +143,25 @@ def test_cli_empty_data_file(in_repo, capsys, tmp_path):
      ("dapo", False, "elbo", "the default for TRL's loss_type='dapo'")],
 )  # fmt: skip
 def test_estimator_left_unset_fits_the_model(loss_type, block_family, picked, reason):
-    from trl_dllm.training.checks import fit_estimator
+    from trl_dllm.training.setup import fit_estimator
 
     args = DiffusionGRPOConfig(output_dir="unused", report_to="none", use_cpu=True, per_device_train_batch_size=4,
                                num_generations=4, max_completion_length=8, block_length=4, loss_type=loss_type)  # fmt: skip
-    line = fit_estimator(args, block_family)
-    assert args.estimator == picked
+    configured = args.estimator
+    estimator, line = fit_estimator(args, block_family)
+    assert estimator == picked and args.estimator == configured  # resolved for the run; the config is not changed
     assert line.startswith(f"trl_dllm: estimator={picked!r} ({reason}") and "estimator was not set" in line
 
 
 def test_estimator_set_by_the_user_is_kept_and_checked():
     from trl_dllm.models.families.sdar import BLOCK
-    from trl_dllm.training.checks import fit_estimator
     from trl_dllm.training.model_checks import check_block_layout
+    from trl_dllm.training.setup import fit_estimator
 
     args = DiffusionGRPOConfig(output_dir="unused", report_to="none", use_cpu=True, per_device_train_batch_size=4,
                                num_generations=4, max_completion_length=8, block_length=4, loss_type="stabledrl",
                                estimator="elbo")  # fmt: skip
-    assert fit_estimator(args, True) is None and args.estimator == "elbo"
+    assert fit_estimator(args, True) == ("elbo", None) and args.estimator == "elbo"
     with pytest.raises(ValueError, match="estimator='elbo' scores with bidirectional attention"):
         check_block_layout(args, dataclasses.replace(BLOCK, block_length=4, mask_token_id=3))
 
@@ -174,13 +176,13 @@ def test_estimator_set_by_the_user_is_kept_and_checked():
      ("espo", "elbo", 0.04, None, True, False)],  # a diffusion objective: TRL's field is not read
 )  # fmt: skip
 def test_bias_correction_kl_left_unset_fits_the_estimator(loss_type, estimator, beta, explicit, expected, said):
-    from trl_dllm.training.checks import bias_correction_kl
+    from trl_dllm.training.setup import fit_bias_correction_kl
 
     args = DiffusionGRPOConfig(output_dir="unused", report_to="none", use_cpu=True, per_device_train_batch_size=4,
                                num_generations=4, max_completion_length=8, block_length=4, loss_type=loss_type,
                                estimator=estimator, beta=beta, use_bias_correction_kl=explicit)  # fmt: skip
     assert args.use_bias_correction_kl is expected
-    line = bias_correction_kl(args)  # again, as the trainer does after fitting the estimator: the same answer
-    assert args.use_bias_correction_kl is expected and (line is not None) == said
+    value, line = fit_bias_correction_kl(args, args.estimator)  # again, as the trainer does for its estimator
+    assert value is expected and args.use_bias_correction_kl is expected and (line is not None) == said
     if said:
         assert line.startswith(f"trl_dllm: use_bias_correction_kl=False instead of TRL's default: estimator={estimator!r}")

@@ -8,7 +8,7 @@ import torch
 from datasets import Dataset
 
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
-from trl_dllm.training.checks import check_rollback_backend
+from trl_dllm.training.setup import check_rollback_backend
 from trl_dllm.training.collapse import CollapseGuard
 
 

@@ -259,10 +259,11 @@ def suggestions(arch: Architecture, s: Settings, *, gradient_accumulation_steps:
 
 
 def settings_from_args(args, model_args=None, *, prompt_length: int = 256, logits: str = "chunked",
-                       auto_kept_chunks: int = 1, device: str = "cuda") -> Settings:  # fmt: skip
+                       auto_kept_chunks: int = 1, device: str = "cuda", estimator: str | None = None) -> Settings:  # fmt: skip
     """:class:`Settings` of a `DiffusionGRPOConfig` (and TRL's `ModelConfig` for LoRA and the dtype). The rollout's
     rows: ``generation_chunk_size``, else the local generation batch ``per_device_train_batch_size ×
-    steps_per_generation`` (TRL generates it in one call)."""
+    steps_per_generation`` (TRL generates it in one call). ``estimator``: the one the run resolved for the model
+    (`training.setup.fit_estimator`); `None`: the config's."""
     checkpointing = getattr(args, "activation_checkpointing", None)
     if checkpointing is None:
         checkpointing = bool(getattr(args, "gradient_checkpointing", False))
@@ -278,7 +279,7 @@ def settings_from_args(args, model_args=None, *, prompt_length: int = 256, logit
         prompt_length=prompt_length,
         completion_length=args.max_completion_length,
         generation_rows=args.generation_chunk_size or args.per_device_train_batch_size * steps,
-        estimator=args.estimator,
+        estimator=estimator or args.estimator,
         mc_samples=args.mc_samples,
         antithetic=args.antithetic,
         mc_batch_size=args.mc_batch_size,

@@ -26,7 +26,7 @@ import yaml
 from trl import TrlParser
 
 from ..errors import UsageError
-from ..training.checks import REMOVED_ARGUMENTS
+from ..config_checks import REMOVED_ARGUMENTS
 from ..training.inputs import FieldTypeError, RewardFunctionError
 
 _ENV_VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")

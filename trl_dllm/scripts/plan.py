@@ -83,7 +83,7 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
     """The plan of every strategy, the headline one's phases, its largest batch and the changes that make it fit."""
     from .. import planning
     from ..models.families import MODEL_SPECS, training_refusal
-    from ..training.checks import fit_estimator
+    from ..training.setup import fit_estimator
 
     if not model_args.model_name_or_path:
         raise UsageError("model_name_or_path is not set: pass --model_name_or_path (a Hub id or a folder with config.json)")
@@ -98,11 +98,12 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
     if spec is not None and spec.kind.own_sampler:  # the generation fields its sampler refuses, refused as the trainer
         _check_own_decoding(replace(spec, block_length=arch.canvas_length), training_args)
     # `estimator` not set: the one the trainer would pick (for the model's noise)
-    fit_estimator(training_args, arch.block_causal, spec.noise if spec is not None else "mask")
+    estimator, _ = fit_estimator(training_args, arch.block_causal, spec.noise if spec is not None else "mask")
     settings = planning.settings_from_args(training_args, model_args, prompt_length=options.prompt_length,
-                                           logits=options.logits, auto_kept_chunks=options.auto_kept_chunks)  # fmt: skip
+                                           logits=options.logits, auto_kept_chunks=options.auto_kept_chunks,
+                                           estimator=estimator)  # fmt: skip
     if options.strategy == "zero3" and not arch.canvas_length:  # refused by the trainer: LoRA, reentrant checkpointing
-        _check_reentrant_forwards(training_args, bool(model_args.use_peft))
+        _check_reentrant_forwards(training_args, bool(model_args.use_peft), estimator)
     weight_bytes = planning.dtype_bytes(model_args.dtype)
     common = dict(num_processes=options.num_processes, weight_bytes=weight_bytes,
                   gradient_accumulation_steps=training_args.gradient_accumulation_steps,
@@ -150,7 +151,7 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
     }  # fmt: skip
 
 
-def _check_reentrant_forwards(training_args, peft: bool) -> None:
+def _check_reentrant_forwards(training_args, peft: bool, estimator: str) -> None:
     """The trainer's refusal of several forwards per micro-batch under ZeRO-3 with LoRA and activation checkpointing
     where it stays reentrant (:func:`trl_dllm.training.model_checks.check_reentrant_forwards`): with the DeepSpeed
     installed here when it predates the fix that lets the trainer make it non-reentrant. Without DeepSpeed here, the
@@ -162,7 +163,7 @@ def _check_reentrant_forwards(training_args, peft: bool) -> None:
     if not stays_reentrant(asked, version) or (version is None and asked is not True):
         return
     try:  # TRL sets use_reentrant=True for LoRA under ZeRO-3, and it stays
-        check_reentrant_forwards(training_args, "mask", peft=peft, zero3=True, reentrant=True)
+        check_reentrant_forwards(training_args, "mask", peft=peft, zero3=True, reentrant=True, estimator=estimator)
     except ValueError as error:
         raise UsageError(f"{error} There is no training run to plan.") from None
 

@@ -36,9 +36,9 @@ from collections import deque
 
 import torch
 
-logger = logging.getLogger(__name__)
+from ..config_checks import COLLAPSE_GUARD_MODES  # noqa: F401  (the config checks `collapse_guard` against it)
 
-COLLAPSE_GUARD_MODES = ("off", "warn", "stop", "rollback")
+logger = logging.getLogger(__name__)
 
 
 class CollapseGuard:

@@ -1,26 +1,28 @@
 """Checks of what a user hands the trainer — prompts, reward functions, the tokenizer beside the model, names of
 models and rewards, recipe field types — each refusing with one line that names the field or row, the value and the
-fix. `checks.py` calls them (it is the one entry point of every check); they live here to keep both modules short.
+fix. The config's own checks (field types, loggers) live in `trl_dllm/config_checks.py`, re-exported here.
 
 One exception type per kind, each a `ValueError` or `TypeError` so that code catching those keeps working.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
 import inspect
 import numbers
 import os
 
+from ..config_checks import (  # noqa: F401  (the config's own checks; their errors are caught by the CLI)
+    FieldTypeError,
+    LoggerLoginError,
+    check_field_types,
+    check_report_to,
+    wandb_login_problem,
+)
 from ..errors import UsageError
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")  # TRL's roles
-_INT_TYPES = ("int", "int|None", "Optional[int]", "Union[int,NoneType]")
-# Counts TRL / transformers check only inside `train()` (ours, e.g. mc_samples, are checked in `checks.py`).
-_POSITIVE_INTS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
-                  "max_unscorable_rollouts")
 
 
 class PromptFormatError(ValueError):
@@ -35,44 +37,8 @@ class ModelMismatchError(ValueError):
     """The tokenizer and the model do not fit together (ids beyond the model's embedding)."""
 
 
-class FieldTypeError(TypeError):
-    """A config field holds a value of the wrong type (a float where an integer is needed)."""
-
-
-class LoggerLoginError(ValueError):
-    """`report_to` names a logger whose login is missing (W&B without credentials and not offline)."""
-
-
 class NameNotFoundError(ValueError):
     """A model or reward name that is neither a local folder nor an embedded name, while the Hub is offline."""
-
-
-# ---------------------------------------------------------------------------------------------------- config fields
-
-
-def check_field_types(args) -> None:
-    """Integer fields hold integers (YAML `2.5` or `true` reach torch otherwise) and counts are positive. Runs before
-    TRL's `__post_init__`, which computes batch sizes from them."""
-    for field in dataclasses.fields(args):
-        value = getattr(args, field.name, None)
-        spelled = field.type.__name__ if isinstance(field.type, type) else str(field.type)
-        if spelled.replace(" ", "").replace("typing.", "") in _INT_TYPES and value is not None:
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise FieldTypeError(
-                    f"{field.name}={value!r} ({type(value).__name__}) must be an integer; write e.g. "
-                    f"{field.name}: {_integer_hint(value)} in the recipe or --{field.name} {_integer_hint(value)}."
-                )
-    for name in _POSITIVE_INTS:
-        value = getattr(args, name, None)
-        if value is not None and value < 1:
-            raise ValueError(f"{name}={value} must be >= 1; set {name}: 1 (or more).")
-
-
-def _integer_hint(value) -> int:
-    try:
-        return max(1, round(float(value)))
-    except (TypeError, ValueError):
-        return 1
 
 
 # ---------------------------------------------------------------------------------------------------- names
@@ -210,50 +176,6 @@ def reward_output_problem(output, expected: int) -> str | None:
 
 def _is_scalar(value) -> bool:
     return getattr(value, "ndim", None) == 0 or getattr(value, "shape", None) == ()
-
-
-# ---------------------------------------------------------------------------------------------------- loggers
-
-
-def wandb_login_problem(environ=os.environ) -> str | None:
-    """Why `wandb.init` would fail for want of credentials, or `None`: W&B reads them from `WANDB_API_KEY` (or
-    `WANDB_IDENTITY_TOKEN_FILE`), the host's entry in the netrc file, or its settings file; offline and disabled modes
-    need none. Read without importing wandb or touching the network."""
-    import netrc
-    from urllib.parse import urlparse
-
-    if environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
-        return None
-    if environ.get("WANDB_DISABLED", "").lower() in ("1", "true", "yes") or environ.get("WANDB_API_KEY"):
-        return None
-    if environ.get("WANDB_IDENTITY_TOKEN_FILE"):
-        return None
-    host = urlparse(environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
-    path = environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
-    try:
-        if netrc.netrc(path).authenticators(host):
-            return None
-    except (OSError, netrc.NetrcParseError):
-        pass
-    config_dir = environ.get("WANDB_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".config", "wandb")
-    try:
-        with open(os.path.join(config_dir, "settings"), encoding="utf-8") as f:
-            if any(line.split("=")[0].strip() == "api_key" for line in f):
-                return None
-    except OSError:
-        pass
-    return f"W&B is not logged in (no WANDB_API_KEY, no {host} entry in {path})"
-
-
-def check_report_to(args) -> None:
-    """`report_to` with `wandb` and no W&B credentials fails here, before the model loads, not in `wandb.init`."""
-    report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
-    problem = wandb_login_problem() if "wandb" in report_to else None
-    if problem is not None:
-        raise LoggerLoginError(
-            f"report_to={list(report_to)}: {problem}. Run `wandb login` (or set WANDB_API_KEY), or set "
-            "WANDB_MODE=offline to log locally and `wandb sync` later, or drop wandb from report_to."
-        )
 
 
 # ---------------------------------------------------------------------------------------------------- tokenizer

@@ -80,9 +80,10 @@ def check_model(model, args, processing_class, tokenizer, train_dataset, tokeniz
     check_canvas_fits(longest, completion, positions, where=f" (train_dataset row {row})")
 
 
-def warn_silent_settings(model, args, fsdp_enabled: bool, device_type: str) -> None:
+def warn_silent_settings(model, args, fsdp_enabled: bool, device_type: str, estimator: str | None = None) -> None:
     """Settings that train, but not as the user meant: warned at construction (``fsdp_enabled``: accelerate enabled
-    FSDP; ``device_type``: the processes' device)."""
+    FSDP; ``device_type``: the processes' device; ``estimator``: the run's, default the config's)."""
+    estimator = estimator or args.estimator
     low = {p.dtype for p in model.parameters() if p.requires_grad} & {torch.bfloat16, torch.float16}
     if low:
         logger.warning(
@@ -91,13 +92,13 @@ def warn_silent_settings(model, args, fsdp_enabled: bool, device_type: str) -> N
             "float32 (model_init_kwargs={'dtype': 'float32'}) and set bf16=True for mixed precision, or train LoRA "
             "adapters.", "/".join(sorted(str(d).removeprefix("torch.") for d in low)), args.learning_rate,
         )  # fmt: skip
-    if ESTIMATORS[args.estimator].replays_rollout and args.generation_cache != "none":
+    if ESTIMATORS[estimator].replays_rollout and args.generation_cache != "none":
         logger.warning(
             "estimator=%r replays every rollout step without a cache, but generation_cache=%r samples from "
             "approximate (cached) logits: the log-probabilities the trainer computes are not those the tokens were "
             "drawn from, and nothing corrects for it (measured on the demo's trained model: per-sequence weights "
             "pi/q from 0.008 to 5.8; docs/demo.md). For an exact replay keep confidence_threshold and set "
-            "generation_cache='none'.", args.estimator, args.generation_cache,
+            "generation_cache='none'.", estimator, args.generation_cache,
         )  # fmt: skip
     requested = args.fsdp_plugin_args is not None or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
     if requested and not fsdp_enabled:
@@ -218,11 +219,11 @@ def check_block_guidance(cfg_scale: float) -> None:
         raise ValueError("cfg_scale > 0 is not supported for block-causal generation; set cfg_scale=0.")
 
 
-def check_noise(args, spec: ModelSpec) -> None:
+def check_noise(args, spec: ModelSpec, estimator: str | None = None) -> None:
     """The estimator scores the family's own forward process (``Estimator.noise`` against ``spec.noise``), and on a
     uniform-noise family (DiffusionGemma) the loss type is a sequence-level objective that takes its estimator
-    (:func:`~trl_dllm.core.methods.noise_problem`)."""
-    if (problem := noise_problem(args.estimator, args.loss_type, spec.noise, spec.family)) is not None:
+    (:func:`~trl_dllm.core.methods.noise_problem`). ``estimator``: the run's, default the config's."""
+    if (problem := noise_problem(estimator or args.estimator, args.loss_type, spec.noise, spec.family)) is not None:
         raise ValueError(problem)
 
 
@@ -259,9 +260,11 @@ def stays_reentrant(asked: bool | None, version: str | None) -> bool:
     return asked is True or not recomputes_frozen_weights(version)
 
 
-def checkpoint_without_reentry(args, spec: ModelSpec, *, zero3_lora: bool = False, asked: bool | None = None) -> list[str]:
-    """Activation checkpointing made non-reentrant where reentrant checkpointing cannot train; one line when it was
-    reentrant.
+def checkpointing_choice(args, spec: ModelSpec, *, zero3_lora: bool = False,
+                         asked: bool | None = None) -> tuple[dict | None, list[str]]:
+    """Activation checkpointing made non-reentrant where reentrant checkpointing cannot train: the
+    `gradient_checkpointing_kwargs` TRL and transformers must then see (`None`: leave them), and one line when they
+    were reentrant. The config is not changed here (:func:`apply_checkpointing`).
 
     - **A kind reentrant checkpointing cannot train** (``Kind.reentrant_checkpointing``: DiffusionGemma's), always. Its decoder layers read the encoder's keys and values from
       the cache inside the checkpointed region, not as inputs: reentrant checkpointing recomputes each layer in a nested
@@ -273,7 +276,7 @@ def checkpoint_without_reentry(args, spec: ModelSpec, *, zero3_lora: bool = Fals
       recomputation hands ZeRO-3 each LoRA gradient once per forward, which its gradient reduction refuses when a
       micro-batch is scored in several forwards (:func:`check_reentrant_forwards`).
 
-    TRL re-enables checkpointing with its kwargs after each rollout, so both names are set. Non-reentrant checkpointing
+    Non-reentrant checkpointing
     backpropagates through the one graph: 2-process ZeRO-3 CPU launches train with it
     (`tests/test_multiprocess.py::test_deepspeed_zero3_diffusion_gemma_lora`, `::test_deepspeed_zero3_lora_views`).
     """
@@ -281,22 +284,38 @@ def checkpoint_without_reentry(args, spec: ModelSpec, *, zero3_lora: bool = Fals
     version = deepspeed_version() if zero3_lora and not own else None
     lora = zero3_lora and not stays_reentrant(asked, version)
     if not args.gradient_checkpointing or not (own or lora):
-        return []
+        return None, []
     kwargs = dict(args.gradient_checkpointing_kwargs or {})
-    # transformers reads the new name when it enables checkpointing, TRL the old one when it re-enables it
-    args.gradient_checkpointing_kwargs = args.activation_checkpointing_kwargs = {**kwargs, "use_reentrant": False}
+    chosen = {**kwargs, "use_reentrant": False}
     if not kwargs.get("use_reentrant"):
-        return []
+        return chosen, []
     if not own:
-        return [f"use_reentrant=True (TRL's choice for LoRA under ZeRO-3) is set to False: DeepSpeed {version} "
+        return chosen, [f"use_reentrant=True (TRL's choice for LoRA under ZeRO-3) is set to False: DeepSpeed {version} "
                 "recomputes frozen weights whole, and reentrant checkpointing cannot train an estimate of several "
                 "forwards per micro-batch under ZeRO-3 (docs/trainer.md)."]  # fmt: skip
-    return [f"use_reentrant=True (TRL's choice for PEFT under ZeRO-3, or yours) is set to False on this {spec.family} "
+    return chosen, [f"use_reentrant=True (TRL's choice for PEFT under ZeRO-3, or yours) is set to False on this {spec.family} "
             "model: its decoder reads the encoder's cache inside each checkpointed layer, which reentrant checkpointing "
             "cannot backpropagate through (docs/models.md, DiffusionGemma)."]  # fmt: skip
 
 
-def check_reentrant_forwards(args, noise: str, *, peft: bool, zero3: bool, reentrant: bool | None = None) -> None:
+def apply_checkpointing(args, kwargs: dict | None) -> None:
+    """Set the `gradient_checkpointing_kwargs` :func:`checkpointing_choice` chose (`None`: nothing), under both names:
+    transformers reads the new one when it enables checkpointing, TRL the old one when it re-enables it after each
+    rollout. The one place the trainers change TRL's checkpointing."""
+    if kwargs is not None:
+        args.gradient_checkpointing_kwargs = args.activation_checkpointing_kwargs = kwargs
+
+
+def checkpoint_without_reentry(args, spec: ModelSpec, *, zero3_lora: bool = False, asked: bool | None = None) -> list[str]:
+    """:func:`checkpointing_choice`, applied to ``args`` (:func:`apply_checkpointing`); its line, if any. The DPO
+    trainer's path; the GRPO trainer applies the choice its `RunSetup` holds."""
+    kwargs, lines = checkpointing_choice(args, spec, zero3_lora=zero3_lora, asked=asked)
+    apply_checkpointing(args, kwargs)
+    return lines
+
+
+def check_reentrant_forwards(args, noise: str, *, peft: bool, zero3: bool, reentrant: bool | None = None,
+                             estimator: str | None = None) -> None:
     """Refuse an estimate of several forwards per micro-batch under reentrant activation checkpointing on DeepSpeed
     ZeRO-3 with LoRA, naming the fix (where checkpointing stays reentrant: :func:`checkpoint_without_reentry`).
     ``noise``: the family's (``ModelSpec.noise``); ``reentrant``: whether checkpointing is reentrant, read from
@@ -311,7 +330,9 @@ def check_reentrant_forwards(args, noise: str, *, peft: bool, zero3: bool, reent
     recipe, `spg` with `mc_samples: 2`, under `recipes/accelerate/zero3.yaml`: on one H200 and on CPU, 2026-11-27). One
     forward per micro-batch trains: under ZeRO-3 the views' activations are held until the backward either way
     (`mc_checkpointing` is off there), so stacking them costs no activation memory. DiffusionGemma's checkpointing is
-    made non-reentrant (:func:`checkpoint_without_reentry`) and is not concerned."""
+    made non-reentrant (:func:`checkpoint_without_reentry`) and is not concerned. ``estimator``: the run's, default the
+    config's."""
+    estimator = estimator or args.estimator
     if reentrant is None:
         reentrant = bool((args.gradient_checkpointing_kwargs or {}).get("use_reentrant"))
     checkpointing = getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing
@@ -320,18 +341,18 @@ def check_reentrant_forwards(args, noise: str, *, peft: bool, zero3: bool, reent
     from ..planning import settings_from_args
     from ..planning.phases import views_of
 
-    views = views_of(settings_from_args(args))
+    views = views_of(settings_from_args(args, estimator=estimator))
     if views.chunks <= 1:
         return
     fixes = [f"use DeepSpeed >= {FROZEN_RECOMPUTE_DEEPSPEED} without use_reentrant=True (the trainer then checkpoints "
              "without reentry)"]  # fmt: skip
-    if "mc_batch_size" in ESTIMATORS[args.estimator].option_names:
+    if "mc_batch_size" in ESTIMATORS[estimator].option_names:
         fixes.append(f"set mc_batch_size={views.count} (all {views.count} views in one forward; under ZeRO-3 their "
                      "activations are held until the backward either way)")  # fmt: skip
     fixes += ["launch with recipes/accelerate/zero2.yaml (the LoRA recipes' launcher)",
               "set activation_checkpointing=false"]  # fmt: skip
     raise ValueError(
-        f"estimator={args.estimator!r} scores each row in {views.chunks} forwards (mc_batch_size="
+        f"estimator={estimator!r} scores each row in {views.chunks} forwards (mc_batch_size="
         f"{args.mc_batch_size}), which DeepSpeed ZeRO-3 cannot train with LoRA and reentrant activation checkpointing "
         f"(TRL's choice there, kept with DeepSpeed older than {FROZEN_RECOMPUTE_DEEPSPEED}, or yours): reentrant "
         "recomputation hands ZeRO-3 each LoRA gradient once per forward (an AssertionError in its gradient reduction). "
@@ -339,26 +360,28 @@ def check_reentrant_forwards(args, noise: str, *, peft: bool, zero3: bool, reent
     )
 
 
-def check_block_layout(args, spec: ModelSpec) -> None:
+def check_block_layout(args, spec: ModelSpec, estimator: str | None = None) -> None:
     """The config against the model's layout (the block length rollouts and estimates then use is
-    ``spec.decoding_block_length(args.block_length)``). The config is never changed."""
+    ``spec.decoding_block_length(args.block_length)``). ``estimator``: the run's, default the config's. The config is
+    never changed."""
+    chosen = estimator or args.estimator
     problem = block_model_problem(getattr(args, "loss_type", None), spec.family, spec.kind.block_causal)
     if problem is not None:
         raise ValueError(problem)
-    estimator = ESTIMATORS[args.estimator]
+    estimator = ESTIMATORS[chosen]
     if estimator.block_model_only and not spec.kind.block_causal:
         others = " or ".join(
             f"estimator={name!r} (loss_type={own_objective(name)!r})" for name, entry in ESTIMATORS.items()
             if entry.replays_rollout and not entry.block_model_only and own_objective(name)
         )  # fmt: skip
         raise ValueError(
-            f"estimator={args.estimator!r} ({estimator.summary}) scores the steps of a block-diffusion rollout, but "
+            f"estimator={chosen!r} ({estimator.summary}) scores the steps of a block-diffusion rollout, but "
             f"this model ({spec.family!r} family) is not block-causal: train a block-diffusion model (SDAR, TraDo), "
             f"or use {others} here."
         )
     # Prompts of different lengths are left-padded: the estimator's mask and the rollouts' (below) must honour it.
-    four_d = scores_with_4d_mask(args.estimator, block_causal=spec.kind.block_causal)
-    require_attention(spec, f"the {args.estimator} estimator", four_d=four_d, padded=True)
+    four_d = scores_with_4d_mask(chosen, block_causal=spec.kind.block_causal)
+    require_attention(spec, f"the {chosen} estimator", four_d=four_d, padded=True)
     check_cache_model(spec, args.generation_cache)
     if not spec.kind.block_causal:
         return
@@ -385,7 +408,7 @@ def check_block_layout(args, spec: ModelSpec) -> None:
     check_block_guidance(args.cfg_scale)
     if not estimator.block_causal:
         raise ValueError(
-            f"estimator={args.estimator!r} scores with bidirectional attention, which a block-causal model was not "
+            f"estimator={chosen!r} scores with bidirectional attention, which a block-causal model was not "
             "trained for: use estimator='block' (staircase attention) or 'trajectory' (AGRPO)."
         )
 

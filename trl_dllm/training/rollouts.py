@@ -149,20 +149,23 @@ def decoding_plan(
     return plan_decoding(model, spec, fields)
 
 
-def check_uniform_decoding(model, spec: ModelSpec, args, eos_token_ids: Sequence[int]) -> None:
+def check_uniform_decoding(model, spec: ModelSpec, args, eos_token_ids: Sequence[int],
+                           return_trajectory: bool | None = None) -> None:
     """Before training, on a kind with its own sampler (`Kind.decoder`: DiffusionGemma): the sampler's own checks of
     the generation fields (through :func:`decoding_plan` as each rollout builds it), so that a field it cannot honour
     stops the run at construction, not at the first rollout; and a ``block_length`` the user set must be its own
-    block (a defaulted one is not read). Other kinds: nothing."""
+    block (one in `args.defaulted` is not read). ``return_trajectory``: whether the run records it (default: the
+    config's `records_trajectory`). Other kinds: nothing."""
     if not spec.kind.own_sampler:
         return
     canvas, where = spec.block_length, ", ".join(f"config.{name}" for name in spec.kind.block_size_fields)
-    if not getattr(args, "_block_length_defaulted", True) and args.block_length != canvas:
+    if "block_length" not in getattr(args, "defaulted", {"block_length"}) and args.block_length != canvas:
         raise ValueError(
             f"block_length={args.block_length} does not apply to this model: the {spec.family} family decodes and "
             f"scores blocks of its own {where}={canvas}. Leave block_length unset (or set it to {canvas})."
         )
-    decoding_plan(model, spec, args, eos_token_ids=eos_token_ids, return_trajectory=args.records_trajectory)
+    trajectory = args.records_trajectory if return_trajectory is None else return_trajectory
+    decoding_plan(model, spec, args, eos_token_ids=eos_token_ids, return_trajectory=trajectory)
 
 
 @dataclass

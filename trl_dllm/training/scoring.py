@@ -64,6 +64,8 @@ class Scoring:
             from it (``uniform_block``'s ``vocab_size``).
         fill_token_id (`int`, *optional*): the id rollouts fill the canvas with after the first EOS (the trainer's
             first EOS id); `None`: the spec's first. ``uniform_block`` fills the last canvas with it.
+        estimator_name (`str`, *optional*): the estimator the run resolved (`RunSetup.estimator`: fitted to the
+            family when `estimator` was left unset); `None`: the config's.
     """
 
     args: object
@@ -74,6 +76,7 @@ class Scoring:
     autocast: Callable = torch.autocast
     vocab_size: int | None = None
     fill_token_id: int | None = None
+    estimator_name: str | None = None
     values: dict = field(init=False)
 
     def __post_init__(self):
@@ -87,13 +90,14 @@ class Scoring:
         if self.spec.kind.denoiser is not None:  # scored by its own denoiser: its canvas, vocabulary, EOS fill
             fill = self.spec.eos_token_ids[0] if self.fill_token_id is None else self.fill_token_id
             self.values.update(canvas_length=self.spec.block_length, vocab_size=self.vocab_size, fill_token_id=fill)
-        self.estimator = ESTIMATORS[self.args.estimator]
+        self.estimator_name = self.estimator_name or self.args.estimator
+        self.estimator = ESTIMATORS[self.estimator_name]
         self.objective = OBJECTIVES.get(self.args.loss_type)  # None: one of TRL's own loss types
 
     # ------------------------------------------------------------------ options
     def estimator_options(self, name: str | None = None, *, current: bool = True) -> dict:
-        """Exactly the options estimator `name` (default: the config's) declares, with their values."""
-        entry = ESTIMATORS[name or self.args.estimator]
+        """Exactly the options estimator `name` (default: the run's) declares, with their values."""
+        entry = ESTIMATORS[name or self.estimator_name]
         values = {**self.values, "return_eubo": current and "eubo_logps" in self.estimate_fields}
         return {key: values[key] for key in entry.option_names if values.get(key) is not None}
 
@@ -165,7 +169,7 @@ class Scoring:
             rows = slice(start, start + row_chunk)
             with self.autocast():
                 outputs.append(estimate(
-                    self.args.estimator, logits_fn, batch["prompt_ids"][rows], batch["prompt_mask"][rows],
+                    self.estimator_name, logits_fn, batch["prompt_ids"][rows], batch["prompt_mask"][rows],
                     batch["completion_ids"][rows], batch["completion_mask"][rows],
                     mask_token_id=self.spec.mask_token_id, seeds=seeds[rows],
                     **{name: value[rows] for name, value in rows_in.items()}, **options,

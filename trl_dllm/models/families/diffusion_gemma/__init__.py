@@ -152,7 +152,7 @@ def training_refusal(model: Any, args: Any, **hub_kwargs: Any) -> str | None:
     if not is_diffusion_gemma(config):
         return None
     estimator = args.estimator
-    if getattr(args, "_estimator_defaulted", False):  # the trainer's `fit_estimator` picks the family's own
+    if "estimator" in getattr(args, "defaulted", ()):  # left unset: the trainer fits it (`training.setup.fit_estimator`)
         estimator = noise_estimator(args.loss_type, DIFFUSION_GEMMA.noise) or estimator
     problem = noise_problem(estimator, args.loss_type, DIFFUSION_GEMMA.noise, DIFFUSION_GEMMA.family)
     if problem is None and _get(config, "output_router_logits"):  # TRL would add the router loss its output lacks

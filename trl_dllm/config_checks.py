@@ -1,27 +1,47 @@
-"""Checks of a config, each at construction: a run never dies an hour in on something checkable at start.
+"""The config's own checks and derived defaults, each at construction: a run never dies an hour in on something
+checkable at start.
 
 Every error names the field, the value it has, and what to set instead. Called from `DiffusionGRPOConfig.__new__`
-([`check_removed_arguments`]) and `__post_init__` ([`check_completion_length`], [`check_config`]) and from the CLI,
-which prints the same messages on one line (`scripts/parsing.py`). Takes the config duck-typed: it never imports
-`config.py` (which imports it). What the trainer is handed is checked in `trainer_inputs.py` (before TRL loads the
-model) and `model_checks.py` (the built model, its positions and its layout), the per-value checks in `inputs.py`.
+([`check_removed_arguments`]) and `__post_init__` ([`check_field_types`], [`check_completion_length`],
+[`check_config`]) and from the CLI, which prints the same messages on one line (`scripts/parsing.py`). Takes the config
+duck-typed and imports only `trl_dllm.core`: nothing here knows of a model or a trainer. What needs the model, its
+family or the trainer is resolved once, when the trainer starts (`training/setup.py`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import numbers
+import os
 from collections.abc import Mapping
 
-from ..core.likelihood import BLOCK_FAMILY_ESTIMATOR, ESTIMATORS
-from ..core.methods import METHOD_OPTIONS, accepted_estimators, noise_estimator
-from ..core.objectives import OBJECTIVES
-from ..core.sampling import GENERATION_CACHES, REMASKING, DecodingOptions
-from . import inputs
-from .collapse import COLLAPSE_GUARD_MODES
-from .inputs import check_field_types  # noqa: F401  (config.py calls it before TRL's __post_init__)
+from .config_defaults import largest_divisor_at_most
+from .core.likelihood import ESTIMATORS
+from .core.methods import METHOD_OPTIONS, accepted_estimators
+from .core.objectives import OBJECTIVES
+from .core.sampling import GENERATION_CACHES, REMASKING, DecodingOptions
 
 logger = logging.getLogger(__name__)
+
+_INT_TYPES = ("int", "int|None", "Optional[int]", "Union[int,NoneType]")
+# Counts TRL / transformers check only inside `train()` (ours, e.g. mc_samples, are checked below).
+_POSITIVE_INTS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+                  "max_unscorable_rollouts")
+
+COLLAPSE_GUARD_MODES = ("off", "warn", "stop", "rollback")
+"""`collapse_guard`'s values (`training/collapse.py` acts on them)."""
+
+
+class FieldTypeError(TypeError):
+    """A config field holds a value of the wrong type (a float where an integer is needed)."""
+
+
+
+class LoggerLoginError(ValueError):
+    """`report_to` names a logger whose login is missing (W&B without credentials and not offline)."""
+
 
 # TRL's own loss types run through TRL's `_compute_loss`, fed with estimated per-token log-probs.
 TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "luspo", "sapo", "vespo")
@@ -62,6 +82,74 @@ def check_removed_arguments(kwargs: Mapping) -> None:
             raise TypeError(f"DiffusionGRPOConfig got {name}={kwargs[name]!r}: {REMOVED_ARGUMENTS[name]}")
 
 
+def check_field_types(args) -> None:
+    """Integer fields hold integers (YAML `2.5` or `true` reach torch otherwise) and counts are positive. Runs before
+    TRL's `__post_init__`, which computes batch sizes from them."""
+    for field in dataclasses.fields(args):
+        value = getattr(args, field.name, None)
+        spelled = field.type.__name__ if isinstance(field.type, type) else str(field.type)
+        if spelled.replace(" ", "").replace("typing.", "") in _INT_TYPES and value is not None:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise FieldTypeError(
+                    f"{field.name}={value!r} ({type(value).__name__}) must be an integer; write e.g. "
+                    f"{field.name}: {_integer_hint(value)} in the recipe or --{field.name} {_integer_hint(value)}."
+                )
+    for name in _POSITIVE_INTS:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ValueError(f"{name}={value} must be >= 1; set {name}: 1 (or more).")
+
+
+def _integer_hint(value) -> int:
+    try:
+        return max(1, round(float(value)))
+    except (TypeError, ValueError):
+        return 1
+
+
+
+def wandb_login_problem(environ=os.environ) -> str | None:
+    """Why `wandb.init` would fail for want of credentials, or `None`: W&B reads them from `WANDB_API_KEY` (or
+    `WANDB_IDENTITY_TOKEN_FILE`), the host's entry in the netrc file, or its settings file; offline and disabled modes
+    need none. Read without importing wandb or touching the network."""
+    import netrc
+    from urllib.parse import urlparse
+
+    if environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return None
+    if environ.get("WANDB_DISABLED", "").lower() in ("1", "true", "yes") or environ.get("WANDB_API_KEY"):
+        return None
+    if environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return None
+    host = urlparse(environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    path = environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        if netrc.netrc(path).authenticators(host):
+            return None
+    except (OSError, netrc.NetrcParseError):
+        pass
+    config_dir = environ.get("WANDB_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".config", "wandb")
+    try:
+        with open(os.path.join(config_dir, "settings"), encoding="utf-8") as f:
+            if any(line.split("=")[0].strip() == "api_key" for line in f):
+                return None
+    except OSError:
+        pass
+    return f"W&B is not logged in (no WANDB_API_KEY, no {host} entry in {path})"
+
+
+def check_report_to(args) -> None:
+    """`report_to` with `wandb` and no W&B credentials fails here, before the model loads, not in `wandb.init`."""
+    report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
+    problem = wandb_login_problem() if "wandb" in report_to else None
+    if problem is not None:
+        raise LoggerLoginError(
+            f"report_to={list(report_to)}: {problem}. Run `wandb login` (or set WANDB_API_KEY), or set "
+            "WANDB_MODE=offline to log locally and `wandb sync` later, or drop wandb from report_to."
+        )
+
+
+
 def check_config(args) -> None:
     """Cross-field checks of a `DiffusionGRPOConfig` (after its defaults are filled) that TRL's
     `GRPOConfig.__post_init__` does not make, or makes only at the first batch, inside `train()`."""
@@ -72,7 +160,7 @@ def check_config(args) -> None:
     _check_objective(args)
     _check_collapse_guard(args)
     _check_ddp(args)
-    inputs.check_report_to(args)
+    check_report_to(args)
 
 
 def _check_ddp(args) -> None:
@@ -113,43 +201,6 @@ def _check_collapse_guard(args) -> None:
         )
 
 
-def check_rollback_backend(args, sharded: bool) -> None:
-    """`collapse_guard="rollback"` copies back parameters it kept itself: not what DeepSpeed or FSDP (``sharded``: the
-    trainer runs under either) would use."""
-    if args.collapse_guard == "rollback" and sharded:
-        raise ValueError(
-            "collapse_guard='rollback' restores parameters kept in CPU memory, which DeepSpeed and FSDP (they keep "
-            "their own master weights and optimizer shards) would not see. Use collapse_guard='stop' and resume from "
-            "the last checkpoint with a lower learning_rate."
-        )
-
-
-def check_num_generations(args) -> None:
-    """Before TRL's own `__post_init__`, whose message for this case says nothing about groups."""
-    if args.num_generations is not None and args.num_generations < 2:
-        raise ValueError(
-            f"num_generations={args.num_generations}: group advantages need at least 2 completions per prompt. "
-            "Set num_generations >= 2 (and a batch size divisible by it)."
-        )
-
-
-def partial_groups_problem(args, message: str) -> str | None:
-    """TRL's "generation_batch_size (n) must be divisible by num_generations (g)" in the fields a user sets:
-    ``per_device_train_batch_size`` × processes × ``steps_per_generation`` completions per generation, with the
-    smallest per-device batch that makes whole groups; `None` for any other message."""
-    if not message.startswith("generation_batch_size (") or "divisible by num_generations" not in message:
-        return None
-    batch, group, steps = args.per_device_train_batch_size, args.num_generations, args.steps_per_generation
-    processes = max(1, args.world_size)
-    whole = next(b for b in range(batch + 1, batch + group + 1) if b * processes * steps % group == 0)
-    return (
-        f"per_device_train_batch_size={batch} x {processes} process(es) x steps_per_generation={steps} = "
-        f"{args.generation_batch_size} completions per generation, not a whole number of groups of "
-        f"num_generations={group}: set per_device_train_batch_size={whole} (or num_generations to a divisor of "
-        f"{args.generation_batch_size}), or generation_batch_size to a multiple of {group}."
-    )
-
-
 def check_completion_length(args) -> None:
     """Before the decoding defaults are derived from it."""
     if args.max_completion_length is None or args.max_completion_length < 1:
@@ -157,20 +208,6 @@ def check_completion_length(args) -> None:
             f"max_completion_length={args.max_completion_length!r}: a diffusion model generates on a canvas of "
             "fixed length, so set max_completion_length to a positive integer (e.g. 256)."
         )
-
-
-def largest_divisor_at_most(n: int, bound: int) -> int:
-    return max(d for d in range(1, max(1, min(n, bound)) + 1) if n % d == 0)
-
-
-def auto_or_bool(name: str, value) -> bool | str:
-    """``True``, ``False`` or ``"auto"`` from a bool or its spelling on the command line / in YAML."""
-    if isinstance(value, bool) or value == "auto":
-        return value
-    spelled = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-    if isinstance(value, str) and value.lower() in spelled:
-        return spelled[value.lower()]
-    raise ValueError(f"{name}={value!r} must be 'auto', true or false; use 'auto' (the default) unless you need one.")
 
 
 def _check_sampling(args) -> None:
@@ -347,76 +384,6 @@ def _check_whole_groups(args):
 def _group_multiple(args) -> int:
     """The multiple of `num_generations` nearest above `per_device_train_batch_size`."""
     return -(-args.per_device_train_batch_size // args.num_generations) * args.num_generations
-
-
-def whole_group_batches(args) -> bool:
-    """The effective `whole_group_batches`: `None` takes the objective's registry entry (`Objective.whole_groups`);
-    `False` is refused for an objective defined over whole groups (1 and N processes would compute different losses)."""
-    objective = OBJECTIVES.get(args.loss_type)
-    needs = objective is not None and objective.whole_groups
-    if args.whole_group_batches is None:
-        return needs
-    if needs and not args.whole_group_batches:
-        raise ValueError(
-            f"whole_group_batches=False with loss_type={args.loss_type!r}: its loss is defined over whole groups, and "
-            "TRL's row shuffle would split them over micro-batches and processes (the update would then change with "
-            "the number of processes). Remove whole_group_batches (or set it to true)."
-        )
-    return bool(args.whole_group_batches)
-
-
-def default_estimator(loss_type: str) -> str:
-    """The estimator of `loss_type` when `estimator` is not set: the first its registry entry lists (the paper's own,
-    `trl_dllm.core.objectives.OBJECTIVES`), `"elbo"` for TRL's loss types."""
-    objective = OBJECTIVES.get(loss_type)
-    return objective.estimators[0] if objective is not None else "elbo"
-
-
-def fit_estimator(args, block_family: bool, noise: str = "mask") -> str | None:
-    """With `estimator` not set (`DiffusionGRPOConfig._estimator_defaulted`), on a block-diffusion model
-    (``block_family``: its spec's family is `"block"`): the family's own `"block"` (staircase attention), unless the
-    loss type's own estimator is block-causal already (`trajectory`, `block_steps`) or the loss type cannot use
-    `"block"`. Sets `args.estimator`; returns the start-up line that names the choice, or `None` when the user set
-    `estimator` (kept, and checked by `check_block_layout`). On a uniform-noise family (``noise``, the spec's:
-    DiffusionGemma) the one estimator of that noise the loss type accepts (`model_checks.check_noise` refuses the
-    rest). Called by the trainer and `trl-dllm plan`."""
-    if not getattr(args, "_estimator_defaulted", False):
-        return None
-    objective = OBJECTIVES.get(args.loss_type)
-    accepted = accepted_estimators(args.loss_type) if objective is not None else tuple(ESTIMATORS)
-    if noise != "mask" and (own := noise_estimator(args.loss_type, noise)) is not None:
-        args.estimator = own
-        reason = f"the only estimator for this {noise}-noise family that loss_type={args.loss_type!r} accepts"
-    elif block_family and not ESTIMATORS[args.estimator].block_causal and BLOCK_FAMILY_ESTIMATOR in accepted:
-        args.estimator = BLOCK_FAMILY_ESTIMATOR
-        reason = "the block-diffusion family's own: staircase attention over its blocks"
-    elif objective is not None:
-        reason = f"the default for loss_type={args.loss_type!r}: the first estimator its registry entry lists"
-    else:
-        reason = f"the default for TRL's loss_type={args.loss_type!r}"
-    return (
-        f"trl_dllm: estimator={args.estimator!r} ({reason}; estimator was not set). Set estimator to choose another "
-        "(docs/estimators.md)."
-    )
-
-
-def bias_correction_kl(args) -> str | None:
-    """`use_bias_correction_kl` left to its default (`DiffusionGRPOConfig._bias_correction_defaulted`): TRL's `True`,
-    except for TRL's loss types on an estimator whose per-token values carry Monte Carlo weights (its registry entry's
-    `mc_weighted`). TRL multiplies the k3 KL by `exp(logp - old_logp)`; on values `w · log p` that is the token's
-    ratio to the power `w` (up to `L`), not the importance ratio the correction needs. Sets the field; returns the
-    start-up line when that switches it off with `beta > 0`, else `None`. Called by the config and the trainer."""
-    if not getattr(args, "_bias_correction_defaulted", False):
-        return None
-    weighted = args.loss_type not in OBJECTIVES and ESTIMATORS[args.estimator].mc_weighted
-    args.use_bias_correction_kl = not weighted
-    if not weighted or args.beta == 0.0:
-        return None
-    return (
-        f"trl_dllm: use_bias_correction_kl=False instead of TRL's default: estimator={args.estimator!r} weights each "
-        "token's log-prob by up to L/n, so TRL's correction exp(logp - old_logp) would be the token's ratio to that "
-        "power. Set it explicitly to silence this line (docs/troubleshooting.md)."
-    )
 
 
 def _check_method_options(args) -> None:

@@ -1,0 +1,195 @@
+"""A run resolved once: [`RunSetup`], built when `DiffusionGRPOTrainer` starts, from its config, the model TRL built and
+its tokenizer.
+
+- [`before_loading`]: what the trainer is handed, checked before TRL loads any weights (options, a family's refusal,
+  rewards, datasets, processor), and the keyword arguments adapted to the model (an adapter folder, its tokenizer).
+- [`resolve_run`]: after TRL built the trainer, the family's spec and kind, the estimator (the config's, or fitted to
+  the family when `estimator` was left unset), the objective, the decoding layout and the checkpointing choice, with
+  every check of the run against the model made once; the startup lines say what was chosen.
+
+Nothing here changes the config but the two values TRL itself reads, both set in [`resolve_run`]'s last step and said
+in the startup lines: `use_bias_correction_kl` (read by TRL's loss) when the fitted estimator changes its default, and
+`gradient_checkpointing_kwargs` (read by TRL and transformers) where checkpointing must be non-reentrant. The rollouts
+and the scoring read the resolved values from the `RunSetup` (`trainer.setup`), not from the config.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from accelerate.utils import is_peft_model
+
+from ..config_defaults import default_bias_correction_kl, records_trajectory
+from ..console import startup_lines, unsaid
+from ..core.likelihood import BLOCK_FAMILY_ESTIMATOR, ESTIMATORS
+from ..core.methods import accepted_estimators, noise_estimator
+from ..core.objectives import OBJECTIVES, Objective
+from ..models import ModelSpec, resolve_model_spec
+from ..models.families import training_refusal
+from . import inputs, model_checks, model_setup, rollouts, trainer_inputs
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What a training run resolved when it started (:func:`resolve_run`); the trainer, its rollouts and its scoring
+    read it instead of asking the config and the model again.
+
+    Args:
+        spec (`ModelSpec`): the policy's family spec; its kind (`spec.kind`) says which sampler, estimators and layout.
+        eos_token_ids (`list[int]`): TRL's EOS ids first (early exit fills with the first), then the family's.
+        estimator (`str`): the likelihood estimator: the config's, or fitted to the family (`estimator_fitted`).
+        estimator_fitted (`bool`): `estimator` was left unset and [`fit_estimator`] chose it for this model.
+        objective (`Objective` or `None`): the diffusion objective of `loss_type`; `None`: one of TRL's loss types.
+        block_length (`int` or `None`): the block length rollouts and estimates use (a kind's own blocks, or the
+            config's: `ModelSpec.decoding_block_length`).
+        records_trajectory (`bool`): rollouts record the step that revealed each token (the objective or estimator
+            replays it).
+        checkpointing_kwargs (`dict` or `None`): the `gradient_checkpointing_kwargs` TRL must see (non-reentrant
+            checkpointing where reentrant cannot train); `None`: TRL's as they are.
+        use_bias_correction_kl (`bool`): TRL's KL correction for the run's estimator (the config's value when set).
+        notices (`tuple[str, ...]`): the startup lines (device choices, the estimator fitted, TRL values changed,
+            hints, the cost of a rollout).
+    """
+
+    spec: ModelSpec
+    eos_token_ids: list[int]
+    estimator: str
+    estimator_fitted: bool
+    objective: Objective | None
+    block_length: int | None
+    records_trajectory: bool
+    checkpointing_kwargs: dict | None
+    use_bias_correction_kl: bool
+    notices: tuple[str, ...] = ()
+
+    @property
+    def kind(self):
+        return self.spec.kind
+
+
+def fit_estimator(args, block_family: bool, noise: str = "mask") -> tuple[str, str | None]:
+    """The run's estimator and the start-up line that names it when it was chosen here. With `estimator` left unset
+    (in `args.defaulted`), on a block-diffusion model (``block_family``: its kind is block-causal): the family's own
+    `"block"` (staircase attention), unless the loss type's own estimator is block-causal already (`trajectory`,
+    `block_steps`) or the loss type cannot use `"block"`. On a uniform-noise family (``noise``, the spec's:
+    DiffusionGemma) the one estimator of that noise the loss type accepts (`model_checks.check_noise` refuses the
+    rest). An estimator the user set is kept (line `None`; checked by `check_block_layout`). The config is not changed.
+    Called by the trainer and `trl-dllm plan`."""
+    if "estimator" not in getattr(args, "defaulted", ()):
+        return args.estimator, None
+    estimator, objective = args.estimator, OBJECTIVES.get(args.loss_type)
+    accepted = accepted_estimators(args.loss_type) if objective is not None else tuple(ESTIMATORS)
+    if noise != "mask" and (own := noise_estimator(args.loss_type, noise)) is not None:
+        estimator = own
+        reason = f"the only estimator for this {noise}-noise family that loss_type={args.loss_type!r} accepts"
+    elif block_family and not ESTIMATORS[estimator].block_causal and BLOCK_FAMILY_ESTIMATOR in accepted:
+        estimator = BLOCK_FAMILY_ESTIMATOR
+        reason = "the block-diffusion family's own: staircase attention over its blocks"
+    elif objective is not None:
+        reason = f"the default for loss_type={args.loss_type!r}: the first estimator its registry entry lists"
+    else:
+        reason = f"the default for TRL's loss_type={args.loss_type!r}"
+    line = (f"trl_dllm: estimator={estimator!r} ({reason}; estimator was not set). Set estimator to choose another "
+            "(docs/estimators.md).")  # fmt: skip
+    return estimator, line
+
+
+def fit_bias_correction_kl(args, estimator: str) -> tuple[bool, str | None]:
+    """`use_bias_correction_kl` for the run's ``estimator``: the config's value when set, else its default for that
+    estimator (:func:`~trl_dllm.config_defaults.default_bias_correction_kl`), with the start-up line when that
+    default switches TRL's correction off while a KL is computed (`beta > 0`)."""
+    if "use_bias_correction_kl" not in getattr(args, "defaulted", ()):
+        return args.use_bias_correction_kl, None
+    value = default_bias_correction_kl(args.loss_type, estimator)
+    if value or args.beta == 0.0:
+        return value, None
+    return value, (
+        f"trl_dllm: use_bias_correction_kl=False instead of TRL's default: estimator={estimator!r} weights each "
+        "token's log-prob by up to L/n, so TRL's correction exp(logp - old_logp) would be the token's ratio to that "
+        "power. Set it explicitly to silence this line (docs/troubleshooting.md)."
+    )
+
+
+def check_rollback_backend(args, sharded: bool) -> None:
+    """`collapse_guard="rollback"` copies back parameters it kept itself: not what DeepSpeed or FSDP (``sharded``: the
+    trainer runs under either) would use."""
+    if args.collapse_guard == "rollback" and sharded:
+        raise ValueError(
+            "collapse_guard='rollback' restores parameters kept in CPU memory, which DeepSpeed and FSDP (they keep "
+            "their own master weights and optimizer shards) would not see. Use collapse_guard='stop' and resume from "
+            "the last checkpoint with a lower learning_rate."
+        )
+
+
+def before_loading(args, config_class, model, reward_funcs, pargs, kwargs: dict):
+    """Before TRL loads any weights: the trainer's options and inputs checked, a family's own refusal, and ``kwargs``
+    (the trainer's keyword arguments, changed in place) adapted: an SFT LoRA adapter folder is trained on from its
+    values on its base (TRL then takes no `peft_config`), a `peft_config` is copied before it is adapted to the model,
+    a tokenizer is loaded for an adapter folder or a natively loaded name. Returns the adapter folder, or `None`."""
+    trainer_inputs.check_trainer_options(args, config_class, kwargs)
+    adapter = model_setup.adapter_folder(model, kwargs.get("peft_config"))
+    named = adapter.base if adapter is not None else model
+    if (refusal := training_refusal(named, args, **(args.model_init_kwargs or {}))) is not None:
+        raise NotImplementedError(refusal)  # a family's own refusal (DiffusionGemma: StableDRL / ESPO only)
+    trainer_inputs.check_trainer_inputs(args, model, reward_funcs, pargs, kwargs)
+    if adapter is not None:
+        kwargs["peft_config"] = None
+    if kwargs.get("peft_config") is not None:
+        kwargs["peft_config"] = copy.deepcopy(kwargs["peft_config"])  # adapted to the model, never the user's
+    if not isinstance(model, str):
+        model_setup.adapt_to_model(model, args, kwargs.get("peft_config"))
+    elif kwargs.get("processing_class") is None and adapter is not None:
+        kwargs["processing_class"] = model_setup.adapter_tokenizer(adapter, args)
+    elif kwargs.get("processing_class") is None and args.native_loading:
+        kwargs["processing_class"] = model_setup.native_tokenizer(model, args)
+    return adapter
+
+
+def resolve_run(trainer, *, asked_reentrant: bool | None) -> RunSetup:
+    """The [`RunSetup`] of ``trainer`` (a `DiffusionGRPOTrainer` TRL has just built): the family's spec, the estimator
+    fitted to it, then every check of the config against the model, its layout, its tokenizer and dataset, the
+    rewards, the device and the backend, each once; the models are made bidirectional and a remote-code model is
+    probed with one forward on the way. ``asked_reentrant``: the user's `use_reentrant`, read before TRL set its own.
+    Last, the two values TRL reads are set on the config (the module docstring), and the startup lines printed once."""
+    args, accelerator = trainer.args, trainer.accelerator
+    unwrapped = accelerator.unwrap_model(trainer.model)
+    spec = resolve_model_spec(trainer.model, trainer._tokenizer, args.mask_token_id)
+    ref = accelerator.unwrap_model(trainer.ref_model) if trainer.ref_model is not None else None
+    model_setup.make_models_bidirectional(unwrapped, ref)
+    eos_token_ids = list(dict.fromkeys([*trainer.eos_token_ids, *spec.eos_token_ids]))
+    estimator, estimator_line = fit_estimator(args, spec.kind.block_causal, spec.noise)
+    bias_correction, bias_line = fit_bias_correction_kl(args, estimator)
+    trajectory = records_trajectory(args.loss_type, estimator)
+    model_checks.check_noise(args, spec, estimator)  # the estimator scores the family's noise (mask / uniform)
+    rollouts.check_uniform_decoding(unwrapped, spec, args, eos_token_ids, trajectory)  # a kind's own sampler
+    peft = is_peft_model(unwrapped)
+    checkpointing, reentry = model_checks.checkpointing_choice(args, spec, asked=asked_reentrant,
+                                                               zero3_lora=trainer._zero3 and peft)  # fmt: skip
+    model_checks.check_block_layout(args, spec, estimator)
+    reentrant = bool(((args.gradient_checkpointing_kwargs if checkpointing is None else checkpointing) or {}).get(
+        "use_reentrant"))  # fmt: skip
+    model_checks.check_reentrant_forwards(args, spec.noise, peft=peft, zero3=trainer._zero3, reentrant=reentrant,
+                                          estimator=estimator)  # fmt: skip
+    block_length = spec.decoding_block_length(args.block_length)
+    sharded, device = trainer._shards_parameters, accelerator.device.type
+    model_setup.probe_remote_code(unwrapped, spec, sharded)
+    model_checks.check_model(unwrapped, args, trainer.processing_class, trainer._tokenizer, trainer.train_dataset,
+                             trainer._tokenize_prompts)  # text-only, prompts + completion within its positions
+    inputs.check_reward_functions(trainer)
+    model_checks.warn_silent_settings(unwrapped, args, trainer.is_fsdp_enabled, device, estimator)
+    graphs_hint = model_checks.check_cuda_graphs(args, spec, unwrapped, device, sharded)
+    model_checks.check_compile(args, spec, sharded)
+    check_rollback_backend(args, trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled)
+    model_checks.check_merge_adapters(unwrapped, args, sharded)
+    adaptive = spec.kind.own_sampler  # its own sampler stops canvases by itself (DiffusionGemma's)
+    notices = (*startup_lines(args, block_length, estimator_line, adaptive), *model_setup.dropout_notice(unwrapped, args),
+               *reentry, *([bias_line] if bias_line else []), *([graphs_hint] if graphs_hint else []))  # fmt: skip
+    # The values TRL reads, and only those, set where the fitted run differs from the config (said in `notices`).
+    model_checks.apply_checkpointing(args, checkpointing)
+    args.use_bias_correction_kl = bias_correction
+    for line in unsaid(notices):  # once per `once_per_run()` block
+        accelerator.print(line)
+    return RunSetup(spec=spec, eos_token_ids=eos_token_ids, estimator=estimator, estimator_fitted=bool(estimator_line),
+                    objective=OBJECTIVES.get(args.loss_type), block_length=block_length, records_trajectory=trajectory,
+                    checkpointing_kwargs=checkpointing, use_bias_correction_kl=bias_correction, notices=notices)  # fmt: skip
