@@ -131,7 +131,7 @@ def startup_lines(
         args (`DiffusionGRPOConfig`): the training arguments.
         block_length (`int` or `None`): the block length generation uses, when it is not `args.block_length` (a
             block-diffusion model decodes in its native blocks).
-        estimator_line (`str` or `None`): the line `trl_dllm.training.checks.fit_estimator` returned.
+        estimator_line (`str` or `None`): the line `trl_dllm.training.setup.fit_estimator` returned.
         adaptive (`bool`): the family decodes with its own sampler, which stops a canvas by its own thresholds
             (DiffusionGemma): `diffusion_steps` is a maximum, and `confidence_threshold` does not apply.
     """

@@ -20,20 +20,16 @@ not serve. The math is in `trl_dllm.core`. Overridden (TRL 1.16):
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from accelerate.utils import broadcast_object_list
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
-from trl.trainer.utils import pad, split_tensor_dict, use_adapter
+from trl.trainer.utils import pad, split_tensor_dict
 
 from .config import DiffusionGRPOConfig
 from .console import quiet_ddp_buffers, quiet_trl_internals
 from .core.objectives import ratio_metrics
-from .models.adapters import adapter_to_original_layout
 from .models.embedded import resolve_model_name
-from .models.loading import is_native_layout
 from .nonfinite import NonFiniteGuard
 from .seeding import device_generators, sample_seeds
 from .training import inputs, model_checks, model_setup, rollouts, setup, state, step_rewards
@@ -178,15 +174,9 @@ class DiffusionGRPOTrainer(GRPOTrainer):
     def _first_iteration_on_policy(self) -> bool:
         return self.scoring.first_iteration_on_policy(self.num_iterations)
 
-    @contextlib.contextmanager
     def _reference_model(self):
         """TRL's reference: the separate `ref_model`, or the PEFT base with adapters disabled (or the "ref" adapter)."""
-        if self.ref_model is not None:
-            yield self.ref_model
-            return
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
-            yield self.model
+        return model_setup.reference_model(self.ref_model, self.model, self.accelerator.unwrap_model(self.model))
 
     def _prepare_inputs(self, generation_batch):
         """TRL's, except that with `whole_group_batches` the generation batch is shuffled by whole groups before it is
@@ -243,25 +233,11 @@ class DiffusionGRPOTrainer(GRPOTrainer):
                 self._log_metrics(ratio_metrics(ratio))
             self._log_mc_variance(estimated)
             return loss
-        out, aux_loss = self.scoring.estimate(model, inputs, seeds, current=True,
-                                              aux_loss=self.aux_loss_enabled)  # fmt: skip
-        objective = self.scoring.objective
-        result = objective.fn(
-            out.logps, (out.logps.detach() if old is None else old) if objective.uses_old else None, ref, mask,
-            inputs["advantages"],
-            **self.scoring.objective_inputs(inputs, out, None if old is None else iteration, ref_iteration=iteration),
-            **self.scoring.objective_options(),
+        loss, metrics, out = self.scoring.objective_loss(
+            model, inputs, seeds, old, ref, iteration, aux_coef=self.router_aux_loss_coef if self.aux_loss_enabled else None
         )  # fmt: skip
-        self._log_metrics({**result.metrics, "entropy": (out.entropies * mask).sum() / mask.sum().clamp(min=1)})
+        self._log_metrics(metrics)
         self._log_mc_variance(out)
-        loss = result.loss
-        if torch.is_grad_enabled() and not loss.requires_grad:  # nothing scored: e.g. every group dropped by dynamic
-            # sampling on an estimator that then makes no forward (block_steps); a zero through the trained weights,
-            # so backward and the processes' gradient synchronisation run as on any micro-step
-            loss = loss + 0.0 * sum(p.sum() for p in model.parameters() if p.requires_grad)
-        if aux_loss is not None:  # MoE load balancing, weighted as TRL weights it
-            loss = loss + self.router_aux_loss_coef * aux_loss
-            self._log_metrics({"aux_loss": aux_loss})
         return loss / (self.current_gradient_accumulation_steps if self.model.training else 1.0)
 
     def _inner_iteration(self) -> int:
@@ -323,34 +299,30 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         if _internal_call:  # inside `_save_checkpoint`, which checks and reports for its own folder
             super().save_model(output_dir, _internal_call)
         else:
-            target = output_dir or self.args.output_dir
-            model = self.accelerator.unwrap_model(self.model)
-            problem = [state.final_save_problem(target, model) if self.accelerator.is_main_process else None]
-            if self.accelerator.num_processes > 1:  # every process stops together, none waits in the save's gathers
-                broadcast_object_list(problem)
-            if problem[0] is not None:
-                raise problem[0]
+            target, model = output_dir or self.args.output_dir, self.accelerator.unwrap_model(self.model)
+            self._stop_together(lambda: state.final_save_problem(target, model))
             with state.reporting_full_disk_at_final_save(target, model):
                 super().save_model(output_dir, _internal_call)
-        if self._embedded_name is not None and self.accelerator.is_main_process:
-            model_setup.name_embedded_base(output_dir or self.args.output_dir, self._embedded_name)
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        base = unwrapped.get_base_model() if callable(getattr(unwrapped, "get_base_model", None)) else None
-        if _internal_call or base is None or not is_native_layout(base) or not self.accelerator.is_main_process:
-            return
-        adapter_to_original_layout(output_dir or self.args.output_dir, base.dllm_layout)
+        if self.accelerator.is_main_process:  # the embedded model's name; LoRA of native LLaDA in LLaDA's names
+            model_setup.after_save(self.accelerator.unwrap_model(self.model), output_dir or self.args.output_dir,
+                                   self._embedded_name, checkpoint=_internal_call)  # fmt: skip
 
     def _save_checkpoint(self, model, trial):
         """transformers'; a save the disk has no room for stops before it starts, and one that fails for lack of space
         says so (size and path) and its partial folder goes."""
         run_dir, step = self._get_output_dir(trial=trial), self.state.global_step
-        problem = [state.space_problem(run_dir, step, self.model) if self.accelerator.is_main_process else None]
-        if self.accelerator.num_processes > 1:  # every process stops together, none waits in the save's collectives
+        self._stop_together(lambda: state.space_problem(run_dir, step, self.model))
+        with state.reporting_full_disk(run_dir, step, self.model):
+            super()._save_checkpoint(model, trial)
+
+    def _stop_together(self, problem_of) -> None:
+        """Raise on every process the problem the main process finds (``problem_of()``, `None`: none): every process
+        stops together, none waits in the save's gathers or collectives."""
+        problem = [problem_of() if self.accelerator.is_main_process else None]
+        if self.accelerator.num_processes > 1:
             broadcast_object_list(problem)
         if problem[0] is not None:
             raise problem[0]
-        with state.reporting_full_disk(run_dir, step, self.model):
-            super()._save_checkpoint(model, trial)
 
     def _save_optimizer_and_scheduler(self, output_dir):
         """TRL does not checkpoint the buffered rollouts nor the micro-step counter: saved per process beside them."""

@@ -76,11 +76,11 @@ def test_removed_arguments_say_what_replaced_them(name, pattern):
 
 
 def test_greedy_rollouts_warn(caplog):
-    with caplog.at_level("WARNING", logger="trl_dllm.training.checks"):
+    with caplog.at_level("WARNING", logger="trl_dllm.config_checks"):
         make(temperature=0.0)
     assert "advantages are 0" in caplog.text
     caplog.clear()
-    with caplog.at_level("WARNING", logger="trl_dllm.training.checks"):
+    with caplog.at_level("WARNING", logger="trl_dllm.config_checks"):
         make(temperature=0.0, remasking="random")  # random commit order: completions still differ
     assert "advantages are 0" not in caplog.text
 

@@ -1,7 +1,7 @@
 """The two method registries read together: every option the estimators and objectives declare, and who takes it.
 
 [`METHOD_OPTIONS`] is the one table the configuration's method fields, the trainer's option values
-(``trl_dllm.training.scoring``) and the construction checks (``trl_dllm.training.checks``) are derived from. It holds
+(``trl_dllm.training.scoring``) and the construction checks (``trl_dllm.config_checks``) are derived from. It holds
 each keyword once (two methods that take ``mc_samples`` share one declaration; see
 :func:`trl_dllm.core.options.option_sources`).
 """

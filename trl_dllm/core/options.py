@@ -9,7 +9,7 @@ else is derived from these declarations:
   type, default, ``--help`` and docstring paragraph (``trl_dllm.config``);
 - which config field the trainer reads each option from (``trl_dllm.training.scoring``);
 - the per-value checks at construction, with the message naming the field, the value and the fix
-  (``trl_dllm.training.checks``).
+  (``trl_dllm.config_checks``).
 
 An option has one of three sources:
 

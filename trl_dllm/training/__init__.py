@@ -1,9 +1,11 @@
 """The trainer's TRL-aware collaborators: each override in `trl_dllm/trainer.py` delegates here.
 
-- `checks`: every config check (called from the config and the CLI); `trainer_inputs`: what the trainer is handed,
-  before TRL loads the model; `model_checks`: the built model, its positions, and the block layout and cache against
-  its family (also called by the rollouts, the API and evaluation); `inputs`: the per-value checks they use (prompts,
-  reward functions, field types, model folders, offline names);
+- `setup`: the run resolved once when the trainer starts (`RunSetup`: spec, estimator, layout, checkpointing), every
+  check of the config against the model made there once; `trainer_inputs`: what the trainer is handed, before TRL
+  loads the model; `model_checks`: the built model, its positions, and the block layout and cache against its family
+  (also called by the rollouts, the API and evaluation); `inputs`: the per-value checks they use (prompts, reward
+  functions, model folders, offline names). The config's own checks are `trl_dllm/config_checks.py`, outside this
+  package: the config imports nothing of it;
 - `rollouts`: how a config decodes, the canvas and its EOS, the generation batch, the entropy replay;
 - `scoring`: the estimators' and objectives' options (mapped once from config fields), old / reference / current
   estimates per inner iteration, their seeds and row chunks, the MoE router loss;
@@ -14,5 +16,5 @@
   our generation state in checkpoints.
 
 These modules import `trl_dllm.core` and `trl_dllm.models`, never the tasks, the demo or the CLI. Nothing is imported
-here, so `import trl_dllm.training.checks` does not import the others.
+here, so `import trl_dllm.training.inputs` does not import the others.
 """

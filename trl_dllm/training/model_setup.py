@@ -17,6 +17,7 @@ from typing import Any
 
 from ..console import quiet_trl_internals
 from ..models import base_model, is_transformers_native, make_bidirectional
+from ..models.adapters import adapter_to_original_layout
 from ..models.embedded import resolve_model_name
 from ..models.families import MODEL_SPECS, native_config, native_layout
 from ..models.loading import (
@@ -185,6 +186,30 @@ def adapt_to_model(model, args, peft_config) -> None:
     if hasattr(peft_config, "target_modules"):
         peft_config.target_modules = native_lora_targets(model, peft_config.target_modules)
         check_expert_lora_targets(model, peft_config)
+
+
+@contextlib.contextmanager
+def reference_model(ref_model, model, unwrapped):
+    """TRL's reference: the separate ``ref_model``, or ``model`` (the trainer's, wrapped) with the PEFT adapters of
+    ``unwrapped`` disabled (or TRL's frozen ``"ref"`` adapter active)."""
+    from trl.trainer.utils import use_adapter
+
+    if ref_model is not None:
+        yield ref_model
+        return
+    with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
+        yield model
+
+
+def after_save(unwrapped, output_dir: str, embedded_name: str | None, *, checkpoint: bool) -> None:
+    """On the main process, after TRL saved ``unwrapped`` into ``output_dir``: the embedded model's name beside it
+    (``embedded_name``, `None`: not an embedded model); and, outside checkpoints (a resume loads those as saved), a
+    LoRA adapter of a natively loaded LLaDA rewritten in LLaDA's own module names."""
+    if embedded_name is not None:
+        name_embedded_base(output_dir, embedded_name)
+    base = unwrapped.get_base_model() if callable(getattr(unwrapped, "get_base_model", None)) else None
+    if not checkpoint and base is not None and is_native_layout(base):
+        adapter_to_original_layout(output_dir, base.dllm_layout)
 
 
 def name_embedded_base(output_dir: str, name: str) -> None:

@@ -243,6 +243,30 @@ class Scoring:
             inputs[f"ref_{name}"] = batch[f"ref_{name}"][:, ref_iteration] if f"ref_{name}" in batch else None
         return inputs
 
+    def objective_loss(self, model, batch: dict, seeds: torch.Tensor, old: torch.Tensor | None,
+                       ref: torch.Tensor | None, iteration: int, *, aux_coef: float | None = None):  # fmt: skip
+        """The diffusion objective's loss on ``batch`` (the trainer's `_compute_loss`): the current estimate with
+        ``seeds``, the objective on it against ``old`` (`None`: on-policy, the current detached) and ``ref`` slices of
+        inner iteration ``iteration``; ``aux_coef``: the MoE router loss weighted so (TRL's `router_aux_loss_coef`),
+        `None` when TRL computes none. Returns the loss, its metrics and the estimate (for its MC variance)."""
+        out, aux_loss = self.estimate(model, batch, seeds, current=True, aux_loss=aux_coef is not None)
+        objective, mask = self.objective, batch["completion_mask"]
+        result = objective.fn(
+            out.logps, (out.logps.detach() if old is None else old) if objective.uses_old else None, ref, mask,
+            batch["advantages"], **self.objective_inputs(batch, out, None if old is None else iteration,
+                                                         ref_iteration=iteration),
+            **self.objective_options(),
+        )  # fmt: skip
+        metrics = {**result.metrics, "entropy": (out.entropies * mask).sum() / mask.sum().clamp(min=1)}
+        loss = result.loss
+        if torch.is_grad_enabled() and not loss.requires_grad:  # nothing scored: e.g. every group dropped by dynamic
+            # sampling on an estimator that then makes no forward (block_steps); a zero through the trained weights,
+            # so backward and the processes' gradient synchronisation run as on any micro-step
+            loss = loss + 0.0 * sum(p.sum() for p in model.parameters() if p.requires_grad)
+        if aux_loss is not None:  # MoE load balancing, weighted as TRL weights it
+            loss, metrics["aux_loss"] = loss + aux_coef * aux_loss, aux_loss
+        return loss, metrics, out
+
 
 @dataclass
 class EstimationPass:
