@@ -18,9 +18,9 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
+from trl_dllm.config_checks import TRL_LOSS_TYPES
 from trl_dllm.core.objectives import OBJECTIVES
 from trl_dllm.nonfinite import SPIKE_FACTOR, SPIKE_WINDOW, NonFiniteGuard
-from trl_dllm.config_checks import TRL_LOSS_TYPES
 
 DATA = Dataset.from_dict({"prompt": [f"add {i} and {i + 1} ." for i in range(8)]})
 

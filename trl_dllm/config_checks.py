@@ -22,6 +22,7 @@ from .core.likelihood import ESTIMATORS
 from .core.methods import METHOD_OPTIONS, accepted_estimators
 from .core.objectives import OBJECTIVES
 from .core.sampling import GENERATION_CACHES, REMASKING, DecodingOptions
+from .core.sampling.options import graphs_cache_problem, guidance_problem
 
 logger = logging.getLogger(__name__)
 
@@ -343,17 +344,10 @@ def _check_generation(args):
             f"generation_cache={args.generation_cache!r} is not one of {list(GENERATION_CACHES)}: use 'none' "
             "(exact), 'prefix' or 'dual' (Fast-dLLM's approximate caches)."
         )
-    if args.generation_cache != "none" and args.cfg_scale > 0:
-        raise ValueError(
-            f"generation_cache={args.generation_cache!r} does not support classifier-free guidance "
-            f"(cfg_scale={args.cfg_scale}): set cfg_scale=0.0 or generation_cache='none'."
-        )
-    if args.generation_cuda_graphs and not args.block_kv_cache:
-        raise ValueError(
-            "generation_cuda_graphs=True replays the cached denoising step (its shapes are fixed); with "
-            "block_kv_cache=False every step forwards a longer canvas: set block_kv_cache=True or "
-            "generation_cuda_graphs=False."
-        )
+    problem = (guidance_problem(args.cfg_scale, generation_cache=args.generation_cache)  # the samplers' own rules
+               or graphs_cache_problem(bool(args.generation_cuda_graphs), args.block_kv_cache))  # fmt: skip
+    if problem is not None:
+        raise ValueError(problem)
     if args.generation_chunk_size is not None and args.generation_chunk_size < 1:
         raise ValueError(f"generation_chunk_size={args.generation_chunk_size} must be >= 1 or None.")
     if getattr(args, "running_confidence", False):  # RCR: the sampler's own refusals, before training

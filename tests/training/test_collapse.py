@@ -8,8 +8,8 @@ import torch
 from datasets import Dataset
 
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
-from trl_dllm.training.setup import check_rollback_backend
 from trl_dllm.training.collapse import CollapseGuard
+from trl_dllm.training.setup import check_rollback_backend
 
 
 def distinct_tokens(completions, **kwargs):

@@ -78,7 +78,7 @@ def test_decoding_plan_picks_the_sampler_of_the_family_and_cache():
     args = _Args()
     args.generation_cuda_graphs = True
     assert decoding_plan(model, block, args, eos_token_ids=[2]).options.cuda_graphs is True
-    with pytest.raises(ValueError, match=r"generation_cuda_graphs=True replays the cached step .* \('llada' family\)"):
+    with pytest.raises(ValueError, match=r"generation_cuda_graphs=True cannot be honoured: this model \('llada' family\) is not block"):
         decoding_plan(model, LLADA_NATIVE, args, eos_token_ids=[2])
     args = _Args()
     args.generation_cache = "dual"

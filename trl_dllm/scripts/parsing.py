@@ -25,8 +25,8 @@ from typing import Any
 import yaml
 from trl import TrlParser
 
-from ..errors import UsageError
 from ..config_checks import REMOVED_ARGUMENTS
+from ..errors import UsageError
 from ..training.inputs import FieldTypeError, RewardFunctionError
 
 _ENV_VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")

@@ -15,6 +15,7 @@ import torch
 from .. import compat
 from ..core.likelihood import ESTIMATORS
 from ..core.methods import block_model_problem, noise_problem, own_objective
+from ..core.sampling.options import guidance_problem
 from ..models import ModelSpec, require_attention, scores_with_4d_mask
 from . import inputs
 from .trainer_inputs import check_text_only
@@ -134,6 +135,15 @@ SYNC_FREE_EXPERTS = ("grouped_mm", "batched_mm")
 offsets on the device), so a mixture-of-experts step can be recorded as a CUDA graph."""
 
 
+def graphs_kind_problem(spec: ModelSpec) -> str | None:
+    """Why a model of ``spec`` has no cached step to replay as a CUDA graph (`generation_cuda_graphs`), or `None`: only
+    block-diffusion kinds decode with the block KV cache. The one statement of this rule: :func:`cuda_graphs_problem`
+    (construction) and `training.rollouts.plan_decoding` (`trl_dllm.generate`, eval) use it."""
+    if spec.kind.block_causal:
+        return None
+    return f"this model ({spec.family!r} family) is not block-diffusion: its rollouts have no cached step to replay"
+
+
 def cuda_graphs_problem(args, spec: ModelSpec, model, device_type: str, sharded: bool) -> str | None:
     """Why `generation_cuda_graphs` cannot run on this model and setup, or `None`: a block-diffusion model on a CUDA
     device, its experts (if any) run by a sync-free implementation (:data:`SYNC_FREE_EXPERTS`: LLaDA2's stacked
@@ -144,8 +154,7 @@ def cuda_graphs_problem(args, spec: ModelSpec, model, device_type: str, sharded:
                    None)  # fmt: skip
     implementation = compat.experts_implementation(config)
     return (
-        f"this model ({spec.family!r} family) is not block-diffusion: its rollouts have no cached step to replay"
-        if not spec.kind.block_causal
+        graphs_kind_problem(spec) if not spec.kind.block_causal
         else f"the processes run on {device_type}, which has no CUDA graphs" if device_type != "cuda"
         else f"its {experts} experts per layer run through experts_implementation={implementation!r}, which reads "
         "the experts' counts on the host, which a graph cannot record: load it with experts_implementation="
@@ -211,12 +220,6 @@ def check_compile(args, spec: ModelSpec, sharded: bool) -> None:
             + ("" if spec.kind.block_causal else ", or generation_cache='none' (only the sampler's work is then "
                "compiled, which shards do not touch)") + "."
         )
-
-
-def check_block_guidance(cfg_scale: float) -> None:
-    """Block-causal decoding has no classifier-free guidance (the trainer and `trl_dllm.generate`)."""
-    if cfg_scale:
-        raise ValueError("cfg_scale > 0 is not supported for block-causal generation; set cfg_scale=0.")
 
 
 def check_noise(args, spec: ModelSpec, estimator: str | None = None) -> None:
@@ -405,7 +408,8 @@ def check_block_layout(args, spec: ModelSpec, estimator: str | None = None) -> N
             f"max_completion_length={max(block, args.max_completion_length // block * block)} and diffusion_steps a "
             "multiple of max_completion_length / block size."
         )
-    check_block_guidance(args.cfg_scale)
+    if (problem := guidance_problem(args.cfg_scale, block_causal=True)) is not None:  # the sampler's own rule
+        raise ValueError(problem)
     if not estimator.block_causal:
         raise ValueError(
             f"estimator={chosen!r} scores with bidirectional attention, which a block-causal model was not "

@@ -24,7 +24,7 @@ from ..core.sampling import (
 from ..core.sampling.running_confidence import StepRecord
 from ..core.sampling.schedules import schedule_fields
 from ..models import ModelSpec, model_logits_fn, require_attention
-from .model_checks import check_block_guidance, check_cache_model, compiled_step_refusal
+from .model_checks import check_cache_model, compiled_step_refusal, graphs_kind_problem
 from .tree_rollouts import branching
 
 
@@ -72,29 +72,23 @@ def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
     """
     fields = dict(fields)
     if not spec.kind.block_causal and fields.pop("cuda_graphs", False):
-        raise ValueError(
-            f"generation_cuda_graphs=True replays the cached step of a block-diffusion model; this model ({spec.family!r} "
-            "family) decodes without that cache: set generation_cuda_graphs=False."
-        )
+        raise ValueError(f"generation_cuda_graphs=True cannot be honoured: {graphs_kind_problem(spec)}. Set "
+                         "generation_cuda_graphs=False.")  # fmt: skip
     compile = fields.pop("compile", False)
     if compile and (refusal := compiled_step_refusal(spec)) is not None:
         raise ValueError(refusal)
     if spec.kind.decoder is not None:
         return DecodingPlan(*spec.kind.decoder(model, spec, fields))
     cache = fields.pop("generation_cache", "none")
+    check_cache_model(spec, cache)  # the cache against the family; guidance and graphs: the options' own rules
     if spec.kind.block_causal:
         # A model that cannot take the KV cache (remote code) decodes without it unless asked for it.
         fields.setdefault("use_cache", spec.accepts_kv_cache)
         require_attention(spec, "block-causal generation", four_d=True, use_cache=fields["use_cache"], model=model)
-        check_block_guidance(fields.pop("cfg_scale", 0.0))
-        check_cache_model(spec, cache)
         fields["block_length"] = spec.decoding_block_length(fields.get("block_length"))
         fields.setdefault("block_layout", spec.block_layout)
         return DecodingPlan(generate_block_causal, model, BlockCausalOptions(**fields, compile=compile))
     if cache != "none":
-        check_cache_model(spec, cache)
-        if fields.pop("cfg_scale", 0.0):
-            raise ValueError(f"generation_cache={cache!r} does not support classifier-free guidance: set cfg_scale=0.")
         return DecodingPlan(generate_cached, model, CachedOptions(**fields, generation_cache=cache, compile=compile))
     return DecodingPlan(generate, model_logits_fn(model, spec), DecodingOptions(**fields, compile=compile))
 

@@ -22,7 +22,35 @@ from ..masks import BLOCK_LAYOUTS
 from .remasking import REMASKING
 from .schedules import schedule_problem
 
-__all__ = ["BlockCausalOptions", "CachedOptions", "DecodingOptions", "check_cache"]
+__all__ = ["BlockCausalOptions", "CachedOptions", "DecodingOptions", "check_cache", "graphs_cache_problem",
+           "guidance_problem"]
+
+
+def guidance_problem(cfg_scale: float, *, generation_cache: str = "none", block_causal: bool = False) -> str | None:
+    """The one rule of classifier-free guidance: only the uncached bidirectional sampler
+    (:func:`~trl_dllm.core.sampling.generate`) takes it; block-causal decoding and Fast-dLLM's caches have none (their
+    cached steps forward the current block only, and guidance needs a prompt-masked forward of the whole canvas).
+    Applied by :class:`BlockCausalOptions` and :class:`CachedOptions` when built, and by the config and the trainer's
+    layout check before a run starts. Returns the message (field, value, fix), or `None`."""
+    if not cfg_scale or not (block_causal or generation_cache != "none"):
+        return None
+    if block_causal:
+        return (f"block-causal generation (a block-diffusion model) does not support classifier-free guidance "
+                f"(cfg_scale={cfg_scale}): set cfg_scale=0.0.")  # fmt: skip
+    return (f"generation_cache={generation_cache!r} does not support classifier-free guidance (cfg_scale={cfg_scale}): "
+            "set cfg_scale=0.0 or generation_cache='none'.")  # fmt: skip
+
+
+def graphs_cache_problem(cuda_graphs: bool, use_cache: bool, option: str = "cuda_graphs") -> str | None:
+    """The one rule of CUDA graphs (and of compiling the cached step, ``option="compile"``) against the block KV cache:
+    a graph replays the cached step, whose shapes are fixed; without the cache every step forwards a longer canvas.
+    Applied by :class:`BlockCausalOptions` and by the config. Returns the message, or `None`."""
+    if not cuda_graphs or use_cache:
+        return None
+    config_name, verb = ("generation_cuda_graphs", "replays") if option == "cuda_graphs" else ("generation_compile",
+                                                                                             "compiles")  # fmt: skip
+    return (f"{config_name}=True {verb} the cached step (its shapes are fixed); with block_kv_cache=False every step "
+            f"forwards a longer canvas: set block_kv_cache=True (use_cache) or {config_name}=False ({option}).")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -175,13 +203,6 @@ class DecodingOptions:
                 "decode without generation_cache, on a bidirectional model."
             )
 
-    def _check_no_guidance(self, sampler: str) -> None:
-        if self.cfg_scale != 0:
-            raise ValueError(
-                f"cfg_scale={self.cfg_scale}: {sampler} has no classifier-free guidance; use cfg_scale=0 (or the "
-                "uncached bidirectional generate)."
-            )
-
     @property
     def num_blocks(self) -> int:
         return self.gen_length // self.block_length
@@ -231,19 +252,13 @@ class BlockCausalOptions(DecodingOptions):
 
     def __post_init__(self):
         super().__post_init__()
-        self._check_no_guidance("block-causal generation")
         if self.block_layout not in BLOCK_LAYOUTS:
             raise ValueError(f"Unknown block_layout={self.block_layout!r}; expected one of {BLOCK_LAYOUTS}.")
-        if self.cuda_graphs and not self.use_cache:
-            raise ValueError(
-                "cuda_graphs=True replays the cached step (its shapes are fixed); without the KV cache every step "
-                "forwards a longer canvas: set use_cache=True (block_kv_cache) or cuda_graphs=False."
-            )
-        if self.compile and not self.use_cache:
-            raise ValueError(
-                "compile=True compiles the cached step; without the KV cache every step forwards a longer canvas: set "
-                "use_cache=True (block_kv_cache) or compile=False."
-            )
+        problem = (guidance_problem(self.cfg_scale, block_causal=True)
+                   or graphs_cache_problem(self.cuda_graphs, self.use_cache)
+                   or graphs_cache_problem(self.compile, self.use_cache, option="compile"))  # fmt: skip
+        if problem is not None:
+            raise ValueError(problem)
 
 
 @dataclass(frozen=True)
@@ -265,7 +280,8 @@ class CachedOptions(DecodingOptions):
 
     def __post_init__(self):
         super().__post_init__()
-        self._check_no_guidance(f"generation_cache={self.generation_cache!r}")
+        if (problem := guidance_problem(self.cfg_scale, generation_cache=self.generation_cache)) is not None:
+            raise ValueError(problem)
         check_cache(self.generation_cache, self.refresh_every)
 
 
