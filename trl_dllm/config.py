@@ -407,8 +407,8 @@ class DiffusionGRPOConfig(MethodOptionFields, SamplerOptionFields, GRPOConfig):
         gen_length = self.max_completion_length
         if self.block_length is None:  # MDPO rewards predictions of the whole completion: one block
             self.block_length = gen_length if self.records_steps else default_block_length(gen_length)
-        if self.diffusion_steps is None and self.block_length >= 1 and gen_length % self.block_length == 0:
-            blocks, half = gen_length // self.block_length, (gen_length + 1) // 2
+        if self.diffusion_steps is None:  # a block length that does not divide the completion is refused next
+            blocks, half = max(1, gen_length // max(1, self.block_length)), (gen_length + 1) // 2
             self.diffusion_steps = -(-half // blocks) * blocks
 
     @property

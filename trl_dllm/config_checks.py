@@ -17,12 +17,11 @@ import numbers
 import os
 from collections.abc import Mapping
 
-from .config_defaults import largest_divisor_at_most
 from .core.likelihood import ESTIMATORS
 from .core.methods import METHOD_OPTIONS, accepted_estimators
 from .core.objectives import OBJECTIVES
 from .core.sampling import GENERATION_CACHES, REMASKING, DecodingOptions
-from .core.sampling.options import graphs_cache_problem, guidance_problem
+from .core.sampling.options import graphs_cache_problem, guidance_problem, layout_problem
 
 logger = logging.getLogger(__name__)
 
@@ -319,17 +318,9 @@ def _check_objective(args) -> None:
 
 def _check_generation(args):
     gen_length = args.max_completion_length
-    if args.block_length < 1 or gen_length % args.block_length != 0:
-        raise ValueError(
-            f"block_length={args.block_length} must be a positive divisor of max_completion_length={gen_length}; "
-            f"e.g. block_length={largest_divisor_at_most(gen_length, args.block_length)}."
-        )
-    if args.diffusion_steps < args.num_blocks or args.diffusion_steps % args.num_blocks != 0:
-        raise ValueError(
-            f"diffusion_steps={args.diffusion_steps} must be a positive multiple of the number of blocks "
-            f"(max_completion_length / block_length = {gen_length} / {args.block_length} = {args.num_blocks}), "
-            f"e.g. diffusion_steps={args.num_blocks * max(1, args.diffusion_steps // args.num_blocks)}."
-        )
+    problem = layout_problem(gen_length, args.block_length, args.diffusion_steps, gen="max_completion_length")
+    if problem is not None:  # the samplers' rule (`core.sampling.options`), in the config's field names
+        raise ValueError(problem)
     if args.remasking not in REMASKING:
         raise ValueError(f"remasking={args.remasking!r} is not one of {sorted(REMASKING)}.")
     if args.confidence_threshold is not None and not 0.0 < args.confidence_threshold <= 1.0:

@@ -15,7 +15,7 @@ import torch
 from .. import compat
 from ..core.likelihood import ESTIMATORS
 from ..core.methods import block_model_problem, noise_problem, own_objective
-from ..core.sampling.options import guidance_problem
+from ..core.sampling.options import guidance_problem, layout_problem
 from ..models import ModelSpec, require_attention, scores_with_4d_mask
 from . import inputs
 from .trainer_inputs import check_text_only
@@ -401,8 +401,8 @@ def check_block_layout(args, spec: ModelSpec, estimator: str | None = None) -> N
             f"block_length={args.block_length} does not match the model's block size {block} (config.block_size / "
             f"config.block_length): set block_length={block} (rollouts always decode in the model's own blocks)."
         )
-    if args.max_completion_length % block or args.diffusion_steps % (args.max_completion_length // block):
-        raise ValueError(
+    if layout_problem(args.max_completion_length, block, args.diffusion_steps) is not None:  # the samplers' rule, in
+        raise ValueError(  # the model's blocks: only the completion and the steps can change
             f"max_completion_length={args.max_completion_length} must be a multiple of the model's block size "
             f"{block}, and diffusion_steps={args.diffusion_steps} a multiple of the number of blocks: e.g. "
             f"max_completion_length={max(block, args.max_completion_length // block * block)} and diffusion_steps a "

@@ -23,7 +23,32 @@ from .remasking import REMASKING
 from .schedules import schedule_problem
 
 __all__ = ["BlockCausalOptions", "CachedOptions", "DecodingOptions", "check_cache", "graphs_cache_problem",
-           "guidance_problem"]
+           "guidance_problem", "layout_problem"]
+
+
+def layout_problem(gen_length: int, block_length: int, diffusion_steps: int, *, gen: str = "gen_length",
+                   block: str = "block_length", steps: str = "diffusion_steps") -> str | None:  # fmt: skip
+    """The one rule of a decoding layout: ``gen_length`` tokens in blocks of ``block_length`` (a positive divisor of
+    it), ``diffusion_steps`` a positive multiple of the number of blocks. ``gen`` / ``block`` / ``steps`` are the
+    names the caller's user knows the values by (the config's `max_completion_length`; a block-diffusion model's own
+    block size). Applied by :class:`DecodingOptions` when built, by the config, and by the trainer's check of the
+    model's block size. Returns the message (field, value, fix), or `None`."""
+    for name, value in ((gen, gen_length), (block, block_length)):
+        if value < 1:
+            return f"{name} must be >= 1, got {name}={value}."
+    if gen_length % block_length:
+        divisors = [d for d in range(1, gen_length + 1) if gen_length % d == 0]
+        below = max(d for d in divisors if d <= block_length)
+        return (f"{block}={block_length} must be a positive divisor of {gen}={gen_length} (one of {divisors}; e.g. "
+                f"{block}={below}), or {gen} a multiple of {block_length} (e.g. {gen}="
+                f"{max(block_length, gen_length // block_length * block_length)}).")  # fmt: skip
+    blocks = gen_length // block_length
+    if diffusion_steps < 1:
+        return f"{steps} must be >= 1, got {steps}={diffusion_steps}."
+    if diffusion_steps % blocks:
+        return (f"{steps}={diffusion_steps} must be a positive multiple of the number of blocks ({gen} / {block} = "
+                f"{gen_length} / {block_length} = {blocks}), e.g. {steps}={blocks * max(1, diffusion_steps // blocks)}.")
+    return None
 
 
 def guidance_problem(cfg_scale: float, *, generation_cache: str = "none", block_causal: bool = False) -> str | None:
@@ -127,24 +152,8 @@ class DecodingOptions:
 
     def __post_init__(self):
         gen_length, block_length, diffusion_steps = self.gen_length, self.block_length, self.diffusion_steps
-        lengths = dict(gen_length=gen_length, block_length=block_length, diffusion_steps=diffusion_steps)
-        for name, value in lengths.items():
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {name}={value}.")
-        if gen_length % block_length != 0:
-            divisors = [d for d in range(1, gen_length + 1) if gen_length % d == 0]
-            raise ValueError(
-                f"gen_length={gen_length} must be divisible by block_length={block_length}: set block_length to a "
-                f"divisor of gen_length (one of {divisors}) or gen_length to a multiple of block_length."
-            )
-        num_blocks = self.num_blocks
-        if diffusion_steps % num_blocks != 0:
-            raise ValueError(
-                f"diffusion_steps={diffusion_steps} must be divisible by the number of blocks gen_length // "
-                f"block_length = {gen_length} // {block_length} = {num_blocks}: use a multiple of {num_blocks} for "
-                f"diffusion_steps (e.g. {num_blocks * max(1, round(diffusion_steps / num_blocks))}) or change "
-                "block_length."
-            )
+        if (problem := layout_problem(gen_length, block_length, diffusion_steps)) is not None:
+            raise ValueError(problem)
         self._check_distribution()
         problem = schedule_problem(
             gen_length=gen_length, block_length=block_length, diffusion_steps=diffusion_steps,
