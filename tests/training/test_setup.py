@@ -1,0 +1,58 @@
+"""The run resolved once (trl_dllm/training/setup.py): `RunSetup` holds what the trainer, its rollouts and its scoring
+read; resolving it changes no config value but the two TRL reads, and says what it chose."""
+
+import copy
+
+import pytest
+
+from trl_dllm import DiffusionGRPOTrainer
+from trl_dllm.models.families.diffusion_gemma import DIFFUSION_GEMMA
+from trl_dllm.models.families.llada import LLADA
+from trl_dllm.training import model_checks
+from trl_dllm.training.setup import RunSetup, fit_bias_correction_kl, fit_estimator
+
+from .test_checks import DATA, make, reward
+
+
+def _fields(args) -> dict:
+    return {name: copy.deepcopy(getattr(args, name)) for name in args.__dataclass_fields__}
+
+
+def test_the_trainer_resolves_the_run_once_and_leaves_the_config(tmp_path, capsys):
+    args = make(output_dir=str(tmp_path), loss_type="stabledrl", max_steps=1)
+    before = _fields(args)
+    trainer = DiffusionGRPOTrainer("tiny-block", reward_funcs=reward, args=args, train_dataset=DATA)
+    setup = trainer.setup
+    assert isinstance(setup, RunSetup) and setup.kind.block_causal and setup.spec is trainer.model_spec
+    assert (setup.estimator, setup.estimator_fitted) == ("block", True)  # the family's own, `estimator` unset
+    assert setup.objective.fn is not None and setup.block_length == setup.spec.block_length
+    assert not setup.records_trajectory and setup.eos_token_ids == trainer.eos_token_ids
+    assert trainer.scoring.estimator_name == "block"  # the scoring reads the resolved estimator
+    changed = {name for name, value in _fields(args).items() if value != before[name]}
+    assert changed <= {"gradient_checkpointing_kwargs", "activation_checkpointing_kwargs", "use_bias_correction_kl"}
+    assert args.estimator == "elbo" and "estimator" in args.defaulted  # the config's own default, kept
+    out = capsys.readouterr().out
+    assert out.count("trl_dllm: estimator='block'") == 1 and setup.notices[0] in out
+
+
+def test_fitting_changes_no_config_value():
+    args = make(loss_type="dapo", beta=0.04)
+    before = _fields(args)
+    estimator, line = fit_estimator(args, True)
+    assert estimator == "block" and "the block-diffusion family's own" in line
+    value, line = fit_bias_correction_kl(args, "block")
+    assert value is False and line.startswith("trl_dllm: use_bias_correction_kl=False instead of TRL's default")
+    assert fit_estimator(args, False, noise="uniform")[0] == "uniform_block"  # the uniform-noise family's own
+    assert _fields(args) == before
+
+
+@pytest.mark.parametrize("spec,reentrant_after", [(LLADA, True), (DIFFUSION_GEMMA, False)])
+def test_checkpointing_choice_is_applied_in_one_place(spec, reentrant_after):
+    args = make(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": True})
+    kwargs, lines = model_checks.checkpointing_choice(args, spec)
+    assert args.gradient_checkpointing_kwargs == {"use_reentrant": True}  # chosen, not applied
+    assert (kwargs is None) == reentrant_after and bool(lines) == (not reentrant_after)
+    model_checks.apply_checkpointing(args, kwargs)
+    assert args.gradient_checkpointing_kwargs["use_reentrant"] is reentrant_after
+    if not reentrant_after:
+        assert args.activation_checkpointing_kwargs == {"use_reentrant": False}
