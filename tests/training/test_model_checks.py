@@ -104,7 +104,7 @@ def test_merge_adapters_needs_a_peft_model(tmp_path, tiny_model_path):
     ],
 )
 def test_merge_adapters_refused_where_it_cannot_be_honoured(case, pattern):
-    from trl_dllm.training.model_checks import check_merge_adapters
+    from trl_dllm.training.setup import check_merge_adapters
 
     from .test_rollouts import lora_model
 

@@ -213,7 +213,7 @@ def merged_adapters(model, merge: bool = True):
     subtracting the adapter again leaves some bf16 weights a rounding step off (more of them as the adapter grows;
     docs/generation.md), and the base is frozen: such errors would add up over a run. Memory: the adapted base weights
     once more during the block. `model` is the unwrapped model (checked by
-    `model_checks.check_merge_adapters`). Yields `model`."""
+    `training.setup.check_merge_adapters`). Yields `model`."""
     if not merge:
         yield model
         return

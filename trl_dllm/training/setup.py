@@ -122,6 +122,59 @@ def check_rollback_backend(args, sharded: bool) -> None:
         )
 
 
+def _quantisation(model) -> str | None:
+    """How `model`'s weights are quantised (its config's `quantization_config`, bitsandbytes' 4 / 8 bit), or `None`."""
+    config = getattr(getattr(model, "config", None), "quantization_config", None)
+    if config is not None:
+        method = config.get("quant_method") if isinstance(config, dict) else getattr(config, "quant_method", None)
+        return str(method or "quantization_config")
+    for bits in (4, 8):
+        if getattr(model, f"is_loaded_in_{bits}bit", False):
+            return f"{bits} bit"
+    return None
+
+
+def check_merge_adapters(model, args, sharded: bool) -> None:
+    """`generation_merge_adapters=True` where it can be honoured (`training.rollouts.merged_adapters`): a PEFT model
+    whose adapters merge (LoRA and the other tuner layers; not prompt learning), each process holding whole base
+    weights (PEFT merges no sharded weight: ZeRO-3 / FSDP would need every parameter gathered first, as TRL does before
+    syncing vLLM's weights), unquantised base weights (a merge would dequantise, add and quantise again, with the
+    rounding of the quantiser), and no LoRA dropout that `disable_dropout=False` keeps in rollouts (merged layers
+    skip it). ``model`` is the unwrapped model; ``sharded``: ZeRO-3 or FSDP."""
+    if not args.generation_merge_adapters:
+        return
+    configs = getattr(model, "peft_config", None) or {}
+    prompt_learning = [name for name, config in configs.items() if getattr(config, "is_prompt_learning", False)]
+    if not configs or prompt_learning or not callable(getattr(model, "merge_adapter", None)):
+        what = f"prompt-learning adapters ({', '.join(prompt_learning)})" if prompt_learning else "no adapters"
+        raise ValueError(
+            f"generation_merge_adapters=True merges LoRA adapters into the base weights for rollouts, but this model "
+            f"({type(model).__name__}) has {what}: pass peft_config=LoraConfig(...) (use_peft: true with the CLI), or "
+            "set generation_merge_adapters=False."
+        )
+    if sharded:
+        raise ValueError(
+            "generation_merge_adapters=True under DeepSpeed ZeRO-3 / FSDP: each process holds a shard of every base "
+            "weight, and PEFT merges adapters into whole weights only (every parameter would have to be gathered "
+            "first, on every rollout). Set generation_merge_adapters=False, or train with ZeRO-2 or DDP "
+            "(recipes/accelerate/zero2.yaml), where each process holds whole weights."
+        )
+    if (quantised := _quantisation(model.get_base_model())) is not None:
+        raise ValueError(
+            f"generation_merge_adapters=True on quantised base weights ({quantised}): merging would dequantise, add "
+            "and quantise them again at every rollout, so rollouts would sample from the quantiser's rounding of the "
+            "policy. Set generation_merge_adapters=False, or load the base model unquantised."
+        )
+    dropouts = sorted({config.lora_dropout for config in configs.values() if getattr(config, "lora_dropout", 0)})
+    if dropouts and not args.disable_dropout:
+        raise ValueError(
+            f"generation_merge_adapters=True with disable_dropout=False and lora_dropout={dropouts[0]}: merged "
+            "rollouts skip the adapters and their dropout, which disable_dropout=False keeps in rollouts (as d1's and "
+            "ESPO's released code ran). Set disable_dropout=True (dropout off in rollouts and likelihood passes), or "
+            "generation_merge_adapters=False."
+        )
+
+
 def before_loading(args, config_class, model, reward_funcs, pargs, kwargs: dict):
     """Before TRL loads any weights: the trainer's options and inputs checked, a family's own refusal, and ``kwargs``
     (the trainer's keyword arguments, changed in place) adapted: an SFT LoRA adapter folder is trained on from its
@@ -181,7 +234,7 @@ def resolve_run(trainer, *, asked_reentrant: bool | None) -> RunSetup:
     graphs_hint = model_checks.check_cuda_graphs(args, spec, unwrapped, device, sharded)
     model_checks.check_compile(args, spec, sharded)
     check_rollback_backend(args, trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled)
-    model_checks.check_merge_adapters(unwrapped, args, sharded)
+    check_merge_adapters(unwrapped, args, sharded)
     adaptive = spec.kind.own_sampler  # its own sampler stops canvases by itself (DiffusionGemma's)
     notices = (*startup_lines(args, block_length, estimator_line, adaptive), *model_setup.dropout_notice(unwrapped, args),
                *reentry, *([bias_line] if bias_line else []), *([graphs_hint] if graphs_hint else []))  # fmt: skip
