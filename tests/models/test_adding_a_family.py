@@ -36,8 +36,7 @@ from datasets import Dataset
 
 import trl_dllm
 from trl_dllm.core.likelihood import ESTIMATORS
-from trl_dllm.models import resolve_model_spec
-from trl_dllm.models import families
+from trl_dllm.models import families, resolve_model_spec
 from trl_dllm.models.families import MARKED_SPECS, register_family, unregister_family
 from trl_dllm.models.specs import BLOCK_CAUSAL, MASKED, Family, Kind, ModelSpec
 from trl_dllm.testing import build_tiny_model, build_tokenizer
