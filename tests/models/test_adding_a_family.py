@@ -27,7 +27,9 @@ kind's answer and name the line, so they turn into failures (to un-mark) when it
   decode in the configured blocks while the trainer scores in the kind's own (``Scoring.block_length``).
 """
 
+import ast
 import json
+import pathlib
 from dataclasses import replace
 
 import pytest
@@ -38,7 +40,7 @@ import trl_dllm
 from trl_dllm.core.likelihood import ESTIMATORS
 from trl_dllm.models import families, resolve_model_spec
 from trl_dllm.models.families import MARKED_SPECS, register_family, unregister_family
-from trl_dllm.models.specs import BLOCK_CAUSAL, MASKED, Family, Kind, ModelSpec
+from trl_dllm.models.specs import BLOCK_CAUSAL, FAMILY_MARKER, MASKED, Family, Kind, ModelSpec
 from trl_dllm.testing import build_tiny_model, build_tokenizer
 
 # --- the family module: what trl_dllm/models/families/semi_ar.py would hold ---
@@ -179,3 +181,31 @@ def test_the_trainer_trains_it_and_scores_in_the_kinds_blocks(trainer):
                    "(scripts/plan.py calls the same function)")
 def test_the_trainer_defaults_to_the_kinds_estimator(trainer):
     assert trainer.args.estimator == SEMI_AR.estimator
+
+
+def _marker_compared(tree) -> list[int]:
+    """Lines comparing ``config.dllm_family`` (or ``getattr(config, "dllm_family", ...)``) with a string literal."""
+
+    def marker(node):
+        if isinstance(node, ast.Attribute):
+            return node.attr == FAMILY_MARKER
+        return (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) > 1
+                and isinstance(node.args[1], ast.Constant) and node.args[1].value == FAMILY_MARKER)  # fmt: skip
+
+    def literal(node):
+        return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Compare)
+            and any(map(marker, [node.left, *node.comparators])) and any(map(literal, [node.left, *node.comparators]))]
+
+
+def test_no_module_outside_models_compares_the_family_marker():
+    """The marker names a family; what it can do is asked of its spec's kind (``MARKED_SPECS[marker].kind``), as the
+    planner now does, not of the marker's name (``planning/architecture.py`` compared it with ``"block"``)."""
+    package = pathlib.Path(trl_dllm.__file__).parent
+    offenders = [f"{path.relative_to(package)}:{line}" for path in sorted(package.rglob("*.py"))
+                 if "models" not in path.relative_to(package).parts[:1]
+                 for line in _marker_compared(ast.parse(path.read_text(encoding="utf-8")))]  # fmt: skip
+    assert not offenders, offenders
+    old = 'block_causal = getattr(config, "dllm_family", None) == "block" or config.dllm_family in ("x",)'
+    assert _marker_compared(ast.parse(old)) == [1]  # the scan finds what it looks for
