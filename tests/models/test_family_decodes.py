@@ -24,12 +24,15 @@ from trl_dllm.models.loading import load_pretrained
 from .fixtures.make_family_decodes import (
     DECODES,
     DG_OPTIONS,
-    DG_PROMPTS,
     DG_SEEDS,
-    diffusion_gemma_batch,
+    DG_TEXTS,
     diffusion_gemma_canvas,
+    diffusion_gemma_forward,
     diffusion_gemma_model,
+    diffusion_gemma_prompts,
     fixture_path,
+    left_padded,
+    parameter_digest,
     reference_checkpoint,
 )
 from .fixtures.make_family_reference import write_checkpoint
@@ -85,17 +88,19 @@ def gemma():
 def test_diffusion_gemma_fixture_is_this_checkpoint(gemma):
     """The tiny builder's parameters (names, shapes) and the recorded batch and options are this module's."""
     fixture, model = gemma
-    assert {k: list(p.shape) for k, p in model.named_parameters()} == fixture["parameters"]
-    ids, mask = diffusion_gemma_batch()
+    assert parameter_digest(model) == fixture["parameters"]
+    assert fixture["texts"] == list(DG_TEXTS) and fixture["prompts"] == diffusion_gemma_prompts()
+    ids, mask = left_padded(fixture["prompts"])
     assert fixture["input_ids"] == ids.tolist() and fixture["attention_mask"] == mask.tolist()
-    assert fixture["prompts"] == [list(p) for p in DG_PROMPTS] and fixture["seeds"] == list(DG_SEEDS)
+    assert fixture["seeds"] == list(DG_SEEDS)
     assert {k: v for k, v in fixture["ours"].items() if k != "eos_token_ids"} == DG_OPTIONS
 
 
 def test_diffusion_gemma_logits_equal_the_recorded_forward(gemma):
-    """transformers' forward (prompt encoded, one canvas decoded) and the trainer's path to the same logits (the
-    family's ``Denoiser``: the encoder's cache, then the decoder on the canvas at its positions) equal the recorded
-    logits: a transformers upgrade that changes the model fails here, whatever transformers is installed."""
+    """transformers' forward (each prompt alone encoded, one canvas decoded) and the trainer's path to the same
+    logits on the left-padded batch (the family's ``Denoiser``, as rollouts and the likelihood call it: the encoder's
+    cache of the context at positions counted from each row's first token, then the decoder on the canvas after it)
+    equal the recorded logits: a transformers upgrade that changes the model fails here, whatever is installed."""
     from trl_dllm.models.families.diffusion_gemma import Denoiser
 
     fixture, model = gemma
@@ -104,10 +109,16 @@ def test_diffusion_gemma_logits_equal_the_recorded_forward(gemma):
     assert canvas.tolist() == diffusion_gemma_canvas(model, ids.size(0)).tolist()
     vocab_ids = fixture["vocab_ids"]
     expected, expected_lse = torch.tensor(fixture["logits"]), torch.tensor(fixture["logsumexp"])
+    context = mask.bool()
+    denoiser = Denoiser(model)
     with torch.no_grad():
-        theirs = model(input_ids=ids, attention_mask=mask, decoder_input_ids=canvas).logits
-    assert (theirs[..., vocab_ids] - expected).abs().max().item() <= 1e-4
-    assert (torch.logsumexp(theirs, dim=-1) - expected_lse).abs().max().item() <= 1e-4
+        cache = denoiser.encode(ids, context, (context.long().cumsum(dim=1) - 1).clamp(min=0))
+        positions = context.sum(dim=1, keepdim=True) + torch.arange(canvas.size(1))
+        ours = denoiser(cache, context, canvas, positions)
+    theirs = diffusion_gemma_forward(model, fixture["prompts"], canvas)
+    for name, logits in (("transformers' forward", theirs), ("the family's Denoiser", ours)):
+        assert (logits[..., vocab_ids] - expected).abs().max().item() <= 1e-4, name
+        assert (torch.logsumexp(logits, dim=-1) - expected_lse).abs().max().item() <= 1e-4, name
 
 
 def test_diffusion_gemma_decode_equals_the_recorded_generate(gemma):
