@@ -75,8 +75,9 @@ def test_greedy_decode_equals_the_family_code(decode):
         expected = torch.tensor(case["completion_ids"])
         assert out.shape == expected.shape, (name, case["theirs"])
         differ = [r for r in range(len(expected)) if not torch.equal(out[r], expected[r])]
-        assert not differ, f"{name} {case['theirs']}: rows {differ} differ: {out[differ].tolist()} != " \
-                           f"{expected[differ].tolist()}"
+        assert not differ, (
+            f"{name} {case['theirs']}: rows {differ} differ: {out[differ].tolist()} != {expected[differ].tolist()}"
+        )
 
 
 # ------------------------------------------------------------------------------------------- DiffusionGemma
