@@ -42,10 +42,10 @@ from trl_dllm.demo.run import (
     train_log,
 )
 from trl_dllm.demo.tasks import TASKS
-from trl_dllm.demo.warmstart import drift, prepare, warm_start
+from trl_dllm.demo.warmstart import prepare, warm_start
 
 from .compare_methods import BLOCK_LENGTH, BLOCK_METHODS, METHODS, MODELS, SFT
-from .tracking import ForwardCounter, TrackedEval, collapses, training_log
+from .tracking import ForwardCounter, TrackedEval, collapses, drift, training_log
 
 # RL steps per run where a task's default differs from 300: `subset`'s canvas is 4 tokens (4 denoising forwards per
 # rollout, half of `sort`'s 8), so 600 of its steps cost about what 300 `sort` steps do (docs/compare.md).

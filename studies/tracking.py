@@ -1,6 +1,6 @@
 """What a study's run records beyond the demo's: forward calls, held-out evaluations kept out of the budget (with the
-drift from the warm start), the training diagnostics per step, and the collapse count. Used by `studies.compare`,
-`studies.seeds_report` and `studies.rollout_study`; see docs/compare.md."""
+drift from the warm start: `drift`), the training diagnostics per step, and the collapse count. Used by
+`studies.compare`, `studies.seeds_report` and `studies.rollout_study`; see docs/compare.md."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ from contextlib import contextmanager
 
 import torch
 
+from trl_dllm.core.masks import block_attention, layout_ids
 from trl_dllm.demo.run import HeldOutCallback
-from trl_dllm.demo.warmstart import drift
+from trl_dllm.demo.tasks import Task
+from trl_dllm.demo.warmstart import encode_prompts
+from trl_dllm.models import ModelSpec, model_logits_fn, resolve_model_spec
 
 
 class ForwardCounter:
@@ -94,3 +97,38 @@ def training_log(history: list[dict]) -> dict[str, list]:
         if any(name in h for h in rows):
             log[name] = [None if h.get(name) is None else float(f"{float(h[name]):.4g}") for h in rows]
     return log
+
+
+@torch.no_grad()
+def drift(model, reference, tokenizer, task: Task, problems: list[dict]) -> dict:
+    """How far `model` has moved from `reference` (the warm start) and how sure it is, on the fully masked canvas of
+    `problems`' prompts (the first denoising step of a decode): ``kl_reference``, the mean over completion positions of
+    ``KL(π_θ ‖ π_ref)`` (nats per token), and ``entropy``, the mean entropy of ``π_θ`` there. A block-diffusion model
+    reads that canvas under its block-causal mask (`canvas_logits`): each block sees the prompt and the masked blocks
+    before it, which is the first step of the first decoding block and a canvas the later blocks never decode from."""
+    was_training = model.training
+    model.eval()
+    spec = resolve_model_spec(model, tokenizer)
+    enc = encode_prompts(tokenizer, problems)
+    rows, length = enc["input_ids"].shape[0], task.completion_length
+    ids = torch.cat([enc["input_ids"], torch.full((rows, length), spec.mask_token_id)], dim=1)
+    mask = torch.cat([enc["attention_mask"], torch.ones(rows, length, dtype=enc["attention_mask"].dtype)], dim=1)
+    log_p = canvas_logits(model, spec, ids, mask, length).float().log_softmax(-1)
+    log_q = canvas_logits(reference, spec, ids, mask, length).float().log_softmax(-1)
+    model.train(was_training)
+    return {
+        "kl_reference": (log_p.exp() * (log_p - log_q)).sum(-1).mean().item(),
+        "entropy": -(log_p.exp() * log_p).sum(-1).mean().item(),
+    }
+
+
+def canvas_logits(model, spec: ModelSpec, ids: torch.Tensor, mask: torch.Tensor, length: int) -> torch.Tensor:
+    """Logits `(B, length, V)` of the last `length` columns of `ids` (left-padded prompt ; completion): bidirectional,
+    or for a block-diffusion model under its block-causal 4-D mask and position ids (`spec.block_layout`)."""
+    positions = torch.arange(ids.shape[1] - length, ids.shape[1])
+    logits_fn = model_logits_fn(model, spec)
+    if not spec.kind.block_causal:
+        return logits_fn(ids, mask, positions)
+    blocks, position_ids = layout_ids(mask[:, : ids.shape[1] - length], length, spec.block_length, spec.block_layout)
+    attention = block_attention(blocks, mask, dtype=next(model.parameters()).dtype)
+    return logits_fn(ids, attention, positions, position_ids=position_ids)

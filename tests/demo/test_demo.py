@@ -7,13 +7,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from studies.tracking import canvas_logits
 from trl_dllm.core.sampling import BlockCausalOptions, generate_block_causal
 from trl_dllm.demo import main, parse_args
 from trl_dllm.demo.run import QUICK, ROLLOUTS, DemoConfig, demo_trainer_args
 from trl_dllm.demo.tasks import TASKS
 from trl_dllm.demo.warmstart import (
     block_sft_loss,
-    canvas_logits,
     decode_completions,
     diffusion_sft_loss,
     encode_examples,

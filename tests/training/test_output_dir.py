@@ -15,7 +15,7 @@ from transformers import TrainerCallback
 
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 from trl_dllm.scripts import grpo
-from trl_dllm.training.state import LOCK_NAME, OutputDirError, OutputDirLock
+from trl_dllm.training.output_dir import LOCK_NAME, OutputDirError, OutputDirLock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,7 +118,7 @@ def test_stale_lock_is_replaced_and_lock_held_while_training(tiny_model_path, tm
 
     trainer = make_trainer(tiny_model_path, tmp_path, save_strategy="no")
     trainer.add_callback(Spy())
-    with caplog.at_level("WARNING", logger="trl_dllm.training.state"):
+    with caplog.at_level("WARNING", logger="trl_dllm.training.output_dir"):
         trainer.train()
     assert f"Removing the stale lock {tmp_path / LOCK_NAME} of process {dead.pid}" in caplog.text
     assert seen == [os.getpid(), os.getpid()]

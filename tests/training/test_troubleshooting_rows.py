@@ -9,8 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = {
-    28: ("trl_dllm/training/state.py", ["holds checkpoints of an earlier run (", "; a new run there would overwrite"]),
-    29: ("trl_dllm/training/state.py", ["is in use by another run: process", "Removing the stale lock"]),
+    28: ("trl_dllm/training/output_dir.py", ["holds checkpoints of an earlier run (", "; a new run there would overwrite"]),
+    29: ("trl_dllm/training/output_dir.py", ["is in use by another run: process", "Removing the stale lock"]),
     30: ("trl_dllm/training/state.py", ["Skipping torn checkpoint(s)", "is truncated (", "is truncated or corrupt"]),
     31: ("trl_dllm/training/state.py", ["no space left on device: ", "MB needed at", "is intact"]),
     32: ("trl_dllm/training/inputs.py", ["has role", "; TRL's roles are", "not a string or a list of chat messages",
@@ -39,8 +39,9 @@ ROWS = {
     44: ("trl_dllm/training/signal.py", ["no reward function scored any of the", "completions of the last",
                                         "returned None or NaN for every one): every advantage is 0 and nothing"]),
     45: ("trl_dllm/scripts/grpo.py", ["reward_funcs: cannot import", "fix that line (python -m py_compile FILE shows it)"]),
-    46: ("trl_dllm/training/state.py", ["is an existing file, not a folder: the run saves its checkpoints and model into",
-                                       "Choose another output_dir (or move that file away)."]),
+    46: ("trl_dllm/training/output_dir.py",
+         ["is an existing file, not a folder: the run saves its checkpoints and model into",
+          "Choose another output_dir (or move that file away)."]),
     47: ("trl_dllm/config_checks.py", ["W&B is not logged in (no WANDB_API_KEY, no", "Run `wandb login` (or set",
                                         "WANDB_MODE=offline to log locally and `wandb sync` later"]),
     48: ("trl_dllm/models/loading.py", ["was trained on the base model", "(base_model_name_or_path in its adapter_config.json)",

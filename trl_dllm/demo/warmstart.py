@@ -30,7 +30,6 @@ import torch
 from datasets import Dataset
 
 from ..core.likelihood import block
-from ..core.masks import block_attention, layout_ids
 from ..core.sampling import BlockCausalOptions, DecodingOptions, generate, generate_block_causal
 from ..models import ModelSpec, make_bidirectional, model_logits_fn, resolve_model_spec
 from ..models.tiny import build_tiny_block_model, build_tiny_model, build_tokenizer
@@ -178,41 +177,6 @@ def greedy_eval(model, tokenizer, task: Task, problems: list[dict]) -> dict:
     rewards = task.score(decode_completions(tokenizer, out.completion_ids), problems)
     model.train(was_training)
     return {"reward": sum(rewards) / len(rewards), "accuracy": sum(r == 1.0 for r in rewards) / len(rewards)}
-
-
-@torch.no_grad()
-def drift(model, reference, tokenizer, task: Task, problems: list[dict]) -> dict:
-    """How far `model` has moved from `reference` (the warm start) and how sure it is, on the fully masked canvas of
-    `problems`' prompts (the first denoising step of a decode): ``kl_reference``, the mean over completion positions of
-    ``KL(π_θ ‖ π_ref)`` (nats per token), and ``entropy``, the mean entropy of ``π_θ`` there. A block-diffusion model
-    reads that canvas under its block-causal mask (`canvas_logits`): each block sees the prompt and the masked blocks
-    before it, which is the first step of the first decoding block and a canvas the later blocks never decode from."""
-    was_training = model.training
-    model.eval()
-    spec = resolve_model_spec(model, tokenizer)
-    enc = encode_prompts(tokenizer, problems)
-    rows, length = enc["input_ids"].shape[0], task.completion_length
-    ids = torch.cat([enc["input_ids"], torch.full((rows, length), spec.mask_token_id)], dim=1)
-    mask = torch.cat([enc["attention_mask"], torch.ones(rows, length, dtype=enc["attention_mask"].dtype)], dim=1)
-    log_p = canvas_logits(model, spec, ids, mask, length).float().log_softmax(-1)
-    log_q = canvas_logits(reference, spec, ids, mask, length).float().log_softmax(-1)
-    model.train(was_training)
-    return {
-        "kl_reference": (log_p.exp() * (log_p - log_q)).sum(-1).mean().item(),
-        "entropy": -(log_p.exp() * log_p).sum(-1).mean().item(),
-    }
-
-
-def canvas_logits(model, spec: ModelSpec, ids: torch.Tensor, mask: torch.Tensor, length: int) -> torch.Tensor:
-    """Logits `(B, length, V)` of the last `length` columns of `ids` (left-padded prompt ; completion): bidirectional,
-    or for a block-diffusion model under its block-causal 4-D mask and position ids (`spec.block_layout`)."""
-    positions = torch.arange(ids.shape[1] - length, ids.shape[1])
-    logits_fn = model_logits_fn(model, spec)
-    if not spec.kind.block_causal:
-        return logits_fn(ids, mask, positions)
-    blocks, position_ids = layout_ids(mask[:, : ids.shape[1] - length], length, spec.block_length, spec.block_layout)
-    attention = block_attention(blocks, mask, dtype=next(model.parameters()).dtype)
-    return logits_fn(ids, attention, positions, position_ids=position_ids)
 
 
 # --------------------------------------------------------------------------- the demo's starting point

@@ -107,14 +107,13 @@ def family_spec(model: Any) -> ModelSpec | None:
     family = next((s for s in by_architecture if s is not None), None) or MODEL_SPECS.get(
         getattr(config, "model_type", None))
     marked = MARKED_SPECS.get(_config_value(config, FAMILY_MARKER))
-    if family is not None and family.kind.own_block_size:  # its block size from the config (its kind's fields)
-        found = (_config_value(config, name) for name in family.kind.block_size_fields)
-        size = next((value for value in found if value), None) or family.block_length
-        return replace(family, block_length=int(size) if size else None)
+    if family is not None and family.kind.own_block_size:
+        return _own_block_size(family, config)
     if family is not None or marked is None:
         return family
     if not marked.kind.block_causal:
-        return replace(marked, accepts_logits_to_keep=generic_spec(model).accepts_logits_to_keep)
+        marked = replace(marked, accepts_logits_to_keep=generic_spec(model).accepts_logits_to_keep)
+        return _own_block_size(marked, config) if marked.kind.own_block_size else marked
     block_length = _config_value(config, "block_length")
     if block_length is None or int(block_length) < 1:
         raise ValueError(
@@ -132,6 +131,14 @@ def family_spec(model: Any) -> ModelSpec | None:
         marked, accepts_logits_to_keep=generic_spec(model).accepts_logits_to_keep, block_length=int(block_length),
         block_layout=layout,
     )  # fmt: skip
+
+
+def _own_block_size(spec: ModelSpec, config) -> ModelSpec:
+    """``spec`` with the block size its kind reads from the config (``Kind.block_size_fields``, first found wins),
+    else its own default."""
+    found = (_config_value(config, name) for name in spec.kind.block_size_fields)
+    size = next((value for value in found if value), None) or spec.block_length
+    return replace(spec, block_length=int(size) if size else None)
 
 
 def _missing_mask_error(model: Any) -> ValueError:

@@ -49,7 +49,7 @@ def tiny_original_config(family: str, *, hidden_size: int = 32, num_layers: int 
 def released_original_config(family: str) -> dict:
     """The ``config.json`` of ``family``'s released checkpoint (:data:`RELEASED_SIZES`): every field, the real sizes,
     vocabulary and experts. For planning memory without the Hub (``trl-dllm plan``); no weights are implied."""
-    config = tiny_original_config(family, **RELEASED_SIZES[family])
+    config = tiny_original_config(family, **TINY_CHECKPOINTS[family].released_sizes)  # a registered family too
     config.update(TINY_CHECKPOINTS[family].released_extra)
     return config
 

@@ -151,6 +151,15 @@ def _experts(module):
     return None
 
 
+def _marked_block_causal(config) -> bool:
+    """The kind of the family ``config.dllm_family`` marks is block-causal (``Kind.block_causal``: SDAR, LLaDA2)."""
+    from ..models.families import MARKED_SPECS
+    from ..models.specs import FAMILY_MARKER
+
+    marked = MARKED_SPECS.get(getattr(config, FAMILY_MARKER, None))
+    return marked is not None and marked.kind.block_causal
+
+
 def architecture_from_config(config, family: str | None = None, model_class=None) -> Architecture:
     """The :class:`Architecture` of a transformers ``config``: the model is built on the meta device (no memory) from
     ``model_class`` (default: the family's own class where it declares one, ``Family.model_class``: DiffusionGemma's;
@@ -224,7 +233,7 @@ def architecture_from_config(config, family: str | None = None, model_class=None
         expert_intermediate=expert_intermediate if moe_layers else 0,
         shared_intermediate=shared if moe_layers else 0,
         qk_norm=any(n.endswith(("q_norm", "query_layernorm", "q_layernorm")) for n, _ in model.named_modules()),
-        block_causal=getattr(config, "dllm_family", None) == "block",
+        block_causal=_marked_block_causal(config),
         canvas_length=canvas,
         attention=attention,
         sliding_window=int(getattr(text, "sliding_window", 0) or 0) if canvas else 0,

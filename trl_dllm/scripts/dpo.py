@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..dpo_config import DiffusionDPOConfig
-from ..training.state import OutputDirError, check_output_dir
+from ..training.output_dir import OutputDirError, check_output_dir
 from .grpo import construct_trainer, resume_checkpoint
 from .parsing import ScriptParser, UsageError, exit_on_bad_input
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from ..config import DiffusionGRPOConfig
 from ..training.inputs import RewardFunctionError, check_model_path
-from ..training.state import FullDiskError, OutputDirError, ResumeError, check_output_dir
+from ..training.output_dir import OutputDirError, check_output_dir
+from ..training.state import FullDiskError, ResumeError
 from .parsing import ScriptParser, UsageError, exit_on_bad_input
 
 # A Hub id is `name` or `org/name`; anything else (absolute, ./relative, nested) can only be a local path.

@@ -24,16 +24,13 @@ from ..models import ModelSpec, model_logits_fn
 from ..seeding import sample_seed
 from .rollouts import sampling_distribution
 
-# Every option a method declares, by keyword (`trl_dllm.core.options.Option`: its config field, or where the run sets it).
-OPTIONS = METHOD_OPTIONS
-
 # Option name (the core function's keyword) -> the `DiffusionGRPOConfig` field it is read from; derived from the
-# registries' declarations.
-OPTION_FIELDS = {keyword: option.field for keyword, option in OPTIONS.items() if option.field is not None}
+# registries' declarations (`core.methods.METHOD_OPTIONS`, every option each method declares, by keyword).
+OPTION_FIELDS = {keyword: option.field for keyword, option in METHOD_OPTIONS.items() if option.field is not None}
 
 # Options no config field sets: the trainer sets them from the model and the run, or leaves the function's default
 # (each declaration's `source` says which).
-RUN_OPTIONS = {keyword: option.source for keyword, option in OPTIONS.items() if option.field is None}
+RUN_OPTIONS = {keyword: option.source for keyword, option in METHOD_OPTIONS.items() if option.field is None}
 
 # The `purpose` of a pass -> the salt of its independent seeds (`Scoring.pass_seeds`).
 SALTS = {"current": 0, "old": 1, "ref": 2}

@@ -19,7 +19,7 @@ from torch import nn
 from trl_dllm.core.likelihood import ESTIMATORS, LikelihoodOutput, elbo, estimate
 from trl_dllm.core.likelihood.block import block, staircase_inputs, staircase_logits
 from trl_dllm.core.logits import module_logits_fn
-from trl_dllm.core.masks import block_causal_mask, staircase_mask
+from trl_dllm.core.masks import additive_mask, block_causal_mask, block_ids
 from trl_dllm.testing import build_tiny_block_model, build_tiny_model, build_tokenizer
 
 P, L, BLOCK = 5, 12, 4  # 3 blocks
@@ -99,6 +99,71 @@ def _repeat(batch, n):
 
 
 # ---------------------------------------------------------------------------------------------------- layout
+
+
+def staircase_mask(
+    prompt_length: int,
+    completion_length: int,
+    block_length: int,
+    *,
+    prompt_mask: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+    device=None,
+) -> torch.Tensor:
+    """The reference staircase mask, written from the layout's definition (the estimator builds its mask from per-column
+    block ids instead: :func:`~trl_dllm.core.masks.noisy_clean_attention` through `staircase_inputs`).
+
+    Additive 4-D staircase attention mask for the layout ``[prompt | x_noisy | x_clean]`` of length ``N = P + 2L``.
+
+    With block ids as in :func:`block_ids` (prompt ``0``, completion block ``b >= 1``, the same for the noisy and the
+    clean copy of a position), query ``i`` may attend key ``j`` iff ``j`` is a real prompt token, or
+
+    - ``i`` noisy in block ``b``: ``j`` noisy in block ``b`` (itself), or ``j`` clean in a block ``< b``;
+    - ``i`` clean in block ``b``: ``j`` clean in a block ``<= b``.
+
+    The prompt attends the prompt only. So each noisy block sees exactly what it sees under :func:`block_causal_mask`
+    in ``[prompt | clean blocks < b | noisy block b]``, and the clean copy is ``[prompt | x]`` under the block-causal
+    mask, which makes its keys and values those of that forward too. Every position attends itself (no fully blocked
+    row). The last block may be shorter than ``block_length``.
+
+    Args:
+        prompt_length (`int`): ``P`` (padding included).
+        completion_length (`int`): ``L >= 1``.
+        block_length (`int`): completion block size.
+        prompt_mask (`torch.Tensor` of shape `(B, P)`, *optional*): 1 for prompt tokens, 0 for padding (blocked keys).
+        dtype (`torch.dtype`): dtype of the model's attention scores.
+        device: device of the mask (defaults to that of ``prompt_mask``).
+
+    Returns:
+        `torch.Tensor` of shape `(B or 1, 1, N, N)`: ``0`` allowed, ``-inf`` blocked.
+    """
+    if completion_length < 1:
+        raise ValueError(f"`completion_length` must be >= 1, got {completion_length}.")
+    if device is None and prompt_mask is not None:
+        device = prompt_mask.device
+    ids = block_ids(prompt_length + completion_length, block_length, prompt_length, device=device)
+    ids = torch.cat([ids, ids[prompt_length:]])  # the clean copy shares the noisy copy's blocks
+    # 0 prompt, 1 noisy, 2 clean
+    kind = torch.tensor([0, 1, 2], device=device).repeat_interleave(
+        torch.tensor([prompt_length, completion_length, completion_length], device=device)
+    )
+    query_ids, key_ids, query_kind, key_kind = ids[:, None], ids[None, :], kind[:, None], kind[None, :]
+    clean_key = (key_kind == 2) & (
+        ((query_kind == 1) & (key_ids < query_ids)) | ((query_kind == 2) & (key_ids <= query_ids))
+    )
+    noisy_key = (key_kind == 1) & (query_kind == 1) & (key_ids == query_ids)
+    allowed = (key_kind == 0) | clean_key | noisy_key  # (N, N)
+    if prompt_mask is not None:
+        if prompt_mask.shape[-1] != prompt_length:
+            raise ValueError(
+                f"prompt_mask has {prompt_mask.shape[-1]} positions, expected prompt_length={prompt_length}."
+            )
+        completion = torch.ones(len(prompt_mask), 2 * completion_length, dtype=torch.bool, device=device)
+        real = torch.cat([prompt_mask.bool(), completion], dim=1)
+        allowed = allowed[None] & real[:, None, :]  # (B, N, N)
+    size = len(ids)
+    itself = torch.eye(size, dtype=torch.bool, device=device)
+    return additive_mask((allowed | itself).reshape(-1, 1, size, size), dtype)
 
 
 def test_staircase_mask_by_hand():

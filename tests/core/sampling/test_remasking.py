@@ -9,6 +9,7 @@ from trl_dllm.core.sampling.remasking import (
     REMASKING,
     filter_logits,
     sample_tokens,
+    sampled_token_scores,
     sampling_log_probs,
     transfer_schedule,
 )
@@ -38,6 +39,26 @@ def test_sampling_log_probs_temperature_and_mask():
     assert log_q.dtype == torch.float64 and log_q[0, 3] == -math.inf
     torch.testing.assert_close(log_q[0, :3], torch.log_softmax(torch.tensor([0.5, 1.0, 1.5], dtype=torch.float64), 0))
     assert sampling_log_probs(logits).dtype == torch.float32
+
+
+def test_sampled_token_scores_by_hand():
+    # logits ln(6, 3, 1, 0+) at T = 1 with top_k = 3 and token 3 the mask: q = (0.6, 0.3, 0.1, 0); the filtered and
+    # masked entries add 0 · log 0 = 0 to the entropy.
+    logits = torch.tensor([[6.0, 3.0, 1.0, 5.0]]).log().repeat(2, 1).requires_grad_()
+    logp, entropy = sampled_token_scores(logits, torch.tensor([0, 2]), temperature=1.0, top_k=3, mask_token_id=3)
+    assert logp.dtype == entropy.dtype == torch.float32
+    torch.testing.assert_close(logp, torch.tensor([0.6, 0.1]).log())
+    expected = -(0.6 * math.log(0.6) + 0.3 * math.log(0.3) + 0.1 * math.log(0.1))
+    torch.testing.assert_close(entropy, torch.tensor([expected, expected]))
+    assert entropy.requires_grad
+    _, detached = sampled_token_scores(logits, torch.tensor([0, 2]), temperature=1.0, entropy_grad=False)
+    assert not detached.requires_grad
+    # the same values as sampling_log_probs gathered, on any leading shape
+    logits = torch.randn(2, 3, 7, generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, 7, (2, 3), generator=torch.Generator().manual_seed(1))
+    logp, _ = sampled_token_scores(logits, tokens, temperature=0.5, top_p=0.9)
+    log_q = sampling_log_probs(logits, temperature=0.5, top_p=0.9)
+    assert torch.equal(logp, log_q.gather(-1, tokens[..., None]).squeeze(-1).float())
 
 
 def test_gumbel_sampling_matches_distribution():

@@ -3,7 +3,8 @@
 One module per estimator (:mod:`.mean_field`, :mod:`.elbo`, :mod:`.coupled`, :mod:`.spg`, :mod:`.block`,
 :mod:`.trajectory`, :mod:`.left_to_right`, :mod:`.block_steps`, :mod:`.tree_segments`, :mod:`.uniform_block`,
 :mod:`.step_predictions`), each with its formula in its docstring; the view drawing and scoring they share, the notation
-and the randomness / memory contract are in :mod:`._views`. Every estimator is called as
+and the randomness / memory contract are in :mod:`._views`; the rollout canvases :mod:`.trajectory` and
+:mod:`.tree_segments` replay are rebuilt in :mod:`._replay`. Every estimator is called as
 ``fn(logits_fn, prompt_ids, prompt_mask, completion_ids, score_mask, *, mask_token_id, seeds, **options)`` and
 returns per-token contributions (a [`LikelihoodOutput`]); [`ESTIMATORS`] describes what each one takes and returns,
 and [`estimate`] dispatches by name and refuses options an estimator does not declare.

@@ -29,7 +29,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..masks import layout_ids
-from ..sampling import sampling_log_probs
+from ..sampling import sampled_token_scores
 from ._views import LikelihoodOutput, check_inputs, recompute_chunks
 from .block import staircase_logits
 
@@ -64,19 +64,12 @@ def local_steps(unmask_step: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor
     return rank.masked_fill(~valid, -1)
 
 
-def _round_scores(logits_fn, prompt_ids, prompt_mask, completion_ids, noisy_ids, keep, block_length, opts):
-    """Log-probs and entropies `(n,)` of the ``keep`` tokens of one round, from one staircase forward."""
+def _round_scores(logits_fn, prompt_ids, prompt_mask, completion_ids, noisy_ids, keep, block_length, layout, opts):
+    """Log-probs and entropies `(n,)` of the ``keep`` tokens of one round, from one staircase forward (``opts``: the
+    rollout's sampling distribution, as :func:`~trl_dllm.core.sampling.sampled_token_scores` takes it)."""
     logits = staircase_logits(logits_fn, prompt_ids, prompt_mask, noisy_ids, completion_ids, block_length, keep=keep,
-                              layout=opts["block_layout"])  # fmt: skip
-    log_q = sampling_log_probs(
-        logits, temperature=opts["temperature"], top_k=opts["top_k"], top_p=opts["top_p"],
-        mask_token_id=opts["mask_token_id"], min_p=opts["min_p"],
-    )  # fmt: skip
-    source = log_q if opts["entropy_grad"] else log_q.detach()
-    probs = source.exp()
-    entropy = -(probs * source.masked_fill(probs == 0, 0.0)).sum(-1)  # 0 · log 0 = 0 on filtered entries
-    token_logp = log_q.gather(-1, completion_ids[keep][:, None]).squeeze(-1)
-    return token_logp.float(), entropy.float()
+                              layout=layout)  # fmt: skip
+    return sampled_token_scores(logits, completion_ids[keep], **opts)
 
 
 def block_steps(
@@ -135,7 +128,7 @@ def block_steps(
     if temperature <= 0:
         raise ValueError(f"`temperature` must be > 0 (a greedy rollout has no likelihood), got {temperature}.")
     opts = dict(mask_token_id=mask_token_id, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                entropy_grad=entropy_grad, block_layout=block_layout)  # fmt: skip
+                entropy_grad=entropy_grad)  # fmt: skip
     unmask_step = unmask_step.to(completion_ids.device).long()
     blocks, _ = layout_ids(prompt_mask.to(completion_ids.device), completion_ids.shape[1], block_length, block_layout)
     local = local_steps(unmask_step, blocks[:, prompt_ids.shape[1] :])
@@ -147,7 +140,7 @@ def block_steps(
     for k in rounds:
         noisy_ids = completion_ids.masked_fill((local < 0) | (local >= k), mask_token_id)
         keep = scored & (local == k)
-        args = (logits_fn, prompt_ids, prompt_mask, completion_ids, noisy_ids, keep, block_length, opts)
+        args = (logits_fn, prompt_ids, prompt_mask, completion_ids, noisy_ids, keep, block_length, block_layout, opts)
         token_logp, entropy = checkpoint(_round_scores, *args, use_reentrant=False) if recompute else _round_scores(
             *args
         )

@@ -23,7 +23,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..logits import as_logits_fn, kept_logits
-from ..sampling import sampling_log_probs
+from ..sampling import sampled_token_scores
 from ._views import LikelihoodOutput, check_inputs, recompute_chunks
 
 __all__ = ["check_left_to_right_rollout", "left_to_right", "left_to_right_canvases", "left_to_right_views"]
@@ -85,16 +85,9 @@ def _chunk_scores(logits_fn, prompt_ids, prompt_mask, completion_ids, positions,
     attention_mask = torch.cat([prompt_mask, ones], dim=1).repeat(count, 1)
     keep = torch.eye(count, dtype=torch.bool, device=canvas.device).repeat_interleave(batch_size, dim=0)  # (nB, n)
     logits = kept_logits(logits_fn, canvas, attention_mask, prompt_length + positions, keep)  # (nB, V)
-    log_q = sampling_log_probs(
-        logits, temperature=opts["temperature"], top_k=opts["top_k"], top_p=opts["top_p"],
-        mask_token_id=opts["mask_token_id"], min_p=opts["min_p"],
-    )  # fmt: skip
     tokens = completion_ids[:, positions].T.reshape(-1)  # position-major, as the canvases
-    source = log_q if opts["entropy_grad"] else log_q.detach()
-    probs = source.exp()
-    entropy = -(probs * source.masked_fill(probs == 0, 0.0)).sum(-1)  # 0 · log 0 = 0 on filtered entries
-    token_logp = log_q.gather(-1, tokens[:, None]).squeeze(-1)
-    return token_logp.float().reshape(count, batch_size), entropy.float().reshape(count, batch_size)
+    token_logp, entropy = sampled_token_scores(logits, tokens, **opts)
+    return token_logp.reshape(count, batch_size), entropy.reshape(count, batch_size)
 
 
 def left_to_right(

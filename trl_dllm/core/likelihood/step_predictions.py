@@ -28,7 +28,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..logits import as_logits_fn
-from ..sampling import sampling_log_probs
+from ..sampling import sampled_token_scores
 from ._views import LikelihoodOutput, check_inputs, recompute_chunks
 
 __all__ = ["StepPredictionOutput", "step_predictions", "step_predictions_views"]
@@ -61,15 +61,9 @@ def _chunk_scores(logits_fn, prompt_ids, prompt_mask, canvases, targets, opts):
     ids = torch.cat([prompt_ids[:, None].expand(-1, count, -1), canvases], dim=2).reshape(batch * count, -1)
     attention = torch.cat([prompt_mask, prompt_mask.new_ones(batch, length)], dim=1).repeat_interleave(count, dim=0)
     positions = torch.arange(prompt_length, prompt_length + length, device=ids.device)
-    log_q = sampling_log_probs(
-        logits_fn(ids, attention, positions), temperature=opts["temperature"], top_k=opts["top_k"],
-        top_p=opts["top_p"], mask_token_id=opts["mask_token_id"], min_p=opts["min_p"],
-    )  # fmt: skip
-    source = log_q if opts["entropy_grad"] else log_q.detach()
-    probs = source.exp()
-    entropy = -(probs * source.masked_fill(probs == 0, 0.0)).sum(-1)
-    token_logp = log_q.gather(-1, targets.reshape(batch * count, length, 1)).squeeze(-1)
-    return token_logp.float().reshape(batch, count, length), entropy.float().reshape(batch, count, length)
+    logits = logits_fn(ids, attention, positions)
+    token_logp, entropy = sampled_token_scores(logits, targets.reshape(batch * count, length), **opts)
+    return token_logp.reshape(batch, count, length), entropy.reshape(batch, count, length)
 
 
 def step_predictions(

@@ -1,7 +1,9 @@
 """Trajectory likelihood (AGRPO, [arXiv 2510.04019](https://huggingface.co/papers/2510.04019)): replay the rollout.
 
-(Longer than the other estimators: step sampling, exact canvas replay under both attention layouts and CFG, and the
-rollout-entropy proposal are one estimator's parts and are tested together; its options and planner cost sit with them.)
+(Longer than the other estimators: step sampling and the rollout-entropy proposal are one estimator's parts and are
+tested together; its options and planner cost sit with them. Rebuilding a step's canvas, its attention under both
+layouts and its CFG logits are in :mod:`._replay`, shared with :mod:`.tree_segments`; ``rebuild_canvas`` is
+re-exported here.)
 
 Iterative unmasking is a multi-step MDP: at step ``s`` the sampler sees a canvas ``x^s`` and commits the tokens
 ``R_s = {j : unmask_step_j = s}``, each drawn from the sampling distribution ``q_θ(· | x^s)`` (temperature, top-k,
@@ -27,9 +29,10 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..logits import as_logits_fn
-from ..masks import block_attention, block_causal_mask, layout_ids, make_generator
+from ..masks import make_generator
 from ..options import Option, at_least, one_of
-from ..sampling import sampling_log_probs
+from ..sampling import sampled_token_scores
+from ._replay import rebuild_canvas, replay_attention, replay_logits
 from ._views import LikelihoodOutput, check_inputs, recompute_chunks
 
 __all__ = [
@@ -202,67 +205,11 @@ def _plan_steps(unmask_step, scored, seeds, step_samples, step_sampling, token_e
     )
 
 
-# --- Replaying canvases ---
-
-
-def rebuild_canvas(completion_ids, unmask_step, step, mask_token_id: int) -> torch.Tensor:
-    """The completion part of the canvas the sampler saw at global step ``step``.
-
-    Position ``j`` is masked iff ``unmask_step_j >= step`` (revealed at this step or later) or ``unmask_step_j < 0``
-    (never sampled: filled by EOS early exit); the others hold their committed token.
-
-    Args:
-        completion_ids (`torch.LongTensor` of shape `(N, L)`): completions.
-        unmask_step (`torch.LongTensor` of shape `(N, L)`): global step that revealed each token, ``-1`` if never.
-        step (`int` or `torch.LongTensor` of shape `(N,)`): the step of each row.
-        mask_token_id (`int`): the mask token id.
-
-    Returns:
-        `torch.LongTensor` of shape `(N, L)`.
-    """
-    step = torch.as_tensor(step, device=unmask_step.device).reshape(-1, 1)
-    hidden = (unmask_step >= step) | (unmask_step < 0)
-    return completion_ids.masked_fill(hidden, mask_token_id)
-
-
-def _replay_attention(logits_fn, prompt_mask, length, block_length, block_layout="absolute"):
-    """``cat(prompt_mask, ones)`` (bidirectional), or with ``block_length`` the additive block-causal 4-D mask (and the
-    position ids) under which :func:`~trl_dllm.core.sampling.generate_block_causal` decoded: a block sees itself and
-    earlier blocks, so masked later blocks in the replayed canvas are invisible, as they were absent in the rollout.
-    Blocks are counted as in the rollout (``block_layout``, :func:`~trl_dllm.core.masks.layout_ids`); position ids are
-    returned for the absolute layout only (``None``: the model's default ``0..N-1``)."""
-    attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(prompt_mask.shape[0], length)], dim=1)
-    if block_length is None:
-        return attention_mask, None
-    params = logits_fn.parameters() if isinstance(logits_fn, torch.nn.Module) else ()
-    dtype = next((p.dtype for p in params if p.is_floating_point()), torch.float32)  # the model's score dtype
-    if block_layout == "prompt":
-        mask = block_causal_mask(
-            attention_mask.shape[1], block_length, prompt_mask.shape[1], attention_mask=attention_mask, dtype=dtype
-        )
-        return mask, None
-    blocks, positions = layout_ids(prompt_mask, length, block_length, block_layout)
-    return block_attention(blocks, attention_mask, dtype=dtype), positions
-
-
-def _replay_logits(logits_fn, canvas, attention_mask, prompt_length, positions, cfg_scale, mask_token_id,
-                   position_ids=None):  # fmt: skip
-    """Logits at ``positions``; with ``cfg_scale = w > 0``, ``u + (w + 1)(c − u)`` exactly as the sampler computes them
-    (``u``: every visible prompt token replaced by the mask id; both halves in one call). ``position_ids`` (block
-    layouts only, which have no CFG) are passed through."""
-    if position_ids is not None:
-        return logits_fn(canvas, attention_mask, positions, position_ids=position_ids)
-    if cfg_scale <= 0:
-        return logits_fn(canvas, attention_mask, positions)
-    visible = torch.zeros_like(canvas, dtype=torch.bool)
-    visible[:, :prompt_length] = attention_mask[:, :prompt_length].bool()
-    unconditional = canvas.masked_fill(visible, mask_token_id)
-    cond, uncond = logits_fn(torch.cat([canvas, unconditional]), attention_mask.repeat(2, 1), positions).chunk(2)
-    return uncond + (cfg_scale + 1) * (cond - uncond)
-
-
-def _score_steps(model, prompt_ids, prompt_mask, completion_ids, scored, unmask_step, plan, opts, chunk_rows):
+def _score_steps(model, prompt_ids, prompt_mask, completion_ids, scored, unmask_step, plan, opts, sampling,
+                 chunk_rows):  # fmt: skip
     """Score every planned canvas, ``chunk_rows`` canvases per forward; returns per-token log-probs and entropies.
+    ``opts``: how the canvases are replayed; ``sampling``: the rollout's sampling distribution (the keywords of
+    :func:`~trl_dllm.core.sampling.sampled_token_scores`).
 
     Each token is revealed at exactly one step and each (row, step) is planned at most once, so every ``(b, j)`` is
     written at most once.
@@ -279,7 +226,7 @@ def _score_steps(model, prompt_ids, prompt_mask, completion_ids, scored, unmask_
             [prompt_ids[rows], rebuild_canvas(completion_ids[rows], unmask_step[rows], steps, opts["mask_token_id"])],
             dim=1,
         )
-        attention_mask, position_ids = _replay_attention(
+        attention_mask, position_ids = replay_attention(
             model, prompt_mask[rows], length, opts["block_length"], opts["block_layout"]
         )
         keep = (unmask_step[rows] == steps[:, None]) & scored[rows]  # (n, L): tokens revealed at the step
@@ -288,21 +235,14 @@ def _score_steps(model, prompt_ids, prompt_mask, completion_ids, scored, unmask_
         tokens = completion_ids[rows][:, columns][selected]
 
         def scores(canvas, attention_mask, columns, selected, tokens, position_ids):
-            logits = _replay_logits(
+            logits = replay_logits(
                 logits_fn, canvas, attention_mask, prompt_length, prompt_length + columns, opts["cfg_scale"],
                 opts["mask_token_id"], position_ids,
             )  # fmt: skip
             if logits.shape[:2] != selected.shape:
                 raise ValueError(f"logits_fn returned {tuple(logits.shape)}; expected ({selected.shape[0]}, "
                                  f"{selected.shape[1]}, V).")
-            log_q = sampling_log_probs(
-                logits[selected], temperature=opts["temperature"], top_k=opts["top_k"], top_p=opts["top_p"],
-                mask_token_id=opts["mask_token_id"], min_p=opts["min_p"],
-            )  # fmt: skip
-            source = log_q if opts["entropy_grad"] else log_q.detach()
-            probs = source.exp()
-            entropy = -(probs * source.masked_fill(probs == 0, 0.0)).sum(-1)  # 0 · log 0 = 0 on filtered entries
-            return log_q.gather(-1, tokens[:, None]).squeeze(-1).float(), entropy.float()
+            return sampled_token_scores(logits[selected], tokens, **sampling)
 
         # As for the ELBO views (_views.score_view_chunks): recompute the chunk in backward so memory does not
         # grow with the number of sampled steps.
@@ -444,12 +384,12 @@ def trajectory(
     unmask_step = unmask_step.to(completion_ids.device).long()
     scored = score_mask.bool()
     plan = _plan_steps(unmask_step, scored, seeds.cpu(), step_samples, step_sampling, token_entropies)
-    opts = dict(mask_token_id=mask_token_id, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                cfg_scale=cfg_scale, checkpoint_views=checkpoint_views, entropy_grad=entropy_grad,
-                block_layout=block_layout)
-    opts["block_length"] = _check_block_causal(block_causal, block_length, cfg_scale)
+    opts = dict(mask_token_id=mask_token_id, cfg_scale=cfg_scale, checkpoint_views=checkpoint_views,
+                block_layout=block_layout, block_length=_check_block_causal(block_causal, block_length, cfg_scale))
+    sampling = dict(mask_token_id=mask_token_id, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                    entropy_grad=entropy_grad)  # fmt: skip
     logps, entropies = _score_steps(
-        logits_fn, prompt_ids, prompt_mask, completion_ids, scored, unmask_step, plan, opts,
+        logits_fn, prompt_ids, prompt_mask, completion_ids, scored, unmask_step, plan, opts, sampling,
         mc_batch_size * completion_ids.shape[0],
     )  # fmt: skip
     # Per-row weight table indexed by step: step_weights_j = w[row, unmask_step_j] on the scored sampled tokens.

@@ -11,7 +11,7 @@ scores that multi-step transition with **one** forward of the parent canvas, eve
 a mean-field estimate of the segment (the tokens revealed later in the segment are read from the segment's first
 canvas, not from the canvases they were sampled on), which is why the paper adds a self-distillation term that makes
 the policy more deterministic. The parent canvas is rebuilt exactly as the trajectory estimator does
-(:func:`~.trajectory.rebuild_canvas` at ``t_k``); ``q`` is the rollout's sampling distribution (temperature, top-k,
+(:func:`~._replay.rebuild_canvas` at ``t_k``); ``q`` is the rollout's sampling distribution (temperature, top-k,
 top-p, min-p, guidance: :func:`~trl_dllm.core.sampling.sampling_log_probs`). Cost: one forward per distinct
 canvas, at most ``D`` per row; the rows of a tree share their nodes' canvases (the released 4 x 4 tree: 1 + 4
 canvases for its 16 rows, where scoring each row's levels apart takes 32). No randomness: ``seeds`` are not read.
@@ -25,10 +25,10 @@ import torch
 
 from ..logits import as_logits_fn
 from ..options import Option
-from ..sampling import sampling_log_probs
+from ..sampling import sampled_token_scores
 from ..sampling.tree import tree_level_starts
+from ._replay import rebuild_canvas, replay_attention, replay_logits
 from ._views import LikelihoodOutput, check_inputs
-from .trajectory import _replay_attention, _replay_logits, rebuild_canvas
 
 __all__ = ["DIFFUSION_STEPS", "TreeSegmentsOutput", "token_segments", "tree_segments", "tree_segments_views"]
 
@@ -124,17 +124,15 @@ def tree_segments(
         logits_fn = as_logits_fn(logits_fn)
         columns, column_of = torch.unique(cols, return_inverse=True)  # only these positions' logits are computed
         shared_mask, shared = distinct[:, :prompt_length], distinct[:, prompt_length:]
-        attention_mask, _ = _replay_attention(logits_fn, shared_mask, length, None)
-        logits = _replay_logits(logits_fn, shared, attention_mask, prompt_length, prompt_length + columns, cfg_scale,
-                                mask_token_id)  # fmt: skip
-        log_q = sampling_log_probs(logits[inverse[rows], column_of], temperature=temperature, top_k=top_k,
-                                   top_p=top_p, mask_token_id=mask_token_id, min_p=min_p)  # fmt: skip
-        tokens = completion_ids[rows % batch, cols]
-        source = log_q if entropy_grad else log_q.detach()
-        probs = source.exp()
-        entropy = -(probs * source.masked_fill(probs == 0, 0.0)).sum(-1)
+        attention_mask, _ = replay_attention(logits_fn, shared_mask, length, None)
+        logits = replay_logits(logits_fn, shared, attention_mask, prompt_length, prompt_length + columns, cfg_scale,
+                               mask_token_id)  # fmt: skip
+        token_logp, entropy = sampled_token_scores(
+            logits[inverse[rows], column_of], completion_ids[rows % batch, cols], temperature=temperature,
+            top_k=top_k, top_p=top_p, mask_token_id=mask_token_id, min_p=min_p, entropy_grad=entropy_grad,
+        )  # fmt: skip
         index = (rows % batch, cols)  # each (b, j) belongs to one level: written once
-        logps = logps.index_put(index, log_q.gather(-1, tokens[:, None]).squeeze(-1).float(), accumulate=True)
-        entropies = entropies.index_put(index, entropy.float(), accumulate=True)
+        logps = logps.index_put(index, token_logp, accumulate=True)
+        entropies = entropies.index_put(index, entropy, accumulate=True)
     return TreeSegmentsOutput(logps=logps, entropies=entropies, sample_estimates=logps.sum(-1, keepdim=True),
                               segments=segments)  # fmt: skip

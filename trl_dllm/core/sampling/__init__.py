@@ -9,8 +9,9 @@ commits the most confident ones. The leaves:
 - :mod:`~trl_dllm.core.sampling.options`: the options every sampler takes, built and checked once
   (:class:`DecodingOptions`, :class:`BlockCausalOptions`, :class:`CachedOptions`); every sampler is called as
   ``sampler(model, input_ids, attention_mask, options=..., generator=...)``;
-- :mod:`~trl_dllm.core.sampling.loop`: :class:`GenerationOutput` and the step loop shared by every generator, which
-  takes the block logits from a *source*;
+- :mod:`~trl_dllm.core.sampling.decoding_state`: :class:`GenerationOutput` and the state of one generation call;
+- :mod:`~trl_dllm.core.sampling.loop`: the step loop shared by every generator, which takes the block logits from a
+  *source*;
 - :mod:`~trl_dllm.core.sampling.bidirectional`: :func:`generate`, bidirectional models, whole canvas at every step;
 - :mod:`~trl_dllm.core.sampling.block_causal`: :func:`generate_block_causal`, block-causal models;
 - :mod:`~trl_dllm.core.sampling.kv_cache`: the exact KV cache of block-causal models (:class:`BlockCausalKVCache`);
@@ -24,8 +25,8 @@ See ``docs/generation.md`` for the options, formulas and trajectory fields.
 
 from .bidirectional import generate
 from .block_causal import generate_block_causal
+from .decoding_state import GenerationOutput
 from .kv_cache import BlockCausalKVCache, module_dtype
-from .loop import GenerationOutput
 from .options import BlockCausalOptions, CachedOptions, DecodingOptions
 from .prefix_cache import GENERATION_CACHES, BidirectionalKVCache, generate_cached
 from .remasking import (
@@ -40,6 +41,7 @@ from .remasking import (
     negative_entropy,
     random_confidence,
     sample_tokens,
+    sampled_token_scores,
     sampling_log_probs,
     select_above,
     select_top,
@@ -71,6 +73,7 @@ __all__ = [
     "negative_entropy",
     "random_confidence",
     "sample_tokens",
+    "sampled_token_scores",
     "sampling_log_probs",
     "select_above",
     "select_top",

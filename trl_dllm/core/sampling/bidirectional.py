@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from ..logits import LogitsFn, as_logits_fn
-from .loop import DecodingState, GenerationOutput, decode_blocks
+from .decoding_state import DecodingState, GenerationOutput
+from .loop import decode_blocks
 from .options import DecodingOptions
 from .remasking import Noise
 

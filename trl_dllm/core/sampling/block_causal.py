@@ -23,8 +23,9 @@ from torch import nn
 
 from ..logits import LogitsFn, as_logits_fn
 from ..masks import block_attention, block_causal_mask, layout_ids
+from .decoding_state import BlockLogits, DecodingState, GenerationOutput
 from .kv_cache import BlockCausalKVCache, grouped_attention, module_dtype
-from .loop import BlockLogits, DecodingState, GenerationOutput, decode_blocks
+from .loop import decode_blocks
 from .options import BlockCausalOptions
 from .remasking import Noise
 

@@ -29,9 +29,10 @@ import torch
 from torch import nn
 
 from ... import compat
+from .decoding_state import DecodingState, GenerationOutput
 from .graphs import StaticCall, cache_keyword, compiled_forward, static_forward
 from .kv_cache import SlotCache, module_dtype
-from .loop import DecodingState, GenerationOutput, decode_blocks
+from .loop import decode_blocks
 from .options import CachedOptions, check_cache
 from .remasking import Noise
 

@@ -30,6 +30,7 @@ __all__ = [
     "negative_entropy",
     "random_confidence",
     "sample_tokens",
+    "sampled_token_scores",
     "sampling_log_probs",
     "select_above",
     "select_top",
@@ -153,6 +154,40 @@ def sampling_log_probs(
     if mask_token_id is not None:
         z[..., mask_token_id] = float("-inf")
     return filter_logits(z, top_k, top_p, min_p).log_softmax(dim=-1)
+
+
+def sampled_token_scores(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    mask_token_id: int | None = None,
+    min_p: float | None = None,
+    entropy_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of ``tokens`` and the entropy of the sampling distribution, both float32: how the replaying
+    estimators (``trajectory``, ``left_to_right``, ``step_predictions``, ``block_steps``, ``tree_segments``) score a
+    rollout's tokens under the distribution they were drawn from.
+
+    ``log q`` is :func:`sampling_log_probs` (same keyword arguments); the entropy is ``−Σ_v q_v log q_v`` with
+    ``0 · log 0 = 0`` on the entries the filters removed. ``entropy_grad=False`` computes it from ``log q`` detached.
+
+    Args:
+        logits (`torch.Tensor` of shape `(..., V)`): the (CFG-combined) logits.
+        tokens (`torch.LongTensor` of shape `(...)`): the token scored at each position.
+
+    Returns:
+        `tuple[torch.Tensor, torch.Tensor]`: ``log q(tokens)`` and the entropies, each float32 of shape `(...)`.
+    """
+    log_q = sampling_log_probs(
+        logits, temperature=temperature, top_k=top_k, top_p=top_p, mask_token_id=mask_token_id, min_p=min_p
+    )
+    source = log_q if entropy_grad else log_q.detach()
+    probs = source.exp()
+    entropy = -(probs * source.masked_fill(probs == 0, 0.0)).sum(-1)  # 0 · log 0 = 0 on filtered entries
+    return log_q.gather(-1, tokens[..., None]).squeeze(-1).float(), entropy.float()
 
 
 def sample_tokens(log_probs: torch.Tensor, temperature: float, generator: Noise = None) -> torch.Tensor:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The evening GPU session of 2026-11-28 (one H200): run from the checkout's root on the device machine, with the
-# wheel folder of `python -m bench.gpu_wheels --out wheels` carried; writes into $OUT. One command, under 600 s.
+# What a GPU session measures first (docs/gpu.md, "The next session's command"): run from the checkout's root on the
+# device machine, with the wheel folder of `python -m bench.gpu_wheels --out wheels` carried; writes into $OUT. One
+# command, under 600 s: the soak's resume diagnosis, DiffusionGemma's row-by-row sampler, LLaDA2's LoRA update, then
+# LLaDA2's cuda_graphs_compile setting with the time left.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site wheels/*.whl
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
