@@ -102,6 +102,6 @@ def test_startup_lines_said_once_per_run():
 
 
 def test_startup_lines_name_the_estimator_picked_before_the_rollout_cost():
-    line = "trl_dllm: estimator='block' (the block-diffusion family's own ...)"
+    line = "trl_dllm: estimator='block' (the block_causal kind's own ...)"
     lines = startup_lines(make(max_completion_length=16), block_length=4, estimator_line=line)
     assert line in lines and lines.index(line) == len(lines) - 2 and "denoising forwards" in lines[-1]

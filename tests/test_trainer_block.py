@@ -125,7 +125,7 @@ def test_estimator_left_unset_is_the_block_family_own(tmp_path, tiny_block_model
     trainer = make_trainer(tmp_path, tiny_block_model_path, loss_type="stabledrl", max_steps=1)
     assert (trainer.setup.estimator, trainer.setup.estimator_fitted) == ("block", True)
     assert trainer.args.estimator == "elbo"  # the config keeps its value: the run's is resolved in `trainer.setup`
-    assert "trl_dllm: estimator='block' (the block-diffusion family's own" in capsys.readouterr().out
+    assert "trl_dllm: estimator='block' (the block_causal kind's own" in capsys.readouterr().out
     train_and_check(trainer)
 
 

@@ -15,16 +15,11 @@ samplers decode), its line in ``FAMILIES`` (``trl_dllm/models/families/__init__.
 ``docs/models.md`` (the family table and the kinds table). Building this example showed 3 more files of
 ``trl_dllm/`` asking a name or a copy instead of the kind; they were fixed so the kind is asked:
 ``models/__init__.py`` (a marked family's own block size was not read), ``planning/architecture.py`` (compared the
-marker with ``"block"``), ``models/tiny_families.py`` (read a copy of the tiny-checkpoint table). Two places still
-decide without the kind, in modules other work is restructuring; the ``xfail(strict=True)`` tests below assert the
-kind's answer and name the line, so they turn into failures (to un-mark) when it is asked:
-
-- the trainer's default estimator (``trainer.py``, ``checks.fit_estimator(args, kind.block_causal, noise)``;
-  ``training/checks.py`` ``fit_estimator`` picks ``BLOCK_FAMILY_ESTIMATOR`` or a noise's, never ``Kind.estimator``),
-  and ``trl-dllm plan``'s (the same function, ``scripts/plan.py``);
-- a full-canvas kind's own block size in decoding (``training/rollouts.py`` ``plan_decoding`` applies
-  ``spec.decoding_block_length`` on the block-causal branch only): ``trl_dllm.generate`` and the trainer's rollouts
-  decode in the configured blocks while the trainer scores in the kind's own (``Scoring.block_length``).
+marker with ``"block"``), ``models/tiny_families.py`` (read a copy of the tiny-checkpoint table). Two more asked
+the kind only for its block-causal case, and now ask it for every kind: the default estimator
+(``training/setup.py`` ``fit_estimator``: ``Kind.estimator``, was the block-diffusion name or the noise's) and a
+full-canvas kind's own block size in decoding (``training/rollouts.py`` ``plan_decoding``; the lm-eval model's greedy
+check and default block length in ``evaluation/harness.py``).
 """
 
 import ast
@@ -125,8 +120,6 @@ def test_generate_decodes_it(semi_ar_model):
     assert (steps[:, :OWN_BLOCK].max(1).values < steps[:, OWN_BLOCK:].min(1).values).all()  # block by block
 
 
-@pytest.mark.xfail(strict=True, reason="training/rollouts.py plan_decoding: spec.decoding_block_length is applied on "
-                   "the block-causal branch only, so a full-canvas kind decodes in the configured blocks")
 def test_generate_decodes_in_the_kinds_own_blocks(semi_ar_model):
     model, _ = semi_ar_model
     assert torch.equal(_decode(model, 8).completion_ids, _decode(model, OWN_BLOCK).completion_ids)
@@ -176,11 +169,8 @@ def test_the_trainer_trains_it_and_scores_in_the_kinds_blocks(trainer):
     assert trainer.scoring.block_length == OWN_BLOCK  # spec.decoding_block_length(block_length=8): the kind's
 
 
-@pytest.mark.xfail(strict=True, reason="trainer.py: checks.fit_estimator(args, kind.block_causal, noise) and "
-                   "training/checks.py fit_estimator pick BLOCK_FAMILY_ESTIMATOR or the noise's, never Kind.estimator "
-                   "(scripts/plan.py calls the same function)")
 def test_the_trainer_defaults_to_the_kinds_estimator(trainer):
-    assert trainer.args.estimator == SEMI_AR.estimator
+    assert trainer.setup.estimator == SEMI_AR.estimator  # asked of the kind (training/setup.py fit_estimator)
 
 
 def _marker_compared(tree) -> list[int]:

@@ -123,7 +123,7 @@ KINDS = (MASKED, BLOCK_CAUSAL, ENCODER_DECODER)
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.name)
 def test_a_kinds_estimator_scores_what_the_kind_is(kind):
-    entry = ESTIMATORS[kind.estimator]
+    entry = ESTIMATORS[kind.default_estimator]
     assert entry.noise == kind.noise
     assert entry.block_causal == kind.block_causal or not kind.block_causal
     assert not kind.own_block_size or kind.block_size_fields  # its size is read from its config

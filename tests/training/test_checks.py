@@ -9,6 +9,7 @@ import pytest
 from datasets import Dataset
 
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
+from trl_dllm.models.specs import BLOCK_CAUSAL, MASKED
 from trl_dllm.scripts import grpo
 
 TINY = "recipes/tiny/stabledrl_gsm8k.yaml"
@@ -134,8 +135,8 @@ def test_cli_empty_data_file(in_repo, capsys, tmp_path):
 
 @pytest.mark.parametrize(
     "loss_type,block_family,picked,reason",
-    [("stabledrl", True, "block", "the block-diffusion family's own"),
-     ("dapo", True, "block", "the block-diffusion family's own"),
+    [("stabledrl", True, "block", "the block_causal kind's own: staircase attention"),
+     ("dapo", True, "block", "the block_causal kind's own: staircase attention"),
      ("agrpo", True, "trajectory", "the default for loss_type='agrpo'"),  # block-causal already
      ("dipo", True, "block_steps", "the default for loss_type='dipo'"),
      ("spg", True, "spg", "the default for loss_type='spg'"),  # no 'block' for spg: refused
@@ -148,7 +149,7 @@ def test_estimator_left_unset_fits_the_model(loss_type, block_family, picked, re
     args = DiffusionGRPOConfig(output_dir="unused", report_to="none", use_cpu=True, per_device_train_batch_size=4,
                                num_generations=4, max_completion_length=8, block_length=4, loss_type=loss_type)  # fmt: skip
     configured = args.estimator
-    estimator, line = fit_estimator(args, block_family)
+    estimator, line = fit_estimator(args, BLOCK_CAUSAL if block_family else MASKED)
     assert estimator == picked and args.estimator == configured  # resolved for the run; the config is not changed
     assert line.startswith(f"trl_dllm: estimator={picked!r} ({reason}") and "estimator was not set" in line
 
@@ -161,7 +162,7 @@ def test_estimator_set_by_the_user_is_kept_and_checked():
     args = DiffusionGRPOConfig(output_dir="unused", report_to="none", use_cpu=True, per_device_train_batch_size=4,
                                num_generations=4, max_completion_length=8, block_length=4, loss_type="stabledrl",
                                estimator="elbo")  # fmt: skip
-    assert fit_estimator(args, True) == ("elbo", None) and args.estimator == "elbo"
+    assert fit_estimator(args, BLOCK_CAUSAL) == ("elbo", None) and args.estimator == "elbo"
     with pytest.raises(ValueError, match="estimator='elbo' scores with bidirectional attention"):
         check_block_layout(args, dataclasses.replace(BLOCK, block_length=4, mask_token_id=3))
 

@@ -6,8 +6,9 @@ import copy
 import pytest
 
 from trl_dllm import DiffusionGRPOTrainer
-from trl_dllm.models.families.diffusion_gemma import DIFFUSION_GEMMA
+from trl_dllm.models.families.diffusion_gemma import DIFFUSION_GEMMA, ENCODER_DECODER
 from trl_dllm.models.families.llada import LLADA
+from trl_dllm.models.specs import BLOCK_CAUSAL
 from trl_dllm.training import model_checks
 from trl_dllm.training.setup import RunSetup, fit_bias_correction_kl, fit_estimator
 
@@ -38,11 +39,11 @@ def test_the_trainer_resolves_the_run_once_and_leaves_the_config(tmp_path, capsy
 def test_fitting_changes_no_config_value():
     args = make(loss_type="dapo", beta=0.04)
     before = _fields(args)
-    estimator, line = fit_estimator(args, True)
-    assert estimator == "block" and "the block-diffusion family's own" in line
+    estimator, line = fit_estimator(args, BLOCK_CAUSAL)
+    assert estimator == "block" and "the block_causal kind's own" in line
     value, line = fit_bias_correction_kl(args, "block")
     assert value is False and line.startswith("trl_dllm: use_bias_correction_kl=False instead of TRL's default")
-    assert fit_estimator(args, False, noise="uniform")[0] == "uniform_block"  # the uniform-noise family's own
+    assert fit_estimator(args, ENCODER_DECODER)[0] == "uniform_block"  # the uniform-noise family's own
     assert _fields(args) == before
 
 

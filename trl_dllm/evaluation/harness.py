@@ -115,7 +115,7 @@ class DiffusionLM(TemplateLM):
             use_cpu=self._device.type == "cpu",
         )  # fmt: skip
         self._load(pretrained, dtype, _flag("trust_remote_code", trust_remote_code), block_length)
-        estimator = self.spec.kind.estimator  # the kind's own: "block" on a block-diffusion model, else "elbo"
+        estimator = self.spec.kind.default_estimator  # the kind's own: "block" on a block-diffusion model, else "elbo"
         self.estimator_options = {
             "mc_samples": self._positive("mc_samples", mc_samples),
             "mc_batch_size": self._positive("mc_batch_size", mc_batch_size),
@@ -167,9 +167,9 @@ class DiffusionLM(TemplateLM):
         make_bidirectional(self.model)
         self.spec = resolve_model_spec(self.model, self.tokenizer, self.config.mask_token_id)
         if self.spec.kind.block_causal:
-            self.config.estimator = self.spec.kind.estimator
-            if block_length is None:
-                self.config.block_length = self.spec.decoding_block_length(None)
+            self.config.estimator = self.spec.kind.default_estimator
+        if self.spec.kind.own_block_size and block_length is None:
+            self.config.block_length = self.spec.decoding_block_length(None)
         check_block_layout(self.config, self.spec)
         self.eos = eos_ids(self.tokenizer, self.spec)
         self.max_length = max_positions(self.model.config)
@@ -290,7 +290,7 @@ class DiffusionLM(TemplateLM):
         from ..api import generate
 
         length = len(continuation)
-        if self.spec.kind.block_causal:  # whole blocks of the model's own size
+        if self.spec.kind.own_block_size:  # whole blocks of the model's own size
             block = self.spec.decoding_block_length(None)
             length = -(-length // block) * block
         context = self._fit(context, length)

@@ -276,7 +276,7 @@ def model_logits_fn(model: nn.Module, spec: ModelSpec) -> LogitsFn:
     if spec.noise != "mask":
         raise NotImplementedError(
             f"The {spec.family} family is a {spec.noise}-noise diffusion model with no mask token: the masked-diffusion "
-            f"samplers and likelihood estimators do not apply to it; its estimator, {spec.kind.estimator!r}, takes the "
+            f"samplers and likelihood estimators do not apply to it; its estimator, {spec.kind.default_estimator!r}, takes the "
             "family's denoiser (spec.kind.denoiser(model)) instead, as DiffusionGRPOTrainer does. Decode it with "
             "trl_dllm.generate (its own generate()); see docs/models.md."
         )

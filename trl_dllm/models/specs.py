@@ -40,8 +40,11 @@ class Kind:
         own_block_size (`bool`, *optional*, defaults to `False`): decodes and scores in blocks of its own size
             (``ModelSpec.block_length``, read from the checkpoint's config), never the configured ``block_length``.
         block_size_fields (`tuple[str, ...]`, *optional*): the config fields that hold that size, first found wins.
-        estimator (`str`, *optional*, defaults to `"elbo"`): the estimator that scores a sequence of this kind when
-            none is asked for (lm-eval's log-likelihoods, preference runs, a block run's default).
+        estimator (`str`, *optional*): the estimator this kind asks for when none is set. A GRPO run takes it in
+            place of its loss type's default when the loss type accepts it and the default does not already score the
+            kind's way (a block-causal kind keeps a block-causal default such as ``"trajectory"``). `None`: no
+            preference — the loss type's default there, and ``"elbo"`` where one estimator scores any sequence
+            (:attr:`default_estimator`: lm-eval's log-likelihoods, preference runs).
         greedy (`bool`, *optional*, defaults to `True`): its sampler can decode greedily (``temperature=0``).
         reentrant_checkpointing (`bool`, *optional*, defaults to `True`): reentrant activation checkpointing can train
             it (`False`: the trainer makes checkpointing non-reentrant, ``training.model_checks``).
@@ -58,7 +61,7 @@ class Kind:
     block_causal: bool = False
     own_block_size: bool = False
     block_size_fields: tuple[str, ...] = ()
-    estimator: str = "elbo"
+    estimator: str | None = None
     greedy: bool = True
     reentrant_checkpointing: bool = True
     decoder: Callable | None = None
@@ -69,6 +72,12 @@ class Kind:
         """Decodes with its own sampler (:attr:`decoder`): ``diffusion_steps`` is a maximum (it stops a canvas by
         itself), ``confidence_threshold`` and ``generation_compile`` (which compiles our loop's steps) do not apply."""
         return self.decoder is not None
+
+    @property
+    def default_estimator(self) -> str:
+        """The estimator that scores a sequence of this kind when none is asked for and no loss type has a default
+        (lm-eval's log-likelihoods, preference runs): :attr:`estimator`, else ``"elbo"``."""
+        return self.estimator or "elbo"
 
 
 MASKED = Kind("masked")

@@ -83,6 +83,7 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
     """The plan of every strategy, the headline one's phases, its largest batch and the changes that make it fit."""
     from .. import planning
     from ..models.families import MODEL_SPECS, training_refusal
+    from ..models.specs import BLOCK_CAUSAL, MASKED
     from ..training.setup import fit_estimator
 
     if not model_args.model_name_or_path:
@@ -97,8 +98,10 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
     spec = MODEL_SPECS.get(arch.family)  # a family's own spec, by model_type (an encoder-decoder's: its kind's hooks)
     if spec is not None and spec.kind.own_sampler:  # the generation fields its sampler refuses, refused as the trainer
         _check_own_decoding(replace(spec, block_length=arch.canvas_length), training_args)
-    # `estimator` not set: the one the trainer would pick (for the model's noise)
-    estimator, _ = fit_estimator(training_args, arch.block_causal, spec.noise if spec is not None else "mask")
+    # `estimator` not set: the one the trainer would pick, asked of the model's kind (a family found by model_type;
+    # else the kind the architecture reads: block-causal or masked)
+    kind = spec.kind if spec is not None else (BLOCK_CAUSAL if arch.block_causal else MASKED)
+    estimator, _ = fit_estimator(training_args, kind)
     settings = planning.settings_from_args(training_args, model_args, prompt_length=options.prompt_length,
                                            logits=options.logits, auto_kept_chunks=options.auto_kept_chunks,
                                            estimator=estimator)  # fmt: skip

@@ -133,12 +133,12 @@ def _estimate_group(name: str, logits_fn: Callable, rows, seeds: torch.Tensor, *
 
 def fit_estimator(estimator: str | None, spec: ModelSpec) -> str:
     """The estimator of a preference run: the configured one, checked against the model; `None`: its kind's
-    (``Kind.estimator``: `"block"`, staircase attention over the model's own blocks, on a block-diffusion model,
+    (``Kind.default_estimator``: `"block"`, staircase attention over the model's own blocks, on a block-diffusion model,
     `"elbo"` on a masked one). A block-causal model is scored block-causally only, and a bidirectional one has no
     blocks to score ``"block"`` with."""
     block_family = spec.kind.block_causal
     if estimator is None:
-        estimator = spec.kind.estimator
+        estimator = spec.kind.default_estimator
     entry = ESTIMATORS[estimator]
     if block_family and not entry.block_causal:
         raise ValueError(

@@ -62,8 +62,9 @@ def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
 
     - A kind with its own sampler (`Kind.decoder`: DiffusionGemma's `generate()`) decodes with it; the fields it
       cannot honour are refused there.
-    - A block-causal kind decodes block by block in its own blocks (`ModelSpec.decoding_block_length`) and its
-      layout, with the exact KV cache, called on the module (the cache needs `past_key_values`); no guidance, no
+    - A kind with blocks of its own (`Kind.own_block_size`) decodes in them (`ModelSpec.decoding_block_length`),
+      whatever `block_length` the fields hold.
+    - A block-causal kind decodes block by block in its layout, with the exact KV cache, called on the module (the cache needs `past_key_values`); no guidance, no
       approximate cache.
     - A bidirectional model with `generation_cache` (Fast-dLLM's approximate cache) is called on the module; no
       guidance.
@@ -81,11 +82,11 @@ def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
         return DecodingPlan(*spec.kind.decoder(model, spec, fields))
     cache = fields.pop("generation_cache", "none")
     check_cache_model(spec, cache)  # the cache against the family; guidance and graphs: the options' own rules
+    fields["block_length"] = spec.decoding_block_length(fields.get("block_length"))  # a kind's own blocks
     if spec.kind.block_causal:
         # A model that cannot take the KV cache (remote code) decodes without it unless asked for it.
         fields.setdefault("use_cache", spec.accepts_kv_cache)
         require_attention(spec, "block-causal generation", four_d=True, use_cache=fields["use_cache"], model=model)
-        fields["block_length"] = spec.decoding_block_length(fields.get("block_length"))
         fields.setdefault("block_layout", spec.block_layout)
         return DecodingPlan(generate_block_causal, model, BlockCausalOptions(**fields, compile=compile))
     if cache != "none":

@@ -22,10 +22,11 @@ from accelerate.utils import is_peft_model
 
 from ..config_defaults import default_bias_correction_kl, records_trajectory
 from ..console import startup_lines, unsaid
-from ..core.likelihood import BLOCK_FAMILY_ESTIMATOR, ESTIMATORS
+from ..core.likelihood import ESTIMATORS
 from ..core.methods import accepted_estimators, noise_estimator
 from ..core.objectives import OBJECTIVES, Objective
 from ..models import ModelSpec, resolve_model_spec
+from ..models.specs import Kind
 from ..models.families import training_refusal
 from . import inputs, model_checks, model_setup, rollouts, trainer_inputs
 
@@ -68,24 +69,27 @@ class RunSetup:
         return self.spec.kind
 
 
-def fit_estimator(args, block_family: bool, noise: str = "mask") -> tuple[str, str | None]:
+def fit_estimator(args, kind: Kind) -> tuple[str, str | None]:
     """The run's estimator and the start-up line that names it when it was chosen here. With `estimator` left unset
-    (in `args.defaulted`), on a block-diffusion model (``block_family``: its kind is block-causal): the family's own
-    `"block"` (staircase attention), unless the loss type's own estimator is block-causal already (`trajectory`,
-    `block_steps`) or the loss type cannot use `"block"`. On a uniform-noise family (``noise``, the spec's:
-    DiffusionGemma) the one estimator of that noise the loss type accepts (`model_checks.check_noise` refuses the
-    rest). An estimator the user set is kept (line `None`; checked by `check_block_layout`). The config is not changed.
-    Called by the trainer and `trl-dllm plan`."""
+    (in `args.defaulted`): on a family of another noise than masking (``kind.noise``: DiffusionGemma's uniform one)
+    the one estimator of that noise the loss type accepts (`model_checks.check_noise` refuses the rest); else the
+    estimator the model's kind asks for (``Kind.estimator``: a block-diffusion model's `"block"`, staircase attention
+    over its blocks), unless the loss type cannot use it or its own default already scores the kind's way (a
+    block-causal kind keeps `trajectory`, `block_steps`); else the loss type's default. An estimator the user set is
+    kept (line `None`; checked by `check_block_layout`). The config is not changed. Called by the trainer and
+    `trl-dllm plan`."""
     if "estimator" not in getattr(args, "defaulted", ()):
         return args.estimator, None
     estimator, objective = args.estimator, OBJECTIVES.get(args.loss_type)
     accepted = accepted_estimators(args.loss_type) if objective is not None else tuple(ESTIMATORS)
-    if noise != "mask" and (own := noise_estimator(args.loss_type, noise)) is not None:
+    asked = kind.estimator
+    if kind.noise != "mask" and (own := noise_estimator(args.loss_type, kind.noise)) is not None:
         estimator = own
-        reason = f"the only estimator for this {noise}-noise family that loss_type={args.loss_type!r} accepts"
-    elif block_family and not ESTIMATORS[estimator].block_causal and BLOCK_FAMILY_ESTIMATOR in accepted:
-        estimator = BLOCK_FAMILY_ESTIMATOR
-        reason = "the block-diffusion family's own: staircase attention over its blocks"
+        reason = f"the only estimator for this {kind.noise}-noise family that loss_type={args.loss_type!r} accepts"
+    elif (asked is not None and asked != estimator and asked in accepted
+          and not (kind.block_causal and ESTIMATORS[estimator].block_causal)):  # fmt: skip
+        estimator = asked
+        reason = f"the {kind.name} kind's own" + (": staircase attention over its blocks" if kind.block_causal else "")
     elif objective is not None:
         reason = f"the default for loss_type={args.loss_type!r}: the first estimator its registry entry lists"
     else:
@@ -211,7 +215,7 @@ def resolve_run(trainer, *, asked_reentrant: bool | None) -> RunSetup:
     ref = accelerator.unwrap_model(trainer.ref_model) if trainer.ref_model is not None else None
     model_setup.make_models_bidirectional(unwrapped, ref)
     eos_token_ids = list(dict.fromkeys([*trainer.eos_token_ids, *spec.eos_token_ids]))
-    estimator, estimator_line = fit_estimator(args, spec.kind.block_causal, spec.noise)
+    estimator, estimator_line = fit_estimator(args, spec.kind)
     bias_correction, bias_line = fit_bias_correction_kl(args, estimator)
     trajectory = records_trajectory(args.loss_type, estimator)
     model_checks.check_noise(args, spec, estimator)  # the estimator scores the family's noise (mask / uniform)

@@ -123,7 +123,7 @@ class Estimator:
         mc_weighted (`bool`, *optional*, defaults to `False`): its per-token values are log-probs times Monte Carlo
             weights (``L/n``, ``1/t``: up to ``L``), so ``exp`` of a difference of two of them is a token's probability
             ratio raised to that weight, not the ratio. TRL's per-token importance correction of the KL
-            (``use_bias_correction_kl``) is then off unless set (``trl_dllm.training.checks.bias_correction_kl``).
+            (``use_bias_correction_kl``) is then off unless set (``trl_dllm.config_defaults.default_bias_correction_kl``).
     """
 
     fn: Callable[..., LikelihoodOutput]
