@@ -1,6 +1,19 @@
+import importlib.util
 import os
+import sys
 
 import pytest
+
+# The suite needs the package's dependencies (`make install` puts them in .venv; `make test` runs .venv's python). Run
+# with an interpreter that lacks them, pytest would report one collection error per test module: say it once instead.
+_MISSING = [name for name in ("torch", "transformers", "trl", "datasets", "peft") if importlib.util.find_spec(name) is None]
+
+
+def pytest_configure(config):
+    if _MISSING:
+        raise pytest.UsageError(f"{sys.executable} lacks {', '.join(_MISSING)}: run `make install` (it creates .venv), "
+                                "then `make test` (or .venv/bin/python -m pytest).")  # fmt: skip
+
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
