@@ -59,12 +59,13 @@ class DiffusionDPOTrainer(DPOTrainer):
         peft_config = kwargs.get("peft_config")
         if peft_config is not None:
             kwargs["peft_config"] = peft_config = copy.deepcopy(peft_config)  # adapted to the model, never the user's
+        source = model_setup.model_source(model, args.model_init_kwargs)  # a name's config.json, read once
         if not isinstance(model, str):
             model_setup.adapt_to_model(model, args, peft_config)
         elif kwargs.get("processing_class") is None and args.native_loading:
-            kwargs["processing_class"] = model_setup.native_tokenizer(model, args)
+            kwargs["processing_class"] = model_setup.native_tokenizer(source, args)
         asked_reentrant = (args.gradient_checkpointing_kwargs or {}).get("use_reentrant")  # before TRL sets it
-        with model_setup.loading_models(args, peft_config, trainer_module=dpo_module):
+        with model_setup.loading_models(args, peft_config, source, trainer_module=dpo_module):
             super().__init__(model, ref_model, args, *pargs, **kwargs)
         if self.is_fsdp_enabled:
             raise ValueError(

@@ -54,7 +54,12 @@ def auto_class(config_dict: dict) -> Any:
 
 
 def load_pretrained(
-    name_or_path: str, *, native: bool = True, create: Callable | None = None, **kwargs: Any
+    name_or_path: str,
+    *,
+    native: bool = True,
+    create: Callable | None = None,
+    config_dict: dict | None = None,
+    **kwargs: Any,
 ) -> torch.nn.Module:
     """Load ``name_or_path`` (Hub id or folder) as the trainer would.
 
@@ -65,6 +70,8 @@ def load_pretrained(
         create (`Callable`, *optional*): the loader to delegate to, with TRL's signature
             ``create(model_id, architecture=None, **kwargs)``; defaults to TRL's ``create_model_from_path`` (dtype
             strings, ``device_map``).
+        config_dict (`dict`, *optional*): the checkpoint's ``config.json`` when it was read already; read here
+            otherwise.
         **kwargs: ``from_pretrained`` keyword arguments (``dtype``, ``attn_implementation``, ``revision``,
             ``trust_remote_code``, ...).
 
@@ -74,7 +81,7 @@ def load_pretrained(
             ``trust_remote_code=True``.
     """
     create = create or _create_model_from_path()
-    config_dict = read_config_dict(name_or_path, **kwargs)
+    config_dict = config_dict if config_dict is not None else read_config_dict(name_or_path, **kwargs)
     layout = native_layout(config_dict)
     if layout is not None and native:
         kwargs.pop("trust_remote_code", None)

@@ -37,24 +37,26 @@ logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def loading_models(args, peft_config, adapter: ContinuedAdapter | None = None, trainer_module=None):
+def loading_models(args, peft_config, source: ModelSource | None = None, trainer_module=None):
     """While TRL's `__init__` runs, models it loads by name (the policy, and the reference when `beta > 0` without
     PEFT) go through `trl_dllm.models.loading.load_pretrained`: LLaDA / Dream / SDAR natively unless
-    `args.native_loading` is off, the auto class from `auto_map` otherwise; then [`adapt_to_model`]. The folder of
-    `adapter` loads as its base with the adapter on, unmerged and trainable ([`continue_adapter`]).
-    `trainer_module` is the TRL module whose loader is routed (default `trl.trainer.grpo_trainer`; the DPO trainer
-    passes `trl.trainer.dpo_trainer`)."""
+    `args.native_loading` is off, the auto class from `auto_map` otherwise; then [`adapt_to_model`]. ``source`` (the
+    name handed to the trainer, [`model_source`]) lends its `config.json`, read once; the folder of its adapter loads
+    as its base with the adapter on, unmerged and trainable ([`continue_adapter`]). `trainer_module` is the TRL module
+    whose loader is routed (default `trl.trainer.grpo_trainer`; the DPO trainer passes `trl.trainer.dpo_trainer`)."""
     import trl.trainer.grpo_trainer as grpo_module
 
     grpo_module = trainer_module or grpo_module
     trl_create = grpo_module.create_model_from_path
+    adapter = source.adapter if source is not None else None
 
     def create(model_id, architecture=None, **kwargs):
         if architecture is not None:
             return trl_create(model_id, architecture, **kwargs)
         continued = adapter is not None and model_id == adapter.path
-        model = load_pretrained(adapter.base if continued else model_id, native=args.native_loading, create=trl_create,
-                                **kwargs)  # fmt: skip
+        name = adapter.base if continued else model_id
+        read = source.config if source is not None and name == source.name else None
+        model = load_pretrained(name, native=args.native_loading, create=trl_create, config_dict=read, **kwargs)
         adapt_to_model(model, args, peft_config)
         return continue_adapter(model, adapter) if continued else model
 
@@ -79,6 +81,37 @@ class ContinuedAdapter:
     path: str
     base: str
     requested: Any = None
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """The model handed to a trainer by name, read once before any weights load ([`model_source`]).
+
+    Args:
+        name (`str` or `None`): the Hub id or folder TRL loads (an adapter folder's base); `None`: a model object.
+        config (`dict` or `None`): its `config.json` (no remote code runs), read once for the family's refusal, the
+            tokenizer and the loader; `None` for a model object, or a name whose config cannot be read (the loader
+            then says why).
+        adapter (`ContinuedAdapter` or `None`): the LoRA adapter folder handed as the model, trained on from its
+            values on `name`.
+    """
+
+    name: str | None
+    config: dict | None
+    adapter: ContinuedAdapter | None = None
+
+
+def model_source(model: Any, init_kwargs: dict | None = None, adapter: ContinuedAdapter | None = None) -> ModelSource:
+    """The [`ModelSource`] of ``model`` (an object, or a Hub id / folder; ``adapter``: the adapter folder it is, from
+    [`adapter_folder`]), its config read with the hub keywords of ``init_kwargs`` (`model_init_kwargs`)."""
+    name = adapter.base if adapter is not None else model
+    if not isinstance(name, (str, os.PathLike)):
+        return ModelSource(None, None, adapter)
+    try:
+        config = read_config_dict(str(name), **(init_kwargs or {}))
+    except (OSError, ValueError):  # not there, or not JSON: the loader says why
+        config = None
+    return ModelSource(str(name), config, adapter)
 
 
 def adapter_folder(model: Any, peft_config: Any = None) -> ContinuedAdapter | None:
@@ -129,24 +162,26 @@ def continue_adapter(model, adapter: ContinuedAdapter):
     return model
 
 
-def adapter_tokenizer(adapter: ContinuedAdapter, args):
-    """The tokenizer of a continued adapter: the one saved with it (TRL's SFT saves it there), else its base's."""
+def adapter_tokenizer(source: ModelSource, args):
+    """The tokenizer of a continued adapter (``source.adapter``): the one saved with it (TRL's SFT saves it there),
+    else its base's."""
     from transformers import AutoTokenizer
 
-    if os.path.isfile(os.path.join(adapter.path, "tokenizer_config.json")):
-        return AutoTokenizer.from_pretrained(adapter.path)
-    return native_tokenizer(adapter.base, args)
+    if os.path.isfile(os.path.join(source.adapter.path, "tokenizer_config.json")):
+        return AutoTokenizer.from_pretrained(source.adapter.path)
+    return native_tokenizer(source, args)
 
 
-def native_tokenizer(name_or_path: str, args):
-    """The tokenizer of a LLaDA / Dream / SDAR checkpoint loaded natively, with `AutoTokenizer` given the native config
-    (TRL would use `AutoProcessor`, which resolves the family's remote config class first), or of a family whose
-    vision tower its text prompts never reach (`ModelSpec.ignores_vision`: DiffusionGemma); `None` (TRL decides) for
-    other models."""
+def native_tokenizer(source: ModelSource, args):
+    """The tokenizer of a LLaDA / Dream / SDAR checkpoint (``source``, a name) loaded natively, with `AutoTokenizer`
+    given the native config (TRL would use `AutoProcessor`, which resolves the family's remote config class first), or
+    of a family whose vision tower its text prompts never reach (`ModelSpec.ignores_vision`: DiffusionGemma); `None`
+    (TRL decides) for other models."""
     from transformers import AutoTokenizer
 
-    init_kwargs = args.model_init_kwargs or {}
-    config_dict = read_config_dict(name_or_path, **init_kwargs)
+    name_or_path, init_kwargs, config_dict = source.name, args.model_init_kwargs or {}, source.config
+    if config_dict is None:  # unreadable: TRL's loader says why
+        return None
     hub = {k: init_kwargs[k] for k in ("revision", "cache_dir", "token") if init_kwargs.get(k) is not None}
     spec = MODEL_SPECS.get(config_dict.get("model_type"))
     if spec is not None and spec.ignores_vision:  # TRL's AutoProcessor would want its vision tower's image processor

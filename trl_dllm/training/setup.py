@@ -183,13 +183,15 @@ def before_loading(args, config_class, model, reward_funcs, pargs, kwargs: dict)
     """Before TRL loads any weights: the trainer's options and inputs checked, a family's own refusal, and ``kwargs``
     (the trainer's keyword arguments, changed in place) adapted: an SFT LoRA adapter folder is trained on from its
     values on its base (TRL then takes no `peft_config`), a `peft_config` is copied before it is adapted to the model,
-    a tokenizer is loaded for an adapter folder or a natively loaded name. Returns the adapter folder, or `None`."""
+    a tokenizer is loaded for an adapter folder or a natively loaded name. Returns the `ModelSource` (a name's config,
+    read once; the adapter folder) the loader reads."""
     trainer_inputs.check_trainer_options(args, config_class, kwargs)
-    adapter = model_setup.adapter_folder(model, kwargs.get("peft_config"))
-    named = adapter.base if adapter is not None else model
-    if (refusal := training_refusal(named, args, **(args.model_init_kwargs or {}))) is not None:
-        raise NotImplementedError(refusal)  # a family's own refusal (DiffusionGemma: StableDRL / ESPO only)
     trainer_inputs.check_trainer_inputs(args, model, reward_funcs, pargs, kwargs)
+    adapter = model_setup.adapter_folder(model, kwargs.get("peft_config"))
+    source = model_setup.model_source(model, args.model_init_kwargs, adapter)  # its config.json read once, here
+    unreadable = source.name is not None and source.config is None  # the loader says why
+    if not unreadable and (refusal := training_refusal(source.name or model, args, config=source.config)) is not None:
+        raise NotImplementedError(refusal)  # a family's own refusal (DiffusionGemma: StableDRL / ESPO only)
     if adapter is not None:
         kwargs["peft_config"] = None
     if kwargs.get("peft_config") is not None:
@@ -197,10 +199,10 @@ def before_loading(args, config_class, model, reward_funcs, pargs, kwargs: dict)
     if not isinstance(model, str):
         model_setup.adapt_to_model(model, args, kwargs.get("peft_config"))
     elif kwargs.get("processing_class") is None and adapter is not None:
-        kwargs["processing_class"] = model_setup.adapter_tokenizer(adapter, args)
+        kwargs["processing_class"] = model_setup.adapter_tokenizer(source, args)
     elif kwargs.get("processing_class") is None and args.native_loading:
-        kwargs["processing_class"] = model_setup.native_tokenizer(model, args)
-    return adapter
+        kwargs["processing_class"] = model_setup.native_tokenizer(source, args)
+    return source
 
 
 def resolve_run(trainer, *, asked_reentrant: bool | None) -> RunSetup:

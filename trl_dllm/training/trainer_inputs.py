@@ -46,7 +46,6 @@ def check_trainer_inputs(args, model, reward_funcs, pargs: Sequence, kwargs: Map
     named = {**dict(zip(positional, pargs)), **kwargs}
     train_dataset, eval_dataset = named.get("train_dataset"), named.get("eval_dataset")
     _check_names(model, reward_funcs)
-    check_remote_code_object(model, args)
     if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs):
         raise ValueError(
             "No reward source provided: reward_funcs is empty, so every completion would get reward 0 and nothing "
@@ -61,6 +60,7 @@ def check_trainer_inputs(args, model, reward_funcs, pargs: Sequence, kwargs: Map
             label = name if name == "eval_dataset" else f"eval_dataset[{name!r}]"
             _check_dataset(label, dataset, 1, "per_device_eval_batch_size", args)
     check_text_only(named.get("processing_class"), model)
+    check_remote_code_object(model, args)  # last: the one check that reads the model's family
 
 
 def check_remote_code_object(model, args) -> None:

@@ -112,11 +112,13 @@ def unregister_family(name: str) -> None:
     _derive()
 
 
-def training_refusal(model, args, **hub_kwargs) -> str | None:
+def training_refusal(model, args, config: dict | None = None, **hub_kwargs) -> str | None:
     """The message refusing a run the trainer cannot do with ``model`` (a model, or a Hub id / folder read without its
-    weights), from the first family whose ``training_refusal`` refuses it, else `None`. Called before the weights are
-    loaded, by the trainer and ``trl-dllm plan``."""
-    refusals = (family.training_refusal(model, args, **hub_kwargs) for family in FAMILIES if family.training_refusal)
+    weights: its ``config`` when read already, else read with ``hub_kwargs``), from the first family whose
+    ``training_refusal`` refuses it, else `None`. Called before the weights are loaded, by the trainer and
+    ``trl-dllm plan``."""
+    refusals = (family.training_refusal(model, args, config=config, **hub_kwargs)
+                for family in FAMILIES if family.training_refusal)  # fmt: skip
     return next((refusal for refusal in refusals if refusal is not None), None)
 
 

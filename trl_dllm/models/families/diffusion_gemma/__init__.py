@@ -130,21 +130,21 @@ TRAINING_REFUSAL = (
 )
 
 
-def training_refusal(model: Any, args: Any, **hub_kwargs: Any) -> str | None:
-    """The message refusing ``model`` (a model object, or a Hub id / folder whose ``config.json`` is read without
-    loading weights) when it is DiffusionGemma and ``args`` (a ``DiffusionGRPOConfig``) asks for what the trainer
-    cannot do with it (:func:`trl_dllm.core.methods.noise_problem`: a masked-diffusion estimator, a TRL or
-    trajectory loss type); else `None`. Called by the trainer and ``trl-dllm plan``. A name whose config cannot be
-    read is left to the loader, which says why."""
+def training_refusal(model: Any, args: Any, config: dict | None = None, **hub_kwargs: Any) -> str | None:
+    """The message refusing ``model`` (a model object, or a Hub id / folder whose ``config.json``, ``config`` when read
+    already, is read without loading weights) when it is DiffusionGemma and ``args`` (a ``DiffusionGRPOConfig``) asks
+    for what the trainer cannot do with it (:func:`trl_dllm.core.methods.noise_problem`: a masked-diffusion estimator,
+    a TRL or trajectory loss type); else `None`. Called by the trainer and ``trl-dllm plan``. A name whose config
+    cannot be read is left to the loader, which says why."""
     name = model
-    if isinstance(model, (str, os.PathLike)):
+    if isinstance(model, (str, os.PathLike)) and config is None:
         from ...native import read_config_dict
 
         try:
             config = read_config_dict(str(model), **hub_kwargs)
         except (OSError, ValueError):
             return None
-    else:
+    elif not isinstance(model, (str, os.PathLike)):
         config = getattr(model, "config", None)
         name = getattr(config, "_name_or_path", None) or type(model).__name__
         base = getattr(model, "get_base_model", None)
