@@ -19,7 +19,10 @@ marker with ``"block"``), ``models/tiny_families.py`` (read a copy of the tiny-c
 the kind only for its block-causal case, and now ask it for every kind: the default estimator
 (``training/setup.py`` ``fit_estimator``: ``Kind.estimator``, was the block-diffusion name or the noise's) and a
 full-canvas kind's own block size in decoding (``training/rollouts.py`` ``plan_decoding``; the lm-eval model's greedy
-check and default block length in ``evaluation/harness.py``).
+check and default block length in ``evaluation/harness.py``). And ``trl-dllm plan`` found a family's spec by
+``model_type`` only, planning this one with the masked kind its Llama architecture reads: it now resolves the family
+as loading does (``models.config_family_spec``, called by ``planning.read_model``) and asks its kind for the estimator
+and the block length (``scripts/plan.py``, ``planning/architecture.py``).
 """
 
 import ast
@@ -258,8 +261,8 @@ def _marker_compared(tree) -> list[int]:
 
 
 def test_no_module_outside_models_compares_the_family_marker():
-    """The marker names a family; what it can do is asked of its spec's kind (``MARKED_SPECS[marker].kind``), as the
-    planner now does, not of the marker's name (``planning/architecture.py`` compared it with ``"block"``)."""
+    """The marker names a family; what it can do is asked of its spec's kind (``models.config_family_spec``, which the
+    planner now calls), not of the marker's name (``planning/architecture.py`` compared it with ``"block"``)."""
     package = pathlib.Path(trl_dllm.__file__).parent
     offenders = [f"{path.relative_to(package)}:{line}" for path in sorted(package.rglob("*.py"))
                  if "models" not in path.relative_to(package).parts[:1]
