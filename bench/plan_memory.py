@@ -204,7 +204,7 @@ def measure_child(case: Case) -> tuple[float, str]:
         values = {"mc_samples": case.mc_samples, "antithetic": case.antithetic, "p_mask_prompt": 0.15,
                   "spg_beta": 1.5, "mc_batch_size": case.mc_batch_size, "checkpoint_views": case.checkpoint_views,
                   "entropy_grad": False, "block_length": case.block_length, "block_layout": spec.block_layout,
-                  "return_eubo": True, "block_causal": spec.family == "block"}  # fmt: skip
+                  "return_eubo": True, "block_causal": spec.kind.block_causal}  # fmt: skip
     model.train()
     options = {k: v for k, v in values.items() if k in ESTIMATORS[case.estimator].option_names}
     generator = torch.Generator().manual_seed(0)

@@ -298,7 +298,7 @@ def test_plan_llada2_flash_recipe_from_its_embedded_config(no_hub, capsys):
     report = json.loads(out)
     assert status == 0 and report["model"] == {
         "name_or_path": "inclusionAI/LLaDA2.0-flash", "embedded_config": True, "family": "llada2",
-        "parameters": 102_889_697_280,
+        "kind": "block_causal", "parameters": 102_889_697_280,
         "active_parameters": 6_152_269_824, "trainable": 137_363_456}  # fmt: skip
     assert report["fits"] and report["peak_phase"] == "update" and report["total_gb"] == 56.97
     assert report["largest_batch"] == 29 and report["per_device_train_batch_size"] == 16

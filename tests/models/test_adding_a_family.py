@@ -19,7 +19,10 @@ marker with ``"block"``), ``models/tiny_families.py`` (read a copy of the tiny-c
 the kind only for its block-causal case, and now ask it for every kind: the default estimator
 (``training/setup.py`` ``fit_estimator``: ``Kind.estimator``, was the block-diffusion name or the noise's) and a
 full-canvas kind's own block size in decoding (``training/rollouts.py`` ``plan_decoding``; the lm-eval model's greedy
-check and default block length in ``evaluation/harness.py``).
+check and default block length in ``evaluation/harness.py``). And ``trl-dllm plan`` found a family's spec by
+``model_type`` only, planning this one with the masked kind its Llama architecture reads: it now resolves the family
+as loading does (``models.config_family_spec``, called by ``planning.read_model``) and asks its kind for the estimator
+and the block length (``scripts/plan.py``, ``planning/architecture.py``).
 """
 
 import ast
@@ -134,16 +137,84 @@ def test_lm_eval_scores_with_the_kinds_estimator(semi_ar_path):
     assert lm.spec.kind is SEMI_AR and lm.estimator == SEMI_AR.estimator  # asked of the kind (harness.py)
 
 
-def test_plan_plans_it(semi_ar_model, semi_ar_path, capsys):
+def _plan(path, capsys, *extra) -> dict:
     from trl_dllm.cli import main
 
-    assert main(["plan", "--model_name_or_path", semi_ar_path, "--max_completion_length", "8", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    assert main(["plan", "--model_name_or_path", path, "--max_completion_length", "8", "--json", *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_plans_it_with_the_kinds_estimator_and_blocks(semi_ar_model, semi_ar_path, capsys):
+    """``trl-dllm plan`` resolves the family as loading does (``models.config_family_spec``: here by its marker) and
+    asks its kind, not the masked kind its Llama architecture reads: ``mean_field`` when no estimator is set (the
+    estimator the trainer fits), its own blocks of 4 where the config's 8 would be (``decoding_block_length``)."""
+    report = _plan(semi_ar_path, capsys)
     assert report["model"]["parameters"] == sum(p.numel() for p in semi_ar_model[0].parameters())
     assert report["fits"] and set(report["strategies"]) == {"ddp", "zero2", "zero3", "fsdp2"}
-    from trl_dllm.planning import read_architecture
+    assert report["model"]["kind"] == SEMI_AR.name
+    assert report["estimator"] == SEMI_AR.estimator and report["block_length"] == OWN_BLOCK
+    assert _plan(semi_ar_path, capsys, "--estimator", "elbo")["estimator"] == "elbo"  # one set is kept
+    from trl_dllm.models import family_spec
+    from trl_dllm.planning import read_model
 
-    assert not read_architecture(semi_ar_path).block_causal  # asked of its kind, no longer of the marker's name
+    arch, planned = read_model(semi_ar_path)
+    assert planned == replace(family_spec(semi_ar_model[0]), accepts_logits_to_keep=planned.accepts_logits_to_keep)
+    assert not arch.block_causal  # asked of its kind, no longer of the marker's name
+    unregister_family(FAMILY.name)
+    try:  # the same folder without the family: a generic masked model, planned with the config's estimator and blocks
+        plain = _plan(semi_ar_path, capsys)
+    finally:
+        register_family(FAMILY)
+    assert plain["model"]["kind"] == MASKED.name and plain["block_length"] == 8
+    assert plain["estimator"] != SEMI_AR.estimator
+
+
+SEMI_AR_CLASS = "SemiArLlamaForCausalLM"
+"""An architecture name keying the same kind: a family whose checkpoints share another's ``model_type``."""
+
+
+def test_plan_plans_an_architecture_keyed_family_with_its_kind(semi_ar_model, tmp_path, capsys):
+    """The same kind keyed by ``config.architectures`` (``Family.architectures``, as LLaDA-MoE's released config,
+    ``model_type`` "llada", is): found by the planner as by the trainer's resolution, from the config alone."""
+    model, tokenizer = semi_ar_model
+    by_architecture = Family(name="semi_ar_by_architecture", architectures={SEMI_AR_CLASS: SEMI_AR_SPEC})
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop(FAMILY_MARKER)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": [SEMI_AR_CLASS]}))
+    original = model.config.architectures
+    model.config.dllm_family, model.config.architectures = None, [SEMI_AR_CLASS]  # as that config.json loads
+    try:
+        register_family(by_architecture)
+        try:
+            assert resolve_model_spec(model, tokenizer).kind is SEMI_AR  # what the trainer resolves
+            report = _plan(str(tmp_path), capsys)
+        finally:
+            unregister_family(by_architecture.name)
+    finally:
+        model.config.dllm_family, model.config.architectures = "semi_ar", original
+    assert report["model"]["kind"] == SEMI_AR.name and report["model"]["family"] == "llama"  # a name, not asked
+    assert report["estimator"] == SEMI_AR.estimator and report["block_length"] == OWN_BLOCK
+
+
+@pytest.mark.parametrize("family", ["llada_moe", "llada2"])
+def test_plan_resolves_the_package_s_architecture_keyed_families_as_loading_does(family, tmp_path, capsys):
+    """LLaDA-MoE (released ``model_type`` "llada", dense LLaDA's, told apart by its architecture) and LLaDA2 (keyed by
+    ``LLaDA2MoeModelLM`` too): the spec ``trl-dllm plan`` asks is the one the natively loaded model resolves to, less
+    the ``logits_to_keep`` support only the model's class tells."""
+    from trl_dllm.models import family_spec
+    from trl_dllm.models.loading import load_pretrained
+    from trl_dllm.models.tiny_families import save_tiny_original_checkpoint
+    from trl_dllm.planning import read_model
+
+    path = save_tiny_original_checkpoint(tmp_path, family)
+    arch, planned = read_model(path)
+    loaded = family_spec(load_pretrained(path))
+    assert planned == replace(loaded, accepts_logits_to_keep=planned.accepts_logits_to_keep)
+    assert arch.block_causal == loaded.kind.block_causal
+    report = _plan(path, capsys)
+    assert report["model"]["kind"] == loaded.kind.name
+    assert report["block_length"] == loaded.decoding_block_length(8)  # a block-causal kind's own blocks
 
 
 COMMON = dict(per_device_train_batch_size=2, num_generations=2, max_completion_length=8, block_length=8,
@@ -190,8 +261,8 @@ def _marker_compared(tree) -> list[int]:
 
 
 def test_no_module_outside_models_compares_the_family_marker():
-    """The marker names a family; what it can do is asked of its spec's kind (``MARKED_SPECS[marker].kind``), as the
-    planner now does, not of the marker's name (``planning/architecture.py`` compared it with ``"block"``)."""
+    """The marker names a family; what it can do is asked of its spec's kind (``models.config_family_spec``, which the
+    planner now calls), not of the marker's name (``planning/architecture.py`` compared it with ``"block"``)."""
     package = pathlib.Path(trl_dllm.__file__).parent
     offenders = [f"{path.relative_to(package)}:{line}" for path in sorted(package.rglob("*.py"))
                  if "models" not in path.relative_to(package).parts[:1]

@@ -30,6 +30,7 @@ __all__ = [
     "MARKED_SPECS",
     "MODEL_SPECS",
     "ModelSpec",
+    "config_family_spec",
     "family_spec",
     "make_bidirectional",
     "model_logits_fn",
@@ -98,39 +99,58 @@ def _vocab_size(model: Any) -> int | None:
 
 
 def family_spec(model: Any) -> ModelSpec | None:
-    """The family spec of ``model``: by ``config.architectures`` (:data:`ARCHITECTURE_SPECS`, for families sharing a
-    ``model_type``) or ``config.model_type`` (:data:`MODEL_SPECS`), else by the ``config.dllm_family`` marker
-    (:data:`MARKED_SPECS`; block families take ``block_length`` from the config and ``logits_to_keep`` support from the
-    class), else `None` (generic)."""
-    config = model.config
+    """The family spec of ``model``: :func:`config_family_spec` of its config, a marked family's taking its
+    ``logits_to_keep`` support from the model's class (:func:`~trl_dllm.models.families.generic.generic_spec`)."""
+    spec, marked = _config_family_spec(model.config)
+    if marked:
+        return replace(spec, accepts_logits_to_keep=generic_spec(model).accepts_logits_to_keep)
+    return spec
+
+
+def config_family_spec(config: Any) -> ModelSpec | None:
+    """The family spec of a model of ``config``, from the config alone: by ``config.architectures``
+    (:data:`ARCHITECTURE_SPECS`, for families sharing a ``model_type``) or ``config.model_type`` (:data:`MODEL_SPECS`),
+    else by the ``config.dllm_family`` marker (:data:`MARKED_SPECS`); a kind with blocks of its own
+    (``Kind.own_block_size``) takes their size from the config (``Kind.block_size_fields``), a marked block-causal one
+    its ``block_length`` and ``block_layout``; else `None` (generic). The one resolution of a family: the trainer,
+    ``trl_dllm.generate`` and the lm-eval model reach it through :func:`family_spec` / :func:`resolve_model_spec`,
+    ``trl-dllm plan`` calls it on the config it builds the model from (``trl_dllm.planning.read_model``).
+
+    Raises:
+        ValueError: a marked block-causal family's config has no valid ``block_length`` or an unknown
+            ``block_layout``.
+    """
+    return _config_family_spec(config)[0]
+
+
+def _config_family_spec(config: Any) -> tuple[ModelSpec | None, bool]:
+    """:func:`config_family_spec`, and whether the spec was found by the marker (its ``logits_to_keep`` support is
+    then the model class's)."""
     by_architecture = (ARCHITECTURE_SPECS.get(a) for a in getattr(config, "architectures", None) or ())
     family = next((s for s in by_architecture if s is not None), None) or MODEL_SPECS.get(
         getattr(config, "model_type", None))
     marked = MARKED_SPECS.get(_config_value(config, FAMILY_MARKER))
     if family is not None and family.kind.own_block_size:
-        return _own_block_size(family, config)
+        return _own_block_size(family, config), False
     if family is not None or marked is None:
-        return family
+        return family, False
     if not marked.kind.block_causal:
-        marked = replace(marked, accepts_logits_to_keep=generic_spec(model).accepts_logits_to_keep)
-        return _own_block_size(marked, config) if marked.kind.own_block_size else marked
+        return (_own_block_size(marked, config) if marked.kind.own_block_size else marked), True
+    name = getattr(config, "name_or_path", "") or "the model"
     block_length = _config_value(config, "block_length")
     if block_length is None or int(block_length) < 1:
         raise ValueError(
-            f"{getattr(config, 'name_or_path', '') or type(model).__name__} is marked {FAMILY_MARKER}="
-            f"{_config_value(config, FAMILY_MARKER)!r} but its config has no valid `block_length` "
-            f"({block_length!r}): set `config.block_length` to the block size the model was trained with."
+            f"{name} is marked {FAMILY_MARKER}={_config_value(config, FAMILY_MARKER)!r} but its config has no valid "
+            f"`block_length` ({block_length!r}): set `config.block_length` to the block size the model was trained "
+            "with."
         )
     layout = _config_value(config, "block_layout") or marked.block_layout
     if layout not in BLOCK_LAYOUTS:
         raise ValueError(
-            f"{getattr(config, 'name_or_path', '') or type(model).__name__} has config.block_layout={layout!r}; "
-            f"expected one of {BLOCK_LAYOUTS} (or no block_layout: 'absolute', the families' own)."
+            f"{name} has config.block_layout={layout!r}; expected one of {BLOCK_LAYOUTS} (or no block_layout: "
+            "'absolute', the families' own)."
         )
-    return replace(
-        marked, accepts_logits_to_keep=generic_spec(model).accepts_logits_to_keep, block_length=int(block_length),
-        block_layout=layout,
-    )  # fmt: skip
+    return replace(marked, block_length=int(block_length), block_layout=layout), True
 
 
 def _own_block_size(spec: ModelSpec, config) -> ModelSpec:

@@ -34,7 +34,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .architecture import Architecture, Linear, architecture_from_config, embedded_config, read_architecture
+from .architecture import (
+    Architecture,
+    Linear,
+    architecture_from_config,
+    embedded_config,
+    read_architecture,
+    read_model,
+)
 from .encoder_decoder import encoder_decoder_phase_bytes
 from .phases import Settings, Views, views_of
 from .phases import phase_bytes as decoder_only_phase_bytes
@@ -53,6 +60,7 @@ __all__ = [
     "phase_bytes",
     "plan",
     "read_architecture",
+    "read_model",
     "settings_from_args",
     "static_bytes",
     "suggestions",
@@ -259,11 +267,13 @@ def suggestions(arch: Architecture, s: Settings, *, gradient_accumulation_steps:
 
 
 def settings_from_args(args, model_args=None, *, prompt_length: int = 256, logits: str = "chunked",
-                       auto_kept_chunks: int = 1, device: str = "cuda", estimator: str | None = None) -> Settings:  # fmt: skip
+                       auto_kept_chunks: int = 1, device: str = "cuda", estimator: str | None = None,
+                       block_length: int | None = None) -> Settings:  # fmt: skip
     """:class:`Settings` of a `DiffusionGRPOConfig` (and TRL's `ModelConfig` for LoRA and the dtype). The rollout's
     rows: ``generation_chunk_size``, else the local generation batch ``per_device_train_batch_size ×
     steps_per_generation`` (TRL generates it in one call). ``estimator``: the one the run resolved for the model
-    (`training.setup.fit_estimator`); `None`: the config's."""
+    (`training.setup.fit_estimator`); `None`: the config's. ``block_length``: the one its rollouts use
+    (`ModelSpec.decoding_block_length`: a kind's own blocks); `None`: the config's."""
     checkpointing = getattr(args, "activation_checkpointing", None)
     if checkpointing is None:
         checkpointing = bool(getattr(args, "gradient_checkpointing", False))
@@ -285,7 +295,7 @@ def settings_from_args(args, model_args=None, *, prompt_length: int = 256, logit
         mc_batch_size=args.mc_batch_size,
         mc_checkpointing=_checkpoint_value(args.mc_checkpointing),
         auto_kept_chunks=auto_kept_chunks,
-        block_length=args.block_length or 32,
+        block_length=block_length or args.block_length or 32,
         p_mask_prompt=args.p_mask_prompt,
         step_samples=args.step_samples,
         diffusion_steps=args.diffusion_steps or args.max_completion_length,

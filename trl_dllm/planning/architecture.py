@@ -15,7 +15,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["Architecture", "Linear", "architecture_from_config", "embedded_config", "read_architecture"]
+__all__ = ["Architecture", "Linear", "architecture_from_config", "embedded_config", "read_architecture", "read_model"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,9 @@ class Architecture:
         moe_layers (`int`): layers whose MLP is routed; experts, top_k, expert_intermediate and shared_intermediate
             (width of the always-on shared expert(s), 0 if none) describe it.
         qk_norm (`bool`): RMSNorm on queries and keys (Qwen3 / SDAR, LLaDA2, LLaDA-MoE).
-        block_causal (`bool`): a block-diffusion family (SDAR, LLaDA2): rollouts keep an exact KV cache.
+        block_causal (`bool`): its family's kind is block-causal (``Kind.block_causal``: SDAR, LLaDA2; the family
+            resolved from the config as loading resolves it, ``trl_dllm.models.config_family_spec``): rollouts keep an
+            exact KV cache.
         canvas_length (`int`): an encoder-decoder block-diffusion model (DiffusionGemma): its decoder's block; 0
             for every decoder-only model. Its passes are planned by :mod:`trl_dllm.planning.encoder_decoder`.
         attention (`tuple[tuple[int, int, bool], ...]`): per text layer of an encoder-decoder model, the query width
@@ -151,24 +153,20 @@ def _experts(module):
     return None
 
 
-def _marked_block_causal(config) -> bool:
-    """The kind of the family ``config.dllm_family`` marks is block-causal (``Kind.block_causal``: SDAR, LLaDA2)."""
-    from ..models.families import MARKED_SPECS
-    from ..models.specs import FAMILY_MARKER
-
-    marked = MARKED_SPECS.get(getattr(config, FAMILY_MARKER, None))
-    return marked is not None and marked.kind.block_causal
-
-
 def architecture_from_config(config, family: str | None = None, model_class=None) -> Architecture:
     """The :class:`Architecture` of a transformers ``config``: the model is built on the meta device (no memory) from
     ``model_class`` (default: the family's own class where it declares one, ``Family.model_class``: DiffusionGemma's;
     else ``AutoModelForCausalLM``) and its modules
-    counted, each parameter once (tied ones are one)."""
+    counted, each parameter once (tied ones are one). Whether it is block-causal is asked of the kind of the family its
+    config resolves to (``trl_dllm.models.config_family_spec``: by architecture, ``model_type`` or marker), never of
+    ``family``, a name for messages."""
     import re
 
     from torch import nn
 
+    from ..models import config_family_spec
+
+    spec = config_family_spec(config)  # what its kind can do, asked of the family the config resolves to
     model = _build_on_meta(config, model_class)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     parameters = sum(p.numel() for p in model.parameters())
@@ -233,7 +231,7 @@ def architecture_from_config(config, family: str | None = None, model_class=None
         expert_intermediate=expert_intermediate if moe_layers else 0,
         shared_intermediate=shared if moe_layers else 0,
         qk_norm=any(n.endswith(("q_norm", "query_layernorm", "q_layernorm")) for n, _ in model.named_modules()),
-        block_causal=_marked_block_causal(config),
+        block_causal=bool(spec is not None and spec.kind.block_causal),
         canvas_length=canvas,
         attention=attention,
         sliding_window=int(getattr(text, "sliding_window", 0) or 0) if canvas else 0,
@@ -257,8 +255,18 @@ def embedded_config(name_or_path: str, revision: str | None = None) -> dict | No
 
 
 def read_architecture(name_or_path: str, **hub_kwargs) -> Architecture:
-    """The :class:`Architecture` of a local model folder or a Hub id, from its ``config.json`` alone; a Hub id whose
-    released ``config.json`` is embedded (:func:`embedded_config`) is read from it, without the Hub.
+    """The :class:`Architecture` of a local model folder or a Hub id, from its ``config.json`` alone (:func:`read_model`
+    without the spec)."""
+    return read_model(name_or_path, **hub_kwargs)[0]
+
+
+def read_model(name_or_path: str, **hub_kwargs):
+    """The :class:`Architecture` of a local model folder or a Hub id, from its ``config.json`` alone, and the family
+    spec (``ModelSpec``, `None`: generic) its config resolves to as loading resolves it
+    (``trl_dllm.models.config_family_spec``: by architecture, ``model_type`` or ``dllm_family`` marker, on the config
+    the model is built from: a known family's native one, else the checkpoint's own); ``trl-dllm plan`` asks that
+    spec's kind what the run does (its estimator, its block size, its sampler). A Hub id whose released
+    ``config.json`` is embedded (:func:`embedded_config`) is read from it, without the Hub.
 
     Raises:
         `FileNotFoundError`: ``name_or_path`` is a folder without ``config.json``.
@@ -293,11 +301,16 @@ def read_architecture(name_or_path: str, **hub_kwargs) -> Architecture:
             f"only its config.json: run where the Hub is reachable (`hf download {name_or_path} config.json`), or pass "
             "--model_name_or_path <a folder holding that config.json>."
         ) from None
+    from ..models import config_family_spec
+
     layout = native_layout(original)
     if layout is not None:
-        return architecture_from_config(native_config(original), family=layout.name, model_class=layout.model_class)
+        config = native_config(original)
+        arch = architecture_from_config(config, family=layout.name, model_class=layout.model_class)
+        return arch, config_family_spec(config)
     from transformers import AutoConfig
 
     config_dict = {k: v for k, v in original.items() if k not in ("auto_map", "architectures")}
     config = AutoConfig.for_model(**config_dict)
-    return architecture_from_config(config)
+    config.architectures = original.get("architectures")  # read by the family's resolution, as a loaded model's
+    return architecture_from_config(config), config_family_spec(config)

@@ -82,8 +82,8 @@ def check_plan_arguments(options: PlanArguments) -> None:
 def build_report(options: PlanArguments, training_args, model_args) -> dict:
     """The plan of every strategy, the headline one's phases, its largest batch and the changes that make it fit."""
     from .. import planning
-    from ..models.families import MODEL_SPECS, training_refusal
-    from ..models.specs import BLOCK_CAUSAL, MASKED
+    from ..models.families import training_refusal
+    from ..models.specs import MASKED
     from ..training.setup import fit_estimator
 
     if not model_args.model_name_or_path:
@@ -94,19 +94,19 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
                                                      revision=model_args.model_revision)  # fmt: skip
     if refusal is not None:  # a run the trainer refuses (DiffusionGemma's): nothing to plan
         raise UsageError(f"{refusal} There is no training run to plan.")
-    arch = planning.read_architecture(model_args.model_name_or_path, revision=model_args.model_revision)
-    spec = MODEL_SPECS.get(arch.family)  # a family's own spec, by model_type (an encoder-decoder's: its kind's hooks)
-    if spec is not None and spec.kind.own_sampler:  # the generation fields its sampler refuses, refused as the trainer
-        _check_own_decoding(replace(spec, block_length=arch.canvas_length), training_args)
-    # `estimator` not set: the one the trainer would pick, asked of the model's kind (a family found by model_type;
-    # else the kind the architecture reads: block-causal or masked)
-    kind = spec.kind if spec is not None else (BLOCK_CAUSAL if arch.block_causal else MASKED)
-    estimator, _ = fit_estimator(training_args, kind)
+    # the family its config resolves to, as loading resolves it (architecture, model_type or dllm_family marker):
+    # what the run does is asked of its kind, as the trainer asks it (`training.setup.resolve_run`)
+    arch, spec = planning.read_model(model_args.model_name_or_path, revision=model_args.model_revision)
+    kind = spec.kind if spec is not None else MASKED  # no family: a generic decoder run bidirectionally
+    if kind.own_sampler:  # the generation fields its sampler refuses, refused as the trainer refuses them
+        _check_own_decoding(spec, training_args)
+    estimator, _ = fit_estimator(training_args, kind)  # `estimator` not set: the one the kind asks for
+    block_length = spec.decoding_block_length(training_args.block_length) if spec is not None else None
     settings = planning.settings_from_args(training_args, model_args, prompt_length=options.prompt_length,
                                            logits=options.logits, auto_kept_chunks=options.auto_kept_chunks,
-                                           estimator=estimator)  # fmt: skip
+                                           estimator=estimator, block_length=block_length)  # fmt: skip
     if options.strategy == "zero3" and not arch.canvas_length:  # refused by the trainer: LoRA, reentrant checkpointing
-        _check_reentrant_forwards(training_args, bool(model_args.use_peft), estimator)
+        _check_reentrant_forwards(training_args, bool(model_args.use_peft), estimator, kind.noise)
     weight_bytes = planning.dtype_bytes(model_args.dtype)
     common = dict(num_processes=options.num_processes, weight_bytes=weight_bytes,
                   gradient_accumulation_steps=training_args.gradient_accumulation_steps,
@@ -139,11 +139,12 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
         batch_multiple=training_args.num_generations if training_args.whole_group_batches else 1, **rest)  # fmt: skip
     return {
         "model": {"name_or_path": model_args.model_name_or_path, "embedded_config": embedded,
-                  "family": arch.family, "parameters": arch.parameters,
+                  "family": arch.family, "kind": kind.name, "parameters": arch.parameters,
                   "active_parameters": arch.active_parameters, "trainable": planning.lora_parameters(arch, settings)
                   or arch.parameters},  # fmt: skip
         "strategy": options.strategy, "num_processes": options.num_processes, "gpu_memory_gb": options.gpu_memory_gb,
         "usable_gb": head.usable_gb, "per_device_train_batch_size": settings.batch,
+        "estimator": settings.estimator, "block_length": settings.block_length,
         "activation_checkpointing": settings.activation_checkpointing,
         "logits": "full" if arch.canvas_length else settings.logits,  # the encoder-decoder head is never chunked
         "total_gb": head.total_gb, "peak_phase": head.peak_phase, "phases": head.phases, "fits": head.fits,
@@ -154,7 +155,7 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
     }  # fmt: skip
 
 
-def _check_reentrant_forwards(training_args, peft: bool, estimator: str) -> None:
+def _check_reentrant_forwards(training_args, peft: bool, estimator: str, noise: str) -> None:
     """The trainer's refusal of several forwards per micro-batch under ZeRO-3 with LoRA and activation checkpointing
     where it stays reentrant (:func:`trl_dllm.training.model_checks.check_reentrant_forwards`): with the DeepSpeed
     installed here when it predates the fix that lets the trainer make it non-reentrant. Without DeepSpeed here, the
@@ -166,7 +167,7 @@ def _check_reentrant_forwards(training_args, peft: bool, estimator: str) -> None
     if not stays_reentrant(asked, version) or (version is None and asked is not True):
         return
     try:  # TRL sets use_reentrant=True for LoRA under ZeRO-3, and it stays
-        check_reentrant_forwards(training_args, "mask", peft=peft, zero3=True, reentrant=True, estimator=estimator)
+        check_reentrant_forwards(training_args, noise, peft=peft, zero3=True, reentrant=True, estimator=estimator)
     except ValueError as error:
         raise UsageError(f"{error} There is no training run to plan.") from None
 
