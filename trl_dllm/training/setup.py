@@ -26,8 +26,8 @@ from ..core.likelihood import ESTIMATORS
 from ..core.methods import accepted_estimators, noise_estimator
 from ..core.objectives import OBJECTIVES, Objective
 from ..models import ModelSpec, resolve_model_spec
-from ..models.specs import Kind
 from ..models.families import training_refusal
+from ..models.specs import Kind
 from . import inputs, model_checks, model_setup, rollouts, trainer_inputs
 
 
