@@ -306,7 +306,7 @@ def valid_steps(requested: int, completion: int, block: int) -> int:
 def decoding_block(model, tokenizer, recipe: Recipe) -> int:
     """The block a rollout decodes with: the family's own for block-diffusion models, else the recipe's."""
     spec = resolve_model_spec(model, tokenizer)
-    return spec.block_length if spec.family == "block" else recipe.block
+    return spec.block_length if spec.kind.block_causal else recipe.block
 
 
 def rollout_runner(model, tokenizer, ids, mask, return_trajectory: bool = False):
@@ -548,7 +548,7 @@ def plain_forward(model, tokenizer, recipe: Recipe, peak_tflops: float, repeats:
     forward is compared with: seconds (mean of ``repeats`` after a counted warm-up), MFU, peak memory."""
     ids, mask = prompt_batch(tokenizer, replace(recipe, prompt=recipe.prompt + recipe.completion))
     kwargs = {"input_ids": ids, "attention_mask": mask}
-    if resolve_model_spec(model, tokenizer).family == "block":  # a 4-D block mask; all visible: the same FLOPs
+    if resolve_model_spec(model, tokenizer).kind.block_causal:  # a 4-D block mask; all visible: the same FLOPs
         kwargs["attention_mask"] = torch.zeros(ids.size(0), 1, ids.size(1), ids.size(1), dtype=dtype(),
                                                device=device())  # fmt: skip
     dims = gpu_flops.dims(model.config)
