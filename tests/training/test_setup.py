@@ -96,6 +96,18 @@ def test_rollouts_bind_the_run_plan_and_check_nothing_again(tmp_path, monkeypatc
     assert counts == {"plan": 1, "cache": 1}  # ... and nothing was planned or checked again
 
 
+def test_the_cache_against_the_family_is_refused_at_construction(tmp_path, monkeypatch):
+    """`check_cache_model` runs once, in the run's plan at construction (no longer in `check_block_layout` too): the
+    refusal still comes from `DiffusionGRPOTrainer(...)`, before any rollout."""
+    from trl_dllm.training import rollouts
+
+    monkeypatch.setattr(rollouts, "generate_rollouts", lambda *a, **k: pytest.fail("a rollout ran"))
+    args = make(output_dir=str(tmp_path), loss_type="stabledrl", generation_cache="dual")
+    with pytest.raises(ValueError, match=r"^generation_cache='dual' is for bidirectional models; block-diffusion .*"
+                                         r"set generation_cache='none'\.$"):  # fmt: skip
+        DiffusionGRPOTrainer("tiny-block", reward_funcs=reward, args=args, train_dataset=DATA)
+
+
 def test_a_plan_bound_to_another_handle_keeps_its_sampler_and_options():
     """`DecodingPlan.bind`: what the sampler calls is rebuilt from the new handle (a full-canvas plan's logits
     function, a cached plan's module), the sampler and options are the planned objects: it decodes with the new
