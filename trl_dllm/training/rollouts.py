@@ -116,12 +116,8 @@ def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
         return DecodingPlan(generate_block_causal, model, BlockCausalOptions(**fields, compile=compile))
     if cache != "none":
         return DecodingPlan(generate_cached, model, CachedOptions(**fields, generation_cache=cache, compile=compile))
-    logits = functools.partial(_logits_fn, spec=spec)
+    logits = functools.partial(model_logits_fn, spec=spec)  # the module's logits function, for any handle on it
     return DecodingPlan(generate, logits(model), DecodingOptions(**fields, compile=compile), calls=logits)
-
-
-def _logits_fn(model, spec: ModelSpec):
-    return model_logits_fn(model, spec)
 
 
 def decoding_plan(
