@@ -11,7 +11,7 @@ from bench.gpu_parts import Recipe, Shape, cast_parameters, cuda, device, instal
 from trl_dllm.core.likelihood import estimate
 from trl_dllm.models import model_logits_fn, resolve_model_spec
 from trl_dllm.seeding import device_generators
-from trl_dllm.training.rollouts import generate_rollouts
+from trl_dllm.training.rollouts import decoding_plan, generate_rollouts
 
 BIDIRECTIONAL = ("llada", "dream")
 _NOT_BIDIRECTIONAL = "block-causal family: decoded and scored with 4-D block masks, not a 2-D padded bidirectional batch"
@@ -76,12 +76,12 @@ def padding_invariance(model, tokenizer, recipe: Recipe) -> dict:
     spec = resolve_model_spec(model, tokenizer)
     completion = 2 * recipe.block
     args = rollout_config(recipe, temperature=0.0, max_completion_length=completion, diffusion_steps=completion // 2)
+    plan = decoding_plan(model, spec, args, eos_token_ids=[])
 
     def run(rows, rows_mask):
         noise = device_generators(torch.arange(rows.size(0)), device())
         with torch.no_grad():
-            return generate_rollouts(model, spec, args, rows, rows_mask, noise, eos_token_ids=[],
-                                     return_trajectory=False).completion_ids  # fmt: skip
+            return generate_rollouts(plan, model, args, rows, rows_mask, noise).completion_ids
 
     batched = run(ids, mask)
     alone = torch.cat([run(ids[b : b + 1, mask[b].bool()], mask[b : b + 1, mask[b].bool()])

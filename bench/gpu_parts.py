@@ -313,15 +313,15 @@ def rollout_runner(model, tokenizer, ids, mask, return_trajectory: bool = False)
     """``run(args)``: one rollout of the prompts ``ids`` as the trainer decodes them, each row seeded by its index
     (with ``return_trajectory``, the step each token was committed at too)."""
     from trl_dllm.seeding import device_generators
-    from trl_dllm.training.rollouts import generate_rollouts
+    from trl_dllm.training.rollouts import decoding_plan, generate_rollouts
 
     spec = resolve_model_spec(model, tokenizer)
 
     def run(args):
         noise = device_generators(torch.arange(ids.size(0)), device())
+        plan = decoding_plan(model, spec, args, eos_token_ids=[], return_trajectory=return_trajectory)
         with torch.no_grad():
-            return generate_rollouts(model, spec, args, ids, mask, noise, eos_token_ids=[],
-                                     return_trajectory=return_trajectory)  # fmt: skip
+            return generate_rollouts(plan, model, args, ids, mask, noise)
 
     return run
 

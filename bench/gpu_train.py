@@ -247,7 +247,7 @@ def rollout_overhead(trainer, rows: list[dict], recipe: Recipe, requested_steps:
 
     Without adapters (full fine-tuning) the adapter rows are left out."""
     from trl_dllm.seeding import device_generators
-    from trl_dllm.training.rollouts import generate_rollouts, merged_adapters
+    from trl_dllm.training.rollouts import decoding_plan, generate_rollouts, merged_adapters
 
     steps = valid_steps(requested_steps, recipe.completion, recipe.block)
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -259,8 +259,8 @@ def rollout_overhead(trainer, rows: list[dict], recipe: Recipe, requested_steps:
     def bare(eos: list[int]):
         noise = device_generators(torch.arange(input_ids.size(0)), device())
         with torch.no_grad():
-            generate_rollouts(model, trainer.model_spec, args, input_ids, torch.ones_like(input_ids), noise,
-                              eos_token_ids=eos, return_trajectory=False)  # fmt: skip
+            generate_rollouts(decoding_plan(model, trainer.model_spec, args, eos_token_ids=eos), model, args, input_ids,
+                              torch.ones_like(input_ids), noise)  # fmt: skip
 
     def per_step(fn) -> float:
         start = clock()
@@ -282,15 +282,18 @@ def rollout_overhead(trainer, rows: list[dict], recipe: Recipe, requested_steps:
         model.train()
         result["train_mode"] = per_step(lambda: bare([]))
         result["eos_ids"] = per_step(lambda: bare(trainer.eos_token_ids))
-        saved = trainer.args.diffusion_steps, trainer.args.generation_merge_adapters
-        trainer.args.diffusion_steps = steps
+        saved = trainer.args.diffusion_steps, trainer.args.generation_merge_adapters, trainer.setup
+        trainer.args.diffusion_steps = steps  # the run's decoding is planned once (`RunSetup.decoding`): planned again
+        trainer.setup = dataclasses.replace(saved[2], decoding=decoding_plan(
+            model, trainer.model_spec, trainer.args, eos_token_ids=trainer.eos_token_ids,
+            return_trajectory=saved[2].records_trajectory, record_steps=saved[2].decoding.records_steps))  # fmt: skip
         try:
             for merge in (False, True) if adapters else (False,):
                 trainer.args.generation_merge_adapters = merge
                 result["trainer_merged" if merge else "trainer"] = per_step(
                     lambda: trainer._generate_single_turn(prompt_ids, None, None, len(rows)))  # fmt: skip
         finally:
-            trainer.args.diffusion_steps, trainer.args.generation_merge_adapters = saved
+            trainer.args.diffusion_steps, trainer.args.generation_merge_adapters, trainer.setup = saved
     finally:
         model.train(was_training)
     return result

@@ -133,12 +133,11 @@ def test_cached_forwards_are_recorded_with_their_key_length():
     assert forwards == args.diffusion_steps + 1  # the prompt prefilled into the cache, then one forward per step
     from trl_dllm.models import resolve_model_spec
     from trl_dllm.seeding import device_generators
-    from trl_dllm.training.rollouts import generate_rollouts
+    from trl_dllm.training.rollouts import decoding_plan, generate_rollouts
 
     with torch.no_grad(), gf.ShapeRecorder(model) as recorder:
-        generate_rollouts(model, resolve_model_spec(model, tokenizer), args, ids, mask,
-                          device_generators(torch.arange(ids.size(0)), "cpu"), eos_token_ids=[],
-                          return_trajectory=False)  # fmt: skip
+        generate_rollouts(decoding_plan(model, resolve_model_spec(model, tokenizer), args, eos_token_ids=[]), model,
+                          args, ids, mask, device_generators(torch.arange(ids.size(0)), "cpu"))  # fmt: skip
     canvas = recipe.prompt + recipe.completion
     assert all(f.query < canvas for f in recorder.forwards)  # cached: never the whole canvas
     # the last block is decoded to its boundary (blocks counted from position 0, as SDAR does), then cut

@@ -1,6 +1,8 @@
 """DiffusionGRPOTrainer on a block-diffusion model: block-causal rollouts with a KV cache, AGRPO replay, and the
 staircase `block` estimator under StableDRL, ESPO and TRL's loss types."""
 
+import dataclasses
+
 import pytest
 import torch
 from test_trainer import distinct_tokens_reward, make_args, make_dataset, train_and_check
@@ -8,7 +10,7 @@ from test_trainer import distinct_tokens_reward, make_args, make_dataset, train_
 from trl_dllm import DiffusionGRPOTrainer
 from trl_dllm.core.likelihood.trajectory import trajectory_entropies
 from trl_dllm.models import model_logits_fn
-from trl_dllm.training.rollouts import sampling_distribution
+from trl_dllm.training.rollouts import decoding_plan, sampling_distribution
 
 
 def make_trainer(tmp_path, model_path, **overrides):
@@ -49,9 +51,12 @@ def test_block_rollouts_cached_and_uncached_agree(tmp_path, tiny_block_model_pat
     trainer = make_trainer(tmp_path, tiny_block_model_path, loss_type="agrpo", estimator="trajectory",
                            temperature=0.0, max_steps=1)
     prompts = [{"prompt": "add 1 and 2 ."}, {"prompt": "sort 3 1 2 ."}, {"prompt": "add 1 and 2 ."}]
-    completions = {}
-    for use_cache in (True, False):
+    completions, run = {}, trainer.setup
+    for use_cache in (True, False):  # the run's decoding is planned once (`RunSetup.decoding`): planned here again
         trainer.args.block_kv_cache = use_cache
+        trainer.setup = dataclasses.replace(run, decoding=decoding_plan(
+            trainer.model, run.spec, trainer.args, eos_token_ids=run.eos_token_ids, return_trajectory=True))
+        assert trainer.setup.decoding.options.use_cache is use_cache
         completions[use_cache] = trainer._generate_and_score_completions(prompts)["completion_ids"]
     assert (completions[True] == completions[False]).all()
 

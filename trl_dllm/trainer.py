@@ -116,10 +116,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
             self._dist.summon_full_params(self.model_wrapped, recurse=False),
             rollouts.merged_adapters(unwrapped_model, self.args.generation_merge_adapters),
         ):  # fmt: skip
-            rollout = rollouts.generate_rollouts(
-                unwrapped_model, self.model_spec, self.args, input_ids, attention_mask, noise,
-                eos_token_ids=self.eos_token_ids, return_trajectory=self.setup.records_trajectory,
-            )  # fmt: skip
+            rollout = rollouts.generate_rollouts(self.setup.decoding, unwrapped_model, self.args, input_ids,
+                                                 attention_mask, noise)  # the run's plan, bound to this handle
         canvas = rollout.completion_ids
         self._metrics[self._mode]["generation/forwards_per_token"].append(rollout.row_forwards / max(1, canvas.numel()))
         self._pending_rollout = rollout

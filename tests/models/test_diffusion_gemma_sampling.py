@@ -169,7 +169,7 @@ def test_trainer_decoding_plan_and_api_use_generate(model, prompts):
     sampler, denoiser, options = plan.sampler, plan.denoiser, plan.options
     assert sampler is generate_diffusion_gemma and denoiser is model
     assert (options.gen_length, options.max_denoising_steps, options.temperature) == (32, 4, args.temperature)
-    rollout = generate_rollouts(model, spec, args, ids, mask, gens(3, 4), eos_token_ids=EOS, return_trajectory=False)
+    rollout = generate_rollouts(plan, model, args, ids, mask, gens(3, 4))
     api = trl_dllm.generate(model, ids, mask, gen_length=32, diffusion_steps=4, temperature=args.temperature,
                             eos_token_ids=EOS, generator=gens(3, 4))  # fmt: skip
     assert torch.equal(rollout.completion_ids, api.completion_ids)

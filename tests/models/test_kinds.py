@@ -149,16 +149,19 @@ def test_the_block_length_rule_asks_the_kind():
 
 def test_a_kind_with_its_own_sampler_decodes_through_its_hook():
     """A new kind is its record: ``plan_decoding`` hands its decoding fields to its ``decoder`` hook, which returns
-    the plan's sampler, denoiser and options; nothing in training/ names it."""
+    the plan's sampler and options; nothing in training/ names it."""
     seen = {}
 
     def decoder(model, spec, fields):
         seen.update(fields)
-        return (lambda denoiser, ids, mask, *, options, generator: (denoiser, ids.tolist(), options)), model, "options"
+        return (lambda denoiser, ids, mask, *, options, generator: (denoiser, ids.tolist(), options)), "options"
 
     toy = ModelSpec(family="toy", mask_token_id=None, kind=Kind("toy", noise="uniform", decoder=decoder))
     plan = plan_decoding("the model", toy, {"gen_length": 4, "temperature": 1.0})
     assert plan(torch.tensor([[1, 2]]), None) == ("the model", [[1, 2]], "options")
     assert seen == {"gen_length": 4, "temperature": 1.0}
+    seen.clear()  # a rollout's handle on the model: the plan's sampler and options, the hook not asked again
+    assert plan.bind("the gathered model")(torch.tensor([[3]]), None) == ("the gathered model", [[3]], "options")
+    assert seen == {}
     with pytest.raises(ValueError, match="generation_compile=True"):  # our loop's compilation does not apply to it
         plan_decoding("the model", toy, {"gen_length": 4, "compile": True})

@@ -181,11 +181,11 @@ def test_rollouts_with_merged_adapters_equal_unmerged_ones_at_temperature_0(step
     args = _Args()
     args.max_completion_length, args.diffusion_steps, args.block_length, args.temperature = 8, steps, block, 0.0
     args.generation_chunk_size = None
+    plan = decoding_plan(model, spec, args, eos_token_ids=spec.eos_token_ids)
 
     def rollout():
         with torch.no_grad():
-            return generate_rollouts(model, spec, args, ids, mask, [None] * 3, eos_token_ids=spec.eos_token_ids,
-                                     return_trajectory=False).completion_ids  # fmt: skip
+            return generate_rollouts(plan, model, args, ids, mask, [None] * 3).completion_ids
 
     unmerged = rollout()
     with merged_adapters(model):

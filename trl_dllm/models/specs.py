@@ -49,9 +49,11 @@ class Kind:
         reentrant_checkpointing (`bool`, *optional*, defaults to `True`): reentrant activation checkpointing can train
             it (`False`: the trainer makes checkpointing non-reentrant, ``training.model_checks``).
         decoder (`Callable`, *optional*): for a kind that decodes with its own sampler, not the package's loop:
-            ``decoder(model, spec, fields) -> (sampler, denoiser, options)``, the pieces of a
-            ``training.rollouts.DecodingPlan`` for the decoding ``fields``, refusing those it cannot honour. `None`:
-            the package's samplers (full canvas, or block-causal).
+            ``decoder(model, spec, fields) -> (sampler, options)``, the pieces of a
+            ``training.rollouts.DecodingPlan`` for the decoding ``fields``, refusing those it cannot honour (once, when
+            the plan is made); the sampler is called on the model itself (``sampler(model, input_ids,
+            attention_mask, options=..., generator=...)``), so a rollout binds the plan to its own handle on the model
+            without asking the hook again. `None`: the package's samplers (full canvas, or block-causal).
         denoiser (`Callable`, *optional*): for a kind scored through its own denoiser (no mask token):
             ``denoiser(model)`` is the logits function its estimators call. `None`: ``models.model_logits_fn``.
     """

@@ -366,7 +366,8 @@ def check_reentrant_forwards(args, noise: str, *, peft: bool, zero3: bool, reent
 def check_block_layout(args, spec: ModelSpec, estimator: str | None = None) -> None:
     """The config against the model's layout (the block length rollouts and estimates then use is
     ``spec.decoding_block_length(args.block_length)``). ``estimator``: the run's, default the config's. The config is
-    never changed."""
+    never changed. The generation cache against the family is the decoding plan's rule (:func:`check_cache_model`,
+    `training.rollouts.plan_decoding`), checked once when the run plans it, right after this."""
     chosen = estimator or args.estimator
     problem = block_model_problem(getattr(args, "loss_type", None), spec.family, spec.kind.block_causal)
     if problem is not None:
@@ -385,7 +386,6 @@ def check_block_layout(args, spec: ModelSpec, estimator: str | None = None) -> N
     # Prompts of different lengths are left-padded: the estimator's mask and the rollouts' (below) must honour it.
     four_d = scores_with_4d_mask(chosen, block_causal=spec.kind.block_causal)
     require_attention(spec, f"the {chosen} estimator", four_d=four_d, padded=True)
-    check_cache_model(spec, args.generation_cache)
     if not spec.kind.block_causal:
         return
     require_attention(spec, "block-causal generation", four_d=True, use_cache=args.block_kv_cache)

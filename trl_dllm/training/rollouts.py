@@ -7,8 +7,9 @@ differ).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -39,26 +40,49 @@ def sampling_distribution(args, temperature: float | None = None) -> dict:
     }
 
 
+def _the_module(model):
+    return model
+
+
 @dataclass(frozen=True)
 class DecodingPlan:
     """How a model decodes: the sampler, what it calls (the module, or a logits function through the family spec)
-    and its options, checked once when built. Calling the plan decodes:
+    and its options, every rule checked once, when planned (:func:`plan_decoding`). Calling the plan decodes:
     `plan(input_ids, attention_mask, generator)` is `sampler(denoiser, input_ids, attention_mask, options=...,
-    generator=...)`."""
+    generator=...)`. :meth:`bind` gives the same plan on another handle of the same model (a rollout's: ZeRO-3's
+    gathered module, the adapters merged, the unwrapped model) without planning again."""
 
     sampler: Callable
     denoiser: object
     options: DecodingOptions
+    calls: Callable = _the_module  # what the sampler calls, built from a model: the module itself, or its logits
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, generator=None):
         return self.sampler(self.denoiser, input_ids, attention_mask, options=self.options, generator=generator)
 
+    def bind(self, model) -> DecodingPlan:
+        """This plan decoding with `model`: only what the sampler calls is rebuilt from it (`calls`); the sampler and
+        the options are the planned ones, and no rule is checked again."""
+        return replace(self, denoiser=self.calls(model))
+
+    @property
+    def records_trajectory(self) -> bool:
+        """Its rollouts record the step that revealed each token (`return_trajectory`)."""
+        return bool(getattr(self.options, "return_trajectory", False))
+
+    @property
+    def records_steps(self) -> bool:
+        """Its rollouts record every step's canvas and prediction (`record_steps`)."""
+        return bool(getattr(self.options, "record_steps", False))
+
 
 def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
-    """The one place a model family chooses its decoding, for the trainer (:func:`decoding_plan`), `trl-dllm eval`,
-    the lm-eval model and `trl_dllm.generate`. `fields` are the options' fields (those of
-    [`~trl_dllm.core.sampling.DecodingOptions`], plus `generation_cache` and `compile`, and the block-causal ones for a
-    block-diffusion model).
+    """The one place a model family chooses its decoding, for the trainer (:func:`decoding_plan`, once per run:
+    `RunSetup.decoding`, which each rollout binds), `trl-dllm eval`, the lm-eval model and `trl_dllm.generate`.
+    `fields` are the options' fields (those of [`~trl_dllm.core.sampling.DecodingOptions`], plus `generation_cache`
+    and `compile`, and the block-causal ones for a block-diffusion model). `model` is read for what a rule needs of
+    it (a kind's own sampler reads its config; a refusal names its class); the plan decodes with it until bound to
+    another handle (:meth:`DecodingPlan.bind`).
 
     - A kind with its own sampler (`Kind.decoder`: DiffusionGemma's `generate()`) decodes with it; the fields it
       cannot honour are refused there.
@@ -79,7 +103,8 @@ def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
     if compile and (refusal := compiled_step_refusal(spec)) is not None:
         raise ValueError(refusal)
     if spec.kind.decoder is not None:
-        return DecodingPlan(*spec.kind.decoder(model, spec, fields))
+        sampler, options = spec.kind.decoder(model, spec, fields)  # called on the module itself
+        return DecodingPlan(sampler, model, options)
     cache = fields.pop("generation_cache", "none")
     check_cache_model(spec, cache)  # the cache against the family; guidance and graphs: the options' own rules
     fields["block_length"] = spec.decoding_block_length(fields.get("block_length"))  # a kind's own blocks
@@ -91,7 +116,8 @@ def plan_decoding(model, spec: ModelSpec, fields: dict) -> DecodingPlan:
         return DecodingPlan(generate_block_causal, model, BlockCausalOptions(**fields, compile=compile))
     if cache != "none":
         return DecodingPlan(generate_cached, model, CachedOptions(**fields, generation_cache=cache, compile=compile))
-    return DecodingPlan(generate, model_logits_fn(model, spec), DecodingOptions(**fields, compile=compile))
+    logits = functools.partial(model_logits_fn, spec=spec)  # the module's logits function, for any handle on it
+    return DecodingPlan(generate, logits(model), DecodingOptions(**fields, compile=compile), calls=logits)
 
 
 def decoding_plan(
@@ -144,13 +170,9 @@ def decoding_plan(
     return plan_decoding(model, spec, fields)
 
 
-def check_uniform_decoding(model, spec: ModelSpec, args, eos_token_ids: Sequence[int],
-                           return_trajectory: bool | None = None) -> None:
-    """Before training, on a kind with its own sampler (`Kind.decoder`: DiffusionGemma): the sampler's own checks of
-    the generation fields (through :func:`decoding_plan` as each rollout builds it), so that a field it cannot honour
-    stops the run at construction, not at the first rollout; and a ``block_length`` the user set must be its own
-    block (one in `args.defaulted` is not read). ``return_trajectory``: whether the run records it (default: the
-    config's `records_trajectory`). Other kinds: nothing."""
+def check_own_blocks(spec: ModelSpec, args) -> None:
+    """On a kind with its own sampler (`Kind.decoder`: DiffusionGemma): a ``block_length`` the user set must be its
+    own block (one in `args.defaulted` is not read). Other kinds: nothing."""
     if not spec.kind.own_sampler:
         return
     canvas, where = spec.block_length, ", ".join(f"config.{name}" for name in spec.kind.block_size_fields)
@@ -159,6 +181,17 @@ def check_uniform_decoding(model, spec: ModelSpec, args, eos_token_ids: Sequence
             f"block_length={args.block_length} does not apply to this model: the {spec.family} family decodes and "
             f"scores blocks of its own {where}={canvas}. Leave block_length unset (or set it to {canvas})."
         )
+
+
+def check_uniform_decoding(model, spec: ModelSpec, args, eos_token_ids: Sequence[int],
+                           return_trajectory: bool | None = None) -> None:
+    """Without a run (`trl-dllm plan`), on a kind with its own sampler (`Kind.decoder`: DiffusionGemma): its blocks
+    (:func:`check_own_blocks`) and the sampler's own checks of the generation fields, through :func:`decoding_plan`
+    as the trainer plans its run (`training.setup.resolve_run`, which keeps the plan). ``return_trajectory``: whether
+    the run records it (default: the config's `records_trajectory`). Other kinds: nothing."""
+    if not spec.kind.own_sampler:
+        return
+    check_own_blocks(spec, args)
     trajectory = args.records_trajectory if return_trajectory is None else return_trajectory
     decoding_plan(model, spec, args, eos_token_ids=eos_token_ids, return_trajectory=trajectory)
 
@@ -175,31 +208,28 @@ class Rollout:
 
 
 def generate_rollouts(
+    plan: DecodingPlan,
     model,
-    spec: ModelSpec,
     args,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     generators,
-    *,
-    eos_token_ids: Sequence[int],
-    return_trajectory: bool,
 ) -> Rollout:
-    """Decode left-padded prompts `(B, P)` as `args` says, `args.generation_chunk_size` rows per sampler call, row `b`
-    drawing its noise from `generators[b]` (so a row's completion does not depend on its chunk); every step recorded
-    when the objective rewards steps (`args.records_steps`, MDPO)."""
-    record_steps = bool(getattr(args, "records_steps", False))
+    """Decode left-padded prompts `(B, P)` with `plan` (the run's, `RunSetup.decoding`, checked when the run started)
+    bound to `model` (this rollout's handle on the policy), `args.generation_chunk_size` rows per sampler call, row `b`
+    drawing its noise from `generators[b]` (so a row's completion does not depend on its chunk); the trajectory and
+    every step recorded as the plan says."""
+    trajectory, record_steps = plan.records_trajectory, plan.records_steps
     chunk = args.generation_chunk_size or input_ids.size(0)
     generators = branching(args, generators, input_ids.device)  # d-TreeRPO: a group decoded as one tree
-    plan = decoding_plan(model, spec, args, eos_token_ids=eos_token_ids, return_trajectory=return_trajectory,
-                         record_steps=record_steps)  # fmt: skip
+    plan = plan.bind(model)
     outputs = [
         plan(input_ids[start : start + chunk], attention_mask[start : start + chunk], generators[start : start + chunk])
         for start in range(0, input_ids.size(0), chunk)
     ]
     return Rollout(
         completion_ids=torch.cat([out.completion_ids for out in outputs]),
-        unmask_step=torch.cat([out.unmask_step for out in outputs]) if return_trajectory else None,
+        unmask_step=torch.cat([out.unmask_step for out in outputs]) if trajectory else None,
         row_forwards=sum(out.num_row_forwards for out in outputs),  # a forward of B rows counts B
         steps=StepRecord.cat([out.steps for out in outputs]) if record_steps else None,
     )

@@ -46,6 +46,10 @@ class RunSetup:
             config's: `ModelSpec.decoding_block_length`).
         records_trajectory (`bool`): rollouts record the step that revealed each token (the objective or estimator
             replays it).
+        decoding (`DecodingPlan`): how the run decodes, planned once here with the run's EOS ids, trajectory and
+            step recording (`training.rollouts.decoding_plan`), every decoding rule checked; each rollout, training's
+            and evaluation's alike (both sample at `temperature`), binds it to its handle on the policy
+            (`DecodingPlan.bind`) and checks nothing again.
         checkpointing_kwargs (`dict` or `None`): the `gradient_checkpointing_kwargs` TRL must see (non-reentrant
             checkpointing where reentrant cannot train); `None`: TRL's as they are.
         use_bias_correction_kl (`bool`): TRL's KL correction for the run's estimator (the config's value when set).
@@ -60,6 +64,7 @@ class RunSetup:
     objective: Objective | None
     block_length: int | None
     records_trajectory: bool
+    decoding: rollouts.DecodingPlan
     checkpointing_kwargs: dict | None
     use_bias_correction_kl: bool
     notices: tuple[str, ...] = ()
@@ -221,11 +226,13 @@ def resolve_run(trainer, *, asked_reentrant: bool | None) -> RunSetup:
     bias_correction, bias_line = fit_bias_correction_kl(args, estimator)
     trajectory = records_trajectory(args.loss_type, estimator)
     model_checks.check_noise(args, spec, estimator)  # the estimator scores the family's noise (mask / uniform)
-    rollouts.check_uniform_decoding(unwrapped, spec, args, eos_token_ids, trajectory)  # a kind's own sampler
+    rollouts.check_own_blocks(spec, args)  # a kind's own sampler decodes in its own blocks
     peft = is_peft_model(unwrapped)
     checkpointing, reentry = model_checks.checkpointing_choice(args, spec, asked=asked_reentrant,
                                                                zero3_lora=trainer._zero3 and peft)  # fmt: skip
     model_checks.check_block_layout(args, spec, estimator)
+    decoding = rollouts.decoding_plan(unwrapped, spec, args, eos_token_ids=eos_token_ids, return_trajectory=trajectory,
+                                      record_steps=args.records_steps)  # every decoding rule, once per run
     reentrant = bool(((args.gradient_checkpointing_kwargs if checkpointing is None else checkpointing) or {}).get(
         "use_reentrant"))  # fmt: skip
     model_checks.check_reentrant_forwards(args, spec.noise, peft=peft, zero3=trainer._zero3, reentrant=reentrant,
@@ -251,4 +258,5 @@ def resolve_run(trainer, *, asked_reentrant: bool | None) -> RunSetup:
         accelerator.print(line)
     return RunSetup(spec=spec, eos_token_ids=eos_token_ids, estimator=estimator, estimator_fitted=bool(estimator_line),
                     objective=OBJECTIVES.get(args.loss_type), block_length=block_length, records_trajectory=trajectory,
+                    decoding=decoding,
                     checkpointing_kwargs=checkpointing, use_bias_correction_kl=bias_correction, notices=notices)  # fmt: skip

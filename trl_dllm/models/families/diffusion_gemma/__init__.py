@@ -56,8 +56,7 @@ def _decoder(model, spec: ModelSpec, fields: dict):
     (:func:`.sampling.diffusion_gemma_options`) and the family's EOS ids unless others are given."""
     from .sampling import diffusion_gemma_options, generate_diffusion_gemma
 
-    options = diffusion_gemma_options(model, **{"eos_token_ids": spec.eos_token_ids, **fields})
-    return generate_diffusion_gemma, model, options
+    return generate_diffusion_gemma, diffusion_gemma_options(model, **{"eos_token_ids": spec.eos_token_ids, **fields})
 
 
 def _denoiser(model):
