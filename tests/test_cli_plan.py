@@ -335,3 +335,16 @@ def test_each_recipe_s_released_id_planned_without_the_hub(family, no_hub, capsy
     first = out.splitlines()[0]
     assert status == 0 and "(its released config.json, embedded: no Hub read)" in first, out
     assert embedded_config(first.split(" (")[0]) is not None
+
+
+def test_plan_refuses_a_block_length_the_block_diffusion_model_refuses(config_folders, capsys):
+    """SDAR decodes in its own blocks of 4: the trainer refuses block_length=8 at construction
+    (`training.model_checks.check_block_layout`), so the plan does too, with the trainer's message; the recipe's own
+    block length plans."""
+    argv = ["--config", RECIPES["sdar"], "--model_name_or_path", config_folders["sdar"]]
+    assert run(capsys, *argv, "--json")[0] == 0
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", *argv, "--block_length", "8"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert "block_length=8 does not match the model's block size 4" in err and "no training run to plan" in err

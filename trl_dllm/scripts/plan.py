@@ -101,6 +101,8 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
     if kind.own_sampler:  # the generation fields its sampler refuses, refused as the trainer refuses them
         _check_own_decoding(spec, training_args)
     estimator, _ = fit_estimator(training_args, kind)  # `estimator` not set: the one the kind asks for
+    if spec is not None:  # the trainer's checks of the layout against the family, refused as the trainer refuses them
+        _check_block_layout(training_args, spec, estimator)
     block_length = spec.decoding_block_length(training_args.block_length) if spec is not None else None
     settings = planning.settings_from_args(training_args, model_args, prompt_length=options.prompt_length,
                                            logits=options.logits, auto_kept_chunks=options.auto_kept_chunks,
@@ -168,6 +170,19 @@ def _check_reentrant_forwards(training_args, peft: bool, estimator: str, noise: 
         return
     try:  # TRL sets use_reentrant=True for LoRA under ZeRO-3, and it stays
         check_reentrant_forwards(training_args, noise, peft=peft, zero3=True, reentrant=True, estimator=estimator)
+    except ValueError as error:
+        raise UsageError(f"{error} There is no training run to plan.") from None
+
+
+def _check_block_layout(training_args, spec, estimator: str) -> None:
+    """The trainer's check of the config against the family's layout
+    (:func:`trl_dllm.training.model_checks.check_block_layout`: the estimator's mask, a block-diffusion model's own
+    blocks, completion length and steps, its guidance), from the spec the config resolves to: a run the trainer
+    refuses is not planned."""
+    from ..training.model_checks import check_block_layout
+
+    try:
+        check_block_layout(training_args, spec, estimator)
     except ValueError as error:
         raise UsageError(f"{error} There is no training run to plan.") from None
 
