@@ -2,6 +2,7 @@
 `uniform_block` estimator with the reference LoRA train two steps; every other combination is refused at construction
 (before loading a named checkpoint), and the masked-diffusion estimators on it, and `uniform_block` on a masked model."""
 
+import re
 import zlib
 
 import pytest
@@ -10,6 +11,7 @@ from datasets import Dataset
 
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 from trl_dllm.models.families import diffusion_gemma as dg
+from trl_dllm.models.native import read_config_dict
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +106,10 @@ def test_refuses_every_other_combination_before_loading(tmp_path, tiny_path, ove
     args = make_args(tmp_path, **overrides)
     with pytest.raises(NotImplementedError, match=match):
         DiffusionGRPOTrainer(tiny_path, reward_funcs=checksum_reward, args=args, train_dataset=dataset())
-    assert dg.training_refusal(tiny_path, args) is not None  # what `trl-dllm plan` refuses too
-    assert dg.training_refusal("/no/such/folder", args) is None  # left to the loader, which says why
+    defaulted = "estimator" in args.defaulted
+    refusal = dg.training_refusal(read_config_dict(tiny_path), args.estimator, args.loss_type,
+                                  estimator_defaulted=defaulted)  # what `trl-dllm plan` refuses too, from config.json
+    assert refusal is not None and re.search(match, refusal)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """DiffusionGRPOTrainer on tiny LLaDA, Dream and SDAR checkpoints written in each family's original layout and
 loaded by name (natively, no remote code), with TRL's defaults (gradient checkpointing on); padding invariance of
-native generation; the adaptations made for remote-code models (training.model_setup.adapt_to_model, the padding probe)."""
+native generation; the adaptations made for remote-code models (training.model_loading.adapt_to_model, the padding
+probe)."""
 
 import json
 import zlib
@@ -16,7 +17,7 @@ import trl_dllm
 from trl_dllm import DiffusionGRPOConfig, DiffusionGRPOTrainer
 from trl_dllm.errors import UsageError
 from trl_dllm.models.loading import honours_padding, load_pretrained
-from trl_dllm.training.model_setup import adapt_to_model
+from trl_dllm.training.model_loading import adapt_to_model, model_loading
 
 
 def id_checksum_reward(completion_ids, **kwargs):
@@ -250,19 +251,23 @@ def test_padding_probe():
 
 
 def test_adapt_to_a_remote_style_model(tmp_path, caplog):
-    args = make_args(tmp_path)
+    """Entering the trainer's `ModelLoading` with a model object that cannot checkpoint switches the config's gradient
+    checkpointing off (both names) with one warning, and adapts a copy of the LoRA config, never the user's."""
+    args = make_args(tmp_path, gradient_checkpointing=True)
     peft_config = LoraConfig(target_modules=["head"], task_type="CAUSAL_LM")
-    with caplog.at_level("WARNING"):
-        adapt_to_model(_RemoteStyle(honour_mask=True), args, peft_config)
+    loading = model_loading(args, _RemoteStyle(honour_mask=True), {"peft_config": peft_config}, refuse=False)
+    with caplog.at_level("WARNING"), loading as kwargs:
+        pass
     assert args.gradient_checkpointing is False and "does not support gradient checkpointing" in caplog.text
     assert getattr(args, "activation_checkpointing", False) is False  # the name transformers 5's Trainer reads
-    assert peft_config.task_type is None  # PEFT's CAUSAL_LM wrapper needs prepare_inputs_for_generation
+    assert kwargs["peft_config"].task_type is None  # PEFT's CAUSAL_LM wrapper needs prepare_inputs_for_generation
+    assert str(peft_config.task_type) in ("CAUSAL_LM", "TaskType.CAUSAL_LM")  # the user's, untouched
 
 
 def test_llada_module_names_become_llama_names(tmp_path, original_checkpoints):
     model = load_pretrained(original_checkpoints["llada"])
     peft_config = LoraConfig(target_modules=["q_proj", "attn_out", "ff_proj", "ff_out", "up_proj"])
-    adapt_to_model(model, make_args(tmp_path), peft_config)
+    assert adapt_to_model(model, True, peft_config)  # native classes checkpoint
     assert set(peft_config.target_modules) == {"q_proj", "o_proj", "gate_proj", "down_proj", "up_proj"}
 
 

@@ -24,8 +24,6 @@ TRL 1.16's `DPOTrainer` has no narrower hook than its scoring call, ``model(...,
 
 from __future__ import annotations
 
-import copy
-
 import trl.trainer.dpo_trainer as dpo_module
 from accelerate.utils import is_peft_model
 from trl import DPOTrainer
@@ -37,6 +35,7 @@ from .models.adapters import adapter_to_original_layout
 from .models.embedded import resolve_model_name
 from .models.loading import is_native_layout
 from .training import model_setup, preference
+from .training.model_loading import model_loading
 from .training.preference import install_estimate_head, row_seeds
 
 UNMEASURED_METRICS = ("logits/chosen", "logits/rejected", "mean_token_accuracy")
@@ -56,17 +55,10 @@ class DiffusionDPOTrainer(DPOTrainer):
         if not isinstance(args, DiffusionDPOConfig):
             raise TypeError(f"args must be a DiffusionDPOConfig, got {type(args).__name__}. Replace DPOConfig(...) "
                             "with DiffusionDPOConfig(...): it accepts the same arguments.")  # fmt: skip
-        peft_config = kwargs.get("peft_config")
-        if peft_config is not None:
-            kwargs["peft_config"] = peft_config = copy.deepcopy(peft_config)  # adapted to the model, never the user's
-        source = model_setup.model_source(model, args.model_init_kwargs)  # a name's config.json, read once
-        if not isinstance(model, str):
-            model_setup.adapt_to_model(model, args, peft_config)
-        elif kwargs.get("processing_class") is None and args.native_loading:
-            kwargs["processing_class"] = model_setup.native_tokenizer(source, args)
+        loading = model_loading(args, model, kwargs, trainer_module=dpo_module, refuse=False)  # no weights yet
         asked_reentrant = (args.gradient_checkpointing_kwargs or {}).get("use_reentrant")  # before TRL sets it
-        with model_setup.loading_models(args, peft_config, source, trainer_module=dpo_module):
-            super().__init__(model, ref_model, args, *pargs, **kwargs)
+        with loading as trl_kwargs:  # a name's config read once, the tokenizer; TRL's loader routed
+            super().__init__(model, ref_model, args, *pargs, **trl_kwargs)
         if self.is_fsdp_enabled:
             raise ValueError(
                 "FSDP is not supported by DiffusionDPOTrainer yet: FSDP gathers the parameters collectively in every "

@@ -50,10 +50,10 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = DiffusionGRPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-DiffusionGRPO")
-        source = setup.before_loading(args, DiffusionGRPOConfig, model, reward_funcs, pargs, kwargs)  # no weights yet
+        loading = setup.before_loading(args, DiffusionGRPOConfig, model, reward_funcs, pargs, kwargs)  # no weights yet
         asked_reentrant = (args.gradient_checkpointing_kwargs or {}).get("use_reentrant")  # before TRL sets it
-        with model_setup.loading_models(args, kwargs.get("peft_config"), source):
-            super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        with loading as trl_kwargs:  # the family's refusal, the tokenizer; TRL's loader routed (training/model_loading)
+            super().__init__(model, reward_funcs, args, *pargs, **trl_kwargs)
         self._embedded_name = given if given is not model else None  # read by `save_model`, called by TRL's hooks
         # The run resolved once (`training/setup.py`): spec, estimator, layout, checkpointing; every check, the notices.
         self.setup = setup.resolve_run(self, asked_reentrant=asked_reentrant)

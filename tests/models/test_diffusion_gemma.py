@@ -127,12 +127,10 @@ def test_trainer_refuses_before_loading(tiny_path, tiny):
     for model in (tiny_path, tiny[0]):
         with pytest.raises(NotImplementedError, match="TRL's token-level loss types take a ratio per token"):
             DiffusionGRPOTrainer(model, reward_funcs=reward, args=args, train_dataset=[{"prompt": "a"}])
-    assert dg.training_refusal("/no/such/folder", args) is None  # left to the loader, which says why
     model = tiny[0]
     model.config.output_router_logits = True  # TRL's router-loss switch: the model returns no router loss
     try:
-        refusal = dg.training_refusal(model, DiffusionGRPOConfig(output_dir="/tmp/unused-dgemma", report_to="none",
-                                                                 loss_type="stabledrl"))  # fmt: skip
+        refusal = dg.training_refusal(model, "uniform_block", "stabledrl")
     finally:
         del model.config.output_router_logits
     assert "output_router_logits=True" in refusal and "set it to False" in refusal

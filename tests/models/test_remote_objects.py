@@ -19,7 +19,7 @@ import trl_dllm
 from trl_dllm import DiffusionGRPOConfig
 from trl_dllm.core.masks import block_causal_mask
 from trl_dllm.models.loading import load_pretrained
-from trl_dllm.training.trainer_inputs import check_remote_code_object
+from trl_dllm.training.model_loading import check_remote_code_object
 
 from .remote_code import build_tiny_checkpoint, load_remote_model, remote_code_dir
 
@@ -87,7 +87,7 @@ def refused(call, *patterns):
 
 def trainer_check(model, **config):
     args = DiffusionGRPOConfig(output_dir="/tmp/unused", report_to="none", use_cpu=True, **config)
-    return lambda: check_remote_code_object(model, args)
+    return lambda: check_remote_code_object(model, args.block_kv_cache)
 
 
 # --------------------------------------------------------------------------------------------- CPU stand-ins

@@ -60,10 +60,10 @@ def test_checkpointing_choice_is_applied_in_one_place(spec, reentrant_after):
 
 
 def test_a_named_model_is_read_once_for_its_refusal_tokenizer_policy_and_reference(tmp_path, monkeypatch):
-    """`before_loading` reads `config.json` once (`model_setup.ModelSource`); the family's refusal, the tokenizer and
-    the loader (policy and, with `beta > 0` and no PEFT, the reference) take it from there."""
+    """Entering the trainer's `ModelLoading` reads `config.json` once; the family's refusal, the tokenizer and the
+    loader (policy and, with `beta > 0` and no PEFT, the reference) take it from there."""
     from trl_dllm.models import loading, native
-    from trl_dllm.training import model_setup
+    from trl_dllm.training import model_loading
 
     reads = []
     original = native.read_config_dict
@@ -72,7 +72,7 @@ def test_a_named_model_is_read_once_for_its_refusal_tokenizer_policy_and_referen
         reads.append(str(name_or_path))
         return original(name_or_path, **hub_kwargs)
 
-    for module in (native, loading, model_setup):
+    for module in (native, loading, model_loading):
         monkeypatch.setattr(module, "read_config_dict", counted)
     args = make(output_dir=str(tmp_path), loss_type="stabledrl", beta=0.04, max_steps=1)
     trainer = DiffusionGRPOTrainer("tiny", reward_funcs=reward, args=args, train_dataset=DATA)

@@ -233,10 +233,11 @@ class Family:
         tiny (`TinyCheckpoint`, *optional*): what its tiny original-layout checkpoint is made of.
         released_configs (`Mapping[str, Mapping[str, Any]]`, *optional*): the ``config.json`` of released checkpoints
             by Hub id, embedded so that ``trl-dllm plan`` plans them without the Hub (``RELEASED_CONFIGS``).
-        training_refusal (`Callable`, *optional*): ``training_refusal(model, args, config=None, **hub_kwargs) -> str | None``,
-            the message refusing a run the trainer cannot do with this family's ``model`` (a model, or a Hub id /
-            folder read without its weights: its ``config.json`` dict ``config`` when read already), else `None` (also for a model of another family); called before the weights
-            are loaded, by the trainer and ``trl-dllm plan`` (``families.training_refusal``).
+        training_refusal (`Callable`, *optional*): ``training_refusal(config, estimator, loss_type, *,
+            estimator_defaulted=False, name=None) -> str | None``, the message refusing a run the trainer cannot do
+            with this family's model (``config``: its ``config.json`` dict read without the weights, a config, or a
+            model object), else `None` (also for a model of another family); called before the weights are loaded,
+            by the trainer and ``trl-dllm plan`` (``families.training_refusal``).
         model_class (`Callable`, *optional*): ``model_class()`` is the transformers class of the family's
             ``model_types``, for a model ``AutoModelForCausalLM`` does not build (an encoder-decoder): the planner
             builds it on the meta device.

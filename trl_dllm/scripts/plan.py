@@ -79,10 +79,25 @@ def check_plan_arguments(options: PlanArguments) -> None:
                          "a run may use; 0.9 leaves room for the CUDA context and the allocator)")  # fmt: skip
 
 
+def _family_refusal(model_args, training_args) -> str | None:
+    """The family's refusal of the run, as the trainer asks it before loading (`training.model_loading`): from the
+    checkpoint's `config.json`; `None` when that cannot be read (``planning.read_model`` then says why)."""
+    from ..models.families import training_refusal
+    from ..models.native import read_config_dict
+
+    name = model_args.model_name_or_path
+    try:
+        config = read_config_dict(name, revision=model_args.model_revision)
+    except (OSError, ValueError):
+        return None
+    defaulted = "estimator" in getattr(training_args, "defaulted", ())
+    return training_refusal(config, training_args.estimator, training_args.loss_type, estimator_defaulted=defaulted,
+                            name=name)  # fmt: skip
+
+
 def build_report(options: PlanArguments, training_args, model_args) -> dict:
     """The plan of every strategy, the headline one's phases, its largest batch and the changes that make it fit."""
     from .. import planning
-    from ..models.families import training_refusal
     from ..models.specs import MASKED
     from ..training.setup import fit_estimator
 
@@ -90,8 +105,7 @@ def build_report(options: PlanArguments, training_args, model_args) -> dict:
         raise UsageError("model_name_or_path is not set: pass --model_name_or_path (a Hub id or a folder with config.json)")
     # a Hub id with an embedded config.json (LLaDA2) is planned from it, without the Hub; a refusal is a family's own
     embedded = planning.embedded_config(model_args.model_name_or_path, model_args.model_revision) is not None
-    refusal = None if embedded else training_refusal(model_args.model_name_or_path, training_args,
-                                                     revision=model_args.model_revision)  # fmt: skip
+    refusal = None if embedded else _family_refusal(model_args, training_args)
     if refusal is not None:  # a run the trainer refuses (DiffusionGemma's): nothing to plan
         raise UsageError(f"{refusal} There is no training run to plan.")
     # the family its config resolves to, as loading resolves it (architecture, model_type or dllm_family marker):

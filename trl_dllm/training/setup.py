@@ -1,8 +1,9 @@
 """A run resolved once: [`RunSetup`], built when `DiffusionGRPOTrainer` starts, from its config, the model TRL built and
 its tokenizer.
 
-- [`before_loading`]: what the trainer is handed, checked before TRL loads any weights (options, a family's refusal,
-  rewards, datasets, processor), and the keyword arguments adapted to the model (an adapter folder, its tokenizer).
+- [`before_loading`]: what the trainer is handed, checked before TRL loads any weights (options, rewards, datasets,
+  processor), and what loading its models needs read once (`training/model_loading.py`: the family's refusal, the
+  tokenizer, TRL's loader routed, while TRL's `__init__` runs).
 - [`resolve_run`]: after TRL built the trainer, the family's spec and kind, the estimator (the config's, or fitted to
   the family when `estimator` was left unset), the objective, the decoding layout and the checkpointing choice, with
   every check of the run against the model made once; the startup lines say what was chosen.
@@ -15,7 +16,6 @@ and the scoring read the resolved values from the `RunSetup` (`trainer.setup`), 
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 from accelerate.utils import is_peft_model
@@ -26,9 +26,9 @@ from ..core.likelihood import ESTIMATORS
 from ..core.methods import accepted_estimators, noise_estimator
 from ..core.objectives import OBJECTIVES, Objective
 from ..models import ModelSpec, resolve_model_spec
-from ..models.families import training_refusal
 from ..models.specs import Kind
-from . import inputs, model_checks, model_setup, rollouts, trainer_inputs
+from . import inputs, model_checks, model_loading, model_setup, rollouts, trainer_inputs
+from .model_loading import ModelLoading
 
 
 @dataclass(frozen=True)
@@ -184,30 +184,14 @@ def check_merge_adapters(model, args, sharded: bool) -> None:
         )
 
 
-def before_loading(args, config_class, model, reward_funcs, pargs, kwargs: dict):
-    """Before TRL loads any weights: the trainer's options and inputs checked, a family's own refusal, and ``kwargs``
-    (the trainer's keyword arguments, changed in place) adapted: an SFT LoRA adapter folder is trained on from its
-    values on its base (TRL then takes no `peft_config`), a `peft_config` is copied before it is adapted to the model,
-    a tokenizer is loaded for an adapter folder or a natively loaded name. Returns the `ModelSource` (a name's config,
-    read once; the adapter folder) the loader reads."""
+def before_loading(args, config_class, model, reward_funcs, pargs, kwargs: dict) -> ModelLoading:
+    """Before TRL loads any weights: the trainer's options and inputs checked (`trainer_inputs`), then what loading
+    its models needs read from ``args`` once: the [`~training.model_loading.ModelLoading`] the trainer enters around
+    TRL's `__init__` (the family's refusal, the tokenizer, TRL's loader routed; ``kwargs``, the trainer's keyword
+    arguments, come back adapted from it)."""
     trainer_inputs.check_trainer_options(args, config_class, kwargs)
     trainer_inputs.check_trainer_inputs(args, model, reward_funcs, pargs, kwargs)
-    adapter = model_setup.adapter_folder(model, kwargs.get("peft_config"))
-    source = model_setup.model_source(model, args.model_init_kwargs, adapter)  # its config.json read once, here
-    unreadable = source.name is not None and source.config is None  # the loader says why
-    if not unreadable and (refusal := training_refusal(source.name or model, args, config=source.config)) is not None:
-        raise NotImplementedError(refusal)  # a family's own refusal (DiffusionGemma: StableDRL / ESPO only)
-    if adapter is not None:
-        kwargs["peft_config"] = None
-    if kwargs.get("peft_config") is not None:
-        kwargs["peft_config"] = copy.deepcopy(kwargs["peft_config"])  # adapted to the model, never the user's
-    if not isinstance(model, str):
-        model_setup.adapt_to_model(model, args, kwargs.get("peft_config"))
-    elif kwargs.get("processing_class") is None and adapter is not None:
-        kwargs["processing_class"] = model_setup.adapter_tokenizer(source, args)
-    elif kwargs.get("processing_class") is None and args.native_loading:
-        kwargs["processing_class"] = model_setup.native_tokenizer(source, args)
-    return source
+    return model_loading.model_loading(args, model, kwargs)
 
 
 def resolve_run(trainer, *, asked_reentrant: bool | None) -> RunSetup:

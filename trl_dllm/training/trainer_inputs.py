@@ -10,7 +10,7 @@ import inspect
 import os
 from collections.abc import Mapping, Sequence
 
-from ..models import base_model, family_spec, is_transformers_native, require_attention
+from ..models import base_model, family_spec
 from . import inputs
 
 
@@ -60,26 +60,6 @@ def check_trainer_inputs(args, model, reward_funcs, pargs: Sequence, kwargs: Map
             label = name if name == "eval_dataset" else f"eval_dataset[{name!r}]"
             _check_dataset(label, dataset, 1, "per_device_eval_batch_size", args)
     check_text_only(named.get("processing_class"), model)
-    check_remote_code_object(model, args)  # last: the one check that reads the model's family
-
-
-def check_remote_code_object(model, args) -> None:
-    """A model object built with a known family's own remote code (told by ``config.architectures`` / ``model_type``,
-    as loading by name tells them), before TRL builds anything: the trainer passes a block-diffusion model 4-D masks
-    (with the KV cache when `block_kv_cache`), any other left-padded prompts under a 2-D mask, and
-    :func:`~trl_dllm.models.require_attention` decides, as it does for ``trl_dllm.generate`` and ``estimate``. The
-    estimator's own mask is checked once the family is known (`model_checks.check_block_layout`)."""
-    if isinstance(model, str) or not (hasattr(model, "config") or hasattr(model, "get_base_model")):
-        return
-    base = base_model(model)
-    if getattr(base, "dllm_layout", None) is not None or is_transformers_native(base):
-        return
-    spec = family_spec(base)
-    if spec is None or not spec.trust_remote_code:
-        return
-    block = spec.kind.block_causal
-    what = "DiffusionGRPOTrainer's block-causal rollouts" if block else "DiffusionGRPOTrainer (prompts are left-padded)"
-    require_attention(spec, what, four_d=block, padded=True, use_cache=args.block_kv_cache, model=base)
 
 
 def _check_names(model, reward_funcs) -> None:

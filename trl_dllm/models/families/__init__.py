@@ -112,13 +112,15 @@ def unregister_family(name: str) -> None:
     _derive()
 
 
-def training_refusal(model, args, config: dict | None = None, **hub_kwargs) -> str | None:
-    """The message refusing a run the trainer cannot do with ``model`` (a model, or a Hub id / folder read without its
-    weights: its ``config`` when read already, else read with ``hub_kwargs``), from the first family whose
-    ``training_refusal`` refuses it, else `None`. Called before the weights are loaded, by the trainer and
-    ``trl-dllm plan``."""
-    refusals = (family.training_refusal(model, args, config=config, **hub_kwargs)
-                for family in FAMILIES if family.training_refusal)  # fmt: skip
+def training_refusal(config, estimator: str, loss_type: str, *, estimator_defaulted: bool = False,
+                     name: str | None = None) -> str | None:
+    """The message refusing a run the trainer cannot do with a model of ``config`` (a ``config.json`` dict read
+    without the weights, a config, or a model object), asked for ``estimator`` (fitted to the family when
+    ``estimator_defaulted``) and ``loss_type``, from the first family whose ``training_refusal`` refuses it, else
+    `None`. ``name``: the checkpoint, for the message. Called before the weights are loaded, by the trainer
+    (`training.model_loading`) and ``trl-dllm plan``."""
+    refusals = (family.training_refusal(config, estimator, loss_type, estimator_defaulted=estimator_defaulted,
+                                        name=name) for family in FAMILIES if family.training_refusal)  # fmt: skip
     return next((refusal for refusal in refusals if refusal is not None), None)
 
 

@@ -129,35 +129,26 @@ TRAINING_REFUSAL = (
 )
 
 
-def training_refusal(model: Any, args: Any, config: dict | None = None, **hub_kwargs: Any) -> str | None:
-    """The message refusing ``model`` (a model object, or a Hub id / folder whose ``config.json``, ``config`` when read
-    already, is read without loading weights) when it is DiffusionGemma and ``args`` (a ``DiffusionGRPOConfig``) asks
-    for what the trainer cannot do with it (:func:`trl_dllm.core.methods.noise_problem`: a masked-diffusion estimator,
-    a TRL or trajectory loss type); else `None`. Called by the trainer and ``trl-dllm plan``. A name whose config
-    cannot be read is left to the loader, which says why."""
-    name = model
-    if isinstance(model, (str, os.PathLike)) and config is None:
-        from ...native import read_config_dict
-
-        try:
-            config = read_config_dict(str(model), **hub_kwargs)
-        except (OSError, ValueError):
-            return None
-    elif not isinstance(model, (str, os.PathLike)):
-        config = getattr(model, "config", None)
-        name = getattr(config, "_name_or_path", None) or type(model).__name__
-        base = getattr(model, "get_base_model", None)
-        config = base().config if callable(base) else config
+def training_refusal(config: Any, estimator: str, loss_type: str, *, estimator_defaulted: bool = False,
+                     name: str | None = None) -> str | None:
+    """The message refusing a run when ``config`` (a ``config.json`` dict read without the weights, a config, or a
+    model object: a PEFT model's base) is DiffusionGemma's and the run asks for what the trainer cannot do with it
+    (:func:`trl_dllm.core.methods.noise_problem`: a masked-diffusion ``estimator``, a TRL or trajectory
+    ``loss_type``; ``estimator_defaulted``: the estimator is fitted to the family), or sets TRL's router-loss switch;
+    else `None`. ``name``: the checkpoint, for the message. Called by the trainer and ``trl-dllm plan``."""
+    if not isinstance(config, dict) and hasattr(config, "config"):  # a model
+        model, base = config, getattr(config, "get_base_model", None)
+        name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
+        config = base().config if callable(base) else model.config
     if not is_diffusion_gemma(config):
         return None
-    estimator = args.estimator
-    if "estimator" in getattr(args, "defaulted", ()):  # left unset: the trainer fits it (`training.setup.fit_estimator`)
-        estimator = noise_estimator(args.loss_type, DIFFUSION_GEMMA.noise) or estimator
-    problem = noise_problem(estimator, args.loss_type, DIFFUSION_GEMMA.noise, DIFFUSION_GEMMA.family)
+    if estimator_defaulted:  # left unset: the trainer fits it (`training.setup.fit_estimator`)
+        estimator = noise_estimator(loss_type, DIFFUSION_GEMMA.noise) or estimator
+    problem = noise_problem(estimator, loss_type, DIFFUSION_GEMMA.noise, DIFFUSION_GEMMA.family)
     if problem is None and _get(config, "output_router_logits"):  # TRL would add the router loss its output lacks
         problem = ("its config sets output_router_logits=True, which asks TRL for an MoE router loss, and "
                    "DiffusionGemmaForBlockDiffusion returns none (no aux_loss in its output): set it to False.")
-    return None if problem is None else TRAINING_REFUSAL.format(name=name, why=problem)
+    return None if problem is None else TRAINING_REFUSAL.format(name=name or "the model", why=problem)
 
 
 FAMILY = Family(name="diffusion_gemma", model_types={MODEL_TYPE: DIFFUSION_GEMMA}, training_refusal=training_refusal,
