@@ -56,7 +56,7 @@ def trls_own(path, out):
 def main():
     from trl_dllm.testing import save_tiny_original_checkpoint
 
-    logging.getLogger("trl_dllm.nonfinite").setLevel(logging.ERROR)  # the skip is printed below
+    logging.getLogger("trl_dllm.training.watches").setLevel(logging.ERROR)  # the skip is printed below
     with tempfile.TemporaryDirectory() as tmp:
         path = save_tiny_original_checkpoint(f"{tmp}/dream", "dream", **SIZES)
         runs = {

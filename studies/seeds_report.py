@@ -181,11 +181,11 @@ def guard_replay(run: dict) -> int | None:
     from types import SimpleNamespace
 
     from trl_dllm.config import DiffusionGRPOConfig
-    from trl_dllm.training.collapse import CollapseGuard
+    from trl_dllm.training.watches import CollapseGuard
 
     defaults = {f.name: f.default for f in fields(DiffusionGRPOConfig) if f.name.startswith("collapse_guard")}
     guard = CollapseGuard(SimpleNamespace(**{**defaults, "collapse_guard": "warn"}))
-    log, quiet = run.get("log") or {}, logging.getLogger("trl_dllm.training.collapse")
+    log, quiet = run.get("log") or {}, logging.getLogger("trl_dllm.training.watches")
     level, quiet.level = quiet.level, logging.ERROR  # a replay, not a run: its warnings are the answer, not news
     try:
         for i, step in enumerate(log.get("step", [])):

@@ -195,7 +195,7 @@ class DiffusionGRPOConfig(MethodOptionFields, SamplerOptionFields, GRPOConfig):
             on. After this many consecutive skipped steps training stops with an error that says what was seen. `0`
             stops at the first.
         collapse_guard (`str`, *optional*, defaults to `"warn"`):
-            Watch the training reward, rollout entropy and KL for a collapse (`trl_dllm.training.collapse`): `"off"`,
+            Watch the training reward, rollout entropy and KL for a collapse (`trl_dllm.training.watches`): `"off"`,
             `"warn"` (log why), `"stop"` (log why and stop training) or `"rollback"` (log why, restore the last good
             trainable parameters kept in CPU memory and lower the learning rate; not under DeepSpeed or FSDP).
         collapse_guard_patience (`int`, *optional*, defaults to `20`):

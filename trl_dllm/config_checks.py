@@ -31,7 +31,7 @@ _POSITIVE_INTS = ("per_device_train_batch_size", "gradient_accumulation_steps", 
                   "max_unscorable_rollouts")
 
 COLLAPSE_GUARD_MODES = ("off", "warn", "stop", "rollback")
-"""`collapse_guard`'s values (`training/collapse.py` acts on them)."""
+"""`collapse_guard`'s values (`training/watches.py`'s `CollapseGuard` acts on them)."""
 
 
 class FieldTypeError(TypeError):

@@ -30,13 +30,11 @@ from .config import DiffusionGRPOConfig
 from .console import quiet_ddp_buffers, quiet_trl_internals
 from .core.objectives import ratio_metrics
 from .models.embedded import resolve_model_name
-from .nonfinite import NonFiniteGuard
 from .seeding import device_generators, sample_seeds
 from .training import inputs, model_checks, model_setup, rollouts, setup, state, step_rewards
-from .training.collapse import CollapseGuard
 from .training.dynamic_sampling import DynamicSampling, total_rewards
 from .training.scoring import EstimationPass, Scoring
-from .training.signal import UnscorableWatch, ZeroSpreadWatch
+from .training.watches import CollapseGuard, NonFiniteGuard, UnscorableWatch, ZeroSpreadWatch
 
 
 class DiffusionGRPOTrainer(GRPOTrainer):

@@ -59,7 +59,7 @@ def test_warning_raised_all_rewards_none(tiny_model_path, tmp_path, caplog):
     with caplog.at_level("WARNING"):
         trainer.train()
     assert "All reward functions returned None for the following kwargs:" in caplog.text  # TRL's own warning
-    ours = [r.getMessage() for r in caplog.records if r.name == "trl_dllm.training.signal"]
+    ours = [r.getMessage() for r in caplog.records if r.name == "trl_dllm.training.watches"]
     assert len(ours) == 2 and "(2 such rollout(s) in a row)" in ours[1]
     assert "All reward functions (always_none_reward_func) returned None or NaN for all 3 completions" in ours[0]
     assert "stops after max_unscorable_rollouts=3 in a row" in ours[0]

@@ -108,7 +108,7 @@ def demo_trainer_args(cfg: DemoConfig, task: Task, output_dir: str) -> Diffusion
         # cost time: bf16 autocast and recomputation made a step 2x slower, mc_checkpointing another 12-17%.
         bf16=False, activation_checkpointing=False, mc_checkpointing=False,
         # A fall of the training reward one reward_std below its best (means over 10 steps) for 20 steps: back to the
-        # last good weights at half the learning rate (trl_dllm/training/collapse.py; docs/trainer.md).
+        # last good weights at half the learning rate (trl_dllm/training/watches.py; docs/trainer.md).
         collapse_guard="rollback",
     )
     # fmt: on

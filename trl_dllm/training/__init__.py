@@ -11,7 +11,8 @@
   estimates per inner iteration, their seeds and row chunks, the MoE router loss;
 - `model_setup`: loading a model by name, adapting TRL's settings to it, the tokenizer, probes of remote code;
 - `dynamic_sampling`: DAPO's dynamic sampling (groups whose rewards are all equal dropped from the loss);
-- `signal`: the warning when no group has reward spread for several logged steps (nothing can be learned);
+- `watches`: the run-health watches the trainer builds from config values and feeds each step's metrics: non-finite
+  or absurd optimizer steps skipped, no reward spread, unscorable rollouts, the collapse guard;
 - `state`: the output-dir guard and lock, checkpoint resume (incomplete checkpoints skipped), a full disk named, and
   our generation state in checkpoints.
 

@@ -21,16 +21,13 @@ from ..config_checks import (  # noqa: F401  (the config's own checks; their err
     wandb_login_problem,
 )
 from ..errors import UsageError
+from .watches import RewardFunctionError
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")  # TRL's roles
 
 
 class PromptFormatError(ValueError):
     """A dataset's `prompt` value is neither a non-empty string nor a list of chat messages TRL can render."""
-
-
-class RewardFunctionError(TypeError):
-    """A reward function TRL could not call, or whose return value it could not turn into one reward per sample."""
 
 
 class ModelMismatchError(ValueError):
