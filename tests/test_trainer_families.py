@@ -255,7 +255,7 @@ def test_adapt_to_a_remote_style_model(tmp_path, caplog):
     checkpointing off (both names) with one warning, and adapts a copy of the LoRA config, never the user's."""
     args = make_args(tmp_path, gradient_checkpointing=True)
     peft_config = LoraConfig(target_modules=["head"], task_type="CAUSAL_LM")
-    loading = model_loading(args, _RemoteStyle(honour_mask=True), {"peft_config": peft_config}, refuse=False)
+    loading = model_loading(args, _RemoteStyle(honour_mask=True), {"peft_config": peft_config}, grpo=False)
     with caplog.at_level("WARNING"), loading as kwargs:
         pass
     assert args.gradient_checkpointing is False and "does not support gradient checkpointing" in caplog.text

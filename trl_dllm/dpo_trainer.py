@@ -55,7 +55,7 @@ class DiffusionDPOTrainer(DPOTrainer):
         if not isinstance(args, DiffusionDPOConfig):
             raise TypeError(f"args must be a DiffusionDPOConfig, got {type(args).__name__}. Replace DPOConfig(...) "
                             "with DiffusionDPOConfig(...): it accepts the same arguments.")  # fmt: skip
-        loading = model_loading(args, model, kwargs, trainer_module=dpo_module, refuse=False)  # no weights yet
+        loading = model_loading(args, model, kwargs, trainer_module=dpo_module, grpo=False)  # no weights yet
         asked_reentrant = (args.gradient_checkpointing_kwargs or {}).get("use_reentrant")  # before TRL sets it
         with loading as trl_kwargs:  # a name's config read once, the tokenizer; TRL's loader routed
             super().__init__(model, ref_model, args, *pargs, **trl_kwargs)

@@ -9,10 +9,11 @@ not serve. The math is in `trl_dllm.core`. Overridden (TRL 1.16):
 - `_get_per_token_logps_and_entropies`: a likelihood estimator instead of TRL's fused, shifted autoregressive head.
 - `_compute_loss`: the diffusion objectives (`core.objectives`), or TRL's own loss on estimated log-probs.
 - `_prepare_inputs`: only with `whole_group_batches`, TRL's shuffle-and-split of the generation batch by whole groups.
-- `compute_loss`, `_get_grad_norm`, `log`: non-finite losses and gradients skip the optimizer step (`nonfinite.py`);
-  `log` also warns when no group has reward spread (`training.signal`) and runs the collapse guard (`training.collapse`).
+- `compute_loss`, `_get_grad_norm`, `log`: non-finite losses and gradients skip the optimizer step (`NonFiniteGuard`);
+  `log` also warns when no group has reward spread (`ZeroSpreadWatch`) and runs the collapse guard (`CollapseGuard`),
+  all in `training.watches`.
 - `_calculate_rewards`: `super()`, then ±inf rewards count as unscorable (like `None` and NaN) and their number is
-  logged; a run whose rollouts no reward scores stops (`training.signal`). Reward outputs are checked per call.
+  logged; a run whose rollouts no reward scores stops (`training.watches`). Reward outputs are checked per call.
 - `train`, `_save_checkpoint`, `_save_optimizer_and_scheduler`, `_load_optimizer_and_scheduler`, `save_model`:
   `output_dir` guarded and locked, torn checkpoints skipped, a full disk named, our generation state checkpointed
   (`training.state`), LoRA adapters of native LLaDA saved in LLaDA's names.
@@ -262,7 +263,7 @@ class DiffusionGRPOTrainer(GRPOTrainer):
     def _get_grad_norm(self, model, grad_norm=None):
         """transformers calls this right before `optimizer.step()`. A step whose loss or gradient is not finite on any
         process, or whose gradient norm is absurd, is skipped: gradients set to `None`, so the optimizer moves nothing
-        (`nonfinite.py`). DeepSpeed has stepped already inside `backward`; it skips non-finite gradients itself, which
+        (`training/watches.py`). DeepSpeed has stepped already inside `backward`; it skips non-finite gradients itself, which
         is checked here (absurd finite ones are not judged under DeepSpeed)."""
         grad_norm = super()._get_grad_norm(model, grad_norm)
         if self._nonfinite.skip_step(grad_norm, self.accelerator, self.state.global_step + 1, self._metrics["train"]):

@@ -75,6 +75,8 @@ class ModelLoading:
             while loading), else `None`.
         trainer_module (`module`): the TRL module whose loader is routed (`trl.trainer.grpo_trainer`, or
             `trl.trainer.dpo_trainer`).
+        continues_adapters (`bool`): a LoRA adapter folder handed as the model is trained on from its values, on its
+            base ([`ContinuedAdapter`]; the GRPO trainer).
     """
 
     model: Any
@@ -86,6 +88,7 @@ class ModelLoading:
     block_kv_cache: bool = False
     checkpointing: Any = None
     trainer_module: Any = None
+    continues_adapters: bool = True
     adapter: ContinuedAdapter | None = field(default=None, init=False)
     config: dict | None = field(default=None, init=False)  # the name's config.json, read once when entered
     peft_config: Any = field(default=None, init=False)  # the copy TRL is given, adapted to the model
@@ -100,7 +103,7 @@ class ModelLoading:
 
     def __enter__(self) -> dict:
         kwargs = dict(self.kwargs)
-        self.adapter = adapter_folder(self.model, kwargs.get("peft_config"))
+        self.adapter = adapter_folder(self.model, kwargs.get("peft_config")) if self.continues_adapters else None
         if self.name is not None:
             try:
                 self.config = read_config_dict(self.name, **self.hub)  # read once: refusal, tokenizer, loader
@@ -168,10 +171,10 @@ class ModelLoading:
         return native_tokenizer(self.name, self.config, self.hub, self.trust_remote_code)
 
 
-def model_loading(args, model, kwargs: dict, *, trainer_module=None, refuse: bool = True) -> ModelLoading:
-    """The [`ModelLoading`] of a trainer handed ``model`` and ``kwargs``, read from its config ``args`` once; with
-    ``refuse`` (the GRPO trainer), the family is asked about the run's estimator and loss type, and a remote-code
-    model object is checked against the trainer's masks."""
+def model_loading(args, model, kwargs: dict, *, trainer_module=None, grpo: bool = True) -> ModelLoading:
+    """The [`ModelLoading`] of a trainer handed ``model`` and ``kwargs``, read from its config ``args`` once. With
+    ``grpo`` (the GRPO trainer), the family is asked about the run's estimator and loss type, a remote-code model
+    object is checked against the trainer's masks, and an SFT adapter folder is trained on."""
     import trl.trainer.grpo_trainer as grpo_module
 
     init_kwargs = args.model_init_kwargs or {}
@@ -180,7 +183,7 @@ def model_loading(args, model, kwargs: dict, *, trainer_module=None, refuse: boo
     return ModelLoading(
         model, kwargs, native=args.native_loading, trust_remote_code=bool(args.trust_remote_code),
         hub={k: init_kwargs[k] for k in HUB_KWARGS if init_kwargs.get(k) is not None},
-        refusal=(args.estimator, args.loss_type, defaulted) if refuse else None,
+        refusal=(args.estimator, args.loss_type, defaulted) if grpo else None, continues_adapters=grpo,
         block_kv_cache=bool(getattr(args, "block_kv_cache", False)), checkpointing=args if asked else None,
         trainer_module=trainer_module or grpo_module,
     )  # fmt: skip
