@@ -35,8 +35,8 @@ from ..models.native import read_config_dict
 
 logger = logging.getLogger(__name__)
 
-HUB_KWARGS = ("revision", "cache_dir", "token")
-"""The keywords of `model_init_kwargs` that say where a name's files are (its config and tokenizer are read with them)."""
+HUB_KWARGS = ("revision", "cache_dir", "token", "local_files_only", "subfolder")
+"""The keywords of `model_init_kwargs` that say where a name's `config.json` is (its tokenizer: the first three)."""
 
 
 @dataclass(frozen=True)
@@ -64,15 +64,15 @@ class ModelLoading:
         kwargs (`dict`): the trainer's other keyword arguments, as TRL takes them (`peft_config`,
             `processing_class`); entering returns them adapted, this dict untouched.
         native (`bool`): load a known family's checkpoint into transformers' classes (`native_loading`).
-        hub (`dict`): `revision`, `cache_dir`, `token` of `model_init_kwargs`.
+        hub (`dict`): where the name's files are: the [`HUB_KWARGS`] of `model_init_kwargs`.
         trust_remote_code (`bool`): the config's `trust_remote_code`, for a tokenizer with remote code.
         refusal (`tuple` or `None`): ``(estimator, loss_type, estimator_defaulted)``: the family's refusal is asked
             about them (`families.training_refusal`) and a remote-code model object is checked against the GRPO
             trainer's masks ([`check_remote_code_object`]); `None`: neither (the DPO trainer).
         block_kv_cache (`bool`): the rollouts decode a block-diffusion model with the exact KV cache.
-        checkpointing (`Any`): the config TRL reads gradient checkpointing from, when it asks for it; its
+        checkpointing_args (`Any`): the trainer's config when it asks for gradient checkpointing, else `None`; its
             `gradient_checkpointing` is switched off for a model that cannot checkpoint (the one TRL setting adapted
-            while loading), else `None`.
+            while loading, before TRL reads it).
         trainer_module (`module`): the TRL module whose loader is routed (`trl.trainer.grpo_trainer`, or
             `trl.trainer.dpo_trainer`).
         continues_adapters (`bool`): a LoRA adapter folder handed as the model is trained on from its values, on its
@@ -86,7 +86,7 @@ class ModelLoading:
     trust_remote_code: bool = False
     refusal: tuple | None = None
     block_kv_cache: bool = False
-    checkpointing: Any = None
+    checkpointing_args: Any = None
     trainer_module: Any = None
     continues_adapters: bool = True
     adapter: ContinuedAdapter | None = field(default=None, init=False)
@@ -102,6 +102,8 @@ class ModelLoading:
         return str(name) if isinstance(name, (str, os.PathLike)) else None
 
     def __enter__(self) -> dict:
+        """Before TRL builds anything: the name's `config.json` read, the family's refusal, the model object adapted
+        and checked or the name's tokenizer loaded; then TRL's loader routed. Returns the keyword arguments for TRL."""
         kwargs = dict(self.kwargs)
         self.adapter = adapter_folder(self.model, kwargs.get("peft_config")) if self.continues_adapters else None
         if self.name is not None:
@@ -157,10 +159,11 @@ class ModelLoading:
         """What TRL would trip on with ``model``: gradient checkpointing it does not support (switched off on the
         config, one warning), a LoRA task type PEFT cannot wrap it with, LLaDA module names on a natively loaded
         LLaDA ([`adapt_to_model`])."""
-        if not adapt_to_model(model, self.checkpointing is not None, self.peft_config):
-            self.checkpointing.gradient_checkpointing = False  # transformers 5 reads the new name, TRL the old one
-            if hasattr(self.checkpointing, "activation_checkpointing"):
-                self.checkpointing.activation_checkpointing = False
+        args = self.checkpointing_args
+        if not adapt_to_model(model, args is not None, self.peft_config):
+            args.gradient_checkpointing = False  # transformers 5 reads the new name, TRL the old one: set both
+            if hasattr(args, "activation_checkpointing"):
+                args.activation_checkpointing = False
 
     def tokenizer(self):
         """The tokenizer of the name: a continued adapter's own (TRL's SFT saves it there), else [`native_tokenizer`]."""
@@ -184,7 +187,7 @@ def model_loading(args, model, kwargs: dict, *, trainer_module=None, grpo: bool 
         model, kwargs, native=args.native_loading, trust_remote_code=bool(args.trust_remote_code),
         hub={k: init_kwargs[k] for k in HUB_KWARGS if init_kwargs.get(k) is not None},
         refusal=(args.estimator, args.loss_type, defaulted) if grpo else None, continues_adapters=grpo,
-        block_kv_cache=bool(getattr(args, "block_kv_cache", False)), checkpointing=args if asked else None,
+        block_kv_cache=bool(getattr(args, "block_kv_cache", False)), checkpointing_args=args if asked else None,
         trainer_module=trainer_module or grpo_module,
     )  # fmt: skip
 
@@ -238,7 +241,8 @@ def continue_adapter(model, adapter: ContinuedAdapter):
 
 
 def native_tokenizer(name: str, config: dict | None, hub: dict, trust_remote_code: bool = False):
-    """The tokenizer of the checkpoint ``name`` (its `config.json` dict ``config``, read with ``hub``) when it loads
+    """The tokenizer of the checkpoint ``name`` (its `config.json` dict ``config``, read with ``hub``, whose
+    `revision`, `cache_dir` and `token` the tokenizer is read with) when it loads
     natively, with `AutoTokenizer` given the native config (TRL would use `AutoProcessor`, which resolves the family's
     remote config class first), or of a family whose vision tower its text prompts never reach
     (`ModelSpec.ignores_vision`: DiffusionGemma); `None` (TRL decides) for other models."""
@@ -246,6 +250,7 @@ def native_tokenizer(name: str, config: dict | None, hub: dict, trust_remote_cod
 
     if config is None:  # unreadable: TRL's loader says why
         return None
+    hub = {k: hub[k] for k in ("revision", "cache_dir", "token") if k in hub}
     spec = MODEL_SPECS.get(config.get("model_type"))
     if spec is not None and spec.ignores_vision:  # TRL's AutoProcessor would want its vision tower's image processor
         return AutoTokenizer.from_pretrained(name, **hub)  # text prompts only: the tokenizer
