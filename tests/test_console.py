@@ -105,3 +105,21 @@ def test_startup_lines_name_the_estimator_picked_before_the_rollout_cost():
     line = "trl_dllm: estimator='block' (the block_causal kind's own ...)"
     lines = startup_lines(make(max_completion_length=16), block_length=4, estimator_line=line)
     assert line in lines and lines.index(line) == len(lines) - 2 and "denoising forwards" in lines[-1]
+
+
+def test_importing_the_package_installs_nothing_until_a_name_is_used():
+    """`import trl_dllm` leaves the process's logging and warnings as they were; the first name used (which imports
+    TRL, transformers and DeepSpeed) installs the filters first."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging, warnings\n"
+        "before = list(warnings.filters)\n"
+        "import trl_dllm\n"
+        "assert not logging.getLogger('DeepSpeed').filters and warnings.filters == before\n"
+        "trl_dllm.MODEL_SPECS\n"
+        "assert [type(f).__name__ for f in logging.getLogger('DeepSpeed').filters] == ['_DeepSpeedCpuNotice']\n"
+        "assert 'importlib' not in dir(trl_dllm) and 'install_log_filters' not in dir(trl_dllm)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

@@ -135,6 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"trl-dllm: error: unknown command {command!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
+    from .console import install_log_filters
+
+    install_log_filters()  # before the command imports TRL, transformers and DeepSpeed (console.py)
     status = COMMANDS[command](rest)
     return status if isinstance(status, int) else 0
 

@@ -8,7 +8,8 @@
   transformers and accelerate whenever DeepSpeed is installed) prints on every CPU run, and torch's deprecation of the
   `torch.distributed` collectives DeepSpeed's ZeRO calls (`all_gather_into_tensor`, `reduce_scatter_tensor`), printed
   14–18 times per ZeRO-3 run. DeepSpeed picks the CPU only where torch sees no CUDA device, so the notice adds
-  nothing; neither is something the user can act on.
+  nothing; neither is something the user can act on. Installed by the first name used from `trl_dllm` and by the
+  `trl-dllm` command, not by `import trl_dllm`.
 - `announce_deepspeed_cpu_build()`: DeepSpeed on CPU compiles its shared-memory communication op with gcc the first
   time it starts, silently and for minutes on a small machine; one line says so before it begins.
 - `quiet_trl_internals()`: TRL 1.16's `unwrap_model_for_generation` and PEFT's `PeftModel.__init__` read
