@@ -9,9 +9,10 @@ model, or the PEFT model with its adapter disabled), metrics (`rewards/chosen`, 
 TRL 1.16's `DPOTrainer` has no narrower hook than its scoring call, ``model(..., fused_lm_head=True)``, inside
 `_compute_loss` (300 lines of losses and metrics). So (TRL 1.16, see `trl_dllm.training.preference`):
 
-- `__init__`: `super()`, with models loaded by name going through our loaders; then the fused causal head TRL
-  installed on the policy (and the reference model) is replaced by an estimate head: the same call returns the
-  estimator's per-token contributions where TRL expects next-token log-probs.
+- `__init__`: `super()`, with models loaded by name going through our loaders (`training.model_loading`); then the run
+  is resolved once (`training.preference_setup`), and the fused causal head TRL installed on the policy (and the
+  reference model) is replaced by an estimate head: the same call returns the estimator's per-token contributions
+  where TRL expects next-token log-probs.
 - `_compute_loss`: adds one Monte Carlo seed per row to the batch (TRL passes it to the policy's and the reference's
   call alike, so both draw the same masks), then `super()`.
 - under DeepSpeed ZeRO-3, every process makes as many estimator forwards as the others, and LoRA's activation
@@ -25,18 +26,16 @@ TRL 1.16's `DPOTrainer` has no narrower hook than its scoring call, ``model(...,
 from __future__ import annotations
 
 import trl.trainer.dpo_trainer as dpo_module
-from accelerate.utils import is_peft_model
 from trl import DPOTrainer
 
-from .core.likelihood import ESTIMATORS
 from .dpo_config import DiffusionDPOConfig
-from .models import base_model, resolve_model_spec
 from .models.adapters import adapter_to_original_layout
 from .models.embedded import resolve_model_name
 from .models.loading import is_native_layout
-from .training import model_setup, preference
+from .training import model_setup
 from .training.model_loading import model_loading
-from .training.preference import install_estimate_head, row_seeds
+from .training.preference import row_seeds
+from .training.preference_setup import resolve_preference_run
 
 UNMEASURED_METRICS = ("logits/chosen", "logits/rejected", "mean_token_accuracy")
 
@@ -59,54 +58,10 @@ class DiffusionDPOTrainer(DPOTrainer):
         asked_reentrant = (args.gradient_checkpointing_kwargs or {}).get("use_reentrant")  # before TRL sets it
         with loading as trl_kwargs:  # a name's config read once, the tokenizer; TRL's loader routed
             super().__init__(model, ref_model, args, *pargs, **trl_kwargs)
-        if self.is_fsdp_enabled:
-            raise ValueError(
-                "FSDP is not supported by DiffusionDPOTrainer yet: FSDP gathers the parameters collectively in every "
-                "forward, and the estimate's equal-forwards rule (training/preference.py) has been checked under "
-                "DeepSpeed ZeRO-3 only. Use ZeRO-3 (recipes/accelerate/zero3.yaml), ZeRO-2 or DDP."
-            )
-        if self.aux_loss_enabled:
-            raise ValueError(
-                f"router_aux_loss_coef={self.router_aux_loss_coef}: the MoE load-balancing loss is not collected from "
-                "the estimator's forwards by DiffusionDPOTrainer yet. Set router_aux_loss_coef=0."
-            )
         self._embedded_name = given if given is not model else None  # read by `save_model`
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        self.model_spec = resolve_model_spec(unwrapped, self._tokenizer, args.mask_token_id)
-        ref = base_model(self.ref_model) if self.ref_model is not None else None
-        model_setup.make_models_bidirectional(unwrapped, ref)
-        self.estimator = preference.fit_estimator(args.estimator, self.model_spec)
-        zero3_lora = self._shards_parameters and is_peft_model(unwrapped)
-        for line in preference.checkpoint_for_zero3_lora(args, self.model_spec, zero3_lora, asked_reentrant):
-            self.accelerator.print(line)
-        check = ESTIMATORS[self.estimator].check  # its requirement on the run (elbo: the budget's allocation)
-        if check is not None and (problem := check(args)) is not None:
-            raise ValueError(problem)
-        options = self._estimator_options()
-        policy = unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped  # where TRL put its head
-        fill = self._tokenizer.eos_token_id
-        fill = self.model_spec.eos_token_ids[0] if fill is None else fill
-        head = dict(independent_noise=args.independent_mc_noise, fill_token_id=fill, sharded=self._shards_parameters)
-        install_estimate_head(policy, self.model_spec, self.estimator, options, **head)
-        if ref is not None:
-            install_estimate_head(ref, self.model_spec, self.estimator, options, reference=True, **head)
-
-    def _estimator_options(self) -> dict:
-        """Exactly the options the configured estimator declares: from their config fields, or from the model (a
-        block-diffusion family's own blocks)."""
-        entry, spec = ESTIMATORS[self.estimator], self.model_spec
-        from_run = {
-            "block_causal": spec.kind.block_causal, "block_length": spec.decoding_block_length(None),
-            "block_layout": spec.block_layout, "entropy_grad": False, "return_eubo": False,
-            "checkpoint_views": self.args.mc_checkpointing,
-        }  # fmt: skip
-        values = {}
-        for option in entry.options:
-            declared = option.field in vars(self.args)
-            value = getattr(self.args, option.field) if declared else from_run.get(option.keyword)
-            if value is not None:
-                values[option.keyword] = value
-        return values
+        # The run resolved once (`training/preference_setup.py`): refusals, spec, estimator, its options, the heads.
+        self.setup = resolve_preference_run(self, asked_reentrant=asked_reentrant)
+        self.model_spec, self.estimator = self.setup.spec, self.setup.estimator
 
     @property
     def _shards_parameters(self) -> bool:
