@@ -263,8 +263,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
     def _get_grad_norm(self, model, grad_norm=None):
         """transformers calls this right before `optimizer.step()`. A step whose loss or gradient is not finite on any
         process, or whose gradient norm is absurd, is skipped: gradients set to `None`, so the optimizer moves nothing
-        (`training/watches.py`). DeepSpeed has stepped already inside `backward`; it skips non-finite gradients itself, which
-        is checked here (absurd finite ones are not judged under DeepSpeed)."""
+        (`training/watches.py`). DeepSpeed has stepped already inside `backward`; it skips non-finite gradients
+        itself, which is checked here (absurd finite ones are not judged under DeepSpeed)."""
         grad_norm = super()._get_grad_norm(model, grad_norm)
         if self._nonfinite.skip_step(grad_norm, self.accelerator, self.state.global_step + 1, self._metrics["train"]):
             if self.is_deepspeed_enabled and not self.accelerator.optimizer_step_was_skipped:

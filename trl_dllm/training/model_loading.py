@@ -166,7 +166,8 @@ class ModelLoading:
                 args.activation_checkpointing = False
 
     def tokenizer(self):
-        """The tokenizer of the name: a continued adapter's own (TRL's SFT saves it there), else [`native_tokenizer`]."""
+        """The tokenizer of the name: a continued adapter's own (TRL's SFT saves it there), else
+        [`native_tokenizer`]."""
         from transformers import AutoTokenizer
 
         if self.adapter is not None and os.path.isfile(os.path.join(self.adapter.path, "tokenizer_config.json")):
